@@ -1,0 +1,48 @@
+"""python -m trainer --config run.yaml [--override group.field=value ...]
+
+Runs as one process or under torchrun. Exit codes are documented in trainer/exitcodes.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from . import exitcodes
+from .config import ConfigError, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer", description="LLM pre-training (PyTorch backend)")
+    ap.add_argument("--config", required=True, help="YAML run config (local path or fsspec URI)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a config field, e.g. training.steps=100 (repeatable)")
+    args = ap.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("trainer")
+    trainer = None
+    try:
+        cfg = load(args.config, args.override)
+        from .train import Trainer  # torch is imported only once the config is known good
+
+        trainer = Trainer(cfg)
+        return trainer.run()
+    except ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return exitcodes.FATAL
+    except exitcodes.FatalError as exc:
+        log.error("fatal: %s", exc)
+        return exitcodes.FATAL
+    finally:
+        if trainer is not None:
+            trainer.close()
+        from .parallel import shutdown_parallel  # noqa: E402  (torch is loaded by now if used)
+        if "torch" in sys.modules:
+            shutdown_parallel()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

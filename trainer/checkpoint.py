@@ -1,0 +1,232 @@
+"""Asynchronous checkpoints in the NxD layout (see ckpt_store for the layout and selection).
+
+A save is two halves:
+  * in the training loop, at a step boundary: copy model and optimizer tensors to host
+    memory (the only stall), then hand the copy to this rank's writer thread;
+  * in the writer thread: rank 0 writes the ``checkpoint`` begin marker; all ranks meet on a
+    separate gloo group (so the loop's own collectives never interleave with ours), write
+    their shards, and agree by an all-reduce whether every rank succeeded; only then rank 0
+    writes ``meta.json`` and ``done``, and applies retention. NxD writes ``done`` only when
+    the next save begins; we write it as soon as the last rank finished.
+
+A new save waits for the previous one to finish, so at most one copy is in flight.
+If a write fails (the store is down, a request errors) the tag gets no ``done``, the failure
+is logged and counted, and training goes on; the next save tries again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import fsspec
+import torch
+import torch.distributed as dist
+
+from . import ckpt_store
+from .config import CheckpointConfig, ConfigError
+from .parallel import ParallelState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SaveResult:
+    tag: str
+    step: int
+    ok: bool
+    stall_seconds: float
+    write_seconds: float = 0.0
+    error: str = ""
+
+
+def host_copy(tensors: dict, pin: bool = False) -> dict:
+    """Detached host copies of every tensor in a (nested) dict; the loop may then mutate them."""
+    def copy(v):
+        if isinstance(v, torch.Tensor):
+            if v.device.type == "cpu":
+                return v.detach().clone()
+            return v.detach().to("cpu", non_blocking=pin)
+        if isinstance(v, dict):
+            return {k: copy(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(copy(x) for x in v)
+        return v
+    out = copy(tensors)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the optimizer must not run before the copies landed
+    return out
+
+
+def _write_torch(fs, path: str, obj) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with fs.open(path, "wb") as fh:
+        fh.write(buf.getbuffer())
+
+
+class Checkpointer:
+    def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None):
+        self.cfg, self.ps = cfg, ps
+        self.fs, self.root = fsspec.core.url_to_fs(cfg.uri) if cfg.uri else (None, "")
+        self.root = self.root.rstrip("/")
+        self.group = async_group
+        self._thread: threading.Thread | None = None
+        self._last_save_time = time.monotonic()
+        self.results: list[SaveResult] = []
+        self._pending: SaveResult | None = None
+
+    # -- when ------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        """Whether to save after ``step`` (1-based count of finished steps). All ranks agree."""
+        if not self.cfg.enabled():
+            return False
+        by_steps = self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0
+        by_time = 0
+        if self.cfg.interval_minutes > 0:
+            by_time = int(time.monotonic() - self._last_save_time >= 60 * self.cfg.interval_minutes)
+            if self.ps.is_distributed:  # clocks differ per rank: rank 0's view wins
+                flag = torch.tensor([by_time])
+                dist.broadcast(flag, src=0)
+                by_time = int(flag.item())
+        return by_steps or bool(by_time)
+
+    # -- save ------------------------------------------------------------------------------
+
+    def save(self, step: int, model_state: dict, optim_state: dict, scheduler_state: dict,
+             user_content: dict, meta: dict) -> SaveResult:
+        """Snapshot now; write in the background (or now, when async is off)."""
+        t0 = time.perf_counter()
+        self.wait()  # at most one save in flight
+        snapshot = host_copy({"model": model_state, "optim": optim_state})
+        stall = time.perf_counter() - t0
+        result = SaveResult(ckpt_store.tag_for_step(step), step, False, stall)
+        job = (result, snapshot, scheduler_state, user_content, meta)
+        self._last_save_time = time.monotonic()
+        if self.cfg.async_save:
+            self._pending = result
+            self._thread = threading.Thread(target=self._write, args=job, name="ckpt-writer", daemon=True)
+            self._thread.start()
+        else:
+            self._write(*job)
+            result.stall_seconds = time.perf_counter() - t0
+        return result
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self._pending = None
+
+    def finalize(self) -> SaveResult | None:
+        """Wait for the in-flight save (call on SIGTERM and at exit). Returns the last result."""
+        self.wait()
+        return self.results[-1] if self.results else None
+
+    def _files(self, meta: dict) -> list[str]:
+        lay = meta["layout"]
+        files = [f"model/{ckpt_store.shard_name(0, t)}" for t in range(lay["tensor"])]
+        dps = range(lay["data"]) if lay["zero1"] else [0]
+        files += [f"optim/{ckpt_store.shard_name(d, t)}" for d in dps for t in range(lay["tensor"])]
+        return files + ["scheduler.pt", "user_content.pt", ckpt_store.META]
+
+    def _barrier_ok(self, ok: bool) -> bool:
+        """Every rank learns whether every rank succeeded (on the checkpoint's own group)."""
+        if not self.ps.is_distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
+    def _write(self, result: SaveResult, snapshot: dict, scheduler_state: dict, user_content: dict,
+               meta: dict) -> None:
+        t0 = time.perf_counter()
+        ps, tag_dir = self.ps, f"{self.root}/{result.tag}"
+        ok, error = True, ""
+        try:
+            if ps.rank == 0:
+                self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
+                self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
+                self.fs.pipe_file(f"{tag_dir}/{ckpt_store.BEGIN}", b"")
+        except Exception as exc:
+            ok, error = False, f"begin marker: {exc}"
+        ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
+        if ok:
+            try:
+                if ps.dp_rank == 0:
+                    _write_torch(self.fs, f"{tag_dir}/model/{ckpt_store.shard_name(0, ps.tp_rank)}",
+                                 snapshot["model"])
+                if ps.dp_rank == 0 or snapshot["optim"].get("zero1"):
+                    _write_torch(self.fs, f"{tag_dir}/optim/{ckpt_store.shard_name(ps.dp_rank, ps.tp_rank)}",
+                                 snapshot["optim"])
+                if ps.rank == 0:
+                    _write_torch(self.fs, f"{tag_dir}/scheduler.pt", scheduler_state)
+                    _write_torch(self.fs, f"{tag_dir}/user_content.pt", user_content)
+            except Exception as exc:
+                ok, error = False, str(exc) or type(exc).__name__
+            ok = self._barrier_ok(ok)
+        if ok and ps.rank == 0:
+            try:
+                meta = dict(meta, files=self._files(meta), time=time.time())
+                self.fs.pipe_file(f"{tag_dir}/{ckpt_store.META}", json.dumps(meta, indent=1).encode())
+                self.fs.pipe_file(f"{tag_dir}/{ckpt_store.DONE}", b"")
+            except Exception as exc:
+                ok, error = False, f"completion marker: {exc}"
+        result.ok, result.error = ok, error
+        result.write_seconds = time.perf_counter() - t0
+        if ok:
+            log.info("checkpoint %s complete (%.2fs in background)", result.tag, result.write_seconds)
+            if ps.rank == 0 and self.cfg.keep:
+                deleted = ckpt_store.apply_retention(self.cfg.uri, self.cfg.keep)
+                if deleted:
+                    log.info("retention removed %s", ", ".join(deleted))
+        else:
+            log.error("checkpoint %s FAILED, not marked done: %s", result.tag, error or "another rank failed")
+        self.results.append(result)
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def select_resume(self) -> ckpt_store.TagInfo | None:
+        """The tag to resume from per ``checkpoint.resume``; rank 0 decides for everyone."""
+        choice = None
+        if self.cfg.uri and self.cfg.resume != "none" and self.ps.rank == 0:
+            if self.cfg.resume == "auto":
+                choice = ckpt_store.newest_complete(self.cfg.uri)
+            else:
+                tags = {t.tag: t for t in ckpt_store.list_tags(self.cfg.uri)}
+                choice = tags.get(self.cfg.resume)
+                if choice is None or not choice.complete:
+                    choice = ConfigError("checkpoint.resume",
+                                         f"no complete checkpoint {self.cfg.resume!r} under {self.cfg.uri}")
+        if self.ps.is_distributed:
+            box = [choice]
+            dist.broadcast_object_list(box, src=0)
+            choice = box[0]
+        if isinstance(choice, ConfigError):
+            raise choice
+        return choice
+
+    def load(self, tag: ckpt_store.TagInfo, layout: dict) -> dict:
+        """Read this rank's shards of ``tag``; returns model, optim, scheduler, user_content, meta."""
+        ps, tag_dir = self.ps, f"{self.root}/{tag.tag}"
+        meta = json.loads(self.fs.cat_file(f"{tag_dir}/{ckpt_store.META}"))
+        saved = meta.get("layout", {})
+        if (saved.get("tensor"), saved.get("data")) != (layout["tensor"], layout["data"]):
+            raise ConfigError("parallelism.tensor",
+                              f"checkpoint {tag.tag} was written with tensor={saved.get('tensor')} "
+                              f"data={saved.get('data')}; this run has tensor={layout['tensor']} "
+                              f"data={layout['data']} (NxD checkpoints load only with the same layout)")
+
+        def read(path):
+            with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:
+                return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+
+        optim_dp = ps.dp_rank if saved.get("zero1") else 0
+        return {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank)}"),
+                "optim": read(f"optim/{ckpt_store.shard_name(optim_dp, ps.tp_rank)}"),
+                "scheduler": read("scheduler.pt"), "user_content": read("user_content.pt"), "meta": meta}

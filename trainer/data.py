@@ -1,0 +1,227 @@
+"""Text shards -> tokenized, packed, mixed rows, with a position that resumes exactly.
+
+Every rank computes the same global stream of rows (row n is drawn from a source chosen by a
+counter-based hash of (seed, n) with the configured weights), and a data-parallel rank keeps
+its slice of each global batch. So the sample order depends only on the seed and the global
+batch size, never on the parallel layout, and a single process sees the same global batches
+as any TP x DP run. The position (row counter plus each source's epoch/file/document/offset)
+is a small JSON-able dict saved in every checkpoint.
+
+Shards are .jsonl (one {"text": ...} object a line), .parquet or .arrow (IPC file or stream),
+found under a directory, a glob, or a single path, on any fsspec file system (local, s3://).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import fsspec
+import torch
+
+from .config import ConfigError, DataConfig
+
+SHARD_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+TOKENIZE_CHUNK = 256  # documents per encode_batch call
+
+
+def load_tokenizer(cfg: DataConfig):
+    from tokenizers import Tokenizer
+
+    try:
+        with fsspec.open(cfg.tokenizer, "r") as fh:
+            tok = Tokenizer.from_str(fh.read())
+    except FileNotFoundError:
+        raise ConfigError("data.tokenizer", f"file not found: {cfg.tokenizer}") from None
+    except Exception as exc:  # tokenizers raises plain Exception subclasses on bad JSON
+        raise ConfigError("data.tokenizer", f"cannot read tokenizer {cfg.tokenizer}: {exc}") from None
+    if tok.token_to_id(cfg.eos_token) is None:
+        raise ConfigError("data.eosToken", f"{cfg.eos_token!r} is not in the tokenizer {cfg.tokenizer}")
+    return tok
+
+
+def list_shards(uri: str, field_path: str) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(uri)
+    try:
+        if any(c in path for c in "*?["):
+            found = fs.glob(path)
+        elif fs.isdir(path):
+            found = fs.find(path)
+        elif fs.exists(path):
+            found = [path]
+        else:
+            found = []
+    except (OSError, PermissionError) as exc:
+        raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
+    shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
+    if not shards:
+        raise ConfigError(field_path, f"no {'/'.join(SHARD_SUFFIXES)} shards found at {uri}")
+    return [fs.unstrip_protocol(p) if "://" in uri else p for p in shards]
+
+
+def read_texts(uri: str, text_field: str) -> list[str]:
+    """All documents of one shard (shards are meant to be tens to hundreds of MB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with fsspec.open(uri, "rb") as fh:
+        if uri.endswith((".jsonl", ".json")):
+            return [json.loads(line)[text_field] for line in fh if line.strip()]
+        if uri.endswith(".parquet"):
+            table = pq.read_table(fh, columns=[text_field])
+        else:
+            data = fh.read()
+            try:
+                table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            except pa.ArrowInvalid:
+                table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    return table.column(text_field).to_pylist()
+
+
+@dataclass
+class SourcePosition:
+    epoch: int = 0
+    file: int = 0
+    doc: int = 0
+    offset: int = 0  # tokens of the current document already consumed
+
+
+class DocumentSource:
+    """Reads one source's shards in a seeded per-epoch order and hands out tokens."""
+
+    def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int):
+        self.index, self.cfg, self.tokenizer, self.eos_id, self.seed = index, cfg, tokenizer, eos_id, seed
+        self.shards = list_shards(uri, f"data.sources[{index}].uri")
+        self.pos = SourcePosition()
+        self._loaded: tuple[int, int] | None = None  # (epoch, file) whose texts are cached
+        self._texts: list[str] = []
+        self._tokens: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.shards)))
+        if self.cfg.shuffle:
+            random.Random(self.seed * 1_000_003 + self.index * 7919 + epoch).shuffle(order)
+        return order
+
+    def _ensure_loaded(self) -> None:
+        key = (self.pos.epoch, self.pos.file)
+        if self._loaded != key:
+            uri = self.shards[self._order(self.pos.epoch)[self.pos.file]]
+            self._texts = read_texts(uri, self.cfg.text_field)
+            self._tokens = {}
+            self._loaded = key
+
+    def _doc_tokens(self, doc: int) -> list[int]:
+        if doc not in self._tokens:
+            start = doc - doc % TOKENIZE_CHUNK
+            batch = self._texts[start:start + TOKENIZE_CHUNK]
+            for i, enc in enumerate(self.tokenizer.encode_batch(batch)):
+                self._tokens[start + i] = enc.ids + [self.eos_id]
+        return self._tokens[doc]
+
+    def _advance_doc(self) -> None:
+        self.pos.doc += 1
+        self.pos.offset = 0
+        if self.pos.doc >= len(self._texts):
+            self.pos.doc = 0
+            self.pos.file += 1
+            if self.pos.file >= len(self.shards):
+                self.pos.file = 0
+                self.pos.epoch += 1
+
+    def _current(self) -> list[int]:
+        while True:
+            self._ensure_loaded()
+            if self._texts:
+                return self._doc_tokens(self.pos.doc)
+            self._advance_doc()  # empty shard
+
+    def take(self, n: int) -> list[int]:
+        """The next n tokens, documents back to back (packing)."""
+        out: list[int] = []
+        while len(out) < n:
+            toks = self._current()
+            piece = toks[self.pos.offset:self.pos.offset + n - len(out)]
+            out.extend(piece)
+            self.pos.offset += len(piece)
+            if self.pos.offset >= len(toks):
+                self._advance_doc()
+        return out
+
+    def take_document(self, n: int) -> list[int]:
+        """The next document, truncated to n tokens (no packing)."""
+        toks = self._current()[:n]
+        self._advance_doc()
+        return toks
+
+
+def _mix_uniform(seed: int, row: int) -> float:
+    """A uniform draw in [0, 1) from (seed, row) alone: splitmix64, so no RNG state to save."""
+    x = (seed * 0x9E3779B97F4A7C15 + row + 1) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
+
+
+class PackedDataset:
+    """The global stream of [seq_len + 1]-token rows; inputs are row[:-1], targets row[1:]."""
+
+    IGNORE = -100
+
+    def __init__(self, cfg: DataConfig, seq_len: int, seed: int, vocab_size: int):
+        self.cfg, self.seq_len, self.seed = cfg, seq_len, seed
+        self.tokenizer = load_tokenizer(cfg)
+        if self.tokenizer.get_vocab_size() > vocab_size:
+            raise ConfigError("model.vocabSize", f"{vocab_size} is smaller than the tokenizer's vocabulary "
+                              f"({self.tokenizer.get_vocab_size()}, {cfg.tokenizer})")
+        eos = self.tokenizer.token_to_id(cfg.eos_token)
+        self.pad_id = eos
+        self.sources = [DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed) for i, s in enumerate(cfg.sources)]
+        total = sum(s.weight for s in cfg.sources)
+        acc, self.cumulative = 0.0, []
+        for s in cfg.sources:
+            acc += s.weight / total
+            self.cumulative.append(acc)
+        self.row = 0
+
+    def _pick_source(self, row: int) -> DocumentSource:
+        u = _mix_uniform(self.seed, row)
+        for src, edge in zip(self.sources, self.cumulative):
+            if u < edge:
+                return src
+        return self.sources[-1]
+
+    def next_row(self) -> tuple[list[int], list[int]]:
+        src = self._pick_source(self.row)
+        self.row += 1
+        if self.cfg.packing:
+            toks = src.take(self.seq_len + 1)
+            return toks[:-1], toks[1:]
+        toks = src.take_document(self.seq_len + 1)
+        pad = self.seq_len + 1 - len(toks)
+        inputs = (toks + [self.pad_id] * pad)[:-1]
+        targets = toks[1:] + [self.IGNORE] * pad
+        return inputs, targets
+
+    def next_batch(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [self.next_row() for _ in range(rows)]
+        return (torch.tensor([p[0] for p in pairs], dtype=torch.long),
+                torch.tensor([p[1] for p in pairs], dtype=torch.long))
+
+    def state(self) -> dict:
+        return {"row": self.row, "sources": [vars(s.pos).copy() for s in self.sources]}
+
+    def load_state(self, state: dict) -> None:
+        if len(state["sources"]) != len(self.sources):
+            raise ConfigError("data.sources", f"the checkpoint has {len(state['sources'])} sources, "
+                              f"the config {len(self.sources)}")
+        self.row = state["row"]
+        for src, pos in zip(self.sources, state["sources"]):
+            src.pos = SourcePosition(**pos)
+
+
+def local_batch(inputs: torch.Tensor, targets: torch.Tensor, dp_rank: int, dp: int):
+    """This data-parallel rank's contiguous slice of a global batch."""
+    n = inputs.shape[0] // dp
+    return inputs[dp_rank * n:(dp_rank + 1) * n], targets[dp_rank * n:(dp_rank + 1) * n]

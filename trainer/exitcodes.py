@@ -1,0 +1,23 @@
+"""Exit codes of the trainer: the pod contract (ARCHITECTURE 3.2). No torch; the operator imports it.
+
+    0    OK          training finished (or nothing left to do)
+    78   FATAL       do not retry: invalid config, missing data or tokenizer, NaN with nanPolicy=stop
+    75   RETRYABLE   try again: a checkpoint could not be written, a transient store failure
+    143  TERMINATED  SIGTERM: the in-flight checkpoint was finalized, then we exited
+    any other        retryable (a crash, a killed rank, a lost peer)
+"""
+
+OK = 0
+RETRYABLE = 75  # EX_TEMPFAIL
+FATAL = 78  # EX_CONFIG
+TERMINATED = 143  # 128 + SIGTERM
+
+FATAL_CODES = frozenset({FATAL})
+
+
+def is_fatal(code: int | None) -> bool:
+    return code in FATAL_CODES
+
+
+class FatalError(RuntimeError):
+    """Raised for conditions where a retry cannot help; the trainer exits with FATAL."""

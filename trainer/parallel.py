@@ -1,0 +1,385 @@
+"""The backend seam: device choice, process groups, and tensor/sequence-parallel layers.
+
+Everything device- or backend-specific lives here. The PyTorch backend uses gloo on CPU and
+NCCL on CUDA. The Neuron backend (torch-neuronx + NxD, see NEURON.md) plugs in at
+:func:`pick_backend`; its layers are NxD's own, whose parameter names and shard layouts these
+layers reproduce, so checkpoints interchange.
+
+Tensor layout: activations are [batch, seq, hidden]. With sequence parallel, the tensors that
+flow between layers are sharded along seq over the tensor-parallel group; each block gathers
+the full sequence before its column-parallel matmul and reduce-scatters after its row-parallel
+matmul (Megatron-LM / NxD sequence parallelism).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ConfigError, Layout
+
+
+def pick_backend(requested: str = "auto") -> str:
+    """Neuron, then CUDA, then CPU: the one place that decides the device kind."""
+    if requested in ("neuron", "auto"):
+        try:
+            import torch_neuronx  # noqa: F401  (only present on Trainium images)
+            return "neuron"
+        except ImportError:
+            if requested == "neuron":
+                raise ConfigError("backend", "neuron requested but torch-neuronx is not installed") from None
+    if requested in ("cuda", "auto") and torch.cuda.is_available():
+        return "cuda"
+    if requested == "cuda":
+        raise ConfigError("backend", "cuda requested but no CUDA device is available")
+    return "cpu"
+
+
+@dataclass
+class ParallelState:
+    """Ranks and process groups of one process. Plain data plus the group handles."""
+
+    backend: str
+    device: torch.device
+    rank: int
+    world_size: int
+    local_rank: int
+    layout: Layout
+    tp_rank: int
+    dp_rank: int
+    tp_group: object | None
+    dp_group: object | None
+    sequence_parallel: bool
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tensor
+
+    @property
+    def dp(self) -> int:
+        return self.layout.data
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool) -> ParallelState:
+    """Initialise torch.distributed from torchrun's environment (or a single process).
+
+    ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
+    Ranks are laid out tensor-parallel innermost: rank = dp_rank * tp + tp_rank, so a
+    tensor-parallel group sits on neighbouring ranks (one node on real clusters).
+    """
+    if backend_kind == "neuron":
+        raise ConfigError("backend", "the Neuron backend is not part of this release yet; "
+                          "use backend cpu or cuda")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    layout = layout_fn(world_size)
+    if backend_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    tp_group = dp_group = None
+    if world_size > 1:
+        dist.init_process_group("nccl" if backend_kind == "cuda" else "gloo",
+                                timeout=datetime.timedelta(minutes=10))
+        tp = layout.tensor
+        # Every rank must create every group, in the same order.
+        for d in range(layout.data):
+            ranks = list(range(d * tp, (d + 1) * tp))
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                tp_group = g
+        for t in range(tp):
+            ranks = list(range(t, world_size, tp))
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                dp_group = g
+    return ParallelState(backend=backend_kind, device=device, rank=rank, world_size=world_size,
+                         local_rank=local_rank, layout=layout, tp_rank=rank % layout.tensor,
+                         dp_rank=rank // layout.tensor, tp_group=tp_group, dp_group=dp_group,
+                         sequence_parallel=sequence_parallel and layout.tensor > 1)
+
+
+def shutdown_parallel() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives that work on gloo too (gloo has no reduce-scatter)
+# --------------------------------------------------------------------------------------------
+
+
+def group_size(group) -> int:
+    return dist.get_world_size(group) if group is not None else 1
+
+
+def all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    if group is not None and group_size(group) > 1:
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+def all_gather_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+    n = group_size(group)
+    if n == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def reduce_scatter_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+    n = group_size(group)
+    if n == 1:
+        return t
+    rank = dist.get_rank(group)
+    if t.is_cuda:
+        out = torch.empty_like(t.chunk(n, dim=dim)[rank]).contiguous()
+        inputs = [c.contiguous() for c in t.chunk(n, dim=dim)]
+        dist.reduce_scatter(out, inputs, group=group)
+        return out
+    t = t.contiguous()
+    dist.all_reduce(t, group=group)  # gloo: reduce everything, keep our slice
+    return t.chunk(n, dim=dim)[rank].contiguous()
+
+
+def split_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
+    n = group_size(group)
+    if n == 1:
+        return t
+    return t.chunk(n, dim=dim)[dist.get_rank(group)].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward, all-reduce of the gradient backward (input of a column-parallel layer)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return all_reduce(g.clone(), ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward, identity backward (output of a row-parallel layer)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return all_reduce(x.clone(), group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along the sequence forward, reduce-scatter backward (sequence parallel)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_dim(x, 1, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return reduce_scatter_dim(g, 1, ctx.group), None
+
+
+class _ScatterSeq(torch.autograd.Function):
+    """Reduce-scatter along the sequence forward, all-gather backward (sequence parallel)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_dim(x, 1, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return all_gather_dim(g, 1, ctx.group), None
+
+
+class _SplitSeq(torch.autograd.Function):
+    """Keep this rank's sequence slice forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return split_dim(x, 1, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return all_gather_dim(g, 1, ctx.group), None
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel layers (names and shard layouts as NxD's ColumnParallelLinear / RowParallelLinear /
+# ParallelEmbedding)
+# --------------------------------------------------------------------------------------------
+
+
+class TPContext:
+    """What the layers need to know about tensor parallelism; (1, 0, None) is single-process."""
+
+    def __init__(self, size: int = 1, rank: int = 0, group=None, sequence_parallel: bool = False):
+        self.size, self.rank, self.group = size, rank, group
+        self.sequence_parallel = sequence_parallel and size > 1
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """Input of a column-parallel matmul: full sequence, gradient summed over TP."""
+        if self.size == 1:
+            return x
+        if self.sequence_parallel:
+            return _GatherSeq.apply(x, self.group)
+        return _CopyToTP.apply(x, self.group)
+
+    def leave(self, x: torch.Tensor) -> torch.Tensor:
+        """Output of a row-parallel matmul: partial sums combined (and re-sharded with SP)."""
+        if self.size == 1:
+            return x
+        if self.sequence_parallel:
+            return _ScatterSeq.apply(x, self.group)
+        return _ReduceFromTP.apply(x, self.group)
+
+
+def shard_rows(full: torch.Tensor, tp: TPContext, splits: list[int] | None = None) -> torch.Tensor:
+    """Rows of a column-parallel weight for this rank. With ``splits`` the full weight is
+    stacked blocks of those sizes (q, k, v or gate, up) and each rank takes its slice of every
+    block, stacked: the NxD ``stride=`` layout (on TP rank r, qkv is cat(q_r, k_r, v_r))."""
+    blocks = full.split(splits, dim=0) if splits else (full,)
+    return torch.cat([b.chunk(tp.size, dim=0)[tp.rank] for b in blocks], dim=0).contiguous()
+
+
+def shard_cols(full: torch.Tensor, tp: TPContext) -> torch.Tensor:
+    return full.chunk(tp.size, dim=1)[tp.rank].contiguous()
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W split by output rows over the TP group (gather_output=False)."""
+
+    def __init__(self, full_weight: torch.Tensor, tp: TPContext, splits: list[int] | None = None,
+                 full_bias: torch.Tensor | None = None):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(shard_rows(full_weight, tp, splits))
+        self.bias = nn.Parameter(shard_rows(full_bias, tp, splits)) if full_bias is not None else None
+
+    def forward(self, x_full_seq: torch.Tensor) -> torch.Tensor:
+        return F.linear(x_full_seq, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W split by input columns; the caller combines partial outputs (TPContext.leave)."""
+
+    def __init__(self, full_weight: torch.Tensor, tp: TPContext, full_bias: torch.Tensor | None = None):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(shard_cols(full_weight, tp))
+        # The bias is replicated and added once, after the partial sums are combined.
+        self.bias = nn.Parameter(full_bias.clone()) if full_bias is not None else None
+        if self.bias is not None:
+            self.bias.tp_replicated = True  # type: ignore[attr-defined]
+            self.bias.sequence_partial = tp.sequence_parallel  # type: ignore[attr-defined]
+
+    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+        return F.linear(x_local, self.weight)
+
+
+class ParallelEmbedding(nn.Module):
+    """Embedding table split by vocabulary rows; out-of-shard ids contribute zeros."""
+
+    def __init__(self, full_weight: torch.Tensor, tp: TPContext):
+        super().__init__()
+        self.tp = tp
+        self.per_rank = full_weight.shape[0] // tp.size
+        self.weight = nn.Parameter(shard_rows(full_weight, tp))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [b, s] -> [b, s(/tp with SP), h]."""
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        start = self.tp.rank * self.per_rank
+        local = ids - start
+        outside = (local < 0) | (local >= self.per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.tp.sequence_parallel:
+            return _ScatterSeq.apply(out, self.tp.group)
+        return _ReduceFromTP.apply(out, self.tp.group)
+
+
+def mark_replicated(module: nn.Module, tp: TPContext) -> None:
+    """Tag parameters that every TP rank holds in full (norms, biases of row-parallel layers).
+
+    Their gradients are counted once in the global norm, and with sequence parallel each rank's
+    gradient covers only its sequence slice, so the trainer sums them over the TP group.
+    """
+    for p in module.parameters(recurse=False):
+        p.tp_replicated = True  # type: ignore[attr-defined]
+        p.sequence_partial = tp.sequence_parallel  # type: ignore[attr-defined]
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Cross entropy over logits split by vocabulary across the TP group (NxD
+    parallel_cross_entropy). Returns per-token losses; ignore_index targets give 0."""
+
+    @staticmethod
+    def forward(ctx, logits, target, tp: TPContext, ignore_index: int):
+        logits = logits.float()
+        vocab_local = logits.shape[-1]
+        start = tp.rank * vocab_local
+        logits_max = logits.max(dim=-1)[0]
+        all_reduce(logits_max, tp.group, op=dist.ReduceOp.MAX)
+        shifted = logits - logits_max.unsqueeze(-1)
+        local_t = target - start
+        in_shard = (local_t >= 0) & (local_t < vocab_local)
+        safe_t = local_t.clamp(0, vocab_local - 1)
+        predicted = shifted.gather(-1, safe_t.unsqueeze(-1)).squeeze(-1) * in_shard
+        all_reduce(predicted, tp.group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        all_reduce(sum_exp, tp.group)
+        loss = torch.log(sum_exp) - predicted
+        valid = target != ignore_index
+        loss = loss * valid
+        softmax = exp / sum_exp.unsqueeze(-1)
+        ctx.save_for_backward(softmax, safe_t, in_shard & valid, valid)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, safe_t, hit, valid = ctx.saved_tensors
+        grad = softmax
+        grad.scatter_add_(-1, safe_t.unsqueeze(-1), -hit.unsqueeze(-1).to(grad.dtype))
+        grad = grad * (g * valid).unsqueeze(-1)
+        return grad, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp: TPContext,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    if tp.size == 1:
+        return F.cross_entropy(logits.float().flatten(0, -2), target.flatten(),
+                               ignore_index=ignore_index, reduction="none").view(target.shape)
+    return _VocabParallelCE.apply(logits, target, tp, ignore_index)
+
+
+def init_std_for(name: str, base_std: float, num_layers: int) -> float:
+    """Scaled init of output projections: std / sqrt(2 * layers) (GPT-2, NxD Llama recipe)."""
+    if name.endswith(("o_proj", "down_proj", "dense_4h_to_h", "dense")):
+        return base_std / math.sqrt(2 * num_layers)
+    return base_std

@@ -1,0 +1,119 @@
+"""The progress annotation (ARCHITECTURE 3.2): how the operator learns step, speed and hangs.
+
+Local rank 0 of every pod patches its own pod's annotation ``trainium.dev/progress`` with
+``{"step", "time", "tokensPerSecond", "loss", "lastCheckpointStep"}`` at most once per
+``logging.progressIntervalSeconds``, from a background thread so a slow API server never slows
+a step. It is on when the pod knows its name (``POD_NAME``, ``POD_NAMESPACE`` from the downward
+API) and can reach the API server (in-cluster service account, or ``KUBECONFIG``); otherwise
+off. No torch here: the operator parses the same payload with :func:`parse`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+ANNOTATION = "trainium.dev/progress"
+FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep")
+
+
+def payload(step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
+            now: float | None = None) -> str:
+    return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
+                       "tokensPerSecond": round(tokens_per_second, 2), "loss": round(loss, 5),
+                       "lastCheckpointStep": last_checkpoint_step}, separators=(",", ":"))
+
+
+def parse(text: str | None) -> dict | None:
+    """The operator's side: a progress dict, or None when absent or malformed."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+            return None
+        return {k: data.get(k) for k in FIELDS}
+    except (ValueError, TypeError):
+        return None
+
+
+class ProgressReporter:
+    """Rate-limited, non-blocking annotation writer. ``report`` never raises."""
+
+    def __init__(self, interval_seconds: float, pod: str | None = None, namespace: str | None = None):
+        self.interval = interval_seconds
+        self.pod = pod or os.environ.get("POD_NAME")
+        self.namespace = namespace or os.environ.get("POD_NAMESPACE", "default")
+        self._api = None
+        self._latest: str | None = None
+        self._sent_at = 0.0
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        if self.pod:
+            self._api = self._connect()
+        if self._api is not None:
+            self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
+            self._thread.start()
+
+    @property
+    def enabled(self) -> bool:
+        return self._api is not None
+
+    def _connect(self):
+        try:
+            from kubernetes import client, config
+            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config()
+            elif os.environ.get("KUBECONFIG"):
+                config.load_kube_config()
+            else:
+                return None
+            return client.CoreV1Api()
+        except Exception as exc:
+            log.warning("progress annotation off: cannot reach the API server (%s)", exc)
+            return None
+
+    def report(self, step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
+               force: bool = False) -> None:
+        if not self.enabled:
+            return
+        self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step)
+        if force or time.monotonic() - self._sent_at >= self.interval:
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._wake.wait()
+            self._wake.clear()
+            body = self._latest
+            if body is None:
+                continue
+            self._sent_at = time.monotonic()
+            try:
+                self._api.patch_namespaced_pod(self.pod, self.namespace,
+                                               {"metadata": {"annotations": {ANNOTATION: body}}})
+                self.sent += 1
+            except Exception as exc:
+                log.warning("progress annotation failed: %s", exc)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush the latest payload and stop."""
+        if self._thread is None:
+            return
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._latest is not None:
+            try:
+                self._api.patch_namespaced_pod(self.pod, self.namespace,
+                                               {"metadata": {"annotations": {ANNOTATION: self._latest}}})
+                self.sent += 1
+            except Exception as exc:
+                log.warning("final progress annotation failed: %s", exc)

@@ -1,0 +1,224 @@
+"""The training loop: build everything from a RunConfig, resume, train, checkpoint, report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from . import exitcodes
+from .checkpoint import Checkpointer
+from .config import RunConfig, derive_layout
+from .data import PackedDataset, local_batch
+from .health import GradNormMonitor, finite
+from .metrics import TrainerMetrics, device_peak, mfu
+from .model import Transformer
+from .optim import ShardedAdamW, lr_at
+from .parallel import ParallelState, TPContext, init_parallel, pick_backend
+from .progress import ProgressReporter
+
+log = logging.getLogger("trainer")
+
+
+class _StopFlag:
+    """Set by SIGTERM; checked at step boundaries and agreed on by all ranks."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        backend = pick_backend(cfg.backend)
+        self.ps: ParallelState = init_parallel(
+            backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training),
+            cfg.parallelism.sequence_parallel)
+        ps, tcfg = self.ps, cfg.training
+        if backend == "cpu":
+            torch.use_deterministic_algorithms(True)
+        self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
+        tp = TPContext(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel)
+        dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
+        self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
+                                 activation_checkpointing=cfg.parallelism.activation_checkpointing
+                                 ).to(device=ps.device, dtype=dtype)
+        self.autocast = (torch.autocast(ps.device.type, dtype=torch.bfloat16)
+                         if tcfg.precision == "mixed" else nullcontext())
+        self.optim = ShardedAdamW(list(self.model.named_parameters()), tcfg, ps, cfg.parallelism.zero1)
+        ckpt_group = dist.new_group(backend="gloo") if ps.is_distributed else None
+        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group)
+        self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
+        self.step = 0
+        self.tokens = 0
+        self.last_ckpt_step: int | None = None
+        self.stop = _StopFlag()
+        is_reporter = ps.local_rank == 0
+        self.metrics = TrainerMetrics(cfg.logging.metrics_port if is_reporter else 0,
+                                      {"run": os.environ.get("TRAINING_RUN", "local"),
+                                       "node_rank": os.environ.get("NODE_RANK", "0")})
+        self.progress = ProgressReporter(cfg.logging.progress_interval_seconds) if is_reporter else None
+        self.peak = device_peak(backend)
+        self.losses_fh = open(cfg.logging.losses_file, "a") if cfg.logging.losses_file and ps.rank == 0 else None
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def layout_meta(self) -> dict:
+        return {"tensor": self.ps.tp, "data": self.ps.dp, "pipeline": 1, "zero1": self.optim.zero1}
+
+    def resume(self) -> None:
+        tag = self.ckpt.select_resume()
+        if tag is None:
+            if self.ps.rank == 0:
+                log.info("no complete checkpoint to resume from; starting at step 0")
+            return
+        state = self.ckpt.load(tag, self.layout_meta())
+        meta = state["meta"]
+        if meta.get("configDigest") != self.cfg.digest() and self.ps.rank == 0:
+            log.warning("checkpoint %s was written with a different model/data config (digest %s, now %s)",
+                        tag.tag, meta.get("configDigest"), self.cfg.digest())
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.data.load_state(meta["data"])
+        self.health.load_state(state["user_content"]["health"])
+        torch.set_rng_state(state["user_content"]["torch_rng"])
+        self.step, self.tokens = meta["step"], meta["tokens"]
+        self.last_ckpt_step = meta["step"]
+        if self.ps.rank == 0:
+            log.info("resumed from %s at step %d (%d tokens)", tag.uri, self.step, self.tokens)
+
+    def save(self) -> None:
+        meta = {"step": self.step, "tokens": self.tokens, "data": self.data.state(),
+                "configDigest": self.cfg.digest(), "layout": self.layout_meta()}
+        user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}
+        result = self.ckpt.save(self.step, self.model.state_dict(), self.optim.state_dict(),
+                                {"last_step": self.step, "lr": lr_at(max(self.step - 1, 0), self.cfg.training)},
+                                user, meta)
+        self.metrics.ckpt_stall.set(result.stall_seconds)
+        self._note_finished_saves()
+
+    def _note_finished_saves(self) -> None:
+        for r in self.ckpt.results:
+            if r.ok and (self.last_ckpt_step is None or r.step > self.last_ckpt_step):
+                self.last_ckpt_step = r.step
+                self.metrics.ckpt_step.set(r.step)
+        failed = sum(1 for r in self.ckpt.results if not r.ok)
+        self.metrics.ckpt_failures.inc(failed - getattr(self, "_failed_seen", 0))
+        self._failed_seen = failed
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def train_step(self) -> tuple[float, float, bool]:
+        """Forward/backward over the local micro batches, then the update. Returns
+        (loss, grad_norm, stop_requested) with the loss averaged over data-parallel ranks."""
+        ps, tcfg = self.ps, self.cfg.training
+        inputs, targets = self.data.next_batch(tcfg.global_batch_size)
+        inputs, targets = local_batch(inputs, targets, ps.dp_rank, ps.dp)
+        accum = ps.layout.grad_accum_steps
+        loss_sum = torch.zeros((), device=ps.device)
+        for ids, tgt in zip(inputs.chunk(accum), targets.chunk(accum)):
+            with self.autocast:
+                loss = self.model(ids.to(ps.device), tgt.to(ps.device)) / accum
+            loss.backward()
+            loss_sum += loss.detach().float()
+        # One world-wide all-reduce carries the loss and the SIGTERM flag: every TP rank holds
+        # the same loss, so the world sum / world size is the mean over data-parallel ranks.
+        shared = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=ps.device)])
+        if ps.is_distributed:
+            dist.all_reduce(shared)
+        loss_value, stop = shared[0].item() / ps.world_size, shared[1].item() > 0
+        grads, grad_norm = self.optim.sync_and_norm()
+        if finite(loss_value, grad_norm):
+            self.optim.step(grads, grad_norm, lr_at(self.step, tcfg))
+        else:
+            self.metrics.skipped.inc()
+            if self.cfg.health.nan_policy == "stop":
+                raise exitcodes.FatalError(f"non-finite loss {loss_value} or gradient norm {grad_norm} "
+                                           f"at step {self.step + 1} (health.nanPolicy=stop)")
+            if ps.rank == 0:
+                log.warning("step %d: non-finite loss/grad norm, update skipped", self.step + 1)
+        self.optim.zero_grad()
+        return loss_value, grad_norm, stop
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg, ps = self.cfg, self.ps
+        self.resume()
+        tokens_per_step = ps.layout.tokens_per_step
+        if ps.rank == 0:
+            log.info("model %s: %.1fM parameters; layout tp=%d dp=%d accum=%d; %d tokens/step; backend %s",
+                     cfg.model.preset, cfg.model.num_params() / 1e6, ps.tp, ps.dp,
+                     ps.layout.grad_accum_steps, tokens_per_step, ps.backend)
+        code = exitcodes.OK
+        while self.step < cfg.training.steps:
+            t0 = time.perf_counter()
+            loss, grad_norm, stop = self.train_step()
+            self.step += 1
+            self.tokens += tokens_per_step
+            dt = time.perf_counter() - t0
+            spike = self.health.update(self.step, grad_norm)
+            self._report(loss, grad_norm, dt, spike)
+            if self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled()):
+                self.save()
+            if stop:
+                if ps.rank == 0:
+                    log.warning("SIGTERM: stopping after step %d, finalizing checkpoints", self.step)
+                code = exitcodes.TERMINATED
+                break
+        last = self.ckpt.finalize()
+        self._note_finished_saves()
+        if code == exitcodes.OK and last is not None and not last.ok:
+            log.error("the final checkpoint %s was not written; exiting retryable", last.tag)
+            code = exitcodes.RETRYABLE
+        self._report_progress(force=True)
+        return code
+
+    def _report(self, loss: float, grad_norm: float, dt: float, spike: bool) -> None:
+        cfg, ps = self.cfg, self.ps
+        tps = ps.layout.tokens_per_step / dt
+        util = mfu(tps, cfg.model, cfg.training.seq_len, ps.world_size, self.peak)
+        lr = lr_at(self.step - 1, cfg.training)
+        m = self.metrics
+        m.step.set(self.step), m.loss.set(loss), m.lr.set(lr), m.grad_norm.set(grad_norm)
+        m.tokens_per_second.set(tps), m.step_seconds.set(dt), m.tokens.inc(ps.layout.tokens_per_step)
+        if util is not None:
+            m.mfu.set(util)
+        if spike:
+            m.spikes.inc()
+        self._last = (loss, tps)
+        self._note_finished_saves()
+        self._report_progress()
+        if self.losses_fh:
+            self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr}) + "\n")
+            self.losses_fh.flush()
+        if ps.rank == 0 and (self.step % cfg.logging.interval == 0 or self.step == 1 or spike):
+            log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s tokens/s %.0f mfu %s step %.3fs",
+                     self.step, cfg.training.steps, loss, lr, grad_norm, " (SPIKE)" if spike else "",
+                     tps, f"{util:.1%}" if util is not None else "n/a", dt)
+
+    def _report_progress(self, force: bool = False) -> None:
+        if self.progress is not None and hasattr(self, "_last"):
+            loss, tps = self._last
+            self.progress.report(self.step, tps, loss if math.isfinite(loss) else -1.0,
+                                 self.last_ckpt_step, force=force)
+
+    def close(self) -> None:
+        self.ckpt.wait()
+        if self.progress:
+            self.progress.close()
+        self.metrics.close()
+        if self.losses_fh:
+            self.losses_fh.close()
+
