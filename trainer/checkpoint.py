@@ -10,6 +10,10 @@ A save is two halves:
     the next save begins; we write it as soon as the last rank finished.
 
 A new save waits for the previous one to finish, so at most one copy is in flight.
+
+Fault drills: ``TRAINER_FAULT_CKPT_WRITE_DELAY=<seconds>`` makes every rank's writer wait that
+long between the begin marker and its shards, so a drill (or a test) can kill the job or break
+the store while a save is reliably in flight. It is read once at start and is off by default.
 If a write fails (the store is down, a request errors) the tag gets no ``done``, the failure
 is logged and counted, and training goes on; the next save tries again.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -79,6 +84,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self.results: list[SaveResult] = []
         self._pending: SaveResult | None = None
+        self.fault_delay = float(os.environ.get("TRAINER_FAULT_CKPT_WRITE_DELAY", "0") or 0)
 
     # -- when ------------------------------------------------------------------------------
 
@@ -156,6 +162,8 @@ class Checkpointer:
         except Exception as exc:
             ok, error = False, f"begin marker: {exc}"
         ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
+        if ok and self.fault_delay:
+            time.sleep(self.fault_delay)
         if ok:
             try:
                 if ps.dp_rank == 0:

@@ -464,7 +464,7 @@ def from_dict(raw: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = (
             raise ConfigError(item, "override must look like group.field=value")
         key, text = item.split("=", 1)
         key = ".".join(camel(p) if "_" in p else p for p in key.strip().split("."))
-        _set_path(raw, key, yaml.safe_load(text))
+        _set_path(raw, key, yaml.safe_load(text) if text.strip() else "")
     cfg = _build(RunConfig, _apply_preset(raw), "")
     cfg.validate()
     return cfg

@@ -1,0 +1,125 @@
+"""The real trainer, as processes under torchrun on CPU (tier `trainer` in ARCHITECTURE 6)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, data_overrides, kill_tree, read_losses, run_trainer, trainer_cmd, trainer_env
+from trainer import ckpt_store, exitcodes
+
+pytestmark = pytest.mark.trainer
+
+
+def overrides(tiny, tmp: Path, name: str, *extra: str) -> list[str]:
+    return [*data_overrides(tiny), f"logging.lossesFile={tmp / (name + '.jsonl')}", "logging.interval=1",
+            f"checkpoint.uri={tmp / (name + '-ckpt')}", *extra]
+
+
+def test_tiny_preset_loss_falls(tiny_data, tmp_path):
+    res = run_trainer(1, overrides(tiny_data, tmp_path, "fall", "training.steps=150", "checkpoint.intervalSteps=50"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = read_losses(tmp_path / "fall.jsonl")
+    first = losses[1]["loss"]
+    last = sum(losses[s]["loss"] for s in range(141, 151)) / 10
+    print(f"\nloss: step 1 {first:.3f}, mean of steps 141-150 {last:.3f}")
+    assert first > 6.0 and last < 0.25 * first  # ln(512) = 6.24 at the start
+    assert ckpt_store.newest_complete(str(tmp_path / "fall-ckpt")).step == 150
+
+
+def test_tp2_dp2_zero1_sequence_parallel_matches_single_process(tiny_data, tmp_path):
+    common = ["training.steps=5", "training.warmupSteps=2", "checkpoint.uri="]
+    single = run_trainer(1, overrides(tiny_data, tmp_path, "single", *common))
+    assert single.returncode == 0, single.stderr[-3000:]
+    par = run_trainer(4, overrides(tiny_data, tmp_path, "par", *common, "parallelism.tensor=2",
+                                   "parallelism.sequenceParallel=true", "parallelism.zero1=true"))
+    assert par.returncode == 0, par.stderr[-3000:]
+    a, b = read_losses(tmp_path / "single.jsonl"), read_losses(tmp_path / "par.jsonl")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    for s in a:
+        print(f"step {s}: single {a[s]['loss']:.7f} tp2xdp2 {b[s]['loss']:.7f}")
+        assert b[s]["loss"] == pytest.approx(a[s]["loss"], rel=1e-4)
+        assert b[s]["gradNorm"] == pytest.approx(a[s]["gradNorm"], rel=1e-3)
+
+
+def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited {proc.returncode} before {what}: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkill_during_async_save_then_exact_resume(tiny_data, tmp_path):
+    """Kill every rank after step_6 is complete and while step_9 is being written; the
+    restart skips the torn tag, resumes from step_6 and reproduces every later loss bitwise."""
+    common = ["training.steps=12", "checkpoint.intervalSteps=3", "parallelism.tensor=2", "parallelism.zero1=true",
+              "parallelism.sequenceParallel=true"]
+    ref = run_trainer(4, overrides(tiny_data, tmp_path, "ref", *common))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    run = overrides(tiny_data, tmp_path, "crash", *common)
+    ckpt = tmp_path / "crash-ckpt"
+    proc = subprocess.Popen(trainer_cmd(4, run), cwd=ROOT, env=trainer_env(TRAINER_FAULT_CKPT_WRITE_DELAY="1.5"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: (ckpt / "step_6" / "done").exists() and (ckpt / "step_9" / "checkpoint").exists(),
+                  240, proc, "step_6 complete and step_9 begun")
+        assert not (ckpt / "step_9" / "done").exists()
+        kill_tree(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        kill_tree(proc.pid, signal.SIGKILL)
+    assert ckpt_store.newest_complete(str(ckpt)).tag == "step_6"
+    torn = [t for t in ckpt_store.list_tags(str(ckpt)) if not t.complete]
+    assert [t.tag for t in torn] == ["step_9"]
+
+    losses_file = tmp_path / "crash.jsonl"
+    losses_file.unlink()
+    again = run_trainer(4, run)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed_line = next((ln for ln in again.stderr.splitlines() if "resumed from" in ln), "")
+    assert resumed_line.endswith("step_6 at step 6 (12288 tokens)"), again.stderr[-3000:]
+    ref_losses, resumed = read_losses(tmp_path / "ref.jsonl"), read_losses(losses_file)
+    assert sorted(resumed) == list(range(7, 13))
+    for s in resumed:
+        assert resumed[s]["loss"] == ref_losses[s]["loss"], f"step {s} differs"  # bitwise on CPU
+        assert resumed[s]["gradNorm"] == ref_losses[s]["gradNorm"]
+    assert ckpt_store.newest_complete(str(ckpt)).step == 12
+
+
+def test_sigterm_finalizes_the_in_flight_checkpoint(tiny_data, tmp_path):
+    run = overrides(tiny_data, tmp_path, "term", "training.steps=400", "checkpoint.intervalSteps=4")
+    ckpt = tmp_path / "term-ckpt"
+    proc = subprocess.Popen(trainer_cmd(2, run), cwd=ROOT, env=trainer_env(TRAINER_FAULT_CKPT_WRITE_DELAY="2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: (ckpt / "step_4" / "checkpoint").exists(), 120, proc, "a save in flight")
+        assert not (ckpt / "step_4" / "done").exists()
+        kill_tree(proc.pid, signal.SIGTERM)  # what the kubelet does to every process of the pod
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid, signal.SIGKILL)
+    assert proc.returncode == exitcodes.TERMINATED, err[-3000:]
+    assert (ckpt / "step_4" / "done").exists(), "the in-flight save must be finalized, not abandoned"
+    assert ckpt_store.newest_complete(str(ckpt)).step >= 4
+
+
+@pytest.mark.parametrize("nproc, extra, field", [
+    (2, ["parallelism.tensor=2", "model.numHeads=3", "model.hiddenSize=96", "model.numKvHeads=3"], "parallelism.tensor"),
+    (2, ["training.globalBatchSize=6", "training.microBatchSize=4"], "training.globalBatchSize"),
+    (1, ["data.sources=[{uri: /nonexistent/corpus}]"], "data.sources[0].uri"),
+    (1, ["model.preset=llama9-1t"], "model.preset"),
+    (1, ["data.tokenizer=/nonexistent/tokenizer.json"], "data.tokenizer"),
+])
+def test_bad_input_exits_fatal_naming_the_field(tiny_data, tmp_path, nproc, extra, field):
+    res = run_trainer(nproc, [*data_overrides(tiny_data), "checkpoint.uri=", *extra])
+    assert res.returncode == exitcodes.FATAL, res.stderr[-3000:]
+    assert f"invalid configuration: {field}:" in res.stderr

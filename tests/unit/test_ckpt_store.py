@@ -1,0 +1,73 @@
+import json
+import os
+
+from trainer import ckpt_store
+
+
+def make_tag(root, step, done=True, meta=True):
+    d = root / f"step_{step}"
+    (d / "model").mkdir(parents=True)
+    (d / "checkpoint").write_text("")
+    (d / "model" / ckpt_store.shard_name(0, 0)).write_bytes(b"x")
+    if meta:
+        (d / "meta.json").write_text(json.dumps({"step": step, "tokens": step * 10}))
+    if done:
+        (d / "done").write_text("")
+        t = 1_700_000_000 + step
+        os.utime(d / "done", (t, t))
+    return d
+
+
+def test_newest_complete_ignores_tags_without_done(tmp_path):
+    make_tag(tmp_path, 2)
+    make_tag(tmp_path, 4)
+    make_tag(tmp_path, 6, done=False)
+    (tmp_path / "unrelated").mkdir()
+    newest = ckpt_store.newest_complete(str(tmp_path))
+    assert newest.tag == "step_4" and newest.step == 4 and newest.meta["tokens"] == 40
+    assert [t.tag for t in ckpt_store.list_tags(str(tmp_path))] == ["step_2", "step_4", "step_6"]
+
+
+def test_no_checkpoints(tmp_path):
+    assert ckpt_store.newest_complete(str(tmp_path)) is None
+    assert ckpt_store.newest_complete(str(tmp_path / "absent")) is None
+
+
+def test_retention_never_deletes_newest_complete(tmp_path):
+    for s in (2, 4, 6, 8):
+        make_tag(tmp_path, s)
+    make_tag(tmp_path, 10, done=False)  # in flight: must survive
+    deleted = ckpt_store.apply_retention(str(tmp_path), keep=2)
+    assert deleted == ["step_2", "step_4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_6", "step_8"]
+    # keep=1 keeps exactly the newest complete; an older torn tag is cleaned.
+    make_tag(tmp_path, 7, done=False)
+    ckpt_store.apply_retention(str(tmp_path), keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_8"]
+
+
+def test_retention_victims_pure():
+    T = ckpt_store.TagInfo
+    tags = [T("step_1", "", 1, True), T("step_2", "", 2, False), T("step_3", "", 3, True)]
+    assert [t.tag for t in ckpt_store.retention_victims(tags, keep=1)] == ["step_1", "step_2"]
+    assert ckpt_store.retention_victims(tags, keep=0) == [tags[1]]  # keep all complete
+    assert ckpt_store.retention_victims([T("step_5", "", 5, False)], keep=1) == []
+
+
+def test_delete_removes_done_first(tmp_path, monkeypatch):
+    make_tag(tmp_path, 3)
+    order = []
+    import fsspec.implementations.local as local
+    real_rm_file = local.LocalFileSystem.rm_file
+    monkeypatch.setattr(local.LocalFileSystem, "rm_file",
+                        lambda self, p: (order.append(os.path.basename(p)), real_rm_file(self, p))[1])
+    ckpt_store.delete_tag(str(tmp_path), "step_3")
+    assert order[0] == "done" and not (tmp_path / "step_3").exists()
+
+
+def test_store_imports_no_torch():
+    import subprocess
+    import sys
+    code = "import sys, trainer.ckpt_store, trainer.config, trainer.progress, trainer.exitcodes; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,29 @@
+import json
+
+from trainer import exitcodes, progress
+from trainer.launch import exit_code_for
+
+
+def test_pod_exit_code_from_workers():
+    assert exit_code_for([]) == 0
+    assert exit_code_for([78, -15, -15]) == exitcodes.FATAL
+    assert exit_code_for([75, -15]) == exitcodes.RETRYABLE
+    assert exit_code_for([143, 143]) == exitcodes.TERMINATED
+    assert exit_code_for([-9]) == 1
+
+
+def test_progress_payload_roundtrip():
+    text = progress.payload(12, 1234.567, 2.345678, 10, now=1700000000.0)
+    assert json.loads(text) == {"step": 12, "time": 1700000000.0, "tokensPerSecond": 1234.57,
+                                "loss": 2.34568, "lastCheckpointStep": 10}
+    assert progress.parse(text)["step"] == 12
+    for bad in (None, "", "{", "[]", '{"step": "x"}'):
+        assert progress.parse(bad) is None
+
+
+def test_reporter_off_without_pod_identity(monkeypatch):
+    monkeypatch.delenv("POD_NAME", raising=False)
+    r = progress.ProgressReporter(1.0)
+    assert not r.enabled
+    r.report(1, 1.0, 1.0, None)  # a no-op, never raises
+    r.close()
