@@ -1,0 +1,196 @@
+"""Data and checkpoints on a real S3 API server (moto in server mode) on loopback.
+
+A small HTTP proxy owned by the test sits between the trainer and the server so the test can
+make requests fail while a save is in flight, the way an object store outage looks to s3fs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, read_losses, run_trainer, trainer_cmd, trainer_env
+from trainer import ckpt_store, exitcodes
+
+pytestmark = [pytest.mark.trainer, pytest.mark.s3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FaultProxy:
+    """Forwards every request to the S3 server; while ``failing`` is set, PUTs get 403
+    AccessDenied, which s3fs does not retry (503s it rides out with its own retries)."""
+
+    def __init__(self, upstream_port: int):
+        proxy = self
+        self.failing = threading.Event()
+        self.failed_puts = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "PUT" and proxy.failing.is_set():
+                    proxy.failed_puts += 1
+                    msg = b"<Error><Code>AccessDenied</Code><Message>injected fault</Message></Error>"
+                    self.send_response(403)
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = f"127.0.0.1:{upstream_port}"
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(k, v)
+                # HEAD carries the object's size in Content-Length and no body.
+                length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def s3(tmp_path, tiny_data):
+    """A moto S3 server process plus the fault proxy; data uploaded to s3://data/tiny."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proxy = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        proxy = FaultProxy(port)
+        env = trainer_env(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                          AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}",
+                          FSSPEC_S3_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}")
+        import boto3
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        for bucket in ("data", "ckpt"):
+            client.create_bucket(Bucket=bucket)
+        base = Path(tiny_data["tokenizer"]).parent
+        for f in base.rglob("*"):
+            if f.is_file():
+                client.upload_file(str(f), "data", f"tiny/{f.relative_to(base)}")
+        yield {"env": env, "proxy": proxy, "port": port}
+    finally:
+        if proxy:
+            proxy.close()
+        server.terminate()
+        server.wait(10)
+
+
+def s3_overrides(tmp: Path, name: str, *extra: str) -> list[str]:
+    return ["data.sources=[{uri: 's3://data/tiny/stories', weight: 3}, {uri: 's3://data/tiny/facts', weight: 1}]",
+            "data.tokenizer=s3://data/tiny/tokenizer.json", f"checkpoint.uri=s3://ckpt/{name}",
+            f"logging.lossesFile={tmp / (name + '.jsonl')}", "logging.interval=1", *extra]
+
+
+def store_env(env):
+    """Point this (test) process's s3fs at the server, for listing checkpoints."""
+    import fsspec.config
+    fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = env["FSSPEC_S3_ENDPOINT_URL"]
+    import os
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        os.environ[k] = env[k]
+
+
+def test_s3_data_checkpoints_and_exact_resume(s3, tmp_path, tiny_data):
+    env = s3["env"]
+    store_env(env)
+    first = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=6", "checkpoint.intervalSteps=3"), env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert ckpt_store.newest_complete("s3://ckpt/run").step == 6
+    tag = ckpt_store.newest_complete("s3://ckpt/run")
+    assert tag.uri == "s3://ckpt/run/step_6" and tag.meta["layout"]["data"] == 2
+    # Continue the same run to step 9 from S3, and compare with an uninterrupted 9-step run.
+    cont = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=9", "checkpoint.intervalSteps=3"), env=env)
+    assert cont.returncode == 0 and "resumed from s3://ckpt/run/step_6" in cont.stderr, cont.stderr[-3000:]
+    ref = run_trainer(2, s3_overrides(tmp_path, "ref", "training.steps=9", "checkpoint.intervalSteps=0"), env=env)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    got, want = read_losses(tmp_path / "run.jsonl"), read_losses(tmp_path / "ref.jsonl")
+    assert all(got[s]["loss"] == want[s]["loss"] for s in range(1, 10))
+
+
+def _run_with_fault(s3, tmp_path, name: str, steps: int, transient: bool):
+    """Train; when step_4's save has begun, make PUTs fail. A transient fault clears as soon
+    as the first PUT failed; a persistent one lasts until the trainer exits."""
+    env, proxy = s3["env"], s3["proxy"]
+    store_env(env)
+    run = s3_overrides(tmp_path, name, f"training.steps={steps}", "checkpoint.intervalSteps=4")
+    proc = subprocess.Popen(trainer_cmd(2, run), cwd=ROOT, env={**env, "TRAINER_FAULT_CKPT_WRITE_DELAY": "2"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(t.tag == "step_4" for t in ckpt_store.list_tags(f"s3://ckpt/{name}")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no save of step_4 began"
+            time.sleep(0.05)
+        proxy.failing.set()
+        if transient:
+            while proxy.failed_puts == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            proxy.failing.clear()
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proxy.failing.clear()
+        if proc.poll() is None:
+            proc.kill()
+    assert proxy.failed_puts > 0
+    tags = {t.tag: t for t in ckpt_store.list_tags(f"s3://ckpt/{name}")}
+    return proc.returncode, err, tags
+
+
+def test_transient_store_failure_mid_save_is_never_marked_done(s3, tmp_path):
+    code, err, tags = _run_with_fault(s3, tmp_path, "flaky", steps=12, transient=True)
+    assert "checkpoint step_4 FAILED" in err
+    assert code == 0, err[-3000:]  # training went on and the later saves succeeded
+    assert "step_4" not in tags or not tags["step_4"].complete
+    assert tags["step_12"].complete and ckpt_store.newest_complete("s3://ckpt/flaky").step == 12
+
+
+def test_failed_final_checkpoint_exits_retryable(s3, tmp_path):
+    code, err, tags = _run_with_fault(s3, tmp_path, "down", steps=4, transient=False)
+    assert code == exitcodes.RETRYABLE, err[-3000:]
+    assert "the final checkpoint step_4 was not written; exiting retryable" in err
+    assert not tags["step_4"].complete and ckpt_store.newest_complete("s3://ckpt/down") is None
