@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from .config import TrainingConfig
-from .parallel import ParallelState, all_gather_dim, all_reduce, reduce_scatter_dim
+from .parallel import ParallelState, all_reduce, reduce_scatter_dim
 
 
 def lr_at(step: int, cfg: TrainingConfig) -> float:
@@ -40,6 +41,11 @@ def stochastic_round_to_bf16(x: torch.Tensor, gen: torch.Generator) -> torch.Ten
 
 
 class ShardedAdamW:
+    """AdamW over flat buffers. At construction every parameter's storage moves into one
+    contiguous buffer and every gradient becomes a view of a second one (as DDP's
+    ``gradient_as_bucket_view`` and Megatron's contiguous buffers do), so synchronisation and
+    the update run in place on whole buffers with a single temporary."""
+
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], cfg: TrainingConfig,
                  ps: ParallelState, zero1: bool):
         self.cfg, self.ps = cfg, ps
@@ -52,88 +58,125 @@ class ShardedAdamW:
         self.total = -(-numel // parts) * parts  # padded so every shard has the same length
         self.shard_len = self.total // parts
         self.start = (ps.dp_rank if self.zero1 else 0) * self.shard_len
-        dev = ps.device
-        decay = torch.zeros(self.total, device=dev)
-        norm_weight = torch.zeros(self.total, device=dev)
+        dev, dtype = ps.device, self.params[0].dtype
+        self.param_buf = torch.zeros(self.total, device=dev, dtype=dtype)
+        self.grad_buf = torch.zeros(self.total, device=dev, dtype=dtype)
+        self.decay = torch.zeros(self.shard_len, device=dev)
+        self.replicated: list[tuple[int, int]] = []  # ranges (within the shard) counted 1/tp in the norm
         offset = 0
-        for p in self.params:
-            n = p.numel()
-            decay[offset:offset + n] = 1.0 if p.dim() >= 2 else 0.0  # no decay on norms, biases
-            norm_weight[offset:offset + n] = 1.0 / ps.tp if getattr(p, "tp_replicated", False) else 1.0
-            offset += n
-        self.decay = decay[self.start:self.start + self.shard_len]
-        self.norm_weight = norm_weight[self.start:self.start + self.shard_len]
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                self.param_buf[offset:offset + n].copy_(p.reshape(-1))
+                p.data = self.param_buf[offset:offset + n].view_as(p)
+                p.grad = self.grad_buf[offset:offset + n].view_as(p)
+                lo, hi = max(offset, self.start) - self.start, min(offset + n, self.start + self.shard_len) - self.start
+                if lo < hi:
+                    if p.dim() >= 2:
+                        self.decay[lo:hi] = 1.0  # no weight decay on norms and biases
+                    if getattr(p, "tp_replicated", False) and ps.tp > 1:
+                        self.replicated.append((lo, hi))
+                offset += n
+        self.sequence_partial = [p for p in self.params if getattr(p, "sequence_partial", False)]
+        # Runs of the shard with the same weight decay, for the fused kernel's tensor lists.
+        flags = self.decay.tolist()
+        self.runs: list[tuple[int, int, bool]] = []
+        lo = 0
+        for i in range(1, self.shard_len + 1):
+            if i == self.shard_len or flags[i] != flags[lo]:
+                self.runs.append((lo, i, flags[lo] == 1.0))
+                lo = i
         self.exp_avg = torch.zeros(self.shard_len, device=dev)
         self.exp_avg_sq = torch.zeros(self.shard_len, device=dev)
         self.step_count = 0
         # Stochastic rounding noise: a generator per rank, saved with the optimizer state.
         self.gen = torch.Generator(device=dev).manual_seed(cfg.seed * 100_003 + ps.rank)
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.zeros(self.total, device=self.ps.device, dtype=torch.float32)
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            flat[offset:offset + n] = t.detach().reshape(-1).float()
-            offset += n
-        return flat
-
-    def _write_back(self, flat: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                p.copy_(flat[offset:offset + n].view_as(p))
-                offset += n
+    def _shard(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf[self.start:self.start + self.shard_len]
 
     def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        self.grad_buf.zero_()  # gradients stay views of the buffer; autograd accumulates in place
 
     # -- the step --------------------------------------------------------------------------
 
     def sync_and_norm(self) -> tuple[torch.Tensor, float]:
-        """Steps 1-3: returns this rank's averaged gradient slice and the global norm."""
+        """Steps 1-3: returns this rank's averaged fp32 gradient slice and the global norm."""
         ps = self.ps
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            if getattr(p, "sequence_partial", False):
-                all_reduce(p.grad, ps.tp_group)
-        grads = self._flat([p.grad for p in self.params])
+        for p in self.sequence_partial:
+            all_reduce(p.grad, ps.tp_group)
+        grads = self.grad_buf if self.grad_buf.dtype == torch.float32 else self.grad_buf.float()
         if self.zero1:
             grads = reduce_scatter_dim(grads.unsqueeze(0), 1, ps.dp_group).squeeze(0)
         else:
             all_reduce(grads, ps.dp_group)
-        grads /= ps.dp
-        sq = (grads.pow(2) * self.norm_weight).sum()
+        grads.div_(ps.dp)
+        sq = grads.dot(grads)
+        for lo, hi in self.replicated:  # held in full by every TP rank: count once
+            seg = grads[lo:hi]
+            sq -= (1.0 - 1.0 / ps.tp) * seg.dot(seg)
         if self.zero1:
             all_reduce(sq, ps.dp_group)
         all_reduce(sq, ps.tp_group)
-        return grads, math.sqrt(sq.item())
+        return grads, math.sqrt(max(sq.item(), 0.0))
 
     def step(self, grads: torch.Tensor, grad_norm: float, lr: float) -> None:
         """Steps 4-5, given the output of sync_and_norm (call only when the norm is finite)."""
         cfg = self.cfg
         if cfg.grad_clip > 0 and grad_norm > cfg.grad_clip:
-            grads = grads * (cfg.grad_clip / (grad_norm + 1e-6))
+            grads.mul_(cfg.grad_clip / (grad_norm + 1e-6))
         self.step_count += 1
+        shard = self._shard(self.param_buf)
+        if self.bf16_sr:
+            values = self._adamw_explicit(shard.float(), grads, lr)
+            shard.copy_(stochastic_round_to_bf16(values, self.gen))
+        else:
+            self._adamw_fused(shard, grads, lr)
+        if self.zero1:
+            chunks = list(self.param_buf.chunk(self.ps.dp))
+            dist.all_gather(chunks, shard.clone(), group=self.ps.dp_group)
+
+    def _adamw_explicit(self, values: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
+        """The AdamW update written out, in fp32 (used for bf16-sr, which rounds afterwards)."""
+        cfg = self.cfg
         b1, b2 = cfg.betas
         self.exp_avg.mul_(b1).add_(grads, alpha=1 - b1)
         self.exp_avg_sq.mul_(b2).addcmul_(grads, grads, value=1 - b2)
         bias1 = 1 - b1 ** self.step_count
         bias2 = 1 - b2 ** self.step_count
-        denom = (self.exp_avg_sq / bias2).sqrt_().add_(cfg.eps)
-        values = self._flat(self.params)[self.start:self.start + self.shard_len]
-        values.mul_(1 - lr * cfg.weight_decay * self.decay)
+        denom = torch.div(self.exp_avg_sq, bias2).sqrt_().add_(cfg.eps)  # the one temporary
+        values.addcmul_(values, self.decay, value=-lr * cfg.weight_decay)
         values.addcdiv_(self.exp_avg, denom, value=-lr / bias1)
-        if self.bf16_sr:
-            values = stochastic_round_to_bf16(values, self.gen).float()
-        if self.zero1:
-            values = all_gather_dim(values.unsqueeze(0), 1, self.ps.dp_group).squeeze(0)
-        self._write_back(values)
+        return values
+
+    def _adamw_fused(self, values: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+        """The same update in one pass per tensor: PyTorch's fused AdamW kernel (what
+        ``torch.optim.AdamW(fused=True)`` calls), over runs of the flat buffers."""
+        cfg = self.cfg
+        b1, b2 = cfg.betas
+        step = torch.tensor(float(self.step_count), device=values.device)
+        for decayed in (True, False):
+            runs = [(lo, hi) for lo, hi, d in self.runs if d == decayed]
+            if not runs:
+                continue
+            torch._fused_adamw_([values[lo:hi] for lo, hi in runs], [grads[lo:hi] for lo, hi in runs],
+                                [self.exp_avg[lo:hi] for lo, hi in runs], [self.exp_avg_sq[lo:hi] for lo, hi in runs],
+                                [], [step] * len(runs), lr=lr, beta1=b1, beta2=b2,
+                                weight_decay=cfg.weight_decay if decayed else 0.0, eps=cfg.eps,
+                                amsgrad=False, maximize=False)
+
+    def param_norm(self) -> float:
+        """Global parameter norm (replicated parameters counted once)."""
+        flat = self.param_buf.float()
+        sq = flat.dot(flat)
+        offset = 0
+        for p in self.params:
+            if getattr(p, "tp_replicated", False) and self.ps.tp > 1:
+                seg = flat[offset:offset + p.numel()]
+                sq -= (1.0 - 1.0 / self.ps.tp) * seg.dot(seg)
+            offset += p.numel()
+        all_reduce(sq, self.ps.tp_group)
+        return math.sqrt(max(sq.item(), 0.0))
 
     # -- checkpoint state ------------------------------------------------------------------
 

@@ -35,3 +35,32 @@ def test_spike_detection_counts_duration():
     restored.load_state(m.state())
     assert restored.state() == m.state()
     assert not m.update(29, float("nan"))
+
+
+def test_fused_update_matches_the_explicit_formula():
+    """The fused kernel path (fp32/mixed) and the written-out path (bf16-sr) are one update."""
+    from trainer.config import derive_layout
+    from trainer.optim import ShardedAdamW
+    from trainer.parallel import init_parallel
+
+    cfg = TrainingConfig(lr=1e-2, weight_decay=0.1, grad_clip=0.0)
+    from trainer.config import ModelConfig, ParallelConfig
+    ps = init_parallel("cpu", lambda ws: derive_layout(ws, ModelConfig(), ParallelConfig(), cfg), False)
+    torch.manual_seed(0)
+    w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.randn(4))
+    opt = ShardedAdamW([("w", w), ("b", b)], cfg, ps, zero1=False)
+    ref_values, ref_m, ref_v = opt.param_buf.clone(), opt.exp_avg.clone(), opt.exp_avg_sq.clone()
+    for step in range(1, 4):
+        g = torch.randn(opt.total)
+        opt.grad_buf.copy_(g)
+        grads, norm = opt.sync_and_norm()
+        opt.step(grads, norm, 1e-2)
+        # the explicit path on copies of the previous state
+        twin = ShardedAdamW([("w", torch.nn.Parameter(torch.zeros(8, 4))), ("b", torch.nn.Parameter(torch.zeros(4)))],
+                            cfg, ps, zero1=False)
+        twin.exp_avg.copy_(ref_m), twin.exp_avg_sq.copy_(ref_v)
+        twin.step_count = step
+        ref_values = twin._adamw_explicit(ref_values.clone(), g.clone(), 1e-2)
+        ref_m, ref_v = twin.exp_avg.clone(), twin.exp_avg_sq.clone()
+        assert torch.allclose(opt.param_buf, ref_values, rtol=1e-5, atol=1e-6)
+    assert torch.equal(w.detach().reshape(-1), opt.param_buf[:32])  # parameters are views of the buffer

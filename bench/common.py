@@ -1,0 +1,32 @@
+"""Helpers shared by the benchmarks: a single-process ParallelState and table printing."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from trainer.config import from_dict
+from trainer.parallel import init_parallel
+
+
+def single_process(cfg):
+    from trainer.config import derive_layout
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        os.environ.pop(var, None)
+    return init_parallel("cpu", lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training), False)
+
+
+def run_config(model: dict, training: dict):
+    return from_dict({"model": model, "training": training,
+                      "data": {"sources": ["unused"], "tokenizer": "unused"}})
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])])
