@@ -1,0 +1,117 @@
+"""tools/cluster COMMAND: build, start, stop and break a local Kubernetes control plane.
+
+  build                        build/reuse etcd, kube-*, kwok, kwokctl, helm (Go modules, cached)
+  up [--nodes N --type T]      start on loopback, write a kubeconfig, wait for /readyz
+  down                         stop exactly what `up` started and delete the state dir
+  status                       which components run; the kubeconfig path
+  env                          print `export KUBECONFIG=...` (eval "$(tools/cluster env)")
+  nodes --count N --type T     create simulated nodes (trn1.32xlarge, trn1n.32xlarge, cpu)
+  fault KIND TARGET [...]      inject a fault; `recover KIND TARGET` undoes it
+      node-not-ready NODE   node-unreachable NODE   neuron-error NODE [--reason R]
+      device-loss NODE [--remaining K]   delete-node NODE
+      pod-fail POD [--namespace NS --exit-code C --reason R]   evict POD [--namespace NS]
+
+Options before the command: --state-dir DIR and --base-port P (default ~/.cache/trainium-
+operator/cluster-state and 23790; TRN_CLUSTER_STATE / TRN_CLUSTER_PORT set them too), so two
+clusters can run at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import warnings
+
+from . import faults
+from .cluster import DEFAULT_BASE_PORT, DEFAULT_STATE, HERE, Cluster, ClusterError
+from .nodes import INSTANCE_TYPES, create_nodes
+
+NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
+               "node-unreachable": (faults.node_unreachable, faults.node_recover),
+               "neuron-error": (faults.neuron_error, faults.neuron_healthy),
+               "device-loss": (faults.device_loss, faults.device_restore),
+               "delete-node": (faults.delete_node, None)}
+POD_FAULTS = {"pod-fail": faults.pod_fail, "evict": faults.evict_pod}
+
+
+def _core(cluster: Cluster):
+    from kubernetes import client
+    return client.CoreV1Api(cluster.api_client())
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    ap = argparse.ArgumentParser(prog="tools/cluster", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--state-dir", default=str(DEFAULT_STATE))
+    ap.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build")
+    up = sub.add_parser("up")
+    up.add_argument("--nodes", type=int, default=0)
+    up.add_argument("--type", default="trn1.32xlarge", choices=list(INSTANCE_TYPES))
+    sub.add_parser("down")
+    sub.add_parser("status")
+    sub.add_parser("env")
+    nodes = sub.add_parser("nodes")
+    nodes.add_argument("--count", type=int, required=True)
+    nodes.add_argument("--type", default="trn1.32xlarge", choices=list(INSTANCE_TYPES))
+    nodes.add_argument("--prefix")
+    for verb in ("fault", "recover"):
+        f = sub.add_parser(verb)
+        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS] if verb == "fault" else
+                       [k for k, v in NODE_FAULTS.items() if v[1]])
+        f.add_argument("target")
+        f.add_argument("--namespace", default="default")
+        f.add_argument("--exit-code", type=int, default=1)
+        f.add_argument("--reason")
+        f.add_argument("--remaining", type=int, default=12)
+    args = ap.parse_args(argv)
+    cluster = Cluster(state_dir=args.state_dir, base_port=args.base_port)
+    try:
+        if args.cmd == "build":
+            return subprocess.call(["bash", str(HERE / "build.sh")])
+        if args.cmd == "up":
+            cluster.up()
+            if args.nodes:
+                names = create_nodes(_core(cluster), args.nodes, args.type)
+                print(f"created {len(names)} {args.type} nodes: {names[0]} .. {names[-1]}")
+        elif args.cmd == "down":
+            cluster.down()
+        elif args.cmd == "status":
+            st = cluster.status()
+            for name, state in st.items():
+                print(f"{name:26s} {state}")
+            print(f"kubeconfig: {cluster.kubeconfig}" if st else "not running")
+            return 0 if cluster.running() else 1
+        elif args.cmd == "env":
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+        elif args.cmd == "nodes":
+            names = create_nodes(_core(cluster), args.count, args.type, args.prefix)
+            print(f"{len(names)} {args.type} nodes: {', '.join(names)}")
+        elif args.cmd in ("fault", "recover"):
+            core = _core(cluster)
+            if args.kind in POD_FAULTS:
+                if args.kind == "pod-fail":
+                    faults.pod_fail(core, args.namespace, args.target, args.exit_code, args.reason or "Error")
+                else:
+                    faults.evict_pod(core, args.namespace, args.target)
+            else:
+                inject, undo = NODE_FAULTS[args.kind]
+                fn = inject if args.cmd == "fault" else undo
+                if args.cmd == "fault" and args.kind == "neuron-error" and args.reason:
+                    fn(core, args.target, args.reason)
+                elif args.cmd == "fault" and args.kind == "device-loss":
+                    fn(core, args.target, args.remaining)
+                else:
+                    fn(core, args.target)
+            print(f"{args.cmd} {args.kind} {args.target}: done")
+    except ClusterError as exc:
+        print(f"tools/cluster: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

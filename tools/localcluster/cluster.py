@@ -1,0 +1,294 @@
+"""Start and stop a real Kubernetes control plane on loopback, with kwok simulating nodes.
+
+Processes: etcd, kube-apiserver (RBAC, static-token auth, service-account keys),
+kube-controller-manager, kube-scheduler and kwok, each a child in its own session with a log
+file in the state directory. ``state.json`` records their PIDs and binaries, so ``down`` stops
+exactly what ``up`` started and nothing else. Ports come from one base port, so two clusters
+can run side by side with different state directories and base ports.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CACHE = Path(os.environ.get("TRN_CLUSTER_CACHE", Path.home() / ".cache/trainium-operator/cluster"))
+DEFAULT_STATE = Path(os.environ.get("TRN_CLUSTER_STATE", Path.home() / ".cache/trainium-operator/cluster-state"))
+DEFAULT_BASE_PORT = int(os.environ.get("TRN_CLUSTER_PORT", "23790"))
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# How fast the node lifecycle controller reacts; tunable for drills (real clusters use 40-50s).
+NODE_MONITOR_GRACE = os.environ.get("TRN_NODE_MONITOR_GRACE", "20s")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        # Go servers bind with SO_REUSEADDR, so a port in TIME_WAIT is free for them too.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_base_port(start: int = 24000, span: int = 8) -> int:
+    """A base port whose ``span`` following ports are all free (for tests)."""
+    for base in range(start, 60000, span):
+        if all(port_free(base + i) for i in range(span)):
+            return base
+    raise ClusterError("no free port range found")
+
+
+@dataclass
+class Cluster:
+    state_dir: Path = DEFAULT_STATE
+    base_port: int = DEFAULT_BASE_PORT
+    bin_dir: Path = DEFAULT_CACHE / "bin"
+
+    def __post_init__(self):
+        self.state_dir = Path(self.state_dir)
+        self.bin_dir = Path(self.bin_dir)
+
+    # -- layout ---------------------------------------------------------------------------
+
+    @property
+    def ports(self) -> dict[str, int]:
+        b = self.base_port
+        return {"etcd": b, "etcd-peer": b + 1, "apiserver": b + 2, "controller-manager": b + 3,
+                "scheduler": b + 4, "kwok": b + 5}
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def _state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def _load_state(self) -> dict:
+        try:
+            return json.loads(self._state_file().read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # -- up -------------------------------------------------------------------------------
+
+    def up(self, timeout: float = 120) -> float:
+        """Start every component (or find them already running); returns seconds taken."""
+        t0 = time.monotonic()
+        if self.running():
+            log(f"already running ({self.server}); kubeconfig {self.kubeconfig}")
+            return 0.0
+        missing = [c for c in COMPONENTS if not (self.bin_dir / c).exists()]
+        if missing:
+            raise ClusterError(f"binaries missing in {self.bin_dir}: {', '.join(missing)} "
+                               f"(run tools/cluster build)")
+        busy = [f"{k}:{p}" for k, p in self.ports.items() if not port_free(p)]
+        if busy:
+            raise ClusterError(f"ports in use: {', '.join(busy)} (choose another --base-port)")
+        self._prepare_state()
+        procs: dict[str, int] = {}
+        state = {"base_port": self.base_port, "bin_dir": str(self.bin_dir), "pids": procs}
+        try:
+            procs["etcd"] = self._spawn("etcd", self._etcd_args())
+            self._save(state)
+            self._wait_http(f"http://127.0.0.1:{self.ports['etcd']}/health", timeout, "etcd")
+            procs["kube-apiserver"] = self._spawn("kube-apiserver", self._apiserver_args())
+            self._save(state)
+            self._wait_http(f"{self.server}/readyz", timeout, "kube-apiserver", token=self._token())
+            self._write_kubeconfig()
+            procs["kube-controller-manager"] = self._spawn("kube-controller-manager", self._kcm_args())
+            procs["kube-scheduler"] = self._spawn("kube-scheduler", self._scheduler_args())
+            procs["kwok"] = self._spawn("kwok", self._kwok_args())
+            self._save(state)
+            for name in ("kube-controller-manager", "kube-scheduler"):
+                port = self.ports["controller-manager" if name.startswith("kube-c") else "scheduler"]
+                self._wait_http(f"https://127.0.0.1:{port}/healthz", timeout, name)
+            self._wait_http(f"http://127.0.0.1:{self.ports['kwok']}/healthz", timeout, "kwok")
+        except Exception:
+            self.down(keep_state=True)
+            raise
+        took = time.monotonic() - t0
+        log(f"up in {took:.1f}s: {self.server}; export KUBECONFIG={self.kubeconfig}")
+        return took
+
+    def _prepare_state(self) -> None:
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+        (self.state_dir / "pki").mkdir(parents=True)
+        (self.state_dir / "logs").mkdir()
+        pki = self.state_dir / "pki"
+        subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], check=True,
+                       capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")],
+                       check=True, capture_output=True)
+        token = secrets.token_hex(16)
+        (pki / "tokens.csv").write_text(f'{token},admin,admin,"system:masters"\n')
+
+    def _write_kubeconfig(self) -> None:
+        """Once the apiserver generated its serving certificate: a kubeconfig that verifies it."""
+        ca = (self.state_dir / "pki" / "apiserver.crt").read_bytes()
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {
+                "server": self.server, "certificate-authority-data": base64.b64encode(ca).decode()}}],
+            "users": [{"name": "admin", "user": {"token": self._token()}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        }, indent=2))
+        self.kubeconfig.chmod(0o600)
+
+    def _token(self) -> str:
+        return (self.state_dir / "pki" / "tokens.csv").read_text().split(",")[0]
+
+    def _etcd_args(self) -> list[str]:
+        p = self.ports
+        return ["--name", "local", "--data-dir", str(self.state_dir / "etcd"),
+                "--listen-client-urls", f"http://127.0.0.1:{p['etcd']}",
+                "--advertise-client-urls", f"http://127.0.0.1:{p['etcd']}",
+                "--listen-peer-urls", f"http://127.0.0.1:{p['etcd-peer']}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{p['etcd-peer']}",
+                "--initial-cluster", f"local=http://127.0.0.1:{p['etcd-peer']}",
+                "--unsafe-no-fsync", "--quota-backend-bytes", str(4 << 30), "--log-level", "warn"]
+
+    def _apiserver_args(self) -> list[str]:
+        pki = self.state_dir / "pki"
+        return ["--etcd-servers", f"http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                "--secure-port", str(self.ports["apiserver"]), "--cert-dir", str(pki),
+                "--token-auth-file", str(pki / "tokens.csv"), "--authorization-mode", "RBAC",
+                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file", str(pki / "sa.pub"),
+                "--service-account-signing-key-file", str(pki / "sa.key"),
+                "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged",
+                "--enable-priority-and-fairness=false", "--profiling=false", "--v=1"]
+
+    def _component_kubeconfig(self) -> list[str]:
+        kc = str(self.kubeconfig)
+        return ["--kubeconfig", kc, "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc]
+
+    def _kcm_args(self) -> list[str]:
+        pki = self.state_dir / "pki"
+        return [*self._component_kubeconfig(), "--leader-elect=false",
+                "--bind-address", "127.0.0.1", "--secure-port", str(self.ports["controller-manager"]),
+                "--service-account-private-key-file", str(pki / "sa.key"),
+                "--root-ca-file", str(pki / "apiserver.crt"),
+                "--node-monitor-period", "2s", "--node-monitor-grace-period", NODE_MONITOR_GRACE,
+                "--controllers", "*", "--profiling=false", "--v=1"]
+
+    def _scheduler_args(self) -> list[str]:
+        return [*self._component_kubeconfig(), "--leader-elect=false", "--bind-address", "127.0.0.1",
+                "--secure-port", str(self.ports["scheduler"]), "--profiling=false", "--v=1"]
+
+    def _kwok_args(self) -> list[str]:
+        return ["--kubeconfig", str(self.kubeconfig), "--config", str(HERE / "stages.yaml"),
+                "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+                "--cidr", "10.244.0.1/16", "--node-ip", "10.0.0.1",
+                "--server-address", f"127.0.0.1:{self.ports['kwok']}"]
+
+    def _spawn(self, name: str, args: list[str]) -> int:
+        logf = open(self.state_dir / "logs" / f"{name}.log", "ab")
+        proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir)
+        logf.close()
+        log(f"started {name} (pid {proc.pid})")
+        return proc.pid
+
+    def _save(self, state: dict) -> None:
+        self._state_file().write_text(json.dumps(state, indent=2))
+
+    def _wait_http(self, url: str, timeout: float, what: str, token: str | None = None) -> None:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+            try:
+                with urllib.request.urlopen(req, timeout=2, context=ctx if url.startswith("https") else None) as r:
+                    if r.status == 200:
+                        return
+            except Exception as exc:  # not up yet
+                last = str(exc)
+            self._check_alive(what)
+            time.sleep(0.2)
+        raise ClusterError(f"{what} not ready after {timeout:.0f}s ({last}); see {self.state_dir}/logs/{what}.log")
+
+    def _check_alive(self, what: str) -> None:
+        for name, pid in self._load_state().get("pids", {}).items():
+            if not self._is_ours(pid, name):
+                tail = (self.state_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise ClusterError(f"{name} exited while waiting for {what}:\n{tail}")
+
+    # -- status / down --------------------------------------------------------------------
+
+    def _is_ours(self, pid: int, name: str, bin_dir: str | None = None) -> bool:
+        """True when pid is alive and is the binary we started (never signal a reused pid)."""
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+        return exe == str(Path(bin_dir or self.bin_dir) / name)
+
+    def status(self) -> dict[str, str]:
+        state = self._load_state()
+        return {name: ("running" if self._is_ours(pid, name, state.get("bin_dir")) else "stopped")
+                for name, pid in state.get("pids", {}).items()}
+
+    def running(self) -> bool:
+        st = self.status()
+        return bool(st) and set(st) == set(COMPONENTS) and all(v == "running" for v in st.values())
+
+    def down(self, keep_state: bool = False) -> None:
+        state = self._load_state()
+        pids = state.get("pids", {})
+        for name in reversed(list(pids)):  # kwok and controllers first, etcd last
+            pid = pids[name]
+            if not self._is_ours(pid, name, state.get("bin_dir")):
+                continue
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while self._is_ours(pid, name, state.get("bin_dir")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self._is_ours(pid, name, state.get("bin_dir")):
+                os.kill(pid, signal.SIGKILL)
+            log(f"stopped {name} (pid {pid})")
+        if not keep_state and self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+
+    # -- clients --------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], check=check,
+                              capture_output=True, text=True, input=input)
+
+    def api_client(self):
+        """A kubernetes.client.ApiClient for this cluster."""
+        from kubernetes import client, config
+        return config.new_client_from_config(str(self.kubeconfig))

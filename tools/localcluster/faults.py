@@ -1,0 +1,98 @@
+"""Faults the operator must react to, each producing the real Kubernetes signal, each reversible.
+
+| fault            | signal                                                        | undo            |
+|------------------|---------------------------------------------------------------|-----------------|
+| node_not_ready   | Ready=False (kwok's node-not-ready stage); controller-manager  | node_recover    |
+|                  | taints node.kubernetes.io/not-ready                           |                 |
+| node_unreachable | kwok stops heartbeating it; Ready=Unknown after the grace     | node_recover    |
+|                  | period; taint node.kubernetes.io/unreachable                  |                 |
+| neuron_error     | Node condition NeuronHealth=True, reason NeuronHasError_*      | neuron_healthy  |
+|                  | (as the Neuron node problem detector writes it; Ready stays)  |                 |
+| device_loss      | allocatable aws.amazon.com/neuron below capacity              | device_restore  |
+| delete_node      | the Node object is gone                                        | create it again |
+| pod_fail         | pod phase Failed, container terminated with the exit code     | delete the pod  |
+|                  | (kwok's pod-container-running-failed stage)                   |                 |
+| evict_pod        | an Eviction through the API (policy/v1)                       | n/a             |
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from .nodes import KWOK_ANNOTATION, NEURON, NEURONCORE
+
+NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
+POD_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
+NEURON_CONDITION = "NeuronHealth"
+NEURON_REASONS = ("NeuronHasError_SRAM_UNCORRECTABLE_ERROR", "NeuronHasError_NC_UNCORRECTABLE_ERROR",
+                  "NeuronHasError_HBM_UNCORRECTABLE_ERROR", "NeuronHasError_DMA_ERROR",
+                  "NeuronHasError_HANG_ON_COLLECTIVES")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_not_ready(core, node: str, reason: str = "KubeletNotReady", message: str = "simulated node failure") -> None:
+    core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: "true"},
+                                        "annotations": {f"{NOT_READY_LABEL}/reason": reason,
+                                                        f"{NOT_READY_LABEL}/message": message}}})
+
+
+def node_unreachable(core, node: str) -> None:
+    """Stop kwok from managing the node: its heartbeats and lease renewals stop, as when a
+    node loses its network or power."""
+    core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION[0]: None}}})
+
+
+def node_recover(core, node: str) -> None:
+    """Undo node_not_ready / node_unreachable: kwok manages the node again and marks it Ready.
+    The controller-manager then removes its not-ready/unreachable taints."""
+    core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: None},
+                                        "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1],
+                                                        f"{NOT_READY_LABEL}/reason": None,
+                                                        f"{NOT_READY_LABEL}/message": None}}})
+
+
+def _neuron_condition(core, node: str, status: str, reason: str, message: str) -> None:
+    cond = {"type": NEURON_CONDITION, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}
+    core.patch_node_status(node, {"status": {"conditions": [cond]}})  # strategic merge by type
+
+
+def neuron_error(core, node: str, reason: str = NEURON_REASONS[0]) -> None:
+    if not reason.startswith("NeuronHasError_"):
+        raise ValueError(f"reason must be NeuronHasError_*, got {reason!r}")
+    _neuron_condition(core, node, "True", reason, "Neuron device error detected (simulated)")
+
+
+def neuron_healthy(core, node: str) -> None:
+    _neuron_condition(core, node, "False", "NeuronHasNoError", "Neuron has no error")
+
+
+def device_loss(core, node: str, remaining: int) -> None:
+    """Allocatable Neuron devices drop to ``remaining`` (capacity unchanged), as the device
+    plugin reports when devices fail."""
+    core.patch_node_status(node, {"status": {"allocatable": {NEURON: str(remaining), NEURONCORE: str(2 * remaining)}}})
+
+
+def device_restore(core, node: str) -> None:
+    cap = core.read_node(node).status.capacity
+    core.patch_node_status(node, {"status": {"allocatable": {NEURON: cap[NEURON], NEURONCORE: cap[NEURONCORE]}}})
+
+
+def delete_node(core, node: str) -> None:
+    core.delete_node(node)
+
+
+def pod_fail(core, namespace: str, pod: str, exit_code: int = 1, reason: str = "Error",
+             message: str = "simulated container failure") -> None:
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {
+        "labels": {POD_FAIL_LABEL: "true"},
+        "annotations": {f"{POD_FAIL_LABEL}/exit-code": str(exit_code), f"{POD_FAIL_LABEL}/reason": reason,
+                        f"{POD_FAIL_LABEL}/message": message}}})
+
+
+def evict_pod(core, namespace: str, pod: str) -> None:
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+    core.create_namespaced_pod_eviction(pod, namespace, body)

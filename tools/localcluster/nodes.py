@@ -1,0 +1,66 @@
+"""Simulated nodes with the labels, taints and capacity of real instance types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NEURON, NEURONCORE, EFA = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa"
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # the annotation kwok manages nodes by
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    capacity: dict[str, str]
+    taints: tuple[dict, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+_NEURON_TAINT = ({"key": NEURON, "value": "true", "effect": "NoSchedule"},)
+
+INSTANCE_TYPES = {
+    # 16 Trainium devices (32 NeuronCores), 8 EFA adapters, 128 vCPU, 512 GiB.
+    "trn1.32xlarge": InstanceType("trn1.32xlarge", {
+        "cpu": "128", "memory": "512Gi", "pods": "110", "ephemeral-storage": "7600Gi",
+        NEURON: "16", NEURONCORE: "32", EFA: "8"}, _NEURON_TAINT),
+    "trn1n.32xlarge": InstanceType("trn1n.32xlarge", {
+        "cpu": "128", "memory": "512Gi", "pods": "110", "ephemeral-storage": "7600Gi",
+        NEURON: "16", NEURONCORE: "32", EFA: "16"}, _NEURON_TAINT),
+    # A plain CPU node for the operator itself and for CPU demo runs.
+    "cpu": InstanceType("m5.2xlarge", {"cpu": "8", "memory": "32Gi", "pods": "110",
+                                       "ephemeral-storage": "100Gi"}),
+}
+
+
+def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d") -> dict:
+    labels = {
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": itype.name, "topology.kubernetes.io/zone": zone,
+        "type": "kwok", **itype.labels,
+    }
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}},
+        "spec": {"taints": [dict(t) for t in itype.taints]},
+        "status": {"capacity": dict(itype.capacity), "allocatable": dict(itype.capacity)},
+    }
+
+
+def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None) -> list[str]:
+    """Create ``count`` nodes (skipping names that exist); returns their names."""
+    from kubernetes.client.exceptions import ApiException
+
+    if type_name not in INSTANCE_TYPES:
+        raise ValueError(f"unknown instance type {type_name!r} (known: {', '.join(INSTANCE_TYPES)})")
+    itype = INSTANCE_TYPES[type_name]
+    prefix = prefix or type_name.split(".")[0] + "-"
+    names = []
+    for i in range(count):
+        name = f"{prefix}{i:03d}"
+        try:
+            core_api.create_node(node_manifest(name, itype))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        names.append(name)
+    return names
