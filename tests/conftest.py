@@ -83,3 +83,68 @@ def kill_tree(pid: int, sig: int) -> None:
             os.kill(p, sig)
         except ProcessLookupError:
             pass
+
+
+# --------------------------------------------------------------------------------------------
+# The local control plane (tools/localcluster): one cluster per session, a namespace per test
+# --------------------------------------------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory):
+    import warnings
+
+    from localcluster.cluster import Cluster, free_base_port
+
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    cluster = Cluster(state_dir=tmp_path_factory.mktemp("cluster"), base_port=free_base_port())
+    missing = [c for c in ("etcd", "kube-apiserver", "kwok", "helm") if not (cluster.bin_dir / c).exists()]
+    if missing:
+        pytest.fail(f"local control plane binaries missing ({', '.join(missing)}): run tools/cluster build")
+    took = cluster.up()
+    print(f"\nlocal control plane up in {took:.1f}s")
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture(scope="session")
+def core_api(local_cluster):
+    from kubernetes import client
+    return client.CoreV1Api(local_cluster.api_client())
+
+
+@pytest.fixture
+def namespace(core_api, request):
+    """A fresh namespace whose default ServiceAccount exists (pods need it)."""
+    import re
+    import time
+
+    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + f"-{os.getpid() % 1000}"
+    core_api.create_namespace({"metadata": {"name": name}})
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            core_api.read_namespaced_service_account("default", name)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    yield name
+    core_api.delete_namespace(name)
+
+
+def wait_until(predicate, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    """Poll until predicate() is truthy; returns (value, seconds waited)."""
+    import time
+
+    t0 = time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return value, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
