@@ -123,3 +123,29 @@ def test_bad_input_exits_fatal_naming_the_field(tiny_data, tmp_path, nproc, extr
     res = run_trainer(nproc, [*data_overrides(tiny_data), "checkpoint.uri=", *extra])
     assert res.returncode == exitcodes.FATAL, res.stderr[-3000:]
     assert f"invalid configuration: {field}:" in res.stderr
+
+
+@pytest.mark.parametrize("extra", [
+    ["training.precision=bf16-sr"],
+    ["training.precision=mixed"],
+    ["model.family=neox", "model.rotaryPct=0.25", "model.numKvHeads=4"],
+    ["parallelism.activationCheckpointing=selective", "training.precision=bf16-sr"],
+], ids=["bf16-sr", "mixed", "neox", "selective-ckpt"])
+def test_precisions_and_families_train(tiny_data, tmp_path, extra):
+    res = run_trainer(1, overrides(tiny_data, tmp_path, "v", "training.steps=40", "checkpoint.uri=", *extra))
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = read_losses(tmp_path / "v.jsonl")
+    print(f"\n{extra}: loss {losses[1]['loss']:.3f} -> {losses[40]['loss']:.3f}")
+    assert losses[40]["loss"] < losses[1]["loss"] - 1.5
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_guard(tiny_data, tmp_path, policy):
+    """An absurd learning rate without clipping drives the loss to inf/NaN within a few steps."""
+    res = run_trainer(1, overrides(tiny_data, tmp_path, "nan", "training.steps=12", "checkpoint.uri=",
+                                   "training.lr=1.0e+6", "training.minLr=0", "training.warmupSteps=0",
+                                   "training.gradClip=0", f"health.nanPolicy={policy}"))
+    if policy == "stop":
+        assert res.returncode == exitcodes.FATAL and "health.nanPolicy=stop" in res.stderr, res.stderr[-2000:]
+    else:
+        assert res.returncode == 0 and "update skipped" in res.stderr, res.stderr[-2000:]
