@@ -1,0 +1,55 @@
+"""python -m trainium_operator [--namespace NS ...] [--metrics-port 8080] [--log-level INFO]
+
+Runs the operator against the cluster of $KUBECONFIG (or in-cluster credentials), cluster-wide
+or in the given namespaces. /metrics on --metrics-port; liveness on --liveness-port /healthz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import warnings
+
+import kopf
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainium_operator", description="The Trainium Operator")
+    ap.add_argument("--namespace", action="append", default=[], help="watch only these (repeatable)")
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", "8080")))
+    ap.add_argument("--liveness-port", type=int, default=int(os.environ.get("LIVENESS_PORT", "8081")))
+    ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    from kubernetes import client, config
+
+    from . import metrics
+    from .handlers import build_registry
+    from .kube import Kube
+
+    def kube_factory() -> Kube:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        else:
+            config.load_kube_config()
+        return Kube(client.ApiClient())
+
+    registry = build_registry(kube_factory)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs):
+        return kopf.login_via_client(**kwargs)
+
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    asyncio.run(kopf.operator(registry=registry, clusterwide=not args.namespace, namespaces=args.namespace,
+                              liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
+                              standalone=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""kopf registration: thin handlers over the pure core (spec, plan, observe, policy, goodput).
+
+Two indices (pods of TrainingRuns, nodes) are kept current by kopf's watches, so a reconcile
+pass makes no API reads; a 1-second timer per TrainingRun runs reconcile.reconcile and applies
+its effects. State lives in the run's status: the operator can be killed and started again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import kopf
+
+from trainer import ckpt_store
+
+from . import metrics
+from .kube import Kube
+from .observe import node_view, pod_view
+from .plan import LABEL_RUN
+from .reconcile import reconcile
+from .spec import API_GROUP, API_VERSION, PLURAL
+
+log = logging.getLogger("trainium_operator")
+CHECKPOINT_REFRESH_SECONDS = 15.0
+
+
+def build_registry(kube_factory) -> kopf.OperatorRegistry:
+    """A fresh registry; ``kube_factory()`` returns the Kube used for writes."""
+    registry = kopf.OperatorRegistry()
+    memo = {"kube": None, "checkpoints": {}}
+
+    def kube() -> Kube:
+        if memo["kube"] is None:
+            memo["kube"] = kube_factory()
+        return memo["kube"]
+
+    @kopf.on.startup(id="configure", registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_):
+        settings.posting.enabled = False  # we post our own events, one per decision
+        settings.watching.server_timeout = 60
+        settings.persistence.finalizer = "trainium.dev/operator"
+
+    @kopf.index("pods", id="run_pods", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
+    def run_pods(namespace, labels, body, **_):
+        return {(namespace, labels[LABEL_RUN]): pod_view(dict(body))}
+
+    @kopf.index("nodes", id="cluster_nodes", registry=registry)
+    def cluster_nodes(name, body, **_):
+        return {name: node_view(dict(body))}
+
+    @kopf.timer(API_GROUP, API_VERSION, PLURAL, id="reconcile", interval=1.0, sharp=False, backoff=2.0,
+                registry=registry)
+    def tick(body, name, namespace, run_pods: kopf.Index, cluster_nodes: kopf.Index, **_):
+        t0 = time.perf_counter()
+        run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
+               "status": dict(body.get("status") or {})}
+        pods = list(run_pods.get((namespace, name), []))
+        nodes = {n: next(iter(v)) for n, v in cluster_nodes.items()}
+        try:
+            checkpoint = _checkpoint(memo["checkpoints"], run, pods)
+            result = reconcile(run, pods, nodes, time.time(), checkpoint)
+            apply(kube(), run, result)
+        except Exception:
+            metrics.reconcile_errors.labels(namespace, name).inc()
+            raise
+        finally:
+            metrics.reconcile_seconds.observe(time.perf_counter() - t0)
+
+    return registry
+
+
+def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
+    """The newest complete checkpoint, read from the store at most every 15 s, or at once when
+    a pod reports a newer checkpoint step or a failure decision is near."""
+    uri = ((run["spec"].get("checkpoint") or {}).get("uri")) or ""
+    if not uri:
+        return None
+    key = (run["metadata"]["namespace"], run["metadata"]["name"])
+    entry = cache.get(key)
+    reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
+    now = time.monotonic()
+    if entry is None or now - entry["at"] > CHECKPOINT_REFRESH_SECONDS or reported > (entry["step"] or -1):
+        try:
+            tag = ckpt_store.newest_complete(uri)
+        except Exception as exc:  # the store may be briefly unreachable; keep the last answer
+            log.warning("cannot list checkpoints in %s: %s", uri, exc)
+            return entry["value"] if entry else None
+        value = {"tag": tag.tag, "step": tag.step, "time": tag.done_mtime, "uri": tag.uri} if tag else None
+        entry = cache[key] = {"at": now, "step": tag.step if tag else None, "value": value}
+    return entry["value"]
+
+
+def apply(kube: Kube, run: dict, result) -> None:
+    """Status first (it records the attempt before its pods exist), then the effects in order."""
+    ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    old = run.get("status") or {}
+    changed = {k: v for k, v in result.status.items() if old.get(k) != v}
+    if changed:
+        kube.patch_status(ns, name, changed)
+        merged = {**old, **changed}
+        old_failures, new_failures = old.get("failures") or [], merged.get("failures") or []
+        new_failure = new_failures[-1] if len(new_failures) > len(old_failures) else None
+        metrics.observe_status(ns, name, merged, new_failure)
+        if new_failures and new_failures[-1].get("recoveredAfter") is not None and \
+                (not old_failures or old_failures[-1].get("recoveredAfter") is None):
+            metrics.observe_recovery(new_failures[-1]["cause"], new_failures[-1]["recoveredAfter"])
+    for eff in result.effects:
+        if eff.kind == "ensure":
+            obj = dict(eff.obj)
+            obj["metadata"] = {**obj["metadata"], "namespace": ns}
+            kube.ensure(obj)
+        elif eff.kind == "delete_pod":
+            kube.delete_pod(ns, eff.name, eff.grace)
+        elif eff.kind == "quarantine":
+            kube.quarantine(eff.name, name, eff.reason)
+        elif eff.kind == "event":
+            kube.event(run, eff.reason, eff.message, eff.warning)
+            log.info("%s/%s %s: %s", ns, name, eff.reason, eff.message)

@@ -1,0 +1,106 @@
+"""Kubernetes API calls the operator makes. Every write is idempotent (409/404 are fine), so a
+restarted operator can redo any step."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .plan import LABEL_RUN, QUARANTINE_TAINT
+from .spec import API_GROUP, API_VERSION, PLURAL
+
+log = logging.getLogger(__name__)
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient):
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
+
+    # -- children -------------------------------------------------------------------------
+
+    def ensure(self, obj: dict) -> None:
+        kind, ns = obj["kind"], obj["metadata"].get("namespace")
+        create = {"Service": self.core.create_namespaced_service, "ConfigMap": self.core.create_namespaced_config_map,
+                  "Pod": self.core.create_namespaced_pod, "ServiceAccount": self.core.create_namespaced_service_account,
+                  "Role": self.rbac.create_namespaced_role,
+                  "RoleBinding": self.rbac.create_namespaced_role_binding}[kind]
+        try:
+            create(ns, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def replace_config_map(self, obj: dict) -> None:
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            self.core.replace_namespaced_config_map(name, ns, obj)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.ensure(obj)
+
+    def list_run_pods(self, namespace: str, run: str) -> list[dict]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_RUN}={run}").items
+        return [self.core.api_client.sanitize_for_serialization(p) for p in pods]
+
+    def delete_pod(self, namespace: str, name: str, grace: int | None = None) -> None:
+        body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def read_node(self, name: str) -> dict | None:
+        try:
+            return self.core.api_client.sanitize_for_serialization(self.core.read_node(name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def quarantine(self, node: str, run: str, reason: str) -> None:
+        """Taint the node NoSchedule and label it with the reason, so no gang lands there again
+        until a person (or a remediation system) removes the taint."""
+        try:
+            current = self.core.read_node(node)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted nodes need no quarantine
+            raise
+        taints = [t for t in (current.spec.taints or []) if t.key != QUARANTINE_TAINT]
+        taints.append(client.V1Taint(key=QUARANTINE_TAINT, value=run[:63], effect="NoSchedule",
+                                     time_added=datetime.now(timezone.utc)))
+        label = "".join(c if c.isalnum() or c in "-_." else "-" for c in reason)[:63].strip("-_.") or "failed"
+        self.core.patch_node(node, {"metadata": {"labels": {QUARANTINE_TAINT: label},
+                                                 "annotations": {f"{QUARANTINE_TAINT}-reason": reason[:1000]}},
+                                    "spec": {"taints": [self.core.api_client.sanitize_for_serialization(t)
+                                                        for t in taints]}})
+
+    # -- the TrainingRun ------------------------------------------------------------------
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
+                                                          {"status": status})
+
+    def event(self, run: dict, reason: str, message: str, warning: bool = False) -> None:
+        meta = run["metadata"]
+        now = datetime.now(timezone.utc)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(api_version=f"{API_GROUP}/{API_VERSION}", kind="TrainingRun",
+                                                     name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
+            first_timestamp=now, last_timestamp=now, count=1,
+            source=client.V1EventSource(component="trainium-operator"))
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as exc:  # events are best effort
+            log.warning("event %s for %s failed: %s", reason, meta["name"], exc.reason)

@@ -1,0 +1,208 @@
+"""Pods, nodes and progress annotations -> what the gang is doing and what broke. Pure.
+
+Views are small dicts/dataclasses built from API objects (plain dicts, as kopf delivers them),
+so the same functions serve the handlers, tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from trainer import exitcodes, progress
+
+from .plan import LABEL_ATTEMPT, LABEL_INDEX
+from .spec import TrainingRunSpec
+
+NEURON = "aws.amazon.com/neuron"
+
+
+def _ts(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class PodView:
+    name: str
+    attempt: int
+    index: int
+    phase: str
+    node: str | None
+    deleting: bool
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    progress: dict | None = None
+    created: float | None = None
+    unschedulable: str = ""
+    finished: float | None = None  # when its container terminated
+
+
+def pod_view(pod: dict) -> PodView:
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    exit_code, reason, message = None, status.get("reason") or "", status.get("message") or ""
+    finished = None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            exit_code = term.get("exitCode")
+            reason = term.get("reason") or reason
+            message = term.get("message") or message
+            finished = _ts(term.get("finishedAt"))
+    unschedulable = next((c.get("message", "") for c in status.get("conditions") or []
+                          if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"), "")
+    return PodView(name=meta.get("name", ""), attempt=int(labels.get(LABEL_ATTEMPT, 0)),
+                   index=int(labels.get(LABEL_INDEX, 0)), phase=status.get("phase") or "Pending",
+                   node=(pod.get("spec") or {}).get("nodeName"), deleting=bool(meta.get("deletionTimestamp")),
+                   exit_code=exit_code, reason=reason, message=message,
+                   progress=progress.parse((meta.get("annotations") or {}).get(progress.ANNOTATION)),
+                   created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished)
+
+
+@dataclass
+class NodeView:
+    name: str
+    ready: str  # "True", "False", "Unknown"
+    taints: set = field(default_factory=set)
+    neuron_error: str = ""
+    neuron_allocatable: int | None = None
+    neuron_capacity: int | None = None
+    unschedulable: bool = False
+    changed: float | None = None  # newest transition of Ready / NeuronHealth
+
+
+def node_view(node: dict) -> NodeView:
+    status, spec = node.get("status") or {}, node.get("spec") or {}
+    ready, neuron_error, changed = "Unknown", "", None
+    for c in status.get("conditions") or []:
+        if c.get("type") in ("Ready", "NeuronHealth") and c.get("lastTransitionTime"):
+            changed = max(changed or 0.0, _ts(c["lastTransitionTime"]))
+        if c.get("type") == "Ready":
+            ready = c.get("status", "Unknown")
+        if c.get("type") == "NeuronHealth" and c.get("status") == "True":
+            neuron_error = c.get("reason") or "NeuronHasError"
+
+    def count(group):
+        value = (status.get(group) or {}).get(NEURON)
+        return int(value) if value is not None else None
+    return NodeView(name=node["metadata"]["name"], ready=ready,
+                    taints={t.get("key") for t in spec.get("taints") or []}, neuron_error=neuron_error,
+                    neuron_allocatable=count("allocatable"), neuron_capacity=count("capacity"),
+                    unschedulable=bool(spec.get("unschedulable")), changed=changed)
+
+
+@dataclass
+class Failure:
+    cause: str  # one of spec.CAUSES
+    message: str
+    node: str = ""
+    pod: str = ""
+    fatal: bool = False
+    exit_code: int | None = None
+    since: float | None = None  # when the signal appeared (container finished, condition changed)
+
+
+@dataclass
+class GangState:
+    """The current attempt's pods, summarised."""
+
+    pods: list[PodView]
+    running: int
+    scheduled: int
+    succeeded: int
+    step: int | None
+    tokens_per_second: float | None
+    loss: float | None
+    last_checkpoint_step: int | None
+    last_progress_time: float | None
+
+    @property
+    def size(self) -> int:
+        return len(self.pods)
+
+
+def gang_state(pods: list[PodView]) -> GangState:
+    reports = [p.progress for p in pods if p.progress]
+    newest = max(reports, key=lambda r: r["step"], default=None)
+    return GangState(
+        pods=pods, running=sum(p.phase == "Running" and not p.deleting for p in pods),
+        scheduled=sum(bool(p.node) for p in pods), succeeded=sum(_succeeded(p) for p in pods),
+        step=newest["step"] if newest else None,
+        tokens_per_second=newest.get("tokensPerSecond") if newest else None,
+        loss=newest.get("loss") if newest else None,
+        last_checkpoint_step=max((r["lastCheckpointStep"] for r in reports if r.get("lastCheckpointStep") is not None),
+                                 default=None),
+        last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None))
+
+
+def _succeeded(p: PodView) -> bool:
+    return p.phase == "Succeeded" or (p.phase == "Failed" and p.exit_code == 0)
+
+
+def hang_timeout(spec: TrainingRunSpec, step_seconds: float | None) -> float:
+    ft = spec.fault_tolerance
+    if ft.hang_timeout_seconds != "auto":
+        return float(ft.hang_timeout_seconds)
+    if not step_seconds:
+        return ft.hang_timeout_floor_seconds
+    return max(ft.hang_timeout_floor_seconds, ft.hang_timeout_factor * step_seconds)
+
+
+def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeView], *, now: float,
+                 expected_pods: int, gang_running_since: float | None, step_seconds: float | None,
+                 last_step_change: float | None) -> Failure | None:
+    """The most specific failure in the current attempt, or None. Order: a fatal exit first (no
+    retry), then hardware and node signals (so the bad node is quarantined rather than blaming
+    the rank that died with it), then crashed ranks, vanished pods, hangs and scheduling."""
+    for p in gang.pods:
+        if p.phase == "Failed" and exitcodes.is_fatal(p.exit_code):
+            return Failure("application", f"pod {p.name} exited {p.exit_code} (fatal: {p.message or p.reason})",
+                           node=p.node or "", pod=p.name, fatal=True, exit_code=p.exit_code, since=p.finished)
+    for p in gang.pods:
+        if not p.node:
+            continue
+        n = nodes.get(p.node)
+        if n is None:
+            return Failure("node", f"node {p.node} of pod {p.name} was deleted", node=p.node, pod=p.name)
+        if n.neuron_error:
+            return Failure("neuron-device", f"node {p.node}: NeuronHealth {n.neuron_error}", node=p.node, pod=p.name,
+                           since=n.changed)
+        if n.neuron_capacity is not None and n.neuron_allocatable is not None and \
+                n.neuron_allocatable < n.neuron_capacity:
+            return Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron "
+                           f"devices allocatable", node=p.node, pod=p.name)
+        if n.ready != "True":
+            kind = "unreachable" if n.ready == "Unknown" else "NotReady"
+            return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed)
+    for p in gang.pods:
+        if p.phase == "Failed" and not _succeeded(p):
+            cause = "eviction" if p.reason in ("Evicted", "Preempting", "Terminated", "NodeShutdown") else "application"
+            return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip(),
+                           node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished)
+    deleting = [p for p in gang.pods if p.deleting]
+    if deleting or len(gang.pods) < expected_pods:
+        who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
+        node = deleting[0].node or "" if deleting else ""
+        return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
+                       pod=deleting[0].name if deleting else "")
+    if gang_running_since is not None and gang.running == expected_pods:
+        if gang.step is None:
+            if now - gang_running_since > spec.fault_tolerance.startup_timeout_seconds:
+                return Failure("hang", f"no progress {now - gang_running_since:.0f}s after the gang started")
+        else:
+            since = last_step_change or gang_running_since
+            limit = hang_timeout(spec, step_seconds)
+            if now - since > limit:
+                return Failure("hang", f"no step progress for {now - since:.0f}s (timeout {limit:.0f}s) at step "
+                               f"{gang.step}")
+    pending = [p for p in gang.pods if not p.node and p.created]
+    if pending and now - min(p.created for p in pending) > spec.fault_tolerance.schedule_timeout_seconds:
+        why = next((p.unschedulable for p in pending if p.unschedulable), "not scheduled")
+        return Failure("scheduling", f"{len(pending)} pod(s) unscheduled for "
+                       f"{spec.fault_tolerance.schedule_timeout_seconds:.0f}s: {why}")
+    return None

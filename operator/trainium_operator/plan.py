@@ -1,0 +1,136 @@
+"""Desired children of a TrainingRun: headless Service, ConfigMap, one Pod per node. Pure.
+
+The pod contract (ARCHITECTURE 3.2): pod i of attempt a is ``<run>-a<a>-<i>``, reachable as
+``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.launch`` (torchrun
+with the exit-code contract) with ``processesPerNode`` ranks; the rendered trainer config is
+mounted from the ConfigMap; restarts are the operator's job (restartPolicy Never).
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from trainer.config import to_dict
+
+from .spec import API_GROUP, API_VERSION, INSTANCE_TYPES, KIND, TrainingRunSpec
+
+LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
+QUARANTINE_TAINT = "trainium.dev/quarantined"
+MASTER_PORT = 29500
+CONFIG_MOUNT = "/etc/trainium"
+METRICS_PORT = 9400
+
+NEURON_ENV = {  # NEURON.md, "Running on EKS"
+    "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
+    "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3", "NEURON_FUSE_SOFTMAX": "1", "MALLOC_ARENA_MAX": "64",
+    "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1",
+}
+
+
+def owner_reference(run: dict) -> dict:
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": run["metadata"]["name"],
+            "uid": run["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def pod_name(run_name: str, attempt: int, index: int) -> str:
+    return f"{run_name}-a{attempt}-{index}"
+
+
+def rendered_config(spec: TrainingRunSpec) -> str:
+    cfg = to_dict(spec.run)
+    cfg["checkpoint"]["resume"] = "auto"  # first start and every restart run the same pod spec
+    cfg["logging"]["metricsPort"] = cfg["logging"]["metricsPort"] or METRICS_PORT
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def service(run: dict) -> dict:
+    name = run["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "labels": {LABEL_RUN: name, **MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "spec": {"clusterIP": "None", "selector": {LABEL_RUN: name}, "publishNotReadyAddresses": True,
+                     "ports": [{"name": "rendezvous", "port": MASTER_PORT},
+                               {"name": "metrics", "port": METRICS_PORT}]}}
+
+
+DEFAULT_TRAINER_SA = "trainium-trainer"
+
+
+def trainer_rbac(namespace: str) -> list[dict]:
+    """The default trainer ServiceAccount and the only permission it needs: patching its own
+    pod's progress annotation (get + patch on pods in its namespace)."""
+    meta = {"name": DEFAULT_TRAINER_SA, "namespace": namespace, "labels": dict(MANAGED_BY)}
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta),
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": DEFAULT_TRAINER_SA},
+             "subjects": [{"kind": "ServiceAccount", "name": DEFAULT_TRAINER_SA, "namespace": namespace}]}]
+
+
+def config_map(run: dict, spec: TrainingRunSpec) -> dict:
+    name = run["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-config", "labels": {LABEL_RUN: name, **MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "data": {"run.yaml": rendered_config(spec)}}
+
+
+def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str]) -> list[dict]:
+    return [pod(run, spec, attempt, i, excluded_nodes) for i in range(spec.nodes)]
+
+
+def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str]) -> dict:
+    name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
+    itype = INSTANCE_TYPES[spec.instance_type]
+    master = f"{name}-0.{name}.{ns}.svc"
+    env = {"MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "NNODES": str(spec.nodes),
+           "NODE_RANK": str(index), "NPROC_PER_NODE": str(spec.processes_per_node), "TRAINING_RUN": name,
+           "ATTEMPT": str(attempt), "CHECKPOINT_URI": spec.run.checkpoint.uri, "RESUME": "auto",
+           "NEURON_COMPILE_CACHE_URL": spec.compile_cache.path}
+    if itype["neuron"]:
+        env.update(NEURON_ENV)
+        env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)
+        env["NEURON_CC_FLAGS"] = (f"--model-type transformer --distribution-strategy=llm-training "
+                                  f"--cache_dir={spec.compile_cache.path}")
+    env_list = [{"name": k, "value": v} for k, v in env.items()]
+    env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    command = ["python", "-m", "trainer.launch", "--nnodes", str(spec.nodes), "--node_rank", str(index),
+               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
+               "--master_port", str(MASTER_PORT), "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]
+    resources = dict(itype["resources"])
+    affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {LABEL_RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    if excluded_nodes:
+        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                   "values": sorted(excluded_nodes)}]}]}}
+    spec_body: dict = {
+        "restartPolicy": "Never", "hostname": f"{name}-{index}", "subdomain": name,
+        "serviceAccountName": spec.service_account,
+        "terminationGracePeriodSeconds": int(spec.fault_tolerance.teardown_grace_seconds),
+        "affinity": affinity,
+        "containers": [{
+            "name": "trainer", "image": spec.image, "command": command, "env": env_list,
+            "resources": {"limits": resources, "requests": resources} if resources else {},
+            "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+            "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+                             {"name": "dshm", "mountPath": "/dev/shm"},
+                             {"name": "compile-cache", "mountPath": spec.compile_cache.path}],
+        }],
+        "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                    {"name": "compile-cache", "hostPath": {"path": spec.compile_cache.path,
+                                                           "type": "DirectoryOrCreate"}}],
+    }
+    if itype["neuron"]:
+        spec_body["nodeSelector"] = {"node.kubernetes.io/instance-type": spec.instance_type}
+        spec_body["tolerations"] = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
+                         "labels": {LABEL_RUN: name, LABEL_ATTEMPT: str(attempt), LABEL_INDEX: str(index), **MANAGED_BY},
+                         "annotations": {"trainium.dev/instance-type": spec.instance_type},
+                         "ownerReferences": [owner_reference(run)]},
+            "spec": spec_body}

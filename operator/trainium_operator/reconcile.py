@@ -1,0 +1,246 @@
+"""One level-based pass over a TrainingRun: observed state in, status patch and effects out. Pure.
+
+The handler calls :func:`reconcile` every tick with the run, its pods and the nodes they use,
+and executes the returned effects in order. All memory lives in the run's status, so an
+operator that was killed and started again continues where it was:
+
+  (new) -> Starting -> Running -> Succeeded
+              ^  \\         |
+              |   `---> Restarting (teardown, backoff) --> Failed (fatal / budget / guard)
+              `----------------'
+Invariants: a new attempt's pods are created only after status records the attempt and after
+every pod of other attempts is gone, so two attempts never run at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainer.config import ConfigError
+
+from . import goodput, plan
+from .observe import Failure, NodeView, PodView, find_failure, gang_state
+from .policy import decide
+from .spec import TrainingRunSpec, parse
+
+MAX_FAILURES_KEPT = 50
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass
+class Effect:
+    kind: str  # ensure | replace | delete_pod | quarantine | event
+    obj: dict | None = None
+    name: str = ""
+    grace: int | None = None
+    reason: str = ""
+    message: str = ""
+    warning: bool = False
+
+
+@dataclass
+class Result:
+    status: dict = field(default_factory=dict)  # merge patch for .status
+    effects: list[Effect] = field(default_factory=list)
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.effects.append(Effect("event", reason=reason, message=message, warning=warning))
+
+
+def _condition(ctype: str, ok: bool, reason: str, message: str, now: float) -> dict:
+    from datetime import datetime, timezone
+    return {"type": ctype, "status": "True" if ok else "False", "reason": reason, "message": message[:1000],
+            "lastTransitionTime": datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
+              checkpoint: dict | None = None) -> Result:
+    """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None."""
+    res = Result()
+    status = dict(run.get("status") or {})
+    name = run["metadata"]["name"]
+    generation = run["metadata"].get("generation")
+    try:
+        spec = parse(run.get("spec"))
+    except ConfigError as err:
+        if status.get("message") != str(err):
+            res.event("InvalidSpec", str(err), warning=True)
+        res.status = {"phase": "Failed" if status.get("attempt") in (None, 0) else status.get("phase"),
+                      "message": str(err), "observedGeneration": generation,
+                      "conditions": [_condition("Valid", False, "InvalidSpec", str(err), now)]}
+        return res
+    upd: dict = {"observedGeneration": generation, "worldSize": spec.world_size,
+                 "dataParallel": spec.layout.data}
+    if not any(c.get("type") == "Valid" and c.get("status") == "True" for c in status.get("conditions") or []):
+        upd["conditions"] = [_condition("Valid", True, "SpecValid",
+                                        f"world size {spec.world_size}, data parallel {spec.layout.data}", now)]
+    if checkpoint and checkpoint.get("step") != (status.get("lastCheckpoint") or {}).get("step"):
+        upd["lastCheckpoint"] = checkpoint
+    res.status = upd
+    phase = status.get("phase")
+    attempt = int(status.get("attempt") or 0)
+    current = [p for p in pods if p.attempt == attempt]
+    stale = [p for p in pods if p.attempt != attempt]
+    for p in stale:  # left over from an attempt whose teardown an earlier operator did not finish
+        if not p.deleting:
+            res.effects.append(Effect("delete_pod", name=p.name, grace=0))
+
+    if phase in TERMINAL:
+        for p in current:
+            if not p.deleting and p.phase not in ("Succeeded", "Failed"):
+                res.effects.append(Effect("delete_pod", name=p.name, grace=int(spec.fault_tolerance.teardown_grace_seconds)))
+        return res
+    if spec.suspend:
+        for p in current:
+            if not p.deleting:
+                res.effects.append(Effect("delete_pod", name=p.name, grace=int(spec.fault_tolerance.teardown_grace_seconds)))
+        if phase != "Suspended":
+            upd["phase"] = "Suspended"
+            res.event("Suspended", "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
+        return res
+    if phase == "Suspended":  # resumed by the user: a new attempt, not a failure
+        if pods:
+            return res
+        return _start_attempt(res, run, spec, status, attempt + 1, now, "Resumed", "spec.suspend cleared")
+    if attempt == 0:
+        if spec.service_account == plan.DEFAULT_TRAINER_SA:
+            res.effects += [Effect("ensure", o) for o in plan.trainer_rbac(run["metadata"]["namespace"])]
+        res.effects += [Effect("ensure", plan.service(run)), Effect("ensure", plan.config_map(run, spec))]
+        upd["createdTime"] = now
+        return _start_attempt(res, run, spec, status, 1, now, "Starting", f"starting {spec.nodes} pods")
+
+    if phase == "Restarting":
+        return _teardown(res, run, spec, status, current, stale, attempt, now)
+
+    gang = gang_state(current)
+    _track_progress(upd, status, gang, spec, now)
+    first_run = status.get("gangRunningTime")
+    if phase == "Starting" and not first_run and len(current) < spec.nodes and not any(p.deleting for p in current):
+        have = {p.index for p in current}  # an earlier operator stopped while creating the gang
+        excluded = list(status.get("quarantinedNodes") or [])
+        res.effects += [Effect("ensure", plan.pod(run, spec, attempt, i, excluded))
+                        for i in range(spec.nodes) if i not in have]
+        return res
+    failure = find_failure(spec, gang, nodes, now=now, expected_pods=spec.nodes,
+                           gang_running_since=first_run, step_seconds=status.get("stepSeconds"),
+                           last_step_change=upd.get("lastStepTime", status.get("lastStepTime")))
+    if failure:
+        return _on_failure(res, run, spec, status, failure, current, gang, now, checkpoint)
+    if gang.succeeded == spec.nodes:
+        upd["phase"] = "Succeeded"
+        res.event("Succeeded", f"all {spec.nodes} pods finished at step {gang.step}")
+    elif gang.running == spec.nodes:
+        if not first_run:
+            upd["gangRunningTime"] = now
+            failures = list(status.get("failures") or [])
+            if failures and not failures[-1].get("recoveredTime"):
+                failures[-1] = dict(failures[-1], recoveredTime=now,
+                                    recoveredAfter=round(now - failures[-1]["time"], 3))
+                upd["failures"] = failures
+                res.event("Recovered", f"attempt {attempt}: all {spec.nodes} pods running "
+                          f"{failures[-1]['recoveredAfter']:.1f}s after the failure was detected")
+        if gang.step is not None and phase != "Running":
+            upd["phase"] = "Running"
+            res.event("Running", f"attempt {attempt} reports progress at step {gang.step}")
+    _account(upd, status, now)
+    return res
+
+
+def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: float) -> None:
+    if gang.step is None:
+        return
+    upd["step"] = gang.step
+    upd["tokens"] = gang.step * spec.layout.tokens_per_step
+    if gang.loss is not None:
+        upd["loss"] = gang.loss
+    if gang.tokens_per_second is not None:
+        upd["tokensPerSecond"] = gang.tokens_per_second
+    if not status.get("firstProgressTime"):
+        upd["firstProgressTime"] = now
+    last = status.get("lastStep")
+    if last is None or gang.step > last:
+        if last is not None and status.get("lastStepTime") and gang.step > last:
+            observed = (now - status["lastStepTime"]) / (gang.step - last)
+            prev = status.get("stepSeconds")
+            upd["stepSeconds"] = round(observed if prev is None else 0.7 * prev + 0.3 * observed, 3)
+        upd["lastStep"] = gang.step
+        upd["lastStepTime"] = now
+    if gang.last_progress_time:
+        upd["lastProgressTime"] = gang.last_progress_time
+
+
+def _start_attempt(res: Result, run: dict, spec: TrainingRunSpec, status: dict, attempt: int, now: float,
+                   reason: str, message: str) -> Result:
+    excluded = list(status.get("quarantinedNodes") or [])
+    res.status.update({"phase": "Starting", "attempt": attempt, "attemptStartTime": now, "gangRunningTime": None,
+                       "lastStep": None, "lastStepTime": None, "restartNotBefore": None, "teardownStartTime": None})
+    # Status first, then pods (the handler applies the status patch before the effects).
+    res.effects += [Effect("ensure", p) for p in plan.pods(run, spec, attempt, excluded)]
+    res.event(reason, f"attempt {attempt}: {message}")
+    return res
+
+
+def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, failure: Failure,
+                current: list[PodView], gang, now: float, checkpoint: dict | None) -> Result:
+    history = list(status.get("failures") or [])
+    quarantined = list(status.get("quarantinedNodes") or [])
+    ckpt_step = (checkpoint or status.get("lastCheckpoint") or {}).get("step")
+    action = decide(failure, spec, history, quarantined, ckpt_step, now)
+    record = {"time": now, "cause": failure.cause, "node": failure.node, "pod": failure.pod,
+              "message": failure.message[:500], "attempt": status.get("attempt"), "action": action.kind,
+              "detectedAfter": round(now - failure.since, 3) if failure.since else None,
+              "lastProgressTime": status.get("lastProgressTime"), "step": gang.step,
+              "checkpointStep": ckpt_step, "stepSeconds": status.get("stepSeconds")}
+    res.status["failures"] = (history + [record])[-MAX_FAILURES_KEPT:]
+    grace = int(spec.fault_tolerance.teardown_grace_seconds)
+    if action.kind == "fail":
+        res.status.update({"phase": "Failed", "message": action.reason})
+        res.status["conditions"] = [_condition("Valid", True, "SpecValid", "", now),
+                                    _condition("Failed", True, "FailurePolicy", action.reason, now)]
+        res.event("Failed", action.reason, warning=True)
+        res.effects += [Effect("delete_pod", name=p.name, grace=grace) for p in current if not p.deleting]
+        _account(res.status, status, now)
+        return res
+    restarts = dict(status.get("restarts") or {})
+    restarts[failure.cause] = restarts.get(failure.cause, 0) + 1
+    res.status.update({"phase": "Restarting", "restarts": restarts, "restartCount": sum(restarts.values()),
+                       "teardownStartTime": now,
+                       "restartNotBefore": now + action.delay_seconds, "message": action.reason})
+    if action.quarantine_node:
+        res.effects.append(Effect("quarantine", name=action.quarantine_node, reason=failure.message))
+        res.status["quarantinedNodes"] = quarantined + [action.quarantine_node]
+        res.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
+    res.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"
+              + (f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""), warning=True)
+    res.effects += [Effect("delete_pod", name=p.name, grace=grace) for p in current if not p.deleting]
+    _account(res.status, status, now)
+    return res
+
+
+def _teardown(res: Result, run: dict, spec: TrainingRunSpec, status: dict, current: list[PodView],
+              stale: list[PodView], attempt: int, now: float) -> Result:
+    started = status.get("teardownStartTime") or now
+    force = now - started >= spec.fault_tolerance.teardown_grace_seconds
+    for p in current:
+        if force or not p.deleting:
+            res.effects.append(Effect("delete_pod", name=p.name, grace=0 if force else
+                                      int(spec.fault_tolerance.teardown_grace_seconds)))
+    if current or stale:
+        return res
+    failures = list(status.get("failures") or [])
+    if failures and not failures[-1].get("teardownDoneTime"):
+        failures[-1] = dict(failures[-1], teardownDoneTime=now)
+        res.status["failures"] = failures
+    if now < (status.get("restartNotBefore") or 0):
+        return res
+    quarantined = status.get("quarantinedNodes") or []
+    return _start_attempt(res, run, spec, status, attempt + 1, now, "Restarted", "new gang created" + (
+        f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
+
+
+def _account(upd: dict, status: dict, now: float) -> None:
+    created = status.get("createdTime") or upd.get("createdTime")
+    if created:
+        failures = upd.get("failures", status.get("failures") or [])
+        first = upd.get("firstProgressTime", status.get("firstProgressTime"))
+        upd["goodput"] = goodput.account(created, first, failures, now)

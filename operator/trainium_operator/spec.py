@@ -1,0 +1,188 @@
+"""The TrainingRun spec: parse, default, validate and derive. Pure; no API calls.
+
+The trainer's groups (model, parallelism, training, data, checkpoint, health, logging) are the
+trainer's own dataclasses (trainer.config), so one schema serves the CRD, the operator and the
+trainer. The operator adds the placement and fault-tolerance groups defined here. Every error
+is a ConfigError naming the field, e.g. ``spec.parallelism.tensor: 3 does not divide ...``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from trainer.config import ConfigError, Layout, RunConfig, _build, camel, derive_layout, from_dict
+
+API_GROUP, API_VERSION, KIND, PLURAL = "trainium.dev", "v1alpha1", "TrainingRun", "trainingruns"
+
+# Instance types: NeuronCores (= trainer processes) per node and the extended resources a pod asks for.
+INSTANCE_TYPES: dict[str, dict[str, Any]] = {
+    "trn1.32xlarge": {"processes": 32, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"},
+                      "neuron": True},
+    "trn1n.32xlarge": {"processes": 32, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"},
+                       "neuron": True},
+    "cpu": {"processes": 1, "resources": {}, "neuron": False},
+    "gpu": {"processes": 8, "resources": {"nvidia.com/gpu": "8"}, "neuron": False},
+}
+
+CAUSES = ("application", "node", "neuron-device", "hang", "eviction", "scheduling")
+
+
+@dataclass
+class RestartBudget:
+    application: int = 5
+    """Restarts after a rank crashed (non-fatal exit code)."""
+    node: int = 10
+    """Restarts after a node went NotReady, unreachable or away."""
+    neuron_device: int = 10
+    """Restarts after a NeuronHealth error or lost Neuron devices."""
+    hang: int = 3
+    """Restarts after no progress for the hang timeout."""
+    eviction: int = 10
+    """Restarts after a pod was evicted or deleted from outside."""
+    scheduling: int = 3
+    """Restarts after the gang could not be scheduled within the schedule timeout."""
+
+    def for_cause(self, cause: str) -> int:
+        return getattr(self, cause.replace("-", "_"))
+
+
+@dataclass
+class FaultToleranceConfig:
+    restart_budget: RestartBudget = field(default_factory=RestartBudget)
+    """Restarts allowed per cause within budgetWindowMinutes; one more and the run fails."""
+    budget_window_minutes: float = 60.0
+    backoff_seconds: float = 0.0
+    """Wait before the first restart; doubles with each restart in the window (0 = none)."""
+    max_backoff_seconds: float = 300.0
+    hang_timeout_seconds: str = "auto"
+    """Seconds without step progress in any pod before the gang is restarted, or 'auto':
+    hangTimeoutFactor x the slowest observed step time, at least hangTimeoutFloorSeconds."""
+    hang_timeout_factor: float = 10.0
+    hang_timeout_floor_seconds: float = 600.0
+    startup_timeout_seconds: float = 3600.0
+    """Time from gang Running to the first progress report (compilation and loading)."""
+    schedule_timeout_seconds: float = 600.0
+    """Time for the whole gang to be scheduled before it counts as a scheduling failure."""
+    quarantine: bool = True
+    """Taint and label a node whose failure caused a restart, so no attempt lands there again."""
+    max_quarantined_nodes: int = 0
+    """Beyond this many quarantined nodes the run fails as 'cluster unhealthy' (0 = nodes / 4, at least 1)."""
+    no_progress_restarts: int = 3
+    """Fail after this many consecutive restarts without the checkpoint step advancing."""
+    teardown_grace_seconds: float = 30.0
+    """Grace period for a gang's pods to exit on SIGTERM before they are force-deleted."""
+
+    def validate(self) -> None:
+        h = self.hang_timeout_seconds
+        if h != "auto":
+            try:
+                if float(h) <= 0:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError("spec.faultTolerance.hangTimeoutSeconds",
+                                  f"must be 'auto' or a positive number of seconds, got {h!r}") from None
+        for name in ("budget_window_minutes", "hang_timeout_factor", "hang_timeout_floor_seconds",
+                     "startup_timeout_seconds", "schedule_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"spec.faultTolerance.{camel(name)}", "must be positive")
+        for name in ("backoff_seconds", "max_backoff_seconds", "teardown_grace_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"spec.faultTolerance.{camel(name)}", "must not be negative")
+        if self.no_progress_restarts < 1:
+            raise ConfigError("spec.faultTolerance.noProgressRestarts", "must be at least 1")
+        for f in dataclasses.fields(RestartBudget):
+            if getattr(self.restart_budget, f.name) < 0:
+                raise ConfigError(f"spec.faultTolerance.restartBudget.{camel(f.name)}", "must not be negative")
+
+
+@dataclass
+class CompileCacheConfig:
+    path: str = "/var/tmp/neuron-compile-cache"
+    """Node-local directory (a hostPath) for the Neuron persistent compile cache. Never a shared
+    file system: it chokes at scale."""
+
+
+@dataclass
+class TrainingRunSpec:
+    image: str
+    nodes: int
+    instance_type: str
+    processes_per_node: int
+    run: RunConfig
+    fault_tolerance: FaultToleranceConfig
+    compile_cache: CompileCacheConfig
+    suspend: bool
+    service_account: str
+    layout: Layout
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    def quarantine_limit(self) -> int:
+        return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)
+
+
+_TRAINER_GROUPS = ("model", "parallelism", "training", "data", "checkpoint", "health", "logging")
+_OPERATOR_FIELDS = ("image", "nodes", "instanceType", "processesPerNode", "faultTolerance", "compileCache",
+                    "suspend", "serviceAccountName", "backend")
+
+
+def _prefix(err: ConfigError) -> ConfigError:
+    path = err.field if err.field.startswith("spec.") else f"spec.{err.field}"
+    return ConfigError(path, err.message)
+
+
+def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
+    """Parse and validate a TrainingRun spec (its camelCase dict). Raises ConfigError."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError("spec", "must be an object")
+    unknown = sorted(set(spec) - set(_TRAINER_GROUPS) - set(_OPERATOR_FIELDS))
+    if unknown:
+        raise ConfigError(f"spec.{unknown[0]}", "unknown field")
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        raise ConfigError("spec.image", "is required (the trainer container image)")
+    nodes = spec.get("nodes")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ConfigError("spec.nodes", f"must be an integer of at least 1, got {nodes!r}")
+    itype = spec.get("instanceType", "trn1.32xlarge")
+    if itype not in INSTANCE_TYPES:
+        raise ConfigError("spec.instanceType", f"must be one of {', '.join(INSTANCE_TYPES)}, got {itype!r}")
+    ppn = spec.get("processesPerNode", INSTANCE_TYPES[itype]["processes"])
+    if isinstance(ppn, bool) or not isinstance(ppn, int) or ppn < 1:
+        raise ConfigError("spec.processesPerNode", f"must be an integer of at least 1, got {ppn!r}")
+    trainer_part = {k: spec[k] for k in _TRAINER_GROUPS if k in spec}
+    backend = spec.get("backend", "neuron" if INSTANCE_TYPES[itype]["neuron"] else "cpu")
+    try:
+        run = from_dict({**trainer_part, "backend": backend})
+        layout = derive_layout(nodes * ppn, run.model, run.parallelism, run.training)
+        ft = _build(FaultToleranceConfig, _normalise_ft(spec.get("faultTolerance") or {}), "faultTolerance")
+        ft.validate()
+        cache = _build(CompileCacheConfig, spec.get("compileCache") or {}, "compileCache")
+    except ConfigError as err:
+        raise _prefix(err) from None
+    if not run.checkpoint.uri:
+        raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
+    if run.parallelism.pipeline > 1 and backend != "neuron":
+        raise ConfigError("spec.parallelism.pipeline", "pipeline parallelism needs the Neuron backend")
+    suspend = spec.get("suspend", False)
+    if not isinstance(suspend, bool):
+        raise ConfigError("spec.suspend", f"must be true or false, got {suspend!r}")
+    return TrainingRunSpec(image=image, nodes=nodes, instance_type=itype, processes_per_node=ppn, run=run,
+                           fault_tolerance=ft, compile_cache=cache, suspend=suspend,
+                           service_account=spec.get("serviceAccountName", "trainium-trainer"), layout=layout)
+
+
+def _normalise_ft(raw: Mapping[str, Any]) -> dict:
+    raw = dict(raw)
+    if "restartBudget" in raw:
+        budget = raw["restartBudget"]
+        if not isinstance(budget, Mapping):
+            raise ConfigError("faultTolerance.restartBudget", "must be an object")
+        raw["restartBudget"] = _build(RestartBudget, budget, "faultTolerance.restartBudget")
+    if "hangTimeoutSeconds" in raw and not isinstance(raw["hangTimeoutSeconds"], str):
+        raw["hangTimeoutSeconds"] = str(raw["hangTimeoutSeconds"])
+    return raw
