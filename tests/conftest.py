@@ -121,7 +121,9 @@ def namespace(core_api, request):
     import re
     import time
 
-    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + f"-{os.getpid() % 1000}"
+    import hashlib
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:36].strip("-") + f"-{digest}"
     core_api.create_namespace({"metadata": {"name": name}})
     deadline = time.monotonic() + 30
     while True:

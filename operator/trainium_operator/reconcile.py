@@ -57,6 +57,8 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
               checkpoint: dict | None = None) -> Result:
     """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None."""
     res = Result()
+    if run["metadata"].get("deletionTimestamp"):
+        return res  # being deleted: the garbage collector removes the children; do not restart
     status = dict(run.get("status") or {})
     name = run["metadata"]["name"]
     generation = run["metadata"].get("generation")

@@ -4,8 +4,8 @@
 |------------------|---------------------------------------------------------------|-----------------|
 | node_not_ready   | Ready=False (kwok's node-not-ready stage); controller-manager  | node_recover    |
 |                  | taints node.kubernetes.io/not-ready                           |                 |
-| node_unreachable | kwok stops heartbeating it; Ready=Unknown after the grace     | node_recover    |
-|                  | period; taint node.kubernetes.io/unreachable                  |                 |
+| node_unreachable | no status posts and no Lease renewals (a dead kubelet);       | node_recover    |
+|                  | Ready=Unknown after the grace period; unreachable taint       |                 |
 | neuron_error     | Node condition NeuronHealth=True, reason NeuronHasError_*      | neuron_healthy  |
 |                  | (as the Neuron node problem detector writes it; Ready stays)  |                 |
 | device_loss      | allocatable aws.amazon.com/neuron below capacity              | device_restore  |
@@ -39,15 +39,36 @@ def node_not_ready(core, node: str, reason: str = "KubeletNotReady", message: st
                                                         f"{NOT_READY_LABEL}/message": message}}})
 
 
+FAULT_HOLDER = "trainium-fault-unreachable"
+
+
 def node_unreachable(core, node: str) -> None:
-    """Stop kwok from managing the node: its heartbeats and lease renewals stop, as when a
-    node loses its network or power."""
+    """What a dead kubelet looks like: nobody posts the node's status or renews its Lease.
+    kwok stops posting status once the node loses its management annotation; it would still
+    renew the Lease, so the Lease is taken over by another holder with a long duration (kwok
+    never renews a lease held by someone else). The node lifecycle controller then marks the
+    node Unknown after its grace period and taints it unreachable."""
+    from kubernetes import client
+
     core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION[0]: None}}})
+    client.CoordinationV1Api(core.api_client).patch_namespaced_lease(node, "kube-node-lease", {"spec": {
+        "holderIdentity": FAULT_HOLDER, "leaseDurationSeconds": 86400,
+        "renewTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
 
 
 def node_recover(core, node: str) -> None:
-    """Undo node_not_ready / node_unreachable: kwok manages the node again and marks it Ready.
-    The controller-manager then removes its not-ready/unreachable taints."""
+    """Undo node_not_ready / node_unreachable: kwok manages the node again (a fresh Lease,
+    Ready status). The controller-manager then removes its not-ready/unreachable taints."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    leases = client.CoordinationV1Api(core.api_client)
+    try:
+        if leases.read_namespaced_lease(node, "kube-node-lease").spec.holder_identity == FAULT_HOLDER:
+            leases.delete_namespaced_lease(node, "kube-node-lease")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
     core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: None},
                                         "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1],
                                                         f"{NOT_READY_LABEL}/reason": None,

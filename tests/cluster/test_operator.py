@@ -1,0 +1,349 @@
+"""The operator (a real subprocess) against the local control plane with simulated trn1 nodes.
+
+Progress is written on the pods exactly as the trainer writes it (trainer.progress.payload).
+Detection and recovery times are printed; the goals are in the issue and bench/ measures them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, wait_until
+from trainer import progress
+
+pytestmark = pytest.mark.cluster
+GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
+QUARANTINE = "trainium.dev/quarantined"
+
+
+@pytest.fixture(scope="module")
+def crd(local_cluster):
+    res = local_cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
+    local_cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+    return res
+
+
+def start_operator(local_cluster, log_path: Path) -> subprocess.Popen:
+    from localcluster.cluster import free_base_port
+    port = free_base_port(start=local_cluster.base_port + 300, span=2)
+    env = dict(os.environ, KUBECONFIG=str(local_cluster.kubeconfig), PYTHONUNBUFFERED="1")
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", str(port),
+                             "--liveness-port", str(port + 1)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.metrics_port = port  # type: ignore[attr-defined]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def operator(local_cluster, crd, core_api, tmp_path_factory):
+    from localcluster.nodes import create_nodes
+    create_nodes(core_api, 20, "trn1.32xlarge", "op-")
+    log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+    proc = start_operator(local_cluster, log_path)
+    holder = {"proc": proc, "log": log_path}
+    yield holder
+    holder["proc"].terminate()
+    holder["proc"].wait(20)
+    print("\n--- operator log (tail) ---\n" + log_path.read_text()[-3000:])
+
+
+@pytest.fixture
+def custom(local_cluster):
+    from kubernetes import client
+    return client.CustomObjectsApi(local_cluster.api_client())
+
+
+@pytest.fixture(autouse=True)
+def healthy_nodes(core_api):
+    """Earlier tests quarantine and break nodes; start each test from a healthy fleet."""
+    yield
+    from localcluster import faults
+    for n in core_api.list_node(label_selector="node.kubernetes.io/instance-type=trn1.32xlarge").items:
+        taints = [t for t in n.spec.taints or [] if t.key != QUARANTINE]
+        if len(taints) != len(n.spec.taints or []):
+            core_api.patch_node(n.metadata.name, {"spec": {"taints": [core_api.api_client.sanitize_for_serialization(t)
+                                                                      for t in taints]},
+                                                  "metadata": {"labels": {QUARANTINE: None}}})
+        if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
+            faults.neuron_healthy(core_api, n.metadata.name)
+        if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
+            faults.node_recover(core_api, n.metadata.name)
+        cap, alloc = n.status.capacity or {}, n.status.allocatable or {}
+        if alloc.get("aws.amazon.com/neuron") != cap.get("aws.amazon.com/neuron"):
+            faults.device_restore(core_api, n.metadata.name)
+
+
+def manifest(name: str, nodes: int = 16, **ft) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun", "metadata": {"name": name},
+            "spec": {"image": "trainer:test", "nodes": nodes, "instanceType": "trn1.32xlarge",
+                     "model": {"preset": "llama2-7b"},
+                     "parallelism": {"tensor": 8, "sequenceParallel": True, "zero1": True},
+                     "training": {"seqLen": 4096, "globalBatchSize": 1024, "microBatchSize": 1},
+                     "data": {"sources": [{"uri": "s3://corpus/train/"}], "tokenizer": "s3://corpus/tok.json"},
+                     "checkpoint": {"uri": f"/tmp/trainium-operator-tests/{name}-{os.getpid()}", "intervalSteps": 10},
+                     "faultTolerance": {"teardownGraceSeconds": 5, **ft}}}
+
+
+def create(custom, ns, body) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+
+def status(custom, ns, name) -> dict:
+    return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+
+
+def gang(core_api, ns, name, attempt=None) -> list:
+    sel = f"trainium.dev/run={name}" + (f",trainium.dev/attempt={attempt}" if attempt else "")
+    return [p for p in core_api.list_namespaced_pod(ns, label_selector=sel).items if not p.metadata.deletion_timestamp]
+
+
+def wait_running_gang(core_api, custom, ns, name, attempt, nodes=16, timeout=60) -> float:
+    def ok():
+        pods = gang(core_api, ns, name, attempt)
+        return len(pods) == nodes and all(p.status.phase == "Running" for p in pods)
+    return wait_until(ok, timeout=timeout, what=f"attempt {attempt} running")[1]
+
+
+def report(core_api, ns, name, attempt, step, ckpt=None) -> None:
+    """Progress annotations exactly as the trainer's local rank 0 writes them."""
+    body = progress.payload(step, 24000.0 * 16, 2.0, ckpt)
+    for p in gang(core_api, ns, name, attempt):
+        core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {progress.ANNOTATION: body}}})
+
+
+def start_and_run(core_api, custom, ns, name, nodes=16, **ft):
+    create(custom, ns, manifest(name, nodes, **ft))
+    wait_running_gang(core_api, custom, ns, name, 1, nodes)
+    report(core_api, ns, name, 1, 5)
+    wait_until(lambda: status(custom, ns, name).get("phase") == "Running", what="phase Running")
+
+
+def fail_and_measure(core_api, custom, ns, name, inject, cause, nodes=16):
+    """Inject, then time detection (status records the failure) and recovery (next gang Running)."""
+    t0 = time.monotonic()
+    inject()
+    rec, detect = wait_until(lambda: next((f for f in status(custom, ns, name).get("failures") or []
+                                           if f["attempt"] == 1), None), timeout=60, what="failure detected")
+    assert rec["cause"] == cause, rec
+    recover = wait_running_gang(core_api, custom, ns, name, 2, nodes)
+    print(f"\n{cause}: detected {detect:.2f}s after injection (operator: {rec.get('detectedAfter')}s after the "
+          f"signal); new gang Running {recover:.2f}s after detection")
+    return rec, detect, recover
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_examples_apply_and_llama2_7b_recipe_is_accepted(local_cluster, operator, custom, namespace):
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        if "kind: TrainingRun" not in path.read_text():
+            continue
+        res = local_cluster.kubectl("apply", "-n", namespace, "-f", str(path), check=False)
+        assert res.returncode == 0, f"{path.name}: {res.stderr}"
+    st, _ = wait_until(lambda: status(custom, namespace, "llama2-7b").get("dataParallel") and
+                       status(custom, namespace, "llama2-7b"), what="llama2-7b status")
+    assert st["dataParallel"] == 512 and st["worldSize"] == 4096
+    assert next(c for c in st["conditions"] if c["type"] == "Valid")["status"] == "True"
+    out = local_cluster.kubectl("get", "trun", "-n", namespace).stdout
+    print("\n" + out)
+    assert "llama2-7b" in out and "512" in out
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        if "kind: TrainingRun" in path.read_text():
+            local_cluster.kubectl("delete", "-n", namespace, "-f", str(path), "--wait=false", check=False)
+
+
+API_REJECTS = [  # (what, patch to the valid manifest's spec, words in the API server's error)
+    ("no image", {"image": None}, "image"),
+    ("zero nodes", {"nodes": 0}, "nodes"),
+    ("bad instance type", {"instanceType": "p5.48xlarge"}, "instanceType"),
+    ("unknown preset", {"model": {"preset": "gpt-5"}}, "model.preset"),
+    ("bad precision", {"training": {"precision": "fp8"}}, "training.precision"),
+    ("batch not a multiple of micro batch", {"training": {"globalBatchSize": 10, "microBatchSize": 4}},
+     "globalBatchSize must be a multiple"),
+    ("minLr above lr", {"training": {"lr": 1e-4, "minLr": 1e-3}}, "minLr must not exceed"),
+    ("tensor not dividing heads", {"model": {"preset": "llama2-7b", "numHeads": 12}, "parallelism": {"tensor": 8}},
+     "parallelism.tensor must divide"),
+    ("no checkpoint uri", {"checkpoint": {"uri": ""}}, "checkpoint.uri is required"),
+    ("no data sources", {"data": {"sources": [], "tokenizer": "t.json"}}, "data.sources"),
+    ("unknown field", {"training": {"stepz": 5}}, "stepz"),
+]
+OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the operator's own checks
+    ("tensor x pipeline does not divide the world", {"nodes": 1, "instanceType": "cpu", "processesPerNode": 1,
+                                                     "model": {"preset": "tiny"},
+                                                     "training": {"globalBatchSize": 16, "microBatchSize": 4,
+                                                                  "seqLen": 128},
+                                                     "parallelism": {"tensor": 2}}, "spec.parallelism.tensor"),
+    ("global batch not divisible by dp x micro", {"nodes": 3, "training": {"globalBatchSize": 1024,
+                                                                           "microBatchSize": 1}},
+     "spec.training.globalBatchSize"),
+    ("sequence not divisible with SP", {"training": {"seqLen": 4100}}, "spec.training.seqLen"),
+    ("bad hang timeout", {"faultTolerance": {"hangTimeoutSeconds": "soon"}}, "spec.faultTolerance.hangTimeoutSeconds"),
+]
+
+
+def _merge(base: dict, patch: dict) -> dict:
+    out = dict(base)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def test_invalid_specs_are_refused_naming_the_field(local_cluster, operator, custom, namespace, tmp_path):
+    refused = 0
+    for i, (what, patch, words) in enumerate(API_REJECTS):
+        body = manifest(f"bad-api-{i}")
+        body["spec"] = _merge(body["spec"], patch)
+        f = tmp_path / f"bad{i}.yaml"
+        f.write_text(yaml.safe_dump(body))
+        res = local_cluster.kubectl("apply", "-n", namespace, "-f", str(f), check=False)
+        assert res.returncode != 0 and words in res.stderr, f"{what}: {res.stderr}"
+        refused += 1
+    for i, (what, patch, field) in enumerate(OPERATOR_REJECTS):
+        body = manifest(f"bad-op-{i}")
+        body["spec"] = _merge(body["spec"], patch)
+        create(custom, namespace, body)
+        st, _ = wait_until(lambda: status(custom, namespace, f"bad-op-{i}").get("conditions"), what=what)
+        valid = next(c for c in st if c["type"] == "Valid")
+        assert valid["status"] == "False" and valid["message"].startswith(field + ":"), (what, valid)
+        assert status(custom, namespace, f"bad-op-{i}")["phase"] == "Failed"
+        refused += 1
+    print(f"\n{refused} invalid specs refused ({len(API_REJECTS)} by the API server, "
+          f"{len(OPERATOR_REJECTS)} by the operator)")
+    assert operator["proc"].poll() is None, "the operator must survive malformed objects"
+    # ... and still runs a good one
+    create(custom, namespace, manifest("good", nodes=2, **{}) | {})
+    wait_until(lambda: status(custom, namespace, "good").get("phase") == "Starting", what="good run starting")
+
+
+def test_rank_crash_restarts_the_gang(core_api, custom, namespace, operator):
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "crash")
+    victim = gang(core_api, namespace, "crash", 1)[3].metadata.name
+    rec, detect, recover = fail_and_measure(core_api, custom, namespace, "crash",
+                                            lambda: faults.pod_fail(core_api, namespace, victim, 1), "application")
+    assert detect < 10 and recover < 30
+    st = status(custom, namespace, "crash")
+    assert st["attempt"] == 2 and st["restarts"] == {"application": 1} and not st.get("quarantinedNodes")
+    report(core_api, namespace, "crash", 2, 7)
+    wait_until(lambda: status(custom, namespace, "crash").get("phase") == "Running", what="Running again")
+
+
+@pytest.mark.parametrize("fault, cause", [("not-ready", "node"), ("neuron-error", "neuron-device"),
+                                          ("device-loss", "neuron-device")])
+def test_node_faults_quarantine_the_node_and_restart_elsewhere(core_api, custom, namespace, operator, fault, cause):
+    from localcluster import faults
+    name = f"nf-{fault}"
+    start_and_run(core_api, custom, namespace, name)
+    bad = gang(core_api, namespace, name, 1)[5].spec.node_name
+    inject = {"not-ready": lambda: faults.node_not_ready(core_api, bad),
+              "neuron-error": lambda: faults.neuron_error(core_api, bad, "NeuronHasError_DMA_ERROR"),
+              "device-loss": lambda: faults.device_loss(core_api, bad, 14)}[fault]
+    rec, detect, recover = fail_and_measure(core_api, custom, namespace, name, inject, cause)
+    assert rec["node"] == bad and detect < 15 and recover < 30
+    node = core_api.read_node(bad)
+    assert any(t.key == QUARANTINE and t.effect == "NoSchedule" for t in node.spec.taints)
+    assert node.metadata.labels.get(QUARANTINE)
+    assert status(custom, namespace, name)["quarantinedNodes"] == [bad]
+    assert bad not in {p.spec.node_name for p in gang(core_api, namespace, name, 2)}
+
+
+def test_fatal_exit_code_fails_without_retry(core_api, custom, namespace, operator):
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "fatal", nodes=2)
+    faults.pod_fail(core_api, namespace, gang(core_api, namespace, "fatal", 1)[0].metadata.name, 78)
+    st, _ = wait_until(lambda: (s := status(custom, namespace, "fatal")).get("phase") == "Failed" and s,
+                       what="Failed")
+    assert "fatal" in st["message"] and st.get("attempt") == 1 and not st.get("restarts")
+    wait_until(lambda: not gang(core_api, namespace, "fatal"), what="pods cleaned up")
+
+
+def test_hang_is_detected_and_restarted(core_api, custom, namespace, operator):
+    start_and_run(core_api, custom, namespace, "hang", nodes=2, hangTimeoutSeconds=3)
+    rec, detect, _ = fail_and_measure(core_api, custom, namespace, "hang", lambda: None, "hang", nodes=2)
+    assert "no step progress" in rec["message"]
+
+
+def test_eviction_restarts(core_api, custom, namespace, operator):
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "evict", nodes=2)
+    victim = gang(core_api, namespace, "evict", 1)[1].metadata.name
+    fail_and_measure(core_api, custom, namespace, "evict", lambda: faults.evict_pod(core_api, namespace, victim),
+                     "eviction", nodes=2)
+
+
+def test_restart_budget_exhaustion_fails_with_reason(core_api, custom, namespace, operator):
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "budget", nodes=2, restartBudget={"application": 1})
+    faults.pod_fail(core_api, namespace, gang(core_api, namespace, "budget", 1)[0].metadata.name, 1)
+    wait_running_gang(core_api, custom, namespace, "budget", 2, nodes=2)
+    faults.pod_fail(core_api, namespace, gang(core_api, namespace, "budget", 2)[0].metadata.name, 1)
+    st, _ = wait_until(lambda: (s := status(custom, namespace, "budget")).get("phase") == "Failed" and s,
+                       what="Failed")
+    assert "restart budget for application exhausted" in st["message"] and st["attempt"] == 2
+    time.sleep(2)
+    assert status(custom, namespace, "budget")["attempt"] == 2  # no loop
+
+
+def test_no_progress_guard_fails_with_reason(core_api, custom, namespace, operator):
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "stuck", nodes=2, noProgressRestarts=2)
+    for attempt in (1, 2):
+        wait_running_gang(core_api, custom, namespace, "stuck", attempt, nodes=2)
+        faults.pod_fail(core_api, namespace, gang(core_api, namespace, "stuck", attempt)[0].metadata.name, 1)
+        if attempt == 1:
+            wait_until(lambda: status(custom, namespace, "stuck").get("attempt") == 2, what="attempt 2")
+    wait_running_gang(core_api, custom, namespace, "stuck", 3, nodes=2)
+    faults.pod_fail(core_api, namespace, gang(core_api, namespace, "stuck", 3)[0].metadata.name, 1)
+    st, _ = wait_until(lambda: (s := status(custom, namespace, "stuck")).get("phase") == "Failed" and s,
+                       what="Failed")
+    assert st["message"].startswith("no progress: 2 restarts without the checkpoint step advancing")
+
+
+def test_operator_killed_mid_restart_ends_with_one_gang(local_cluster, core_api, custom, namespace, operator):
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "kill", nodes=4, backoffSeconds=4)
+    faults.pod_fail(core_api, namespace, gang(core_api, namespace, "kill", 1)[0].metadata.name, 1)
+    wait_until(lambda: status(custom, namespace, "kill").get("phase") == "Restarting", what="Restarting")
+    operator["proc"].send_signal(signal.SIGKILL)  # in the middle of the restart (teardown + backoff)
+    operator["proc"].wait(10)
+    operator["proc"] = start_operator(local_cluster, operator["log"])
+    wait_running_gang(core_api, custom, namespace, "kill", 2, nodes=4)
+    time.sleep(3)  # let any duplicate creation show up
+    pods = core_api.list_namespaced_pod(namespace, label_selector="trainium.dev/run=kill").items
+    assert sorted(p.metadata.name for p in pods) == [f"kill-a2-{i}" for i in range(4)]
+    assert status(custom, namespace, "kill")["attempt"] == 2
+
+
+def test_suspend_resume_and_delete_cleans_up(core_api, custom, namespace, operator):
+    start_and_run(core_api, custom, namespace, "pause", nodes=2)
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": True}})
+    wait_until(lambda: status(custom, namespace, "pause").get("phase") == "Suspended"
+               and not gang(core_api, namespace, "pause"), what="suspended, no pods")
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": False}})
+    wait_running_gang(core_api, custom, namespace, "pause", 2, nodes=2)
+    assert not status(custom, namespace, "pause").get("restarts")  # suspending is not a failure
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause")
+    wait_until(lambda: not core_api.list_namespaced_pod(namespace, label_selector="trainium.dev/run=pause").items
+               and not core_api.list_namespaced_config_map(namespace, label_selector="trainium.dev/run=pause").items,
+               what="children garbage-collected")
+
+
+def test_metrics_endpoint(operator):
+    import urllib.request
+    body = urllib.request.urlopen(f"http://127.0.0.1:{operator['proc'].metrics_port}/metrics", timeout=5).read().decode()
+    for series in ("trainium_run_phase", "trainium_reconcile_seconds", "trainium_run_effective_training_ratio"):
+        assert series in body
