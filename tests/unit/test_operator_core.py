@@ -1,0 +1,157 @@
+"""The operator's pure core: spec, plan, observe, policy, goodput, reconcile, and the CRD."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainer.config import ConfigError
+from trainium_operator import crd, goodput, plan
+from trainium_operator.observe import Failure, find_failure, gang_state, node_view, pod_view
+from trainium_operator.policy import decide
+from trainium_operator.reconcile import reconcile
+from trainium_operator.spec import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = {"image": "img", "nodes": 4, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
+        "parallelism": {"tensor": 8, "sequenceParallel": True}, "training": {"seqLen": 4096, "globalBatchSize": 64,
+                                                                             "microBatchSize": 1},
+        "data": {"sources": [{"uri": "s3://d/"}], "tokenizer": "s3://d/t.json"}, "checkpoint": {"uri": "s3://c/r"}}
+RUN = {"metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 1}, "spec": SPEC, "status": {}}
+
+
+def test_crd_is_generated_from_the_config_types():
+    committed = (ROOT / "crds" / "trainingruns.trainium.dev.yaml").read_text()
+    assert committed == crd.render(), "run: python -m trainium_operator.crd > crds/trainingruns.trainium.dev.yaml"
+    schema = yaml.safe_load(committed)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "globalBatchSize" in schema["properties"]["training"]["properties"]
+    assert schema["properties"]["training"]["properties"]["precision"]["enum"] == ["bf16-sr", "mixed", "fp32"]
+
+
+def test_spec_derives_layout_and_names_fields():
+    s = parse(SPEC)
+    assert (s.world_size, s.layout.data, s.layout.grad_accum_steps) == (128, 16, 4)
+    for patch, field in [({"nodes": 0}, "spec.nodes"), ({"image": ""}, "spec.image"),
+                         ({"instanceType": "x"}, "spec.instanceType"), ({"bogus": 1}, "spec.bogus"),
+                         ({"parallelism": {"tensor": 3}}, "spec.parallelism.tensor"),
+                         ({"checkpoint": {"uri": ""}}, "spec.checkpoint.uri"),
+                         ({"faultTolerance": {"restartBudget": {"node": -1}}}, "spec.faultTolerance.restartBudget.node"),
+                         ({"training": {"precision": "fp8"}}, "spec.training.precision")]:
+        with pytest.raises(ConfigError) as err:
+            parse({**SPEC, **patch})
+        assert err.value.field == field, patch
+
+
+def test_plan_follows_the_pod_contract():
+    s = parse(SPEC)
+    pods = plan.pods(RUN, s, attempt=3, excluded_nodes=["bad-1"])
+    assert [p["metadata"]["name"] for p in pods] == ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]
+    p = pods[2]
+    env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
+    assert env["NODE_RANK"] == "2" and env["NNODES"] == "4" and env["NPROC_PER_NODE"] == "32"
+    assert env["MASTER_ADDR"] == "r-0.r.ns.svc" and env["RESUME"] == "auto" and env["FI_PROVIDER"] == "efa"
+    assert "--cache_dir=/var/tmp/neuron-compile-cache" in env["NEURON_CC_FLAGS"]
+    limits = p["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"}
+    assert p["spec"]["restartPolicy"] == "Never" and p["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["bad-1"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in p["spec"]["volumes"]
+    cfg = yaml.safe_load(plan.config_map(RUN, s)["data"]["run.yaml"])
+    assert cfg["checkpoint"]["resume"] == "auto" and cfg["parallelism"]["tensor"] == 8
+
+
+def _pod(i, phase="Running", node=None, code=None, attempt=1, step=None):
+    status = {"phase": phase}
+    if code is not None:
+        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": code, "reason": "Error"}}}]
+    ann = {"trainium.dev/progress": f'{{"step": {step}, "time": 100.0, "lastCheckpointStep": 10}}'} if step else {}
+    return pod_view({"metadata": {"name": f"r-a{attempt}-{i}", "labels": {"trainium.dev/attempt": str(attempt),
+                                                                        "trainium.dev/index": str(i)},
+                                  "annotations": ann}, "spec": {"nodeName": node or f"n{i}"}, "status": status})
+
+
+def _node(name, ready="True", neuron=None, alloc="16"):
+    conds = [{"type": "Ready", "status": ready}]
+    if neuron:
+        conds.append({"type": "NeuronHealth", "status": "True", "reason": neuron})
+    return node_view({"metadata": {"name": name}, "status": {"conditions": conds,
+                      "capacity": {"aws.amazon.com/neuron": "16"}, "allocatable": {"aws.amazon.com/neuron": alloc}}})
+
+
+def _failure(pods, nodes, **kw):
+    args = dict(now=1000.0, expected_pods=4, gang_running_since=900.0, step_seconds=1.0, last_step_change=999.0)
+    args.update(kw)
+    return find_failure(parse(SPEC), gang_state(pods), nodes, **args)
+
+
+def test_observe_finds_each_cause():
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    healthy = [_pod(i, step=5) for i in range(4)]
+    assert _failure(healthy, nodes) is None
+    assert _failure([_pod(0, "Failed", code=78)] + healthy[1:], nodes).fatal
+    f = _failure([_pod(0, "Failed", code=1)] + healthy[1:], nodes)
+    assert f.cause == "application" and not f.fatal
+    assert _failure(healthy, {**nodes, "n2": _node("n2", "False")}).cause == "node"
+    assert _failure(healthy, {**nodes, "n2": _node("n2", neuron="NeuronHasError_DMA_ERROR")}).cause == "neuron-device"
+    assert _failure(healthy, {**nodes, "n1": _node("n1", alloc="12")}).cause == "neuron-device"
+    assert _failure(healthy, {k: v for k, v in nodes.items() if k != "n3"}).cause == "node"
+    assert _failure(healthy[:3], nodes).cause == "eviction"
+    assert _failure(healthy, nodes, now=2000.0).cause == "hang"  # auto: floor 600 s
+    # node signals win over the rank that died with the node
+    f = _failure([_pod(0, "Failed", code=1)] + healthy[1:], {**nodes, "n0": _node("n0", "Unknown")})
+    assert f.cause == "node" and f.node == "n0"
+
+
+def test_policy_budgets_quarantine_and_guard():
+    s = parse({**SPEC, "faultTolerance": {"restartBudget": {"application": 2}, "noProgressRestarts": 3,
+                                          "backoffSeconds": 10, "maxQuarantinedNodes": 1}})
+    crash = Failure("application", "boom", node="n1")
+    a = decide(crash, s, [], [], 10, now=1000)
+    assert a.kind == "restart" and a.delay_seconds == 10 and not a.quarantine_node
+    hist = [{"time": 990, "cause": "application", "checkpointStep": 5}]
+    assert decide(crash, s, hist, [], 10, now=1000).delay_seconds == 20
+    hist2 = hist + [{"time": 995, "cause": "application", "checkpointStep": 8}]
+    assert decide(crash, s, hist2, [], 10, now=1000).reason.startswith("restart budget for application exhausted")
+    assert decide(crash, s, hist2, [], 10, now=1000 + 7200).kind == "restart"  # outside the window
+    node = Failure("node", "NotReady", node="n2")
+    assert decide(node, s, [], [], 10, now=1000).quarantine_node == "n2"
+    assert decide(node, s, [], ["n1"], 10, now=1000).reason.startswith("cluster unhealthy")
+    same = [{"time": 1, "cause": "eviction", "checkpointStep": 10}] * 3
+    assert decide(Failure("eviction", "gone"), s, same, [], 10, now=1000).reason.startswith("no progress: 3 restarts")
+    assert decide(Failure("application", "x", fatal=True), s, [], [], 10, now=1000).kind == "fail"
+
+
+def test_goodput_accounting():
+    g = goodput.account(created=0.0, first_progress=10.0, failures=[
+        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 110.0,
+         "step": 95, "checkpointStep": 90, "stepSeconds": 1.0}], now=200.0)
+    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 3.0, "schedule": 17.0, "recompute": 5.0}
+    assert g["productiveSeconds"] == 173.0 and g["effectiveRatio"] == 0.865
+
+
+def test_reconcile_creates_then_restarts_without_overlapping_attempts():
+    r = reconcile(RUN, [], {}, now=0.0)
+    kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
+    assert kinds.count("Pod") == 4 and "Service" in kinds and "ConfigMap" in kinds
+    assert r.status["phase"] == "Starting" and r.status["attempt"] == 1
+    run = {**RUN, "status": {**r.status, "conditions": [{"type": "Valid", "status": "True"}]}}
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    pods = [_pod(i) for i in range(4)]
+    r = reconcile(run, pods, nodes, now=5.0)
+    assert r.status["gangRunningTime"] == 5.0
+    run["status"].update(r.status)
+    r = reconcile(run, [_pod(0, "Failed", code=1)] + pods[1:], nodes, now=6.0)
+    assert r.status["phase"] == "Restarting" and {e.name for e in r.effects if e.kind == "delete_pod"} == \
+        {f"r-a1-{i}" for i in range(4)}
+    run["status"].update(r.status)
+    r = reconcile(run, pods, nodes, now=7.0)  # old pods still there: no new attempt yet
+    assert "attempt" not in r.status and not any(e.kind == "ensure" for e in r.effects)
+    r = reconcile(run, [], nodes, now=8.0)
+    assert r.status["attempt"] == 2 and sum(e.kind == "ensure" for e in r.effects) == 4
+
+
+def test_reconcile_never_crashes_on_malformed_objects():
+    for spec in (None, [], "x", {"nodes": "many"}, {"image": 3}, {"faultTolerance": []}):
+        r = reconcile({**RUN, "spec": spec}, [], {}, now=0.0)
+        assert r.status["conditions"][0]["status"] == "False" and not any(e.kind == "ensure" for e in r.effects)
