@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import kopf
 
@@ -22,6 +23,7 @@ from .reconcile import reconcile
 from .spec import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger("trainium_operator")
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 CHECKPOINT_REFRESH_SECONDS = 15.0
 
 
@@ -105,15 +107,23 @@ def apply(kube: Kube, run: dict, result) -> None:
         if new_failures and new_failures[-1].get("recoveredAfter") is not None and \
                 (not old_failures or old_failures[-1].get("recoveredAfter") is None):
             metrics.observe_recovery(new_failures[-1]["cause"], new_failures[-1]["recoveredAfter"])
+    pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
         if eff.kind == "ensure":
             obj = dict(eff.obj)
             obj["metadata"] = {**obj["metadata"], "namespace": ns}
-            kube.ensure(obj)
+            if obj["kind"] == "Pod":
+                pod_calls.append((kube.ensure, (obj,)))
+            else:
+                kube.ensure(obj)
         elif eff.kind == "delete_pod":
-            kube.delete_pod(ns, eff.name, eff.grace)
+            pod_calls.append((kube.delete_pod, (ns, eff.name, eff.grace)))
         elif eff.kind == "quarantine":
             kube.quarantine(eff.name, name, eff.reason)
         elif eff.kind == "event":
             kube.event(run, eff.reason, eff.message, eff.warning)
             log.info("%s/%s %s: %s", ns, name, eff.reason, eff.message)
+    if pod_calls:
+        futures = [_POOL.submit(fn, *args) for fn, args in pod_calls]
+        for f in futures:
+            f.result()  # re-raise the first error; the next tick retries idempotently

@@ -1,0 +1,254 @@
+"""Failure detection and recovery latency: the operator against an Indexed Job, same cluster.
+
+    python -m bench.recovery_latency [--nodes 16,128] [--faults 20] [--kinds crash,not-ready]
+
+Starts its own local control plane (tools/localcluster) with nodes + 4 spare trn1.32xlarge
+nodes, then for each gang size:
+  ours  a TrainingRun; progress written as the trainer writes it; each fault is injected into
+        the running gang; detect = the run's status records the failure; recover = every pod of
+        the next attempt is Running.
+  peer  an Indexed Job (completions = parallelism = nodes) with a podFailurePolicy (FailJob on
+        the fatal exit code 78, Ignore on DisruptionTarget), as a user would run torchrun
+        without the operator; detect = the Job controller creates a replacement pod; recover =
+        the replacement is Running. The Job replaces only the failed index (a torchrun gang
+        does not survive that) and leaves pods on NotReady nodes until taint-based eviction
+        (300 s by default); waits are capped at --peer-timeout.
+Prints p50/p95 per gang size, method and fault kind, and the ratio peer / ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from bench.common import table  # noqa: E402
+from trainer import progress  # noqa: E402
+
+GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
+
+
+def wait(pred, timeout, interval=0.05):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = pred()
+        if v:
+            return time.monotonic() - t0
+        time.sleep(interval)
+    return None
+
+
+def pct(xs, q):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def fmt(x, cap=None):
+    if x is None:
+        return f">{cap:.0f}" if cap else "n/a"
+    return f"{x:.2f}"
+
+
+class Bench:
+    def __init__(self, args):
+        from kubernetes import client
+        from localcluster.cluster import Cluster, free_base_port
+        self.args = args
+        self.cluster = Cluster(state_dir=Path(tempfile.mkdtemp(prefix="bench-cluster-")), base_port=free_base_port(25000))
+        self.cluster.up()
+        api = self.cluster.api_client()
+        self.core, self.custom, self.batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
+        self.cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
+        self.cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
+        self.operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", "0",
+                                          "--liveness-port", str(free_base_port(26000))], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def close(self):
+        self.operator.terminate()
+        self.operator.wait(20)
+        self.cluster.down()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def namespace(self, name):
+        self.core.create_namespace({"metadata": {"name": name}})
+        wait(lambda: self._sa(name), 30)
+
+    def _sa(self, ns):
+        try:
+            return self.core.read_namespaced_service_account("default", ns)
+        except Exception:
+            return None
+
+    def pods(self, ns, selector):
+        return [p for p in self.core.list_namespaced_pod(ns, label_selector=selector).items
+                if not p.metadata.deletion_timestamp]
+
+    def heal(self, node):
+        from localcluster import faults
+        faults.node_recover(self.core, node)
+        n = self.core.read_node(node)
+        taints = [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []
+                  if t.key != "trainium.dev/quarantined"]
+        self.core.patch_node(node, {"spec": {"taints": taints}})
+        wait(lambda: all(t.key not in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+                         for t in self.core.read_node(node).spec.taints or []), 60)
+
+    # -- ours -----------------------------------------------------------------------------
+
+    def ours(self, n, ns, kinds):
+        from localcluster import faults
+        name = "run"
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun", "metadata": {"name": name}, "spec": {
+            "image": "trainer:bench", "nodes": n, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
+            "parallelism": {"tensor": 8, "sequenceParallel": True},
+            "training": {"seqLen": 4096, "globalBatchSize": 1024, "microBatchSize": 1},
+            "data": {"sources": [{"uri": "s3://d/"}], "tokenizer": "s3://d/t.json"},
+            "checkpoint": {"uri": f"/tmp/bench-ckpt-{os.getpid()}"},
+            "faultTolerance": {"teardownGraceSeconds": 5, "restartBudget": {"application": 1000, "node": 1000},
+                               "budgetWindowMinutes": 1, "noProgressRestarts": 1000, "maxQuarantinedNodes": 1000}}}
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+        results = {k: ([], []) for k in kinds}
+        for i in range(self.args.faults + 1):
+            attempt = i + 1
+            sel = f"trainium.dev/run={name},trainium.dev/attempt={attempt}"
+            up = wait(lambda: len(p := self.pods(ns, sel)) == n and all(x.status.phase == "Running" for x in p), 300)
+            if up is None:
+                raise RuntimeError(f"attempt {attempt} did not come up")
+            if i:
+                results[kind][1].append(time.monotonic() - t_detect)
+                if kind == "not-ready":
+                    self.heal(bad)
+            if i == self.args.faults:
+                break
+            gang = self.pods(ns, sel)
+            payload = progress.payload(10 * attempt, 1e5, 2.0, None)
+            for p in gang:
+                self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {
+                    progress.ANNOTATION: payload}}})
+            kind = kinds[i % len(kinds)]
+            victim = gang[i % n]
+            bad = victim.spec.node_name
+            seen = len(self._status(ns, name).get("failures") or [])
+            if kind == "crash":
+                faults.pod_fail(self.core, ns, victim.metadata.name, 1)
+            else:
+                faults.node_not_ready(self.core, bad)
+            d = wait(lambda: len(self._status(ns, name).get("failures") or []) > seen, 120, 0.02)
+            t_detect = time.monotonic()
+            results[kind][0].append(d)
+            print(f"  ours n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s", flush=True)
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return results
+
+    def _status(self, ns, name):
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+
+    # -- peer: Indexed Job ------------------------------------------------------------------
+
+    def job(self, n, ns, kinds):
+        from localcluster import faults
+        limits = {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"}
+        body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "torchrun"}, "spec": {
+            # backoffLimitPerIndex: each index gets its own failure backoff (10 s, doubling), the
+            # Job's best configuration for replacing single ranks.
+            "completions": n, "parallelism": n, "completionMode": "Indexed", "backoffLimitPerIndex": 10000,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [78]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+            "template": {"metadata": {"labels": {"trainium.dev/keep-running": "true", "bench": "job"}}, "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+                "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "trainer", "image": "trainer:bench",
+                                "resources": {"limits": limits, "requests": limits}}]}}}}
+        self.batch.create_namespaced_job(ns, body)
+        results = {k: ([], []) for k in kinds}
+        cap = self.args.peer_timeout
+        for i in range(self.args.faults):
+            wait(lambda: sum(x.status.phase == "Running" for x in self.pods(ns, "bench=job")) == n, 300)
+            kind = kinds[i % len(kinds)]
+            gang = sorted((p for p in self.pods(ns, "bench=job") if p.status.phase == "Running"),
+                          key=lambda p: p.metadata.name)
+            victim = gang[i % n]
+            index = victim.metadata.labels.get("batch.kubernetes.io/job-completion-index")
+            before = {p.metadata.name for p in self.core.list_namespaced_pod(ns, label_selector="bench=job").items}
+            if kind == "crash":
+                faults.pod_fail(self.core, ns, victim.metadata.name, 1)
+            else:
+                faults.node_not_ready(self.core, victim.spec.node_name)
+
+            def replacement():
+                return next((p for p in self.pods(ns, f"bench=job,batch.kubernetes.io/job-completion-index={index}")
+                             if p.metadata.name not in before), None)
+            d = wait(replacement, cap, 0.02)
+            r = wait(lambda: (rp := replacement()) is not None and rp.status.phase == "Running", cap) if d else None
+            results[kind][0].append(d)
+            results[kind][1].append(r)
+            print(f"  job  n={n} fault {i + 1}/{self.args.faults} {kind}: replacement "
+                  f"{fmt(d, cap)}s, running {fmt(r, cap)}s later", flush=True)
+            if kind == "not-ready":
+                self.heal(victim.spec.node_name)
+                if d is None:  # the Job never reacted: clean the stuck index so the next fault starts clean
+                    self.core.delete_namespaced_pod(victim.metadata.name, ns, grace_period_seconds=0)
+        self.batch.delete_namespaced_job("torchrun", ns, propagation_policy="Background")
+        return results
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", default="16")
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--kinds", default="crash,not-ready")
+    ap.add_argument("--peer-timeout", type=float, default=30.0)
+    args = ap.parse_args()
+    kinds = args.kinds.split(",")
+    b = Bench(args)
+    rows = []
+    try:
+        from localcluster.nodes import create_nodes
+        for n in [int(x) for x in args.nodes.split(",")]:
+            create_nodes(b.core, n + 4, "trn1.32xlarge", f"b{n}-")
+            for method in ("ours", "job"):
+                ns = f"bench-{method}-{n}"
+                b.namespace(ns)
+                res = (b.ours if method == "ours" else b.job)(n, ns, kinds)
+                for kind, (det, rec) in res.items():
+                    rows.append((n, method, kind, det, rec))
+            for node in b.core.list_node(label_selector="type=kwok").items:
+                b.core.delete_node(node.metadata.name)
+    finally:
+        b.close()
+    out = []
+    for n in sorted({r[0] for r in rows}):
+        for kind in kinds:
+            ours = next(r for r in rows if r[0] == n and r[1] == "ours" and r[2] == kind)
+            peer = next(r for r in rows if r[0] == n and r[1] == "job" and r[2] == kind)
+            for method, r in (("operator", ours), ("indexed-job", peer)):
+                cap = args.peer_timeout if method == "indexed-job" else None
+                out.append([n, method, kind, len(r[3]), fmt(pct(r[3], .5), cap), fmt(pct(r[3], .95), cap),
+                            fmt(pct(r[4], .5), cap), fmt(pct(r[4], .95), cap)])
+            o50, p50 = pct(ours[3], .5), pct(peer[3], .5)
+            ratio = f"{(p50 or args.peer_timeout) / o50:.1f}x" + ("+" if p50 is None else "") if o50 else "n/a"
+            out.append([n, "ratio job/operator (detect p50)", kind, "", ratio, "", "", ""])
+    print("\nDetection and recovery latency (seconds; recover = after detection for the operator, "
+          "after the replacement appeared for the Job)")
+    print(table(["nodes", "method", "fault", "n", "detect p50", "detect p95", "recover p50", "recover p95"], out))
+
+
+if __name__ == "__main__":
+    main()
