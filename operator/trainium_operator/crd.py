@@ -45,6 +45,21 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+# Groups whose dataclass defaults the API server may fill in. Not the model (a default
+# hiddenSize would override a preset's shape) nor data sources (no meaningful default).
+DEFAULTED = {"ParallelConfig", "TrainingConfig", "CheckpointConfig", "HealthConfig", "LoggingConfig",
+             "FaultToleranceConfig", "RestartBudget", "CompileCacheConfig"}
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+        return value if isinstance(value, list) else None
+    return None
+
+
 def schema_for(cls: type) -> dict:
     props = {}
     docs = field_docs(cls)
@@ -78,6 +93,9 @@ def schema_for(cls: type) -> dict:
             s = {"x-kubernetes-int-or-string": True}
         if f.name in docs:
             s["description"] = docs[f.name]
+        default = _default(f)
+        if cls.__name__ in DEFAULTED and default is not None and not (cls is tcfg.CheckpointConfig and f.name == "uri"):
+            s["default"] = default
         props[key] = s
     out = {"type": "object", "properties": props}
     if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
@@ -105,12 +123,12 @@ def spec_schema() -> dict:
     props = {
         "image": {"type": "string", "minLength": 1, "description": "The trainer container image."},
         "nodes": {"type": "integer", "minimum": 1, "description": "Nodes in the gang; one pod per node."},
-        "instanceType": {"type": "string", "enum": list(ospec.INSTANCE_TYPES),
+        "instanceType": {"type": "string", "enum": list(ospec.INSTANCE_TYPES), "default": "trn1.32xlarge",
                          "description": "trn1.32xlarge (16 Neuron devices, 32 cores, 8 EFA), trn1n.32xlarge "
                                         "(16 EFA), or cpu/gpu for development."},
         "processesPerNode": {"type": "integer", "minimum": 1,
                              "description": "Trainer ranks per pod (default: 32 on trn1, 1 on cpu, 8 on gpu)."},
-        "suspend": {"type": "boolean", "description": "Stop the gang; clearing it resumes from the newest checkpoint."},
+        "suspend": {"type": "boolean", "default": False, "description": "Stop the gang; clearing it resumes from the newest checkpoint."},
         "serviceAccountName": {"type": "string", "description": "ServiceAccount of the trainer pods "
                                "(default trainium-trainer; needs patch on its own pod for progress)."},
         "backend": {"type": "string", "enum": ["auto", "neuron", "cuda", "cpu"],

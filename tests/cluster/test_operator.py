@@ -243,7 +243,8 @@ def test_rank_crash_restarts_the_gang(core_api, custom, namespace, operator):
 
 
 @pytest.mark.parametrize("fault, cause", [("not-ready", "node"), ("neuron-error", "neuron-device"),
-                                          ("device-loss", "neuron-device")])
+                                          ("device-loss", "neuron-device"), ("delete-node", "node"),
+                                          ("unreachable", "node")])
 def test_node_faults_quarantine_the_node_and_restart_elsewhere(core_api, custom, namespace, operator, fault, cause):
     from localcluster import faults
     name = f"nf-{fault}"
@@ -251,9 +252,18 @@ def test_node_faults_quarantine_the_node_and_restart_elsewhere(core_api, custom,
     bad = gang(core_api, namespace, name, 1)[5].spec.node_name
     inject = {"not-ready": lambda: faults.node_not_ready(core_api, bad),
               "neuron-error": lambda: faults.neuron_error(core_api, bad, "NeuronHasError_DMA_ERROR"),
-              "device-loss": lambda: faults.device_loss(core_api, bad, 14)}[fault]
+              "device-loss": lambda: faults.device_loss(core_api, bad, 14),
+              "delete-node": lambda: faults.delete_node(core_api, bad),
+              "unreachable": lambda: faults.node_unreachable(core_api, bad)}[fault]
     rec, detect, recover = fail_and_measure(core_api, custom, namespace, name, inject, cause)
-    assert rec["node"] == bad and detect < 15 and recover < 30
+    assert rec["node"] == bad and recover < 30
+    assert detect < (90 if fault == "unreachable" else 15)  # unreachable: the node grace period first
+    if fault == "delete-node":
+        from localcluster.nodes import INSTANCE_TYPES, node_manifest
+        core_api.create_node(node_manifest(bad, INSTANCE_TYPES["trn1.32xlarge"]))  # give the fleet its node back
+        return
+    if fault == "unreachable":
+        faults.node_recover(core_api, bad)
     node = core_api.read_node(bad)
     assert any(t.key == QUARANTINE and t.effect == "NoSchedule" for t in node.spec.taints)
     assert node.metadata.labels.get(QUARANTINE)
