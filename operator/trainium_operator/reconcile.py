@@ -78,6 +78,12 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
                                         f"world size {spec.world_size}, data parallel {spec.layout.data}", now)]
     if checkpoint and checkpoint.get("step") != (status.get("lastCheckpoint") or {}).get("step"):
         upd["lastCheckpoint"] = checkpoint
+    # A node stays quarantined while it carries the taint; an admin removing it returns the node.
+    recorded = list(status.get("quarantinedNodes") or [])
+    active = [n for n in recorded if n in nodes and plan.QUARANTINE_TAINT in nodes[n].taints]
+    if active != recorded:
+        upd["quarantinedNodes"] = active
+    status["quarantinedNodes"] = active
     res.status = upd
     phase = status.get("phase")
     attempt = int(status.get("attempt") or 0)

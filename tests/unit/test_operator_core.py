@@ -155,3 +155,16 @@ def test_reconcile_never_crashes_on_malformed_objects():
     for spec in (None, [], "x", {"nodes": "many"}, {"image": 3}, {"faultTolerance": []}):
         r = reconcile({**RUN, "spec": spec}, [], {}, now=0.0)
         assert r.status["conditions"][0]["status"] == "False" and not any(e.kind == "ensure" for e in r.effects)
+
+
+def test_untainted_nodes_leave_the_quarantine():
+    nodes = {"n0": node_view({"metadata": {"name": "n0"}, "spec": {"taints": [{"key": plan.QUARANTINE_TAINT}]},
+                              "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+             "n1": _node("n1")}
+    run = {**RUN, "status": {"phase": "Restarting", "attempt": 1, "quarantinedNodes": ["n0", "n1"],
+                             "conditions": [{"type": "Valid", "status": "True"}]}}
+    r = reconcile(run, [], nodes, now=10.0)
+    assert r.status["quarantinedNodes"] == ["n0"]  # n1's taint was removed by an admin
+    pod = next(e.obj for e in r.effects if e.kind == "ensure")
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["n0"]
