@@ -82,7 +82,7 @@ def kill_tree(pid: int, sig: int) -> None:
         try:
             os.kill(p, sig)
         except ProcessLookupError:
-            pass
+            continue  # already gone
 
 
 # --------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Trainer:
         self.step = 0
         self.tokens = 0
         self.last_ckpt_step: int | None = None
+        self._failed_seen = 0  # failed saves already counted in the metrics
         self.stop = _StopFlag()
         is_reporter = ps.local_rank == 0
         self.metrics = TrainerMetrics(cfg.logging.metrics_port if is_reporter else 0,
@@ -114,7 +115,7 @@ class Trainer:
                 self.last_ckpt_step = r.step
                 self.metrics.ckpt_step.set(r.step)
         failed = sum(1 for r in self.ckpt.results if not r.ok)
-        self.metrics.ckpt_failures.inc(failed - getattr(self, "_failed_seen", 0))
+        self.metrics.ckpt_failures.inc(failed - self._failed_seen)
         self._failed_seen = failed
 
     # -- one step -------------------------------------------------------------------------------

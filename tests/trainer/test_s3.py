@@ -42,7 +42,7 @@ class FaultProxy:
             protocol_version = "HTTP/1.1"
 
             def log_message(self, *args):
-                pass
+                """Quiet: one line per S3 request would bury the test output."""
 
             def _forward(self):
                 length = int(self.headers.get("Content-Length") or 0)

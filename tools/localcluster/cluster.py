@@ -34,7 +34,7 @@ NODE_MONITOR_GRACE = os.environ.get("TRN_NODE_MONITOR_GRACE", "20s")
 
 
 class ClusterError(RuntimeError):
-    pass
+    """The control plane could not be built, started or reached; the message says why."""
 
 
 def log(msg: str) -> None:
