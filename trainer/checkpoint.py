@@ -91,7 +91,6 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._last_save_time = time.monotonic()
         self.results: list[SaveResult] = []
-        self._pending: SaveResult | None = None
         self._host_cache: dict = {}
         self.fault_delay = float(os.environ.get("TRAINER_FAULT_CKPT_WRITE_DELAY", "0") or 0)
 
@@ -124,7 +123,6 @@ class Checkpointer:
         job = (result, snapshot, scheduler_state, user_content, meta)
         self._last_save_time = time.monotonic()
         if self.cfg.async_save:
-            self._pending = result
             self._thread = threading.Thread(target=self._write, args=job, name="ckpt-writer", daemon=True)
             self._thread.start()
         else:
@@ -136,7 +134,6 @@ class Checkpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            self._pending = None
 
     def finalize(self) -> SaveResult | None:
         """Wait for the in-flight save (call on SIGTERM and at exit). Returns the last result."""

@@ -62,6 +62,7 @@ class TrainerMetrics:
         self.loss = gauge("trainer_loss", "Training loss of the last step")
         self.lr = gauge("trainer_learning_rate", "Learning rate of the last step")
         self.grad_norm = gauge("trainer_grad_norm", "Global gradient norm before clipping")
+        self.param_norm = gauge("trainer_param_norm", "Global parameter norm (at log steps)")
         self.tokens_per_second = gauge("trainer_tokens_per_second", "Tokens per second, whole job")
         self.step_seconds = gauge("trainer_step_seconds", "Wall time of the last step")
         self.mfu = gauge("trainer_mfu_ratio", "Model FLOPs utilisation (0-1); absent when the peak is unknown")

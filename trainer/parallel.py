@@ -14,7 +14,6 @@ matmul (Megatron-LM / NxD sequence parallelism).
 from __future__ import annotations
 
 import datetime
-import math
 import os
 from dataclasses import dataclass
 
@@ -156,13 +155,6 @@ def reduce_scatter_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     return t.chunk(n, dim=dim)[rank].contiguous()
 
 
-def split_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
-    n = group_size(group)
-    if n == 1:
-        return t
-    return t.chunk(n, dim=dim)[dist.get_rank(group)].contiguous()
-
-
 class _CopyToTP(torch.autograd.Function):
     """Identity forward, all-reduce of the gradient backward (input of a column-parallel layer)."""
 
@@ -208,19 +200,6 @@ class _ScatterSeq(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group
         return reduce_scatter_dim(x, 1, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather_dim(g, 1, ctx.group), None
-
-
-class _SplitSeq(torch.autograd.Function):
-    """Keep this rank's sequence slice forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return split_dim(x, 1, group)
 
     @staticmethod
     def backward(ctx, g):
@@ -377,9 +356,3 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp:
                                ignore_index=ignore_index, reduction="none").view(target.shape)
     return _VocabParallelCE.apply(logits, target, tp, ignore_index)
 
-
-def init_std_for(name: str, base_std: float, num_layers: int) -> float:
-    """Scaled init of output projections: std / sqrt(2 * layers) (GPT-2, NxD Llama recipe)."""
-    if name.endswith(("o_proj", "down_proj", "dense_4h_to_h", "dense")):
-        return base_std / math.sqrt(2 * num_layers)
-    return base_std

@@ -170,7 +170,9 @@ class Trainer:
             self.tokens += tokens_per_step
             dt = time.perf_counter() - t0
             spike = self.health.update(self.step, grad_norm)
-            self._report(loss, grad_norm, dt, spike)
+            log_now = self.step % cfg.logging.interval == 0 or self.step == 1 or spike  # same on every rank
+            param_norm = self.optim.param_norm() if log_now else None  # a TP collective: all ranks
+            self._report(loss, grad_norm, dt, spike, param_norm)
             if self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled()):
                 self.save()
             if stop:
@@ -186,7 +188,7 @@ class Trainer:
         self._report_progress(force=True)
         return code
 
-    def _report(self, loss: float, grad_norm: float, dt: float, spike: bool) -> None:
+    def _report(self, loss: float, grad_norm: float, dt: float, spike: bool, param_norm: float | None) -> None:
         cfg, ps = self.cfg, self.ps
         tps = ps.layout.tokens_per_step / dt
         util = mfu(tps, cfg.model, cfg.training.seq_len, ps.world_size, self.peak)
@@ -198,15 +200,17 @@ class Trainer:
             m.mfu.set(util)
         if spike:
             m.spikes.inc()
+        if param_norm is not None:
+            m.param_norm.set(param_norm)
         self._last = (loss, tps)
         self._note_finished_saves()
         self._report_progress()
         if self.losses_fh:
             self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr}) + "\n")
             self.losses_fh.flush()
-        if ps.rank == 0 and (self.step % cfg.logging.interval == 0 or self.step == 1 or spike):
-            log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s tokens/s %.0f mfu %s step %.3fs",
-                     self.step, cfg.training.steps, loss, lr, grad_norm, " (SPIKE)" if spike else "",
+        if ps.rank == 0 and param_norm is not None:
+            log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s param_norm %.2f tokens/s %.0f mfu %s step %.3fs",
+                     self.step, cfg.training.steps, loss, lr, grad_norm, " (SPIKE)" if spike else "", param_norm,
                      tps, f"{util:.1%}" if util is not None else "n/a", dt)
 
     def _report_progress(self, force: bool = False) -> None:

@@ -58,7 +58,8 @@ def build_registry(kube_factory) -> kopf.OperatorRegistry:
         run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
                "status": dict(body.get("status") or {})}
         pods = list(run_pods.get((namespace, name), []))
-        nodes = {n: next(iter(v)) for n, v in cluster_nodes.items()}
+        wanted = {p.node for p in pods if p.node} | set(run["status"].get("quarantinedNodes") or [])
+        nodes = {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}
         try:
             checkpoint = _checkpoint(memo["checkpoints"], run, pods)
             result = reconcile(run, pods, nodes, time.time(), checkpoint)

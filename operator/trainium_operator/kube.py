@@ -35,19 +35,6 @@ class Kube:
             if exc.status != 409:
                 raise
 
-    def replace_config_map(self, obj: dict) -> None:
-        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        try:
-            self.core.replace_namespaced_config_map(name, ns, obj)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.ensure(obj)
-
-    def list_run_pods(self, namespace: str, run: str) -> list[dict]:
-        pods = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_RUN}={run}").items
-        return [self.core.api_client.sanitize_for_serialization(p) for p in pods]
-
     def delete_pod(self, namespace: str, name: str, grace: int | None = None) -> None:
         body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")
         try:
@@ -55,14 +42,6 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-    def read_node(self, name: str) -> dict | None:
-        try:
-            return self.core.api_client.sanitize_for_serialization(self.core.read_node(name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
 
     # -- nodes ----------------------------------------------------------------------------
 

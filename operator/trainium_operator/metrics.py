@@ -54,7 +54,8 @@ def observe_status(namespace: str, run: str, status: dict, new_failure: dict | N
             checkpoint_time.labels(*labels).set(ck["time"])
     quarantined.labels(*labels).set(len(status.get("quarantinedNodes") or []))
     if new_failure:
-        restarts.labels(*labels, new_failure["cause"]).inc() if new_failure.get("action") == "restart" else None
+        if new_failure.get("action") == "restart":
+            restarts.labels(*labels, new_failure["cause"]).inc()
         if new_failure.get("detectedAfter") is not None:
             detection.labels(new_failure["cause"]).observe(new_failure["detectedAfter"])
 

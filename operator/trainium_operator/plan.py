@@ -12,7 +12,7 @@ import yaml
 
 from trainer.config import to_dict
 
-from .spec import API_GROUP, API_VERSION, INSTANCE_TYPES, KIND, TrainingRunSpec
+from .spec import API_GROUP, API_VERSION, DEFAULT_TRAINER_SA, INSTANCE_TYPES, KIND, TrainingRunSpec
 
 LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
@@ -52,9 +52,6 @@ def service(run: dict) -> dict:
             "spec": {"clusterIP": "None", "selector": {LABEL_RUN: name}, "publishNotReadyAddresses": True,
                      "ports": [{"name": "rendezvous", "port": MASTER_PORT},
                                {"name": "metrics", "port": METRICS_PORT}]}}
-
-
-DEFAULT_TRAINER_SA = "trainium-trainer"
 
 
 def trainer_rbac(namespace: str) -> list[dict]:

@@ -29,7 +29,7 @@ TERMINAL = ("Succeeded", "Failed")
 
 @dataclass
 class Effect:
-    kind: str  # ensure | replace | delete_pod | quarantine | event
+    kind: str  # ensure | delete_pod | quarantine | event
     obj: dict | None = None
     name: str = ""
     grace: int | None = None

@@ -26,6 +26,7 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
     "gpu": {"processes": 8, "resources": {"nvidia.com/gpu": "8"}, "neuron": False},
 }
 
+DEFAULT_TRAINER_SA = "trainium-trainer"
 CAUSES = ("application", "node", "neuron-device", "hang", "eviction", "scheduling")
 
 
@@ -173,7 +174,7 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.suspend", f"must be true or false, got {suspend!r}")
     return TrainingRunSpec(image=image, nodes=nodes, instance_type=itype, processes_per_node=ppn, run=run,
                            fault_tolerance=ft, compile_cache=cache, suspend=suspend,
-                           service_account=spec.get("serviceAccountName", "trainium-trainer"), layout=layout)
+                           service_account=spec.get("serviceAccountName", DEFAULT_TRAINER_SA), layout=layout)
 
 
 def _normalise_ft(raw: Mapping[str, Any]) -> dict:

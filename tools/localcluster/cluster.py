@@ -294,5 +294,5 @@ class Cluster:
 
     def api_client(self):
         """A kubernetes.client.ApiClient for this cluster."""
-        from kubernetes import client, config
+        from kubernetes import config
         return config.new_client_from_config(str(self.kubeconfig))
