@@ -63,12 +63,19 @@ def build_registry(kube_factory) -> kopf.OperatorRegistry:
         try:
             checkpoint = _checkpoint(memo["checkpoints"], run, pods)
             result = reconcile(run, pods, nodes, time.time(), checkpoint)
-            apply(kube(), run, result)
+            status = apply(kube(), run, result)
+            metrics.observe_run(namespace, name, result.spec, status)
         except Exception:
-            metrics.reconcile_errors.labels(namespace, name).inc()
+            metrics.count_error(namespace, name)
             raise
         finally:
             metrics.reconcile_seconds.observe(time.perf_counter() - t0)
+
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, id="forget_deleted", registry=registry)
+    def forget_deleted(event, namespace, name, **_):
+        if event.get("type") == "DELETED":
+            metrics.forget(namespace, name)
+            memo["checkpoints"].pop((namespace, name), None)
 
     return registry
 
@@ -94,17 +101,18 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
     return entry["value"]
 
 
-def apply(kube: Kube, run: dict, result) -> None:
-    """Status first (it records the attempt before its pods exist), then the effects in order."""
+def apply(kube: Kube, run: dict, result) -> dict:
+    """Status first (it records the attempt before its pods exist), then the effects in order.
+    Returns the run's status as it is after the patch."""
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     old = run.get("status") or {}
     changed = {k: v for k, v in result.status.items() if old.get(k) != v}
+    merged = {**old, **changed}
     if changed:
         kube.patch_status(ns, name, changed)
-        merged = {**old, **changed}
         old_failures, new_failures = old.get("failures") or [], merged.get("failures") or []
-        new_failure = new_failures[-1] if len(new_failures) > len(old_failures) else None
-        metrics.observe_status(ns, name, merged, new_failure)
+        if len(new_failures) > len(old_failures):
+            metrics.observe_failure(new_failures[-1])
         if new_failures and new_failures[-1].get("recoveredAfter") is not None and \
                 (not old_failures or old_failures[-1].get("recoveredAfter") is None):
             metrics.observe_recovery(new_failures[-1]["cause"], new_failures[-1]["recoveredAfter"])
@@ -128,3 +136,4 @@ def apply(kube: Kube, run: dict, result) -> None:
         futures = [_POOL.submit(fn, *args) for fn, args in pod_calls]
         for f in futures:
             f.result()  # re-raise the first error; the next tick retries idempotently
+    return merged

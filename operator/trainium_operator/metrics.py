@@ -1,64 +1,136 @@
-"""The operator's Prometheus series (served on /metrics by prometheus-client)."""
+"""The operator's Prometheus series (served on /metrics by prometheus-client).
+
+Per-run gauges are set from the run's status on every reconcile pass, so an operator that was
+restarted exports the same values at once (status is the memory; see reconcile.py). Only the
+latency histograms start empty after a restart. The Helm chart's alerts and Grafana dashboard
+(charts/trainium-operator) are written against these names; tests/unit/test_alerts.py and the
+Prometheus test in tests/cluster/test_chart.py keep them in step.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .goodput import PHASES
+from .observe import hang_timeout
+from .spec import CAUSES, TrainingRunSpec
 
 REGISTRY = CollectorRegistry()
 RUN = ["namespace", "run"]
 PHASE_NAMES = ("Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 
-phase = Gauge("trainium_run_phase", "1 for the run's current phase", RUN + ["phase"], registry=REGISTRY)
-restarts = Counter("trainium_run_restarts", "Gang restarts by cause", RUN + ["cause"], registry=REGISTRY)
+
+def _run_gauge(name: str, doc: str, extra: list[str] | None = None) -> Gauge:
+    return Gauge(name, doc, RUN + (extra or []), registry=REGISTRY)
+
+
+phase = _run_gauge("trainium_run_phase", "1 for the run's current phase, 0 for the others", ["phase"])
+restarts = _run_gauge("trainium_run_restarts", "Gang restarts so far, by cause (status.restarts)", ["cause"])
+goodput_ratio = _run_gauge("trainium_run_effective_training_ratio", "Productive / wall time since creation")
+lost = _run_gauge("trainium_run_lost_seconds", "Lost time by phase (detect, teardown, schedule, recompute)",
+                  ["phase"])
+step = _run_gauge("trainium_run_step", "Newest step reported by the gang")
+last_step_time = _run_gauge("trainium_run_last_step_timestamp_seconds", "When the reported step last advanced")
+tokens_per_second = _run_gauge("trainium_run_tokens_per_second", "Tokens per second of the gang")
+loss = _run_gauge("trainium_run_loss", "Newest training loss reported by the gang")
+checkpoint_step = _run_gauge("trainium_run_last_checkpoint_step", "Step of the newest complete checkpoint")
+checkpoint_time = _run_gauge("trainium_run_last_checkpoint_timestamp_seconds",
+                             "When the newest complete checkpoint was finished")
+checkpoint_interval = _run_gauge("trainium_run_checkpoint_interval_seconds",
+                                 "Expected seconds between checkpoints (intervalMinutes, or intervalSteps x the "
+                                 "observed step time, whichever is shorter)")
+hang_timeout_seconds = _run_gauge("trainium_run_hang_timeout_seconds",
+                                  "No-progress time after which the operator restarts the gang as hung")
+created_time = _run_gauge("trainium_run_created_timestamp_seconds", "When the operator started the run")
+quarantined = _run_gauge("trainium_run_quarantined_nodes", "Nodes the run quarantined that are still tainted")
+reconcile_errors = Counter("trainium_reconcile_errors", "Reconcile passes that raised", RUN, registry=REGISTRY)
 detection = Histogram("trainium_failure_detection_seconds", "Failure signal to detection", ["cause"],
                       buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=REGISTRY)
 recovery = Histogram("trainium_failure_recovery_seconds", "Detection to the new gang running", ["cause"],
                      buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)
-goodput_ratio = Gauge("trainium_run_effective_training_ratio", "Productive / wall time", RUN, registry=REGISTRY)
-lost = Gauge("trainium_run_lost_seconds", "Lost time by phase", RUN + ["phase"], registry=REGISTRY)
-step = Gauge("trainium_run_step", "Newest step reported by the gang", RUN, registry=REGISTRY)
-tokens_per_second = Gauge("trainium_run_tokens_per_second", "Tokens per second of the gang", RUN, registry=REGISTRY)
-checkpoint_step = Gauge("trainium_run_last_checkpoint_step", "Step of the newest complete checkpoint", RUN,
-                        registry=REGISTRY)
-checkpoint_time = Gauge("trainium_run_last_checkpoint_timestamp_seconds", "When it was written", RUN,
-                        registry=REGISTRY)
-quarantined = Gauge("trainium_run_quarantined_nodes", "Nodes quarantined by the run", RUN, registry=REGISTRY)
-reconcile_errors = Counter("trainium_reconcile_errors", "Reconcile passes that raised", RUN, registry=REGISTRY)
 reconcile_seconds = Histogram("trainium_reconcile_seconds", "Duration of one reconcile pass",
                               buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=REGISTRY)
+
+_SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, checkpoint_step, checkpoint_time,
+           checkpoint_interval, hang_timeout_seconds, created_time, quarantined)
 
 
 def serve(port: int) -> None:
     start_http_server(port, registry=REGISTRY)
 
 
-def observe_status(namespace: str, run: str, status: dict, new_failure: dict | None) -> None:
+def expected_checkpoint_interval(spec: TrainingRunSpec, step_seconds: float | None) -> float | None:
+    """Seconds between two checkpoints, or None while it cannot be known (by steps, before the
+    step time was observed; or checkpoints off)."""
+    ck = spec.run.checkpoint
+    candidates = []
+    if ck.interval_minutes > 0:
+        candidates.append(ck.interval_minutes * 60.0)
+    if ck.interval_steps > 0 and step_seconds:
+        candidates.append(ck.interval_steps * step_seconds)
+    return min(candidates) if candidates else None
+
+
+def _set(gauge, labels: tuple, value) -> None:
+    """Set, or drop the series when the value is unknown (an absent series is honest; a 0 is not)."""
+    if value is None:
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass
+    else:
+        gauge.labels(*labels).set(value)
+
+
+def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: dict) -> None:
+    """Export one run's state (its status after this pass)."""
     labels = (namespace, run)
     for p in PHASE_NAMES:
         phase.labels(*labels, p).set(1 if status.get("phase") == p else 0)
-    if status.get("step") is not None:
-        step.labels(*labels).set(status["step"])
-    if status.get("tokensPerSecond") is not None:
-        tokens_per_second.labels(*labels).set(status["tokensPerSecond"])
+    counts = status.get("restarts") or {}
+    for cause in CAUSES:
+        restarts.labels(*labels, cause).set(counts.get(cause, 0))
     gp = status.get("goodput") or {}
-    if gp.get("effectiveRatio") is not None:
-        goodput_ratio.labels(*labels).set(gp["effectiveRatio"])
+    _set(goodput_ratio, labels, gp.get("effectiveRatio"))
     for p in PHASES:
         lost.labels(*labels, p).set((gp.get("lostSeconds") or {}).get(p, 0.0))
+    _set(step, labels, status.get("step"))
+    if status.get("lastStepTime"):  # cleared at a new attempt's start; keep the previous value until then
+        last_step_time.labels(*labels).set(status["lastStepTime"])
+    _set(tokens_per_second, labels, status.get("tokensPerSecond"))
+    _set(loss, labels, status.get("loss"))
     ck = status.get("lastCheckpoint") or {}
-    if ck.get("step") is not None:
-        checkpoint_step.labels(*labels).set(ck["step"])
-        if ck.get("time"):
-            checkpoint_time.labels(*labels).set(ck["time"])
+    _set(checkpoint_step, labels, ck.get("step"))
+    _set(checkpoint_time, labels, ck.get("time"))
+    _set(created_time, labels, status.get("createdTime"))
     quarantined.labels(*labels).set(len(status.get("quarantinedNodes") or []))
-    if new_failure:
-        if new_failure.get("action") == "restart":
-            restarts.labels(*labels, new_failure["cause"]).inc()
-        if new_failure.get("detectedAfter") is not None:
-            detection.labels(new_failure["cause"]).observe(new_failure["detectedAfter"])
+    if spec is not None:
+        _set(checkpoint_interval, labels, expected_checkpoint_interval(spec, status.get("stepSeconds")))
+        _set(hang_timeout_seconds, labels, hang_timeout(spec, status.get("stepSeconds")))
+
+
+def observe_failure(failure: dict) -> None:
+    """A failure record newly appended to status.failures."""
+    if failure.get("detectedAfter") is not None:
+        detection.labels(failure["cause"]).observe(failure["detectedAfter"])
 
 
 def observe_recovery(cause: str, seconds: float) -> None:
     recovery.labels(cause).observe(seconds)
+
+
+def count_error(namespace: str, run: str) -> None:
+    reconcile_errors.labels(namespace, run).inc()
+
+
+def forget(namespace: str, run: str) -> None:
+    """Drop a deleted run's series, so dashboards and alerts do not keep a ghost."""
+    labels = (namespace, run)
+    for gauge, extra in ((phase, PHASE_NAMES), (restarts, CAUSES), (lost, PHASES)):
+        for value in extra:
+            try:
+                gauge.remove(*labels, value)
+            except KeyError:
+                pass
+    for gauge in _SINGLE + (reconcile_errors,):
+        _set(gauge, labels, None)

@@ -42,6 +42,7 @@ class Effect:
 class Result:
     status: dict = field(default_factory=dict)  # merge patch for .status
     effects: list[Effect] = field(default_factory=list)
+    spec: TrainingRunSpec | None = None  # the parsed spec, None while it is invalid
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.effects.append(Effect("event", reason=reason, message=message, warning=warning))
@@ -63,7 +64,7 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     name = run["metadata"]["name"]
     generation = run["metadata"].get("generation")
     try:
-        spec = parse(run.get("spec"))
+        spec = res.spec = parse(run.get("spec"))
     except ConfigError as err:
         if status.get("message") != str(err):
             res.event("InvalidSpec", str(err), warning=True)
