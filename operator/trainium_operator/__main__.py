@@ -22,7 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--liveness-port", type=int, default=int(os.environ.get("LIVENESS_PORT", "8081")))
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = getattr(logging, args.log_level.upper(), None)
+    if not isinstance(level, int):
+        ap.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level > logging.DEBUG:  # kopf logs every successful timer tick and event handler at INFO: once a second per run
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from kubernetes import client, config
 

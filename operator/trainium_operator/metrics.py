@@ -51,6 +51,10 @@ recovery = Histogram("trainium_failure_recovery_seconds", "Detection to the new 
 reconcile_seconds = Histogram("trainium_reconcile_seconds", "Duration of one reconcile pass",
                               buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=REGISTRY)
 
+for _cause in CAUSES:  # present from the start, so the first failure of a cause shows as an increase
+    detection.labels(_cause)
+    recovery.labels(_cause)
+
 _SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, checkpoint_step, checkpoint_time,
            checkpoint_interval, hang_timeout_seconds, created_time, quarantined)
 

@@ -12,6 +12,9 @@ K8S_VERSION=v1.33.13
 ETCD_VERSION=v3.5.35
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.19.0
+# The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), so the chart's
+# monitoring objects are validated by the API server; taken from the Go module's example/ folder.
+PROMETHEUS_OPERATOR_VERSION=v0.85.0
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${TRN_CLUSTER_CACHE:-$HOME/.cache/trainium-operator/cluster}
@@ -56,6 +59,21 @@ build_go_install() {  # NAME MODULE_PATH VERSION [LDFLAGS]
   stamp "$1" "$3"
 }
 
+fetch_monitoring_crds() {
+  local out=$cache/monitoring-crds dir
+  if [ "$(cat "$out/.version" 2>/dev/null)" = "$PROMETHEUS_OPERATOR_VERSION" ]; then
+    log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION: cached"; return
+  fi
+  log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION: downloading the module"
+  dir=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$out"
+  for kind in servicemonitors podmonitors prometheusrules; do
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$out/"
+  done
+  echo "$PROMETHEUS_OPERATOR_VERSION" > "$out/.version"
+}
+
 start=$(date +%s)
 build_etcd
 build_kubernetes
@@ -65,4 +83,5 @@ build_go_install kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" \
   "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 build_go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+fetch_monitoring_crds
 log "all binaries ready in $bin ($(( $(date +%s) - start ))s)"

@@ -1,0 +1,293 @@
+"""The Helm chart against the local control plane, and the monitoring it ships against a real
+Prometheus.
+
+- `helm install` creates the CRD (Established), the operator Deployment and its RBAC; the
+  rendered manifests pass `kubectl apply --dry-run=server` (the Prometheus operator's CRDs are
+  installed first, so ServiceMonitor/PodMonitor/PrometheusRule are checked by their schemas).
+- The operator then runs as the chart's ServiceAccount (a token from the TokenRequest API), so
+  the least-privilege ClusterRole is proven sufficient, while Debian's Prometheus scrapes it
+  and evaluates the chart's rules. A run goes through a node failure, a quarantine and a
+  restart; every query of the Grafana dashboard must parse and return data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster.test_operator import create, gang, manifest, report, status, wait_running_gang
+from tests.conftest import wait_until
+from tests.helmchart import CHART, KUBE_VERSION, MONITORING_CRDS, helm, set_args, tool
+
+pytestmark = pytest.mark.cluster
+QUARANTINE = "trainium.dev/quarantined"
+DASHBOARD = CHART / "files" / "dashboard.json"
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(local_cluster):
+    files = sorted(MONITORING_CRDS.glob("*.yaml"))
+    assert files, f"no CRDs in {MONITORING_CRDS}: run bash tools/localcluster/build.sh"
+    for f in files:
+        local_cluster.kubectl("apply", "--server-side", "-f", str(f))
+    local_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                          *[f"crd/{f.name.split('_', 1)[1].removesuffix('.yaml')}.monitoring.coreos.com"
+                            for f in files])
+
+
+def helm_env(local_cluster) -> dict:
+    return dict(os.environ, KUBECONFIG=str(local_cluster.kubeconfig))
+
+
+def install(local_cluster, release: str, namespace: str, values: dict) -> None:
+    helm("install", release, str(CHART), "-n", namespace, *set_args(values), env=helm_env(local_cluster))
+
+
+def uninstall(local_cluster, release: str, namespace: str) -> None:
+    helm("uninstall", release, "-n", namespace, "--wait", check=False, env=helm_env(local_cluster))
+
+
+ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
+          "metrics.podMonitor.enabled": True}
+
+
+def can_i(local_cluster, sa: str, *args: str) -> bool:
+    res = local_cluster.kubectl("auth", "can-i", f"--as={sa}", *args, check=False)
+    return res.stdout.strip() == "yes"
+
+
+def test_helm_install_creates_crd_deployment_and_rbac(local_cluster, monitoring_crds, namespace, core_api):
+    values = {**ALL_ON, "trainer.namespaces": [namespace]}
+    rendered = helm("template", "inst", str(CHART), "-n", namespace, "--include-crds", "--kube-version",
+                    KUBE_VERSION, *set_args(values)).stdout
+    dry = local_cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered,
+                                check=False)
+    assert dry.returncode == 0, dry.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    assert {"CustomResourceDefinition", "PrometheusRule", "ServiceMonitor", "PodMonitor", "ConfigMap"} <= kinds
+    print(f"\nkubectl apply --dry-run=server accepted {len(dry.stdout.splitlines())} objects")
+
+    install(local_cluster, "inst", namespace, values)
+    try:
+        local_cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev",
+                              "--timeout=30s")
+        from kubernetes import client
+        apps = client.AppsV1Api(local_cluster.api_client())
+        dep = apps.read_namespaced_deployment("inst-trainium-operator", namespace)
+        assert dep.spec.strategy.type == "Recreate"
+        assert dep.spec.template.spec.containers[0].security_context.read_only_root_filesystem is True
+        rbac = client.RbacAuthorizationV1Api(local_cluster.api_client())
+        for name in ("inst-trainium-operator", "inst-trainium-operator-cluster"):
+            assert rbac.read_cluster_role(name).rules
+            assert rbac.read_cluster_role_binding(name).subjects[0].name == "inst-trainium-operator"
+        assert rbac.read_namespaced_role("trainium-trainer", namespace).rules[0].verbs == ["get", "patch"]
+        core_api.read_namespaced_service_account("inst-trainium-operator", namespace)
+
+        sa = f"system:serviceaccount:{namespace}:inst-trainium-operator"
+        assert can_i(local_cluster, sa, "create", "pods", "-n", "default")  # cluster-wide by default
+        assert can_i(local_cluster, sa, "patch", "nodes")
+        assert can_i(local_cluster, sa, "patch", "trainingruns.trainium.dev", "--subresource=status", "-A")
+        for verb, what in (("delete", "nodes"), ("get", "secrets"), ("update", "pods"), ("create", "clusterroles"),
+                           ("delete", "trainingruns.trainium.dev"), ("create", "deployments.apps")):
+            assert not can_i(local_cluster, sa, verb, what, "-n", "default"), f"{verb} {what} must be denied"
+        trainer = f"system:serviceaccount:{namespace}:trainium-trainer"
+        assert can_i(local_cluster, trainer, "patch", "pods", "-n", namespace)
+        assert not can_i(local_cluster, trainer, "patch", "pods", "-n", "default")
+        assert not can_i(local_cluster, trainer, "delete", "pods", "-n", namespace)
+    finally:
+        uninstall(local_cluster, "inst", namespace)
+    from kubernetes.client.exceptions import ApiException
+    with pytest.raises(ApiException):
+        client.RbacAuthorizationV1Api(local_cluster.api_client()).read_cluster_role("inst-trainium-operator")
+
+
+# -- the operator as the chart's ServiceAccount, scraped by a real Prometheus ----------------------
+
+
+def sa_kubeconfig(local_cluster, namespace: str, sa: str, path: Path) -> Path:
+    token = local_cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=2h").stdout.strip()
+    cfg = json.loads(local_cluster.kubeconfig.read_text())
+    cfg["users"] = [{"name": sa, "user": {"token": token}}]
+    cfg["contexts"][0]["context"]["user"] = sa
+    path.write_text(json.dumps(cfg))
+    path.chmod(0o600)
+    return path
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, target_port: int, rules: Path):
+        from localcluster.cluster import free_base_port
+        self.port = free_base_port(start=19090, span=1)
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "rule_files": [str(rules)],
+                  "scrape_configs": [{"job_name": "trainium-operator",
+                                      "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}]}
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        check = subprocess.run([tool("promtool"), "check", "config", str(workdir / "prometheus.yml")],
+                               capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.log = open(workdir / "prometheus.log", "wb")
+        self.proc = subprocess.Popen([tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={workdir / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(lambda: self._ready(), timeout=60, what="prometheus ready")
+
+    def _ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def api(self, path: str, **params) -> dict:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+        try:
+            body = urllib.request.urlopen(url, timeout=10).read()
+        except urllib.error.HTTPError as err:  # 400 = the query does not parse
+            body = err.read()
+        return json.loads(body)
+
+    def query(self, expr: str) -> dict:
+        return self.api("query", query=expr)
+
+    def value(self, expr: str) -> float | None:
+        res = self.query(expr)["data"]["result"]
+        return float(res[0]["value"][1]) if res else None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+        self.log.close()
+
+
+def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
+    """(panel title, PromQL) with the dashboard's variables as Grafana would expand them."""
+    dash = json.loads(DASHBOARD.read_text())
+    subst = {"$namespace": namespace, "$run": ".*", "$__rate_interval": "2m", "$__range": "10m"}
+    out = []
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            expr = t["expr"]
+            for k, v in subst.items():
+                expr = expr.replace(k, v)
+            assert "$" not in expr, f"{p['title']}: unexpanded variable in {expr}"
+            out.append((p["title"], expr))
+    return out
+
+
+def write_complete_checkpoint(root: str, step: int) -> None:
+    from trainer import ckpt_store
+    tag = Path(root) / ckpt_store.tag_for_step(step)
+    tag.mkdir(parents=True, exist_ok=True)
+    (tag / ckpt_store.META).write_text(json.dumps({"step": step}))
+    (tag / ckpt_store.DONE).write_text("")
+
+
+def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_returns_data(
+        local_cluster, monitoring_crds, namespace, core_api, tmp_path):
+    from kubernetes import client
+
+    from localcluster import faults
+    from localcluster.cluster import free_base_port
+    from localcluster.nodes import create_nodes
+    create_nodes(core_api, 6, "trn1.32xlarge", "chart-")
+    release = "mon"
+    install(local_cluster, release, namespace, {"watchNamespaces": [namespace], "trainer.namespaces": [namespace],
+                                                "prometheusRule.enabled": True})
+    rule = yaml.safe_load(local_cluster.kubectl("get", "prometheusrule", f"{release}-trainium-operator", "-n",
+                                                namespace, "-o", "yaml").stdout)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(rule["spec"]))  # the PrometheusRule as the API server stored it
+
+    kubeconfig = sa_kubeconfig(local_cluster, namespace, f"{release}-trainium-operator", tmp_path / "sa.kubeconfig")
+    port = free_base_port(start=local_cluster.base_port + 400, span=2)
+    op_log = tmp_path / "operator.log"
+    operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--namespace", namespace,
+                                 "--metrics-port", str(port), "--liveness-port", str(port + 1)],
+                                env=dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1"),
+                                stdout=open(op_log, "wb"), stderr=subprocess.STDOUT)
+    custom = client.CustomObjectsApi(local_cluster.api_client())
+    name, broken, prom = "watched", None, None
+    try:
+        prom = Prometheus(tmp_path, port, rules)
+        # Prometheus finds its targets a few seconds after start; rates need samples from before the failure.
+        wait_until(lambda: (prom.value('count_over_time(up{job="trainium-operator"}[1m])') or 0) >= 3, timeout=60,
+                   what="Prometheus scraping the operator")
+        body = manifest(name, nodes=4)
+        ckpt_root = body["spec"]["checkpoint"]["uri"]
+        create(custom, namespace, body)
+        wait_running_gang(core_api, custom, namespace, name, 1, nodes=4)
+        write_complete_checkpoint(ckpt_root, 10)
+        report(core_api, namespace, name, 1, 12, ckpt=10)
+        wait_until(lambda: status(custom, namespace, name).get("phase") == "Running"
+                   and (status(custom, namespace, name).get("lastCheckpoint") or {}).get("step") == 10,
+                   timeout=60, what="Running with checkpoint 10")
+        report(core_api, namespace, name, 1, 13, ckpt=10)
+
+        broken = gang(core_api, namespace, name, 1)[0].spec.node_name
+        faults.node_not_ready(core_api, broken)
+        wait_running_gang(core_api, custom, namespace, name, 2, nodes=4)
+        report(core_api, namespace, name, 2, 14, ckpt=10)
+        st = wait_until(lambda: (s := status(custom, namespace, name)).get("phase") == "Running" and s,
+                        timeout=60, what="Running again")[0]
+        assert st["restarts"] == {"node": 1} and st["quarantinedNodes"] == [broken]
+
+        sel = f'namespace="{namespace}", run="{name}"'
+        wait_until(lambda: prom.value(f'trainium_run_restarts{{{sel}, cause="node"}}') == 1 and
+                   (prom.value(f'sum(trainium_failure_recovery_seconds_count{{cause="node"}})') or 0) >= 1,
+                   timeout=30, what="Prometheus scraped the restart")
+        assert prom.value(f"trainium_run_quarantined_nodes{{{sel}}}") == 1
+        assert prom.value(f"trainium_run_step{{{sel}}}") == 14
+        assert prom.value(f"trainium_run_last_checkpoint_step{{{sel}}}") == 10
+        assert prom.value(f"trainium_run_loss{{{sel}}}") == 2.0
+        ratio = prom.value(f"trainium_run_effective_training_ratio{{{sel}}}")
+        assert ratio is not None and 0 <= ratio < 1
+
+        failures = []
+        for title, expr in dashboard_queries(namespace):
+            res = prom.query(expr)
+            if res.get("status") != "success":
+                failures.append(f"{title}: {expr}: {res.get('error')}")
+                continue
+            values = [float(r["value"][1]) for r in res["data"]["result"]]
+            if not any(not math.isnan(v) for v in values):
+                failures.append(f"{title}: {expr}: no data ({res['data']['result']})")
+            else:
+                print(f"  {title:38s} {min(values):10.3f} .. {max(values):10.3f}  ({len(values)} series)")
+        assert not failures, "\n".join(failures)
+        # The dashboard's variables (label_values queries) find the run.
+        assert namespace in prom.api("label/namespace/values", **{"match[]": "trainium_run_phase"})["data"]
+        assert name in prom.api("label/run/values", **{"match[]": f'trainium_run_phase{{namespace="{namespace}"}}'})[
+            "data"]
+        # The chart's rules load and evaluate in a real Prometheus; the quarantine alert fires.
+        groups = prom.api("rules")["data"]["groups"]
+        assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
+        wait_until(lambda: any(a["labels"]["alertname"] == "TrainingRunNodeQuarantined" and a["state"] == "firing"
+                               and a["labels"].get("run") == name for a in prom.api("alerts")["data"]["alerts"]),
+                   timeout=30, what="TrainingRunNodeQuarantined firing")
+        assert "Forbidden" not in op_log.read_text() and "403" not in op_log.read_text()
+    finally:
+        if prom:
+            prom.stop()
+        operator.terminate()
+        operator.wait(20)
+        print("\n--- operator log (tail) ---\n" + op_log.read_text()[-2500:])
+        if broken:
+            faults.node_recover(core_api, broken)
+            node = core_api.read_node(broken)
+            taints = [core_api.api_client.sanitize_for_serialization(t) for t in node.spec.taints or []
+                      if t.key != QUARANTINE]
+            core_api.patch_node(broken, {"spec": {"taints": taints}, "metadata": {"labels": {QUARANTINE: None}}})
+        custom.delete_namespaced_custom_object("trainium.dev", "v1alpha1", namespace, "trainingruns", name)
+        uninstall(local_cluster, release, namespace)

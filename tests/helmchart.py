@@ -1,0 +1,54 @@
+"""Helpers for the chart's tests: the helm and promtool binaries and rendering."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from localcluster.cluster import DEFAULT_CACHE
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "trainium-operator"
+HELM = DEFAULT_CACHE / "bin" / "helm"
+MONITORING_CRDS = DEFAULT_CACHE / "monitoring-crds"
+KUBE_VERSION = "1.33.13"
+
+
+def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    assert HELM.exists(), f"{HELM} is missing: run bash tools/localcluster/build.sh (tools/test does)"
+    res = subprocess.run([str(HELM), *args], capture_output=True, text=True, env=env, timeout=120)
+    if check and res.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def set_args(values: dict | None) -> list[str]:
+    import json
+    return [a for k, v in (values or {}).items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+
+
+def render(values: dict | None = None, namespace: str = "trainium-system", release: str = "t",
+           include_crds: bool = False) -> list[dict]:
+    args = ["template", release, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION, *set_args(values)]
+    if include_crds:
+        args.append("--include-crds")
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is missing: tools/test installs Debian's prometheus package (apt-get install prometheus)"
+    return path

@@ -1,0 +1,229 @@
+"""The Helm chart, through `helm lint` and `helm template` (no cluster needed).
+
+RBAC is checked verb by verb against what the operator calls; tests/cluster/test_chart.py then
+runs the operator under exactly these permissions against a real API server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from tests.helmchart import CHART, ROOT, by_kind, helm, one, render
+from trainium_operator import metrics, plan
+
+ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
+          "metrics.podMonitor.enabled": True, "trainer.namespaces": ["ml"]}
+
+OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in trainium_operator (or kopf)
+    ("trainium.dev", "trainingruns", {"get", "list", "watch", "patch"}),  # kopf watch; patch: kopf's own marks
+    ("trainium.dev", "trainingruns/status", {"get", "patch"}),  # Kube.patch_status
+    ("", "pods", {"get", "list", "watch", "create", "delete", "patch"}),  # index, ensure, delete; patch: see rbac.yaml
+    ("", "services", {"create"}), ("", "configmaps", {"create"}), ("", "serviceaccounts", {"create"}),
+    ("rbac.authorization.k8s.io", "roles", {"create"}), ("rbac.authorization.k8s.io", "rolebindings", {"create"}),
+    ("", "events", {"create"}),  # Kube.event
+]
+CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kube.quarantine reads + patches
+                 ("", "namespaces", {"list", "watch"}),  # kopf observes namespaces and CRDs
+                 ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"})]
+
+
+def flatten(rules: list[dict]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                out.setdefault((g, res), set()).update(r["verbs"])
+    return out
+
+
+def test_lint_strict_passes_with_defaults_and_with_everything_enabled():
+    helm("lint", "--strict", str(CHART), "--kube-version", "1.33.13")
+    values = [a for k, v in ALL_ON.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+    helm("lint", "--strict", str(CHART), "--kube-version", "1.33.13", *values, "--set-json", 'watchNamespaces=["ml"]')
+
+
+def test_chart_crd_is_the_generated_crd():
+    generated = (ROOT / "crds" / "trainingruns.trainium.dev.yaml").read_text()
+    assert (CHART / "crds" / "trainingruns.trainium.dev.yaml").read_text() == generated, \
+        "charts/trainium-operator/crds/ differs from crds/: cp crds/*.yaml charts/trainium-operator/crds/"
+    crd = one(render(include_crds=True), "CustomResourceDefinition")
+    assert crd == yaml.safe_load(generated)
+
+
+def test_default_render_has_the_operator_and_nothing_optional():
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
+                     "Service", "ServiceAccount"]
+
+
+def test_rbac_is_least_privilege_and_has_no_wildcards():
+    docs = render(ALL_ON)
+    for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        for rule in d["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{d['metadata']['name']}: wildcard in {key}"
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+    namespaced = one(docs, "ClusterRole", "t-trainium-operator")
+    cluster = one(docs, "ClusterRole", "t-trainium-operator-cluster")
+    assert flatten(namespaced["rules"]) == {(g, r): v for g, r, v in OPERATOR_RULES}
+    assert flatten(cluster["rules"]) == {(g, r): v for g, r, v in CLUSTER_RULES}
+    for binding in by_kind(docs, "ClusterRoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "t-trainium-operator",
+                                        "namespace": "trainium-system"}]
+
+
+def test_trainer_role_is_exactly_what_the_operator_creates():
+    docs = render({"trainer.namespaces": ["ml", "research"]})
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml", "research"]
+    made_by_operator = {o["kind"]: o for o in plan.trainer_rbac("ml")}
+    chart = {d["kind"]: d for d in docs if d["metadata"].get("namespace") == "ml"}
+    assert chart["Role"]["rules"] == made_by_operator["Role"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        assert chart[kind]["metadata"]["name"] == made_by_operator[kind]["metadata"]["name"]
+    assert chart["RoleBinding"]["roleRef"] == made_by_operator["RoleBinding"]["roleRef"]
+    assert chart["RoleBinding"]["subjects"] == made_by_operator["RoleBinding"]["subjects"]
+    # The operator creates that Role on demand, which Kubernetes allows only if it holds the same rights.
+    operator_rights = flatten(one(docs, "ClusterRole", "t-trainium-operator")["rules"])
+    assert {"get", "patch"} <= operator_rights[("", "pods")]
+
+
+def test_watch_namespaces_binds_namespaced_rights_only_there():
+    docs = render({"watchNamespaces": ["ml", "research"]})
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=ml" in args and "--namespace=research" in args
+    assert [b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == ["t-trainium-operator-cluster"]
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "research"]
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "t-trainium-operator"} for b in bindings)
+
+
+def test_deployment_is_hardened_and_probed():
+    dep = one(render({"logLevel": "DEBUG", "metricsPort": 9090}), "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "t-trainium-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["privileged"] is False
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9090, "liveness": 8081}
+    assert "--metrics-port=9090" in c["args"] and "--log-level=DEBUG" in c["args"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert c["image"] == "trainium-operator:0.1.0"
+
+
+@pytest.mark.parametrize("values,words", [
+    ({"logLevel": "TRACE"}, "/logLevel"),
+    ({"metricsPort": 70000}, "/metricsPort"),
+    ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+    ({"prometheusRule": {"goodputTarget": 1.5}}, "/prometheusRule/goodputTarget"),
+    ({"prometheusRule": {"restartWindow": "an hour"}}, "/prometheusRule/restartWindow"),
+    ({"imge": {"repository": "x"}}, "'imge' not allowed"),
+])
+def test_schema_rejects_bad_values_naming_the_field(values, words):
+    args = ["template", "t", str(CHART), "--kube-version", "1.33.13"]
+    args += [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+    res = helm(*args, check=False)
+    assert res.returncode != 0 and words in res.stderr, res.stderr
+
+
+def test_monitoring_objects_select_the_operator_and_the_trainer_pods():
+    docs = render(ALL_ON)
+    svc = one(docs, "Service")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics" == svc["spec"]["ports"][0]["name"]
+    pm = one(docs, "PodMonitor")
+    trainer_pod = plan.pod({"metadata": {"name": "r", "namespace": "ml", "uid": "u"}}, _tiny_spec(), 1, 0, [])
+    labels = trainer_pod["metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert all(e["key"] in labels for e in pm["spec"]["selector"]["matchExpressions"])
+    ports = [p["name"] for c in trainer_pod["spec"]["containers"] for p in c.get("ports", [])]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
+
+
+def _tiny_spec():
+    from trainium_operator.spec import parse
+    return parse(yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"])
+
+
+def exported_series() -> set[str]:
+    names = set()
+    for family in metrics.REGISTRY.collect():
+        kind = family.type
+        names.add(family.name)
+        if kind == "counter":
+            names.add(family.name + "_total")
+        if kind == "histogram":
+            names.update(family.name + s for s in ("_bucket", "_sum", "_count"))
+    return names
+
+
+def series_in(expr: str) -> set[str]:
+    return set(re.findall(r"\b(trainium_[a-z_]+)\b", expr))
+
+
+def test_dashboard_configmap_ships_the_dashboard_with_every_required_panel():
+    cm = one(render(ALL_ON), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["trainium-operator.json"])
+    assert dash == json.loads((CHART / "files" / "dashboard.json").read_text())
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    titles = " | ".join(p["title"].lower() for p in panels)
+    for topic in ("phase", "uptime", "effective training ratio", "lost time by phase", "restarts by cause",
+                  "detection latency", "recovery latency", "step", "tokens per second", "loss", "checkpoint age",
+                  "quarantined nodes"):
+        assert topic in titles, topic
+    exported = exported_series()
+    for p in panels:
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            used = series_in(t["expr"])
+            assert used and used <= exported, f"{p['title']}: {used - exported} not exported by the operator"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_alert_rules_use_only_exported_series():
+    rule = one(render(ALL_ON), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert {a["alert"] for a in alerts} >= {"TrainingRunFailed", "TrainingRunRestartingTooOften",
+                                            "TrainingRunCheckpointTooOld", "TrainingRunGoodputBelowTarget",
+                                            "TrainingRunHangSuspected", "TrainingRunNodeQuarantined"}
+    exported = exported_series()
+    for a in alerts:
+        assert series_in(a["expr"]) <= exported, a["alert"]
+        assert a["labels"]["severity"] in ("critical", "warning", "info")
+        assert a["annotations"]["summary"] and a["annotations"]["description"]
+
+
+def leaf_keys(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and k not in ("resources", "labels", "requests", "limits"):
+            out += leaf_keys(v, key + ".")
+        else:
+            out.append(key)
+    return out
+
+
+def test_readme_values_table_documents_every_value():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| value | default | meaning |"):]
+    documented = set(re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", table, re.M))
+    missing = [k for k in leaf_keys(values) if k not in documented]
+    assert not missing, f"README values table lacks {missing}"
