@@ -3,8 +3,8 @@
 Per-run gauges are set from the run's status on every reconcile pass, so an operator that was
 restarted exports the same values at once (status is the memory; see reconcile.py). Only the
 latency histograms start empty after a restart. The Helm chart's alerts and Grafana dashboard
-(charts/trainium-operator) are written against these names; tests/unit/test_alerts.py and the
-Prometheus test in tests/cluster/test_chart.py keep them in step.
+(charts/trainium-operator) are written against these names; tests/chart/test_alerts.py and the
+Prometheus test in tests/chart/test_install.py keep them in step.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ import yaml
 
 from tests.cluster.test_operator import create, gang, manifest, report, status, wait_running_gang
 from tests.conftest import wait_until
-from tests.helmchart import CHART, KUBE_VERSION, MONITORING_CRDS, helm, set_args, tool
+from tests.chart.helpers import CHART, KUBE_VERSION, MONITORING_CRDS, helm, set_args, tool
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.chart, pytest.mark.cluster]
 QUARANTINE = "trainium.dev/quarantined"
 DASHBOARD = CHART / "files" / "dashboard.json"
 

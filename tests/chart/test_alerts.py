@@ -1,16 +1,20 @@
 """The chart's alerts under promtool: `check rules` on the rendered PrometheusRule, and
-`test rules` with tests/monitoring/alerts.test.yaml (a firing and a quiet case per alert)."""
+`test rules` with tests/chart/alerts.test.yaml (a firing and a quiet case per alert)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.helmchart import ROOT, one, render, tool
+from tests.chart.helpers import one, render, tool
 
-TESTS = ROOT / "tests" / "monitoring" / "alerts.test.yaml"
+pytestmark = pytest.mark.chart
+
+TESTS = Path(__file__).with_name("alerts.test.yaml")
 
 
 def rendered_rules(tmp_path):

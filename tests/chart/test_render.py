@@ -1,6 +1,6 @@
 """The Helm chart, through `helm lint` and `helm template` (no cluster needed).
 
-RBAC is checked verb by verb against what the operator calls; tests/cluster/test_chart.py then
+RBAC is checked verb by verb against what the operator calls; tests/chart/test_install.py then
 runs the operator under exactly these permissions against a real API server.
 """
 
@@ -12,8 +12,10 @@ import re
 import pytest
 import yaml
 
-from tests.helmchart import CHART, ROOT, by_kind, helm, one, render
+from tests.chart.helpers import CHART, ROOT, by_kind, helm, one, render
 from trainium_operator import metrics, plan
+
+pytestmark = pytest.mark.chart
 
 ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
           "metrics.podMonitor.enabled": True, "trainer.namespaces": ["ml"]}

@@ -10,7 +10,7 @@ import yaml
 
 from localcluster.cluster import DEFAULT_CACHE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "trainium-operator"
 HELM = DEFAULT_CACHE / "bin" / "helm"
 MONITORING_CRDS = DEFAULT_CACHE / "monitoring-crds"
