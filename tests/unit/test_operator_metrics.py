@@ -1,0 +1,81 @@
+"""The operator's per-run series: what alerts and the dashboard read (charts/trainium-operator)."""
+
+from __future__ import annotations
+
+import yaml
+from prometheus_client import generate_latest
+
+from tests.conftest import ROOT
+from trainium_operator import metrics
+from trainium_operator.spec import parse
+
+
+def spec(**checkpoint):
+    body = yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"]
+    body["checkpoint"] = {**body["checkpoint"], **checkpoint}
+    return parse(body)
+
+
+def series(run: str) -> dict[str, float]:
+    out = {}
+    for line in generate_latest(metrics.REGISTRY).decode().splitlines():
+        if not line.startswith("#") and f'run="{run}"' in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+STATUS = {"phase": "Running", "step": 120, "lastStepTime": 1000.0, "stepSeconds": 2.0, "tokensPerSecond": 5e4,
+          "loss": 2.5, "restarts": {"node": 2, "application": 1}, "createdTime": 10.0,
+          "lastCheckpoint": {"step": 100, "time": 900.0}, "quarantinedNodes": ["n1"],
+          "goodput": {"effectiveRatio": 0.93, "lostSeconds": {"detect": 1.0, "schedule": 30.0}}}
+
+
+def test_observe_run_exports_the_status():
+    metrics.observe_run("ml", "m1", spec(intervalSteps=50), STATUS)
+    s = series("m1")
+    assert s['trainium_run_phase{namespace="ml",phase="Running",run="m1"}'] == 1
+    assert s['trainium_run_phase{namespace="ml",phase="Failed",run="m1"}'] == 0
+    assert s['trainium_run_restarts{cause="node",namespace="ml",run="m1"}'] == 2
+    assert s['trainium_run_restarts{cause="hang",namespace="ml",run="m1"}'] == 0  # every cause, from 0
+    assert s['trainium_run_lost_seconds{namespace="ml",phase="schedule",run="m1"}'] == 30
+    assert s['trainium_run_lost_seconds{namespace="ml",phase="recompute",run="m1"}'] == 0
+    for name, value in (("effective_training_ratio", 0.93), ("step", 120), ("last_step_timestamp_seconds", 1000),
+                        ("tokens_per_second", 5e4), ("loss", 2.5), ("last_checkpoint_step", 100),
+                        ("last_checkpoint_timestamp_seconds", 900), ("created_timestamp_seconds", 10),
+                        ("quarantined_nodes", 1), ("checkpoint_interval_seconds", 100),
+                        ("hang_timeout_seconds", 120)):  # the example sets hangTimeoutSeconds: 120
+        assert s[f'trainium_run_{name}{{namespace="ml",run="m1"}}'] == value, name
+
+
+def test_unknown_values_are_absent_not_zero():
+    metrics.observe_run("ml", "m2", spec(intervalSteps=50), {"phase": "Starting", "createdTime": 5.0})
+    s = series("m2")
+    for name in ("step", "loss", "last_checkpoint_step", "effective_training_ratio", "checkpoint_interval_seconds"):
+        assert not any(k.startswith(f"trainium_run_{name}{{") for k in s), name
+    metrics.observe_run("ml", "m2", None, {"phase": "Failed"})  # an invalid spec: no spec-derived series
+    assert series("m2")['trainium_run_phase{namespace="ml",phase="Failed",run="m2"}'] == 1
+
+
+def test_expected_checkpoint_interval():
+    assert metrics.expected_checkpoint_interval(spec(intervalSteps=50, intervalMinutes=0), None) is None
+    assert metrics.expected_checkpoint_interval(spec(intervalSteps=50, intervalMinutes=0), 2.0) == 100
+    assert metrics.expected_checkpoint_interval(spec(intervalSteps=0, intervalMinutes=30), None) == 1800
+    assert metrics.expected_checkpoint_interval(spec(intervalSteps=1000, intervalMinutes=30), 2.0) == 1800
+    assert metrics.expected_checkpoint_interval(spec(intervalSteps=0, intervalMinutes=0), 2.0) is None
+
+
+def test_forget_drops_every_series_of_a_deleted_run():
+    metrics.observe_run("ml", "gone", spec(), STATUS)
+    metrics.count_error("ml", "gone")
+    assert series("gone")
+    metrics.forget("ml", "gone")
+    assert series("gone") == {}
+    metrics.forget("ml", "never-seen")  # harmless
+
+
+def test_latency_histograms_exist_for_every_cause_before_any_failure():
+    text = generate_latest(metrics.REGISTRY).decode()
+    for cause in ("application", "node", "neuron-device", "hang", "eviction", "scheduling"):
+        assert f'trainium_failure_detection_seconds_count{{cause="{cause}"}}' in text
+        assert f'trainium_failure_recovery_seconds_count{{cause="{cause}"}}' in text
