@@ -181,5 +181,17 @@ def render() -> str:
             "# operator/trainium_operator/spec.py. Do not edit by hand.\n" + yaml.safe_dump(crd(), sort_keys=False))
 
 
+# Where the CRD is committed: the plain manifest and the Helm chart's copy (Helm installs crds/).
+COMMITTED = ("crds/trainingruns.trainium.dev.yaml", "charts/trainium-operator/crds/trainingruns.trainium.dev.yaml")
+
+
 if __name__ == "__main__":
-    sys.stdout.write(render())
+    # python -m trainium_operator.crd            print it
+    # python -m trainium_operator.crd --write    update both committed copies (run from the repo root)
+    if sys.argv[1:] == ["--write"]:
+        from pathlib import Path
+        for path in COMMITTED:
+            Path(path).write_text(render())
+            print(f"wrote {path}")
+    else:
+        sys.stdout.write(render())

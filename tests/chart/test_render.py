@@ -51,7 +51,7 @@ def test_lint_strict_passes_with_defaults_and_with_everything_enabled():
 def test_chart_crd_is_the_generated_crd():
     generated = (ROOT / "crds" / "trainingruns.trainium.dev.yaml").read_text()
     assert (CHART / "crds" / "trainingruns.trainium.dev.yaml").read_text() == generated, \
-        "charts/trainium-operator/crds/ differs from crds/: cp crds/*.yaml charts/trainium-operator/crds/"
+        "charts/trainium-operator/crds/ differs from crds/: python -m trainium_operator.crd --write"
     crd = one(render(include_crds=True), "CustomResourceDefinition")
     assert crd == yaml.safe_load(generated)
 

@@ -65,7 +65,8 @@ def test_kubectl_lists_trn1_nodes_with_capacity(local_cluster, core_api):
         assert n["status"]["allocatable"]["cpu"] == "128" and n["status"]["allocatable"]["memory"] == "512Gi"
         assert {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"} in n["spec"]["taints"]
     table = local_cluster.kubectl("get", "nodes").stdout
-    assert all(f"{name}   Ready" in table for name in names), table
+    statuses = {row.split()[0]: row.split()[1] for row in table.splitlines()[1:]}
+    assert all(statuses[name] == "Ready" for name in names), table
 
 
 def test_trn1n_has_16_efa(core_api):

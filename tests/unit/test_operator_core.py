@@ -22,7 +22,7 @@ RUN = {"metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 
 
 def test_crd_is_generated_from_the_config_types():
     committed = (ROOT / "crds" / "trainingruns.trainium.dev.yaml").read_text()
-    assert committed == crd.render(), "run: python -m trainium_operator.crd > crds/trainingruns.trainium.dev.yaml"
+    assert committed == crd.render(), "run: python -m trainium_operator.crd --write"
     schema = yaml.safe_load(committed)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert "globalBatchSize" in schema["properties"]["training"]["properties"]
     assert schema["properties"]["training"]["properties"]["precision"]["enum"] == ["bf16-sr", "mixed", "fp32"]
