@@ -9,6 +9,8 @@ Prometheus test in tests/chart/test_install.py keep them in step.
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .goodput import PHASES
@@ -78,10 +80,8 @@ def expected_checkpoint_interval(spec: TrainingRunSpec, step_seconds: float | No
 def _set(gauge, labels: tuple, value) -> None:
     """Set, or drop the series when the value is unknown (an absent series is honest; a 0 is not)."""
     if value is None:
-        try:
+        with suppress(KeyError):  # not exported yet
             gauge.remove(*labels)
-        except KeyError:
-            pass
     else:
         gauge.labels(*labels).set(value)
 
@@ -132,9 +132,7 @@ def forget(namespace: str, run: str) -> None:
     labels = (namespace, run)
     for gauge, extra in ((phase, PHASE_NAMES), (restarts, CAUSES), (lost, PHASES)):
         for value in extra:
-            try:
+            with suppress(KeyError):
                 gauge.remove(*labels, value)
-            except KeyError:
-                pass
     for gauge in _SINGLE + (reconcile_errors,):
         _set(gauge, labels, None)
