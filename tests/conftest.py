@@ -23,6 +23,17 @@ def tiny_data(tmp_path_factory) -> dict[str, str]:
     return tinydata.ensure(cache)
 
 
+def tiny_run_spec(**merge: dict):
+    """The parsed spec of examples/tiny-cpu-run.yaml, with groups merged in (e.g. checkpoint={...})."""
+    import yaml
+
+    from trainium_operator.spec import parse
+    body = yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"]
+    for group, values in merge.items():
+        body[group] = {**body.get(group, {}), **values}
+    return parse(body)
+
+
 def data_overrides(tiny: dict[str, str]) -> list[str]:
     return [f"data.sources=[{{uri: {tiny['stories']}, weight: 3}}, {{uri: {tiny['facts']}, weight: 1}}]",
             f"data.tokenizer={tiny['tokenizer']}"]

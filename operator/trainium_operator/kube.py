@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .plan import LABEL_RUN, QUARANTINE_TAINT
+from .plan import QUARANTINE_TAINT
 from .spec import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)

@@ -61,7 +61,6 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     if run["metadata"].get("deletionTimestamp"):
         return res  # being deleted: the garbage collector removes the children; do not restart
     status = dict(run.get("status") or {})
-    name = run["metadata"]["name"]
     generation = run["metadata"].get("generation")
     try:
         spec = res.spec = parse(run.get("spec"))

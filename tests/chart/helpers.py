@@ -15,6 +15,9 @@ CHART = ROOT / "charts" / "trainium-operator"
 HELM = DEFAULT_CACHE / "bin" / "helm"
 MONITORING_CRDS = DEFAULT_CACHE / "monitoring-crds"
 KUBE_VERSION = "1.33.13"
+# Every optional object of the chart switched on.
+ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
+          "metrics.podMonitor.enabled": True}
 
 
 def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

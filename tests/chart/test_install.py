@@ -17,7 +17,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,12 +25,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.test_operator import create, gang, manifest, report, status, wait_running_gang
+from tests.cluster.test_operator import (create, gang, manifest, release_quarantine, report, status,
+                                        wait_running_gang)
 from tests.conftest import wait_until
-from tests.chart.helpers import CHART, KUBE_VERSION, MONITORING_CRDS, helm, set_args, tool
+from tests.chart.helpers import ALL_ON, CHART, KUBE_VERSION, MONITORING_CRDS, helm, set_args, tool
 
 pytestmark = [pytest.mark.chart, pytest.mark.cluster]
-QUARANTINE = "trainium.dev/quarantined"
 DASHBOARD = CHART / "files" / "dashboard.json"
 
 
@@ -56,10 +55,6 @@ def install(local_cluster, release: str, namespace: str, values: dict) -> None:
 
 def uninstall(local_cluster, release: str, namespace: str) -> None:
     helm("uninstall", release, "-n", namespace, "--wait", check=False, env=helm_env(local_cluster))
-
-
-ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
-          "metrics.podMonitor.enabled": True}
 
 
 def can_i(local_cluster, sa: str, *args: str) -> bool:
@@ -245,7 +240,7 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
 
         sel = f'namespace="{namespace}", run="{name}"'
         wait_until(lambda: prom.value(f'trainium_run_restarts{{{sel}, cause="node"}}') == 1 and
-                   (prom.value(f'sum(trainium_failure_recovery_seconds_count{{cause="node"}})') or 0) >= 1,
+                   (prom.value('sum(trainium_failure_recovery_seconds_count{cause="node"})') or 0) >= 1,
                    timeout=30, what="Prometheus scraped the restart")
         assert prom.value(f"trainium_run_quarantined_nodes{{{sel}}}") == 1
         assert prom.value(f"trainium_run_step{{{sel}}}") == 14
@@ -285,9 +280,6 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
         print("\n--- operator log (tail) ---\n" + op_log.read_text()[-2500:])
         if broken:
             faults.node_recover(core_api, broken)
-            node = core_api.read_node(broken)
-            taints = [core_api.api_client.sanitize_for_serialization(t) for t in node.spec.taints or []
-                      if t.key != QUARANTINE]
-            core_api.patch_node(broken, {"spec": {"taints": taints}, "metadata": {"labels": {QUARANTINE: None}}})
+            release_quarantine(core_api, core_api.read_node(broken))
         custom.delete_namespaced_custom_object("trainium.dev", "v1alpha1", namespace, "trainingruns", name)
         uninstall(local_cluster, release, namespace)

@@ -12,13 +12,14 @@ import re
 import pytest
 import yaml
 
-from tests.chart.helpers import CHART, ROOT, by_kind, helm, one, render
+from tests.chart import helpers
+from tests.chart.helpers import CHART, ROOT, by_kind, helm, one, render, set_args
+from tests.conftest import tiny_run_spec
 from trainium_operator import metrics, plan
 
 pytestmark = pytest.mark.chart
 
-ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
-          "metrics.podMonitor.enabled": True, "trainer.namespaces": ["ml"]}
+ALL_ON = {**helpers.ALL_ON, "trainer.namespaces": ["ml"]}
 
 OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in trainium_operator (or kopf)
     ("trainium.dev", "trainingruns", {"get", "list", "watch", "patch"}),  # kopf watch; patch: kopf's own marks
@@ -43,9 +44,9 @@ def flatten(rules: list[dict]) -> dict[tuple[str, str], set[str]]:
 
 
 def test_lint_strict_passes_with_defaults_and_with_everything_enabled():
-    helm("lint", "--strict", str(CHART), "--kube-version", "1.33.13")
-    values = [a for k, v in ALL_ON.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
-    helm("lint", "--strict", str(CHART), "--kube-version", "1.33.13", *values, "--set-json", 'watchNamespaces=["ml"]')
+    helm("lint", "--strict", str(CHART), "--kube-version", helpers.KUBE_VERSION)
+    helm("lint", "--strict", str(CHART), "--kube-version", helpers.KUBE_VERSION,
+         *set_args({**ALL_ON, "watchNamespaces": ["ml"]}))
 
 
 def test_chart_crd_is_the_generated_crd():
@@ -135,9 +136,7 @@ def test_deployment_is_hardened_and_probed():
     ({"imge": {"repository": "x"}}, "'imge' not allowed"),
 ])
 def test_schema_rejects_bad_values_naming_the_field(values, words):
-    args = ["template", "t", str(CHART), "--kube-version", "1.33.13"]
-    args += [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
-    res = helm(*args, check=False)
+    res = helm("template", "t", str(CHART), "--kube-version", helpers.KUBE_VERSION, *set_args(values), check=False)
     assert res.returncode != 0 and words in res.stderr, res.stderr
 
 
@@ -148,17 +147,12 @@ def test_monitoring_objects_select_the_operator_and_the_trainer_pods():
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == "metrics" == svc["spec"]["ports"][0]["name"]
     pm = one(docs, "PodMonitor")
-    trainer_pod = plan.pod({"metadata": {"name": "r", "namespace": "ml", "uid": "u"}}, _tiny_spec(), 1, 0, [])
+    trainer_pod = plan.pod({"metadata": {"name": "r", "namespace": "ml", "uid": "u"}}, tiny_run_spec(), 1, 0, [])
     labels = trainer_pod["metadata"]["labels"]
     assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert all(e["key"] in labels for e in pm["spec"]["selector"]["matchExpressions"])
     ports = [p["name"] for c in trainer_pod["spec"]["containers"] for p in c.get("ports", [])]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
-
-
-def _tiny_spec():
-    from trainium_operator.spec import parse
-    return parse(yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"])
 
 
 def exported_series() -> set[str]:

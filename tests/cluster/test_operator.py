@@ -6,7 +6,6 @@ Detection and recovery times are printed; the goals are in the issue and bench/ 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -68,11 +67,7 @@ def healthy_nodes(core_api):
     yield
     from localcluster import faults
     for n in core_api.list_node(label_selector="node.kubernetes.io/instance-type=trn1.32xlarge").items:
-        taints = [t for t in n.spec.taints or [] if t.key != QUARANTINE]
-        if len(taints) != len(n.spec.taints or []):
-            core_api.patch_node(n.metadata.name, {"spec": {"taints": [core_api.api_client.sanitize_for_serialization(t)
-                                                                      for t in taints]},
-                                                  "metadata": {"labels": {QUARANTINE: None}}})
+        release_quarantine(core_api, n)
         if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
             faults.neuron_healthy(core_api, n.metadata.name)
         if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
@@ -80,6 +75,15 @@ def healthy_nodes(core_api):
         cap, alloc = n.status.capacity or {}, n.status.allocatable or {}
         if alloc.get("aws.amazon.com/neuron") != cap.get("aws.amazon.com/neuron"):
             faults.device_restore(core_api, n.metadata.name)
+
+
+def release_quarantine(core_api, node) -> None:
+    """Undo the operator's quarantine of a node (a V1Node): drop the taint and the label."""
+    taints = [t for t in node.spec.taints or [] if t.key != QUARANTINE]
+    if len(taints) != len(node.spec.taints or []):
+        core_api.patch_node(node.metadata.name, {"spec": {"taints": [core_api.api_client.sanitize_for_serialization(t)
+                                                                     for t in taints]},
+                                                 "metadata": {"labels": {QUARANTINE: None}}})
 
 
 def manifest(name: str, nodes: int = 16, **ft) -> dict:
@@ -129,7 +133,6 @@ def start_and_run(core_api, custom, ns, name, nodes=16, **ft):
 
 def fail_and_measure(core_api, custom, ns, name, inject, cause, nodes=16):
     """Inject, then time detection (status records the failure) and recovery (next gang Running)."""
-    t0 = time.monotonic()
     inject()
     rec, detect = wait_until(lambda: next((f for f in status(custom, ns, name).get("failures") or []
                                            if f["attempt"] == 1), None), timeout=60, what="failure detected")

@@ -3,7 +3,6 @@ import json
 import pyarrow as pa
 import pytest
 
-from tests.conftest import data_overrides
 from trainer.config import ConfigError, DataConfig, DataSource, from_dict
 from trainer.data import PackedDataset, list_shards, local_batch, read_texts
 

@@ -24,7 +24,7 @@ def test_tp_shards_follow_nxd_stride_layout():
     """On TP rank r, qkv_proj = cat(q_r, k_r, v_r) and gate_up_proj = cat(gate_r, up_r)."""
     cfg = model_cfg(numLayers=1)
     full = Transformer(cfg, seed=3)
-    h, hd = cfg.hidden_size, cfg.head_dim()
+    hd = cfg.head_dim()
     W = full.model.layers[0].self_attn.qkv_proj.weight
     q, k, v = W.split([cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd])
     gu = full.model.layers[0].mlp.gate_up_proj.weight

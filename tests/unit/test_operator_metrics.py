@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import yaml
 from prometheus_client import generate_latest
 
-from tests.conftest import ROOT
+from tests.conftest import tiny_run_spec
 from trainium_operator import metrics
-from trainium_operator.spec import parse
 
 
 def spec(**checkpoint):
-    body = yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"]
-    body["checkpoint"] = {**body["checkpoint"], **checkpoint}
-    return parse(body)
+    return tiny_run_spec(checkpoint=checkpoint)
 
 
 def series(run: str) -> dict[str, float]:
