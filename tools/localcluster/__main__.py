@@ -1,15 +1,21 @@
 """tools/cluster COMMAND: build, start, stop and break a local Kubernetes control plane.
 
   build                        build/reuse etcd, kube-*, kwok, kwokctl, helm (Go modules, cached)
-  up [--nodes N --type T]      start on loopback, write a kubeconfig, wait for /readyz
+  up [--nodes N --type T] [--processes]
+                               start on loopback, write a kubeconfig, wait for /readyz
   down                         stop exactly what `up` started and delete the state dir
   status                       which components run; the kubeconfig path
   env                          print `export KUBECONFIG=...` (eval "$(tools/cluster env)")
-  nodes --count N --type T     create simulated nodes (trn1.32xlarge, trn1n.32xlarge, cpu)
+  nodes --count N --type T [--processes]
+                               create simulated nodes (trn1.32xlarge, trn1n.32xlarge, cpu);
+                               --processes: process-backed (proc-...), their pods run for real
+  logs POD [-n NS] [-f]        a process-backed pod's stdout and stderr
   fault KIND TARGET [...]      inject a fault; `recover KIND TARGET` undoes it
       node-not-ready NODE   node-unreachable NODE   neuron-error NODE [--reason R]
       device-loss NODE [--remaining K]   delete-node NODE
       pod-fail POD [--namespace NS --exit-code C --reason R]   evict POD [--namespace NS]
+      hang POD [--namespace NS]             SIGSTOP every process of a process-backed pod
+      kill-rank POD [RANK] [--namespace NS] SIGKILL one rank (default the pod's lowest)
 
 Options before the command: --state-dir DIR and --base-port P (default ~/.cache/trainium-
 operator/cluster-state and 23790; TRN_CLUSTER_STATE / TRN_CLUSTER_PORT set them too), so two
@@ -33,6 +39,7 @@ NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
                "device-loss": (faults.device_loss, faults.device_restore),
                "delete-node": (faults.delete_node, None)}
 POD_FAULTS = {"pod-fail": faults.pod_fail, "evict": faults.evict_pod}
+PROCESS_FAULTS = ("hang", "kill-rank")  # on the processes of process-backed pods
 
 
 def _core(cluster: Cluster):
@@ -51,18 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up")
     up.add_argument("--nodes", type=int, default=0)
     up.add_argument("--type", default="trn1.32xlarge", choices=list(INSTANCE_TYPES))
+    up.add_argument("--processes", action="store_true", help="process-backed nodes: their pods run for real")
     sub.add_parser("down")
+    logs = sub.add_parser("logs")
+    logs.add_argument("pod")
+    logs.add_argument("-n", "--namespace", default="default")
+    logs.add_argument("-f", "--follow", action="store_true")
     sub.add_parser("status")
     sub.add_parser("env")
     nodes = sub.add_parser("nodes")
     nodes.add_argument("--count", type=int, required=True)
     nodes.add_argument("--type", default="trn1.32xlarge", choices=list(INSTANCE_TYPES))
     nodes.add_argument("--prefix")
+    nodes.add_argument("--processes", action="store_true", help="process-backed nodes: their pods run for real")
     for verb in ("fault", "recover"):
         f = sub.add_parser(verb)
-        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS] if verb == "fault" else
-                       [k for k, v in NODE_FAULTS.items() if v[1]])
+        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS, *PROCESS_FAULTS] if verb == "fault" else
+                       [*(k for k, v in NODE_FAULTS.items() if v[1]), "hang"])
         f.add_argument("target")
+        f.add_argument("rank", nargs="?", type=int, help="kill-rank: the global rank to kill")
         f.add_argument("--namespace", default="default")
         f.add_argument("--exit-code", type=int, default=1)
         f.add_argument("--reason")
@@ -75,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             cluster.up()
             if args.nodes:
-                names = create_nodes(_core(cluster), args.nodes, args.type)
+                names = create_nodes(_core(cluster), args.nodes, args.type, processes=args.processes)
                 print(f"created {len(names)} {args.type} nodes: {names[0]} .. {names[-1]}")
         elif args.cmd == "down":
             cluster.down()
@@ -88,8 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "env":
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif args.cmd == "nodes":
-            names = create_nodes(_core(cluster), args.count, args.type, args.prefix)
+            names = create_nodes(_core(cluster), args.count, args.type, args.prefix, processes=args.processes)
             print(f"{len(names)} {args.type} nodes: {', '.join(names)}")
+        elif args.cmd == "logs":
+            return _logs(cluster, args.namespace, args.pod, args.follow)
+        elif args.cmd in ("fault", "recover") and args.kind in PROCESS_FAULTS:
+            if args.kind == "kill-rank":
+                rank, pid = faults.kill_rank(cluster.pods_dir, args.namespace, args.target, args.rank)
+                print(f"fault kill-rank {args.target}: SIGKILL rank {rank} (pid {pid})")
+            else:
+                fn = faults.hang_pod if args.cmd == "fault" else faults.unhang_pod
+                pids = fn(cluster.pods_dir, args.namespace, args.target)
+                print(f"{args.cmd} hang {args.target}: {'SIGSTOP' if args.cmd == 'fault' else 'SIGCONT'} "
+                      f"{len(pids)} processes")
         elif args.cmd in ("fault", "recover"):
             core = _core(cluster)
             if args.kind in POD_FAULTS:
@@ -107,10 +132,28 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     fn(core, args.target)
             print(f"{args.cmd} {args.kind} {args.target}: done")
-    except ClusterError as exc:
+    except (ClusterError, LookupError) as exc:
         print(f"tools/cluster: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _logs(cluster: Cluster, namespace: str, pod: str, follow: bool) -> int:
+    """Print a process-backed pod's log; with --follow keep printing until the pod finished."""
+    import time
+
+    from . import podprocs
+    pod_dir = podprocs.latest_pod_dir(cluster.pods_dir, namespace, pod)
+    with open(pod_dir / podprocs.LOG, "rb") as fh:
+        while True:
+            chunk = fh.read()
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            elif not follow or podprocs.read_record(pod_dir).get("finished"):
+                return 0
+            else:
+                time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,21 @@ fetch_monitoring_crds() {
   echo "$PROMETHEUS_OPERATOR_VERSION" > "$out/.version"
 }
 
+# The pods' network shim (podnet.c, an LD_PRELOAD library): rebuilt when its source changes.
+build_podnet() {
+  local sum
+  sum=$(sha256sum "$here/podnet.c" | cut -c1-16)
+  if [ -f "$bin/libpodnet.so" ] && [ "$(cat "$bin/.libpodnet.so.version" 2>/dev/null)" = "$sum" ]; then
+    log "libpodnet.so: cached"; return
+  fi
+  command -v cc >/dev/null || { echo "tools/localcluster/build.sh: a C compiler (cc) is needed for podnet.c; install gcc" >&2; exit 1; }
+  log "libpodnet.so: compiling"
+  cc -shared -fPIC -O2 -Wall -o "$bin/libpodnet.so" "$here/podnet.c" -ldl
+  stamp libpodnet.so "$sum"
+}
+
 start=$(date +%s)
+build_podnet
 build_etcd
 build_kubernetes
 build_go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" \

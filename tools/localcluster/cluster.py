@@ -18,16 +18,21 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .nodes import PROCESS_NODE_PREFIX
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE = Path(os.environ.get("TRN_CLUSTER_CACHE", Path.home() / ".cache/trainium-operator/cluster"))
 DEFAULT_STATE = Path(os.environ.get("TRN_CLUSTER_STATE", Path.home() / ".cache/trainium-operator/cluster-state"))
 DEFAULT_BASE_PORT = int(os.environ.get("TRN_CLUSTER_PORT", "23790"))
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pod-runner")
+RUNNER_MODULE = "localcluster.podrunner"  # a Python component: matched by its command line
+SHIM = "libpodnet.so"
 
 # How fast the node lifecycle controller reacts; tunable for drills (real clusters use 40-50s).
 NODE_MONITOR_GRACE = os.environ.get("TRN_NODE_MONITOR_GRACE", "20s")
@@ -103,7 +108,7 @@ class Cluster:
         if self.running():
             log(f"already running ({self.server}); kubeconfig {self.kubeconfig}")
             return 0.0
-        missing = [c for c in COMPONENTS if not (self.bin_dir / c).exists()]
+        missing = [c for c in (*COMPONENTS[:-1], SHIM) if not (self.bin_dir / c).exists()]
         if missing:
             raise ClusterError(f"binaries missing in {self.bin_dir}: {', '.join(missing)} "
                                f"(run tools/cluster build)")
@@ -124,6 +129,7 @@ class Cluster:
             procs["kube-controller-manager"] = self._spawn("kube-controller-manager", self._kcm_args())
             procs["kube-scheduler"] = self._spawn("kube-scheduler", self._scheduler_args())
             procs["kwok"] = self._spawn("kwok", self._kwok_args())
+            procs["pod-runner"] = self._spawn("pod-runner", self._runner_args(), program=[sys.executable, "-m", RUNNER_MODULE])
             self._save(state)
             for name in ("kube-controller-manager", "kube-scheduler"):
                 port = self.ports["controller-manager" if name.startswith("kube-c") else "scheduler"]
@@ -203,8 +209,14 @@ class Cluster:
         return [*self._component_kubeconfig(), "--leader-elect=false", "--bind-address", "127.0.0.1",
                 "--secure-port", str(self.ports["scheduler"]), "--profiling=false", "--v=1"]
 
+    def _stages_file(self) -> Path:
+        """stages.yaml with the process-node prefix filled in (written once, in nodes.py)."""
+        out = self.state_dir / "stages.yaml"
+        out.write_text((HERE / "stages.yaml").read_text().replace("__PROCESS_NODE_PREFIX__", PROCESS_NODE_PREFIX))
+        return out
+
     def _kwok_args(self) -> list[str]:
-        return ["--kubeconfig", str(self.kubeconfig), "--config", str(HERE / "stages.yaml"),
+        return ["--kubeconfig", str(self.kubeconfig), "--config", str(self._stages_file()),
                 "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
                 "--cidr", "10.244.0.1/16", "--node-ip", "10.0.0.1",
                 # Renew leases every 5 s (duration / 4): a 4x margin on the 20 s grace period, as
@@ -213,9 +225,20 @@ class Cluster:
                 "--node-lease-duration-seconds", "20",
                 "--server-address", f"127.0.0.1:{self.ports['kwok']}"]
 
-    def _spawn(self, name: str, args: list[str]) -> int:
+    def _runner_args(self) -> list[str]:
+        return ["--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.state_dir),
+                "--shim", str(self.bin_dir / SHIM)]
+
+    @property
+    def pods_dir(self) -> Path:
+        """Where the pod runner keeps each process-backed pod's files, record and log."""
+        return self.state_dir / "pods"
+
+    def _spawn(self, name: str, args: list[str], program: list[str] | None = None) -> int:
         logf = open(self.state_dir / "logs" / f"{name}.log", "ab")
-        proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=logf, stderr=subprocess.STDOUT,
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
+        proc = subprocess.Popen([*(program or [str(self.bin_dir / name)]), *args], stdout=logf,
+                                stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir)
         logf.close()
         log(f"started {name} (pid {proc.pid})")
@@ -250,12 +273,15 @@ class Cluster:
     # -- status / down --------------------------------------------------------------------
 
     def _is_ours(self, pid: int, name: str, bin_dir: str | None = None) -> bool:
-        """True when pid is alive and is the binary we started (never signal a reused pid)."""
+        """True when pid is alive and is the program we started (never signal a reused pid)."""
         try:
             exe = os.readlink(f"/proc/{pid}/exe")
             with open(f"/proc/{pid}/stat") as fh:
                 if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
                     return False
+            if name == "pod-runner":
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+                return RUNNER_MODULE in cmdline and str(self.state_dir) in cmdline
         except OSError:
             return False
         return exe == str(Path(bin_dir or self.bin_dir) / name)

@@ -13,6 +13,12 @@
 | pod_fail         | pod phase Failed, container terminated with the exit code     | delete the pod  |
 |                  | (kwok's pod-container-running-failed stage)                   |                 |
 | evict_pod        | an Eviction through the API (policy/v1)                       | n/a             |
+| hang_pod         | SIGSTOP of every process of a process-backed pod: Running,     | unhang_pod      |
+|                  | silent                                                         |                 |
+| kill_rank        | SIGKILL of one torchrun worker of a process-backed pod         | n/a             |
+
+On process-backed nodes (podrunner.py) the node faults are real for processes too: NotReady,
+unreachable and deleted nodes SIGKILL every process placed on them.
 """
 
 from __future__ import annotations
@@ -117,3 +123,42 @@ def pod_fail(core, namespace: str, pod: str, exit_code: int = 1, reason: str = "
 def evict_pod(core, namespace: str, pod: str) -> None:
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
     core.create_namespaced_pod_eviction(pod, namespace, body)
+
+
+# -- faults on the processes of process-backed pods (podrunner.py) -----------------------------
+# These act on this machine's processes, found through the runner's records (podprocs.py).
+
+def hang_pod(pods_root, namespace: str, pod: str) -> list[int]:
+    """SIGSTOP every process of the pod: it stays Running and writes nothing, like a job stuck
+    in a collective or a frozen device. Returns the PIDs stopped; ``unhang_pod`` undoes it."""
+    import signal
+
+    from . import podprocs
+    return podprocs.signal_all(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod)),
+                               signal.SIGSTOP)
+
+
+def unhang_pod(pods_root, namespace: str, pod: str) -> list[int]:
+    import signal
+
+    from . import podprocs
+    return podprocs.signal_all(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod)),
+                               signal.SIGCONT)
+
+
+def kill_rank(pods_root, namespace: str, pod: str, rank: int | None = None) -> tuple[int, int]:
+    """SIGKILL one torchrun worker of the pod (global ``rank``; default the pod's lowest), as a
+    crashed rank. Returns (rank, pid)."""
+    import os
+    import signal
+
+    from . import podprocs
+    workers = podprocs.worker_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod)))
+    if not workers:
+        raise LookupError(f"pod {namespace}/{pod} has no torchrun workers (yet)")
+    if rank is None:
+        rank = min(workers)
+    if rank not in workers:
+        raise LookupError(f"pod {namespace}/{pod} runs ranks {sorted(workers)}, not {rank}")
+    os.kill(workers[rank], signal.SIGKILL)
+    return rank, workers[rank]

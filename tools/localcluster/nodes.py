@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 NEURON, NEURONCORE, EFA = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa"
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # the annotation kwok manages nodes by
+# Nodes whose name starts with this are process-backed: kwok still manages the Node (lease,
+# heartbeat, conditions, chaos) but none of its pods; tools/localcluster/podrunner.py runs
+# those pods' containers as local processes. kwok's pod stages exclude them by this prefix.
+PROCESS_NODE_PREFIX = "proc-"
+PROCESS_NODE_LABEL = "localcluster.trainium.dev/processes"
 
 
 @dataclass(frozen=True)
@@ -32,28 +37,43 @@ INSTANCE_TYPES = {
 }
 
 
+def is_process_node(name: str | None) -> bool:
+    return bool(name) and name.startswith(PROCESS_NODE_PREFIX)
+
+
 def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d") -> dict:
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": itype.name, "topology.kubernetes.io/zone": zone,
         "type": "kwok", **itype.labels,
     }
+    status: dict = {"capacity": dict(itype.capacity), "allocatable": dict(itype.capacity)}
+    if is_process_node(name):
+        labels[PROCESS_NODE_LABEL] = "true"
+        # Its pods really run here: the node's address is this machine's loopback.
+        status["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]}},
         "spec": {"taints": [dict(t) for t in itype.taints]},
-        "status": {"capacity": dict(itype.capacity), "allocatable": dict(itype.capacity)},
+        "status": status,
     }
 
 
-def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None) -> list[str]:
-    """Create ``count`` nodes (skipping names that exist); returns their names."""
+def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None,
+                 processes: bool = False) -> list[str]:
+    """Create ``count`` nodes (skipping names that exist); returns their names. ``processes``:
+    process-backed nodes (named ``proc-...``), whose pods run as local processes."""
     from kubernetes.client.exceptions import ApiException
 
     if type_name not in INSTANCE_TYPES:
         raise ValueError(f"unknown instance type {type_name!r} (known: {', '.join(INSTANCE_TYPES)})")
     itype = INSTANCE_TYPES[type_name]
     prefix = prefix or type_name.split(".")[0] + "-"
+    if processes and not is_process_node(prefix):
+        prefix = PROCESS_NODE_PREFIX + prefix
+    elif not processes and is_process_node(prefix):
+        raise ValueError(f"node names starting with {PROCESS_NODE_PREFIX!r} are for process-backed nodes")
     names = []
     for i in range(count):
         name = f"{prefix}{i:03d}"
