@@ -239,7 +239,7 @@ class LoggingConfig:
     progress_interval_seconds: float = 5.0
     """Minimum seconds between progress annotations on the pod."""
     losses_file: str = ""
-    """If set, rank 0 appends one JSON line per step (step, loss, grad norm) here."""
+    """If set, rank 0 appends one JSON line per step (step, loss, grad norm, lr, end time) here."""
 
 
 @dataclass

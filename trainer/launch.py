@@ -22,9 +22,11 @@ def exit_code_for(worker_codes: list[int]) -> int:
         return exitcodes.FATAL
     if exitcodes.RETRYABLE in worker_codes:
         return exitcodes.RETRYABLE
-    if any(c in (exitcodes.TERMINATED, -signal.SIGTERM) for c in worker_codes):
-        return exitcodes.TERMINATED
-    return 1
+    terminated = (exitcodes.TERMINATED, -signal.SIGTERM)
+    # torchrun SIGTERMs the surviving workers when one fails: a crash among SIGTERMs is a crash
+    if any(c not in terminated and c != exitcodes.OK for c in worker_codes):
+        return 1
+    return exitcodes.TERMINATED
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,7 +71,10 @@ class Trainer:
                                        "node_rank": os.environ.get("NODE_RANK", "0")})
         self.progress = ProgressReporter(cfg.logging.progress_interval_seconds) if is_reporter else None
         self.peak = device_peak(backend)
-        self.losses_fh = open(cfg.logging.losses_file, "a") if cfg.logging.losses_file and ps.rank == 0 else None
+        self.losses_fh = None
+        if cfg.logging.losses_file and ps.rank == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
+            self.losses_fh = open(cfg.logging.losses_file, "a")
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -206,7 +209,9 @@ class Trainer:
         self._note_finished_saves()
         self._report_progress()
         if self.losses_fh:
-            self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr}) + "\n")
+            # time: when the step ended (epoch seconds), the ground truth for goodput checks
+            self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
+                                             "time": round(time.time(), 3)}) + "\n")
             self.losses_fh.flush()
         if ps.rank == 0 and param_norm is not None:
             log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s param_norm %.2f tokens/s %.0f mfu %s step %.3fs",

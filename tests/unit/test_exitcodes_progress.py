@@ -10,6 +10,7 @@ def test_pod_exit_code_from_workers():
     assert exit_code_for([75, -15]) == exitcodes.RETRYABLE
     assert exit_code_for([143, 143]) == exitcodes.TERMINATED
     assert exit_code_for([-9]) == 1
+    assert exit_code_for([1, -15]) == 1  # one worker crashed; torchrun SIGTERMed the rest
 
 
 def test_progress_payload_roundtrip():

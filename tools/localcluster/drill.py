@@ -1,0 +1,338 @@
+"""End-to-end drills: the operator as a real process, a TrainingRun whose pods run the real
+trainer on process-backed nodes, faults on real processes, and what happened measured from the
+trainer's own records. Shared by the e2e tests (tests/e2e), the recovery benchmark
+(bench/e2e_recovery.py) and the demo (tools/demo).
+
+Ground truth comes from the trainer, not from the operator: per-step end times and losses from
+``logging.lossesFile``, resume decisions from the pods' logs, placement and process lifetimes
+from the pod runner's records, and a sampler of the process table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import faults, podprocs
+from .cluster import Cluster, free_base_port
+from .nodes import create_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
+GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
+FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "hang", "operator-kill", "evict")
+RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
+
+
+def manifest(name: str, data: dict[str, str], workdir: Path, **groups) -> dict:
+    """examples/tiny-local-run.yaml with its paths under ``workdir`` and groups merged in."""
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"] = {"name": name}
+    spec = body["spec"]
+    spec["data"]["sources"] = [{"uri": data["stories"], "weight": 3}, {"uri": data["facts"], "weight": 1}]
+    spec["data"]["tokenizer"] = data["tokenizer"]
+    spec["checkpoint"]["uri"] = str(workdir / f"{name}-ckpt")
+    spec["logging"]["lossesFile"] = str(workdir / f"{name}-losses.jsonl")
+    for group, values in groups.items():
+        spec[group] = {**spec[group], **values} if isinstance(values, dict) and isinstance(spec.get(group), dict) \
+            else values
+    return body
+
+
+class Operator:
+    """``python -m trainium_operator`` as a subprocess (it can be SIGKILLed and started again)."""
+
+    def __init__(self, cluster: Cluster, log_path: Path):
+        self.cluster, self.log_path = cluster, Path(log_path)
+        self.proc: subprocess.Popen | None = None
+        self.metrics_port = free_base_port(start=cluster.base_port + 400, span=2)
+
+    def start(self) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port",
+                                          str(self.metrics_port), "--liveness-port", str(self.metrics_port + 1)],
+                                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class ProcessSampler:
+    """Samples the process table every ``interval`` s and records which attempts of a run had
+    live processes at each sample (via the LOCALPOD variable the runner gives every process)."""
+
+    def __init__(self, namespace: str, run: str, interval: float = 0.05):
+        self.prefix, self.interval = f"{namespace}/{run}-a", interval
+        self.overlaps: list[tuple[float, set]] = []
+        self.seen: dict[int, tuple[float, float]] = {}  # attempt -> (first, last) sample time
+        self._pid_attempt: dict[tuple[int, str], int | None] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="process-sampler")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def _attempt_of(self, pid: int) -> int | None:
+        try:
+            start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            return None
+        key = (pid, start)
+        if key not in self._pid_attempt:
+            pod = podprocs.process_env(pid).get("LOCALPOD", "")
+            m = re.match(re.escape(self.prefix) + r"(\d+)-\d+/", pod)
+            self._pid_attempt[key] = int(m.group(1)) if m else None
+        return self._pid_attempt[key]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            attempts = {a for a in (self._attempt_of(int(e)) for e in os.listdir("/proc") if e.isdigit())
+                        if a is not None}
+            for a in attempts:
+                first, _ = self.seen.get(a, (now, now))
+                self.seen[a] = (first, now)
+            if len(attempts) > 1:
+                self.overlaps.append((now, attempts))
+            self._stop.wait(self.interval)
+
+
+@dataclass
+class Truth:
+    """What the trainer itself recorded."""
+
+    losses: dict[int, dict]  # step -> the record of its final execution
+    executions: int  # step executions in all (recomputed ones included)
+    productive_seconds: float
+    wall_seconds: float
+    step_seconds: float  # median
+
+    @property
+    def ratio(self) -> float:
+        return self.productive_seconds / self.wall_seconds
+
+
+def read_losses(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def ground_truth(losses_path: Path, created: float) -> Truth:
+    """Productive time = the durations of the steps that survive in the final trajectory (each
+    step's last execution; a recomputed step counts once), a step's duration being the time since
+    the previous step ended in the same attempt (the first step of an attempt, whose start
+    includes process start and checkpoint load, is given the median step time). Wall = run
+    creation -> the final step's end."""
+    records = read_losses(losses_path)
+    durations: dict[int, float] = {}
+    final: dict[int, dict] = {}
+    prev: dict | None = None
+    for r in records:
+        if prev is not None and r["step"] == prev["step"] + 1 and r["time"] >= prev["time"]:
+            durations[r["step"]] = r["time"] - prev["time"]
+        else:
+            durations.pop(r["step"], None)  # first step of an attempt: unknown
+        final[r["step"]] = r
+        prev = r
+    known = sorted(durations.values())
+    median = known[len(known) // 2] if known else 0.0
+    productive = sum(durations.get(s, median) for s in final)
+    wall = max(r["time"] for r in final.values()) - created
+    return Truth(final, len(records), productive, wall, median)
+
+
+def resumes(pods_root: Path, namespace: str, run: str) -> list[dict]:
+    """Every resume of the run: the pod that logged it (global rank 0), when it started, the
+    checkpoint step it loaded."""
+    out = []
+    for rec in podprocs.all_records(pods_root):
+        if rec.get("namespace") != namespace or not rec["name"].startswith(f"{run}-a"):
+            continue
+        log = Path(rec["dir"]) / podprocs.LOG
+        for m in RESUMED.finditer(log.read_text(errors="replace") if log.exists() else ""):
+            out.append({"pod": rec["name"], "started": rec["started"], "uri": m.group(1), "step": int(m.group(2))})
+    return out
+
+
+def newest_complete_before(ckpt_dir: Path, when: float) -> int | None:
+    """The highest step whose ``done`` marker existed at ``when``."""
+    steps = [int(d.name.split("_")[1]) for d in Path(ckpt_dir).glob("step_*")
+             if (d / "done").exists() and (d / "done").stat().st_mtime < when]
+    return max(steps, default=None)
+
+
+class Drill:
+    """One run on the local control plane, with the means to break it and watch it."""
+
+    def __init__(self, cluster: Cluster, namespace: str, body: dict):
+        from kubernetes import client
+        api = cluster.api_client()
+        self.cluster, self.ns, self.body = cluster, namespace, body
+        self.name = body["metadata"]["name"]
+        self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        spec = body["spec"]
+        self.ckpt_dir = Path(spec["checkpoint"]["uri"])
+        self.losses_path = Path(spec["logging"]["lossesFile"])
+        self.events: list[tuple[float, str]] = []
+
+    def note(self, what: str) -> None:
+        self.events.append((time.time(), what))
+
+    def create(self) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.body)
+        self.note("created")
+
+    def obj(self) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.name)
+
+    def status(self) -> dict:
+        return self.obj().get("status") or {}
+
+    def pods(self, attempt: int | None = None) -> list:
+        sel = f"trainium.dev/run={self.name}" + (f",trainium.dev/attempt={attempt}" if attempt else "")
+        return self.core.list_namespaced_pod(self.ns, label_selector=sel).items
+
+    def trained_step(self) -> int:
+        """The newest step the trainer finished (its losses file), 0 before the first."""
+        try:
+            records = read_losses(self.losses_path)
+        except OSError:
+            return 0
+        return records[-1]["step"] if records else 0
+
+    def wait(self, predicate, timeout: float, what: str, interval: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                st = self.status()
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; phase {st.get('phase')}, "
+                                     f"attempt {st.get('attempt')}, step {st.get('step')}, message {st.get('message')}")
+            time.sleep(interval)
+
+    def wait_phase(self, phase: str, timeout: float) -> dict:
+        return self.wait(lambda: (s := self.status()).get("phase") == phase and s, timeout, f"phase {phase}")
+
+    def wait_step(self, step: int, timeout: float) -> None:
+        self.wait(lambda: self.trained_step() >= step, timeout, f"trainer at step {step}")
+
+    def running_pod(self, index: int = 0):
+        attempt = self.status().get("attempt")
+        return next(p for p in self.pods(attempt) if p.metadata.labels.get("trainium.dev/index") == str(index)
+                    and p.status.phase == "Running")
+
+    def inject(self, kind: str, operator: Operator | None = None) -> str:
+        """Break the run; returns the node or pod hit. Pod faults hit pod index 0."""
+        pod = self.running_pod(0)
+        node, pname = pod.spec.node_name, pod.metadata.name
+        self.note(f"fault {kind}")
+        if kind == "kill-rank":
+            faults.kill_rank(self.cluster.pods_dir, self.ns, pname)
+            return pname
+        if kind == "hang":
+            faults.hang_pod(self.cluster.pods_dir, self.ns, pname)
+            return pname
+        if kind == "evict":
+            faults.evict_pod(self.core, self.ns, pname)
+            return pname
+        if kind == "node-not-ready":
+            faults.node_not_ready(self.core, node)
+            return node
+        if kind == "neuron-error":
+            faults.neuron_error(self.core, node)
+            return node
+        if kind == "operator-kill":
+            # SIGKILL the operator while it restarts the gang after a crashed rank
+            assert operator is not None
+            faults.kill_rank(self.cluster.pods_dir, self.ns, pname)
+            attempt = self.status()["attempt"]
+            self.wait(lambda: self.status().get("phase") == "Restarting" or self.status().get("attempt") != attempt,
+                      60, "the operator to begin the restart")
+            operator.kill()
+            self.note("operator SIGKILLed")
+            time.sleep(1.0)
+            operator.start()
+            self.note("operator started again")
+            return pname
+        raise ValueError(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
+
+
+def process_nodes(cluster: Cluster, count: int, prefix: str) -> list[str]:
+    from kubernetes import client
+    core = client.CoreV1Api(cluster.api_client())
+    names = create_nodes(core, count, "cpu", prefix, processes=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # kwok marks them Ready
+        ready = [n for n in core.list_node(label_selector="localcluster.trainium.dev/processes=true").items
+                 if n.metadata.name in names and any(c.type == "Ready" and c.status == "True"
+                                                     for c in n.status.conditions or [])]
+        if len(ready) == len(names):
+            return names
+        time.sleep(0.2)
+    raise RuntimeError(f"process nodes {names} not Ready after 60s")
+
+
+def kill_leftovers(pods_root: Path) -> None:
+    """Stop every pod process the runner may have left (it normally kills them itself)."""
+    for rec in podprocs.all_records(pods_root):
+        if rec.get("initPid") and not rec.get("finished"):
+            podprocs.kill_namespace(rec["initPid"], timeout=2)
+
+
+@dataclass
+class Timeline:
+    """Fault -> detected -> new gang running -> first new step -> back at the failed step."""
+
+    fault: float
+    detected: float | None = None
+    gang_running: float | None = None
+    first_step: float | None = None
+    caught_up: float | None = None
+    failed_step: int = 0
+    resumed_step: int | None = None
+    operator_lost: dict = field(default_factory=dict)
+
+
+def timeline(drill: Drill, fault_time: float, failed_step: int) -> Timeline:
+    """Read the phases of one recovery from the trainer's records and the run's status."""
+    st = drill.status()
+    tl = Timeline(fault=fault_time, failed_step=failed_step, operator_lost=(st.get("goodput") or {}).get("lostSeconds") or {})
+    failure = next((f for f in st.get("failures") or [] if f["time"] >= fault_time - 1), None)
+    if failure:
+        tl.detected = failure["time"]
+        if failure.get("recoveredTime"):
+            tl.gang_running = failure["recoveredTime"]
+    after = [r for r in read_losses(drill.losses_path) if r["time"] > fault_time]
+    resumed = [r for r in after if tl.detected and r["time"] > tl.detected]
+    if resumed:
+        tl.first_step = resumed[0]["time"]
+        tl.resumed_step = resumed[0]["step"] - 1
+        tl.caught_up = next((r["time"] for r in resumed if r["step"] >= failed_step), None)
+    return tl
