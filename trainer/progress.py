@@ -81,10 +81,12 @@ class ProgressReporter:
             return None
 
     def report(self, step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
-               force: bool = False) -> None:
+               force: bool = False, step_time: float | None = None) -> None:
+        """``step_time``: when the step ended (epoch seconds; default now). The operator measures
+        lost time from it, so it is the step's time, not the time the report is sent."""
         if not self.enabled:
             return
-        self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step)
+        self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time)
         if force or time.monotonic() - self._sent_at >= self.interval:
             self._wake.set()
 

@@ -205,13 +205,13 @@ class Trainer:
             m.spikes.inc()
         if param_norm is not None:
             m.param_norm.set(param_norm)
-        self._last = (loss, tps)
+        self._last = (loss, tps, time.time())  # the step's end
         self._note_finished_saves()
         self._report_progress()
         if self.losses_fh:
             # time: when the step ended (epoch seconds), the ground truth for goodput checks
             self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
-                                             "time": round(time.time(), 3)}) + "\n")
+                                             "time": round(self._last[2], 3)}) + "\n")
             self.losses_fh.flush()
         if ps.rank == 0 and param_norm is not None:
             log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s param_norm %.2f tokens/s %.0f mfu %s step %.3fs",
@@ -220,9 +220,9 @@ class Trainer:
 
     def _report_progress(self, force: bool = False) -> None:
         if self.progress is not None and hasattr(self, "_last"):
-            loss, tps = self._last
+            loss, tps, ended = self._last
             self.progress.report(self.step, tps, loss if math.isfinite(loss) else -1.0,
-                                 self.last_ckpt_step, force=force)
+                                 self.last_ckpt_step, force=force, step_time=ended)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -137,6 +137,9 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     if gang.succeeded == spec.nodes:
         upd["phase"] = "Succeeded"
         res.event("Succeeded", f"all {spec.nodes} pods finished at step {gang.step}")
+        # the run's wall time ends with its last step (the trainer's clock), not with detection
+        _account(upd, status, min(now, gang.last_progress_time or now))
+        return res
     elif gang.running == spec.nodes:
         if not first_run:
             upd["gangRunningTime"] = now
@@ -150,6 +153,11 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         if gang.step is not None and phase != "Running":
             upd["phase"] = "Running"
             res.event("Running", f"attempt {attempt} reports progress at step {gang.step}")
+            failures = list(upd.get("failures", status.get("failures") or []))
+            if failures and failures[-1].get("recoveredTime") and not failures[-1].get("resumedTime"):
+                # training again: the restart's schedule phase ends at the new attempt's first step
+                failures[-1] = dict(failures[-1], resumedTime=gang.last_progress_time or now)
+                upd["failures"] = failures
     _account(upd, status, now)
     return res
 
@@ -164,11 +172,14 @@ def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: f
     if gang.tokens_per_second is not None:
         upd["tokensPerSecond"] = gang.tokens_per_second
     if not status.get("firstProgressTime"):
-        upd["firstProgressTime"] = now
+        upd["firstProgressTime"] = gang.last_progress_time or now  # the trainer's step end time
     last = status.get("lastStep")
     if last is None or gang.step > last:
         if last is not None and status.get("lastStepTime") and gang.step > last:
-            observed = (now - status["lastStepTime"]) / (gang.step - last)
+            # the trainer's step end times when both reports carry one; else when we saw them
+            prev_t, new_t = status.get("lastProgressTime"), gang.last_progress_time
+            exact = prev_t and new_t and new_t > prev_t
+            observed = ((new_t - prev_t) if exact else (now - status["lastStepTime"])) / (gang.step - last)
             prev = status.get("stepSeconds")
             upd["stepSeconds"] = round(observed if prev is None else 0.7 * prev + 0.3 * observed, 3)
         upd["lastStep"] = gang.step
@@ -251,4 +262,5 @@ def _account(upd: dict, status: dict, now: float) -> None:
     if created:
         failures = upd.get("failures", status.get("failures") or [])
         first = upd.get("firstProgressTime", status.get("firstProgressTime"))
-        upd["goodput"] = goodput.account(created, first, failures, now)
+        upd["goodput"] = goodput.account(created, first, failures, now,
+                                         upd.get("stepSeconds", status.get("stepSeconds")))

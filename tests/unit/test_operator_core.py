@@ -124,10 +124,27 @@ def test_policy_budgets_quarantine_and_guard():
 
 def test_goodput_accounting():
     g = goodput.account(created=0.0, first_progress=10.0, failures=[
-        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 110.0,
-         "step": 95, "checkpointStep": 90, "stepSeconds": 1.0}], now=200.0)
+        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 106.0,
+         "resumedTime": 110.0, "step": 95, "checkpointStep": 90, "stepSeconds": 1.0}], now=200.0)
+    # schedule: the first start (10 s) and teardown done -> the new attempt's first step (7 s),
+    # not only until its pods ran (recoveredTime): process start and checkpoint load are lost too
     assert g["lostSeconds"] == {"detect": 2.0, "teardown": 3.0, "schedule": 17.0, "recompute": 5.0}
     assert g["productiveSeconds"] == 173.0 and g["effectiveRatio"] == 0.865
+
+
+def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
+    g = goodput.account(created=0.0, first_progress=10.0, failures=[
+        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 106.0},
+        {"time": 120.0, "lastProgressTime": 98.0, "teardownDoneTime": 121.0, "resumedTime": 130.0}], now=200.0)
+    # the second failure's detection starts where the first one's recovery ended (120), not at
+    # its stale last progress (98): nothing is counted twice
+    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 4.0, "schedule": 36.0, "recompute": 0.0}
+    assert g["productiveSeconds"] == 158.0
+    # with an observed step time, each attempt's first step counts as training
+    g = goodput.account(created=0.0, first_progress=10.0, failures=[
+        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "resumedTime": 110.0}],
+        now=200.0, step_seconds=1.0)
+    assert g["lostSeconds"]["schedule"] == 15.0
 
 
 def test_reconcile_creates_then_restarts_without_overlapping_attempts():
