@@ -1,7 +1,8 @@
 """The progress annotation (ARCHITECTURE 3.2): how the operator learns step, speed and hangs.
 
 Local rank 0 of every pod patches its own pod's annotation ``trainium.dev/progress`` with
-``{"step", "time", "tokensPerSecond", "loss", "lastCheckpointStep"}`` at most once per
+``{"step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep"}`` (``time``: when that
+step ended; ``startStep``: the step this process resumed at, 0 on a fresh start) at most once per
 ``logging.progressIntervalSeconds``, from a background thread so a slow API server never slows
 a step. It is on when the pod knows its name (``POD_NAME``, ``POD_NAMESPACE`` from the downward
 API) and can reach the API server (in-cluster service account, or ``KUBECONFIG``); otherwise
@@ -19,14 +20,14 @@ import time
 log = logging.getLogger(__name__)
 
 ANNOTATION = "trainium.dev/progress"
-FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep")
+FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep")
 
 
 def payload(step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
-            now: float | None = None) -> str:
+            now: float | None = None, start_step: int = 0) -> str:
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
                        "tokensPerSecond": round(tokens_per_second, 2), "loss": round(loss, 5),
-                       "lastCheckpointStep": last_checkpoint_step}, separators=(",", ":"))
+                       "lastCheckpointStep": last_checkpoint_step, "startStep": start_step}, separators=(",", ":"))
 
 
 def parse(text: str | None) -> dict | None:
@@ -81,12 +82,13 @@ class ProgressReporter:
             return None
 
     def report(self, step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
-               force: bool = False, step_time: float | None = None) -> None:
+               force: bool = False, step_time: float | None = None, start_step: int = 0) -> None:
         """``step_time``: when the step ended (epoch seconds; default now). The operator measures
         lost time from it, so it is the step's time, not the time the report is sent."""
         if not self.enabled:
             return
-        self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time)
+        self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
+                               start_step=start_step)
         if force or time.monotonic() - self._sent_at >= self.interval:
             self._wake.set()
 

@@ -61,6 +61,7 @@ class Trainer:
         self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group)
         self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
         self.step = 0
+        self.start_step = 0  # where this process began: 0, or the checkpoint it resumed from
         self.tokens = 0
         self.last_ckpt_step: int | None = None
         self._failed_seen = 0  # failed saves already counted in the metrics
@@ -98,7 +99,7 @@ class Trainer:
         self.health.load_state(state["user_content"]["health"])
         torch.set_rng_state(state["user_content"]["torch_rng"])
         self.step, self.tokens = meta["step"], meta["tokens"]
-        self.last_ckpt_step = meta["step"]
+        self.last_ckpt_step = self.start_step = meta["step"]
         if self.ps.rank == 0:
             log.info("resumed from %s at step %d (%d tokens)", tag.uri, self.step, self.tokens)
 
@@ -222,7 +223,7 @@ class Trainer:
         if self.progress is not None and hasattr(self, "_last"):
             loss, tps, ended = self._last
             self.progress.report(self.step, tps, loss if math.isfinite(loss) else -1.0,
-                                 self.last_ckpt_step, force=force, step_time=ended)
+                                 self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -133,6 +133,13 @@ def spec_schema() -> dict:
                                "(default trainium-trainer; needs patch on its own pod for progress)."},
         "backend": {"type": "string", "enum": ["auto", "neuron", "cuda", "cpu"],
                     "description": "Trainer backend (default: neuron on trn types, cpu otherwise)."},
+        "env": {"type": "array", "description": "Extra environment variables of the trainer container, e.g. "
+                "AWS_ENDPOINT_URL for an S3-compatible store or credentials from a Secret. Each has a value or "
+                f"a valueFrom ({', '.join(ospec.ENV_SOURCES)}); the pod contract's variables "
+                f"({', '.join(ospec.CONTRACT_ENV)}) cannot be set here.",
+                "items": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "minLength": 1}, "value": {"type": "string"},
+                    "valueFrom": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
     }
     for group, cls in (("model", tcfg.ModelConfig), ("parallelism", tcfg.ParallelConfig),
                        ("training", tcfg.TrainingConfig), ("data", tcfg.DataConfig),

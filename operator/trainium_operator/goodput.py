@@ -1,19 +1,22 @@
 """A run's timeline -> productive and lost seconds by phase. Pure.
 
-Per failure (times in epoch seconds, recorded in status.failures):
-  detect     last progress before the failure -> detection
+Times are epoch seconds; progress times are the trainer's own step end times (the progress
+annotation's ``time``). For each failure (status.failures) the time between the failed
+attempt's last step (``lastProgressTime``, kept current while a gracefully stopped gang finishes
+its step) and the start of the new attempt's training is lost, split at detection and at the
+end of teardown:
+  detect     last step of the failed attempt -> detection
   teardown   detection -> every pod of the attempt gone
-  schedule   teardown done -> the new attempt's first progress (``resumedTime``: scheduling,
-             process start, checkpoint load, compile); a failure that never resumed is closed by
-             the next failure
-  recompute  steps trained after the last complete checkpoint, lost and trained again
-               (step at failure - checkpoint step) x step time
-The initial start (creation -> first progress) counts as schedule time too. Progress times are
-the trainer's own step end times (the progress annotation's ``time``); an attempt's first step
-is counted as training (its start is estimated as its end minus the observed step time), the
-rest of the wait as schedule. Productive time is wall
-time minus all of it; the effective training ratio is productive / wall. A finished run's wall
-ends at its last step, so writing the final checkpoint and exiting is not counted as training.
+  schedule   teardown done -> the new attempt trains again (scheduling, process start,
+             checkpoint load, compile). The new attempt's first report (``resumedTime``) came
+             ``resumedSteps`` steps after it resumed; its training began that many step times
+             earlier. A failure that never resumed is closed by the next failure.
+  recompute  steps trained after the checkpoint the new attempt resumed from (``resumedStep``;
+             before it resumed, the newest complete checkpoint), lost and trained again:
+             (failed attempt's last step - resumed step) x step time
+The initial start (creation -> training) counts as schedule time. Productive time is wall time
+minus all of it; the effective training ratio is productive / wall. A finished run's wall ends
+at its last step, so writing the final checkpoint and exiting is not counted as training.
 """
 
 from __future__ import annotations
@@ -22,26 +25,30 @@ PHASES = ("detect", "teardown", "schedule", "recompute")
 
 
 def account(created: float, first_progress: float | None, failures: list[dict], now: float,
-            step_seconds: float | None = None) -> dict:
+            step_seconds: float | None = None, first_progress_steps: int | None = None) -> dict:
+    step_s = step_seconds or 0.0
     lost = dict.fromkeys(PHASES, 0.0)
-    first_step = step_seconds or 0.0  # an attempt's first step is training, not waiting
-    lost["schedule"] += max(0.0, (first_progress - first_step if first_progress else now) - created)
-    previous_end = first_progress or created  # nothing before this is the next failure's to lose
+    began = first_progress - (first_progress_steps or 0) * step_s if first_progress else now
+    lost["schedule"] += max(0.0, began - created)
+    previous_end = began if first_progress else created  # nothing before this is a later failure's
     for i, f in enumerate(failures):
         detected = f.get("time", now)
         nxt = failures[i + 1]["time"] if i + 1 < len(failures) else None
-        last_progress = max(f.get("lastProgressTime") or previous_end, previous_end)
-        lost["detect"] += max(0.0, detected - last_progress)
+        last_step = max(f.get("lastProgressTime") or previous_end, previous_end)
+        lost["detect"] += max(0.0, detected - last_step)
         torn_down = f.get("teardownDoneTime") or nxt or now
-        lost["teardown"] += max(0.0, torn_down - detected)
-        resumed = f.get("resumedTime") or nxt or now
+        lost["teardown"] += max(0.0, torn_down - max(detected, last_step))
+        if f.get("resumedTime"):
+            resumed = f["resumedTime"] - (f.get("resumedSteps") or 0) * step_s
+        else:
+            resumed = nxt or now
         if f.get("teardownDoneTime"):
-            started = resumed - first_step if f.get("resumedTime") else resumed
-            lost["schedule"] += max(0.0, started - f["teardownDoneTime"])
+            lost["schedule"] += max(0.0, resumed - max(f["teardownDoneTime"], last_step))
         previous_end = max(resumed, torn_down)
-        step, ckpt, step_s = f.get("step"), f.get("checkpointStep"), f.get("stepSeconds")
+        step = f.get("step")
+        base = f["resumedStep"] if f.get("resumedStep") is not None else f.get("checkpointStep")
         if step is not None and step_s:
-            lost["recompute"] += max(0, step - (ckpt or 0)) * step_s
+            lost["recompute"] += max(0, step - (base or 0)) * step_s
     wall = max(0.0, now - created)
     total_lost = min(wall, sum(lost.values()))
     productive = wall - total_lost

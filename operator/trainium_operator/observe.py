@@ -120,6 +120,7 @@ class GangState:
     loss: float | None
     last_checkpoint_step: int | None
     last_progress_time: float | None
+    start_step: int | None = None  # where the reporting processes began (their checkpoint), if known
 
     @property
     def size(self) -> int:
@@ -137,7 +138,8 @@ def gang_state(pods: list[PodView]) -> GangState:
         loss=newest.get("loss") if newest else None,
         last_checkpoint_step=max((r["lastCheckpointStep"] for r in reports if r.get("lastCheckpointStep") is not None),
                                  default=None),
-        last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None))
+        last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None),
+        start_step=newest.get("startStep") if newest else None)
 
 
 def _succeeded(p: PodView) -> bool:

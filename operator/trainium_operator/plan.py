@@ -94,6 +94,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     env_list = [{"name": k, "value": v} for k, v in env.items()]
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
     command = ["python", "-m", "trainer.launch", "--nnodes", str(spec.nodes), "--node_rank", str(index),
                "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
                "--master_port", str(MASTER_PORT), "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]

@@ -155,8 +155,11 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
             res.event("Running", f"attempt {attempt} reports progress at step {gang.step}")
             failures = list(upd.get("failures", status.get("failures") or []))
             if failures and failures[-1].get("recoveredTime") and not failures[-1].get("resumedTime"):
-                # training again: the restart's schedule phase ends at the new attempt's first step
-                failures[-1] = dict(failures[-1], resumedTime=gang.last_progress_time or now)
+                # training again: the restart's schedule phase ends where the new attempt's
+                # training began; it resumed at startStep (its checkpoint)
+                failures[-1] = dict(failures[-1], resumedTime=gang.last_progress_time or now,
+                                    resumedStep=gang.start_step,
+                                    resumedSteps=gang.step - (gang.start_step or 0))
                 upd["failures"] = failures
     _account(upd, status, now)
     return res
@@ -173,6 +176,7 @@ def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: f
         upd["tokensPerSecond"] = gang.tokens_per_second
     if not status.get("firstProgressTime"):
         upd["firstProgressTime"] = gang.last_progress_time or now  # the trainer's step end time
+        upd["firstProgressSteps"] = gang.step - (gang.start_step or 0)  # steps trained by then
     last = status.get("lastStep")
     if last is None or gang.step > last:
         if last is not None and status.get("lastStepTime") and gang.step > last:
@@ -240,13 +244,14 @@ def _teardown(res: Result, run: dict, spec: TrainingRunSpec, status: dict, curre
               stale: list[PodView], attempt: int, now: float) -> Result:
     started = status.get("teardownStartTime") or now
     force = now - started >= spec.fault_tolerance.teardown_grace_seconds
+    _note_teardown_progress(res, status, current)
     for p in current:
         if force or not p.deleting:
             res.effects.append(Effect("delete_pod", name=p.name, grace=0 if force else
                                       int(spec.fault_tolerance.teardown_grace_seconds)))
     if current or stale:
         return res
-    failures = list(status.get("failures") or [])
+    failures = list(res.status.get("failures", status.get("failures") or []))
     if failures and not failures[-1].get("teardownDoneTime"):
         failures[-1] = dict(failures[-1], teardownDoneTime=now)
         res.status["failures"] = failures
@@ -257,10 +262,25 @@ def _teardown(res: Result, run: dict, spec: TrainingRunSpec, status: dict, curre
         f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
 
 
+def _note_teardown_progress(res: Result, status: dict, current: list[PodView]) -> None:
+    """A gang stopped by SIGTERM finishes its step and checkpoint first: keep the failed
+    attempt's newest step and its time on the failure record, so goodput counts that work."""
+    failures = list(res.status.get("failures", status.get("failures") or []))
+    gang = gang_state(current)
+    if not failures or failures[-1].get("teardownDoneTime") or gang.step is None:
+        return
+    f = failures[-1]
+    if gang.step > (f.get("step") or -1) or (gang.last_progress_time or 0) > (f.get("lastProgressTime") or 0):
+        failures[-1] = dict(f, step=max(gang.step, f.get("step") or 0),
+                            lastProgressTime=max(gang.last_progress_time or 0, f.get("lastProgressTime") or 0))
+        res.status["failures"] = failures
+
+
 def _account(upd: dict, status: dict, now: float) -> None:
     created = status.get("createdTime") or upd.get("createdTime")
     if created:
         failures = upd.get("failures", status.get("failures") or [])
         first = upd.get("firstProgressTime", status.get("firstProgressTime"))
         upd["goodput"] = goodput.account(created, first, failures, now,
-                                         upd.get("stepSeconds", status.get("stepSeconds")))
+                                         upd.get("stepSeconds", status.get("stepSeconds")),
+                                         upd.get("firstProgressSteps", status.get("firstProgressSteps")))

@@ -9,6 +9,7 @@ is a ConfigError naming the field, e.g. ``spec.parallelism.tensor: 3 does not di
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -27,6 +28,10 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
 }
 
 DEFAULT_TRAINER_SA = "trainium-trainer"
+# The pod contract's variables (ARCHITECTURE 3.2; plan.pod sets them): spec.env may not override them.
+CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "ATTEMPT",
+                "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE")
+ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CAUSES = ("application", "node", "neuron-device", "hang", "eviction", "scheduling")
 
 
@@ -117,6 +122,8 @@ class TrainingRunSpec:
     suspend: bool
     service_account: str
     layout: Layout
+    env: list[dict] = field(default_factory=list)
+    """Extra container environment (Kubernetes EnvVar objects), after the contract's."""
 
     @property
     def world_size(self) -> int:
@@ -128,7 +135,7 @@ class TrainingRunSpec:
 
 _TRAINER_GROUPS = ("model", "parallelism", "training", "data", "checkpoint", "health", "logging")
 _OPERATOR_FIELDS = ("image", "nodes", "instanceType", "processesPerNode", "faultTolerance", "compileCache",
-                    "suspend", "serviceAccountName", "backend")
+                    "suspend", "serviceAccountName", "backend", "env")
 
 
 def _prefix(err: ConfigError) -> ConfigError:
@@ -174,7 +181,49 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.suspend", f"must be true or false, got {suspend!r}")
     return TrainingRunSpec(image=image, nodes=nodes, instance_type=itype, processes_per_node=ppn, run=run,
                            fault_tolerance=ft, compile_cache=cache, suspend=suspend,
-                           service_account=spec.get("serviceAccountName", DEFAULT_TRAINER_SA), layout=layout)
+                           service_account=spec.get("serviceAccountName", DEFAULT_TRAINER_SA), layout=layout,
+                           env=_env(spec.get("env", [])))
+
+
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+
+def _env(raw: Any) -> list[dict]:
+    """spec.env: Kubernetes EnvVars with a value or a valueFrom (secretKeyRef, configMapKeyRef:
+    name and key; fieldRef: fieldPath), names unique and none of the contract's."""
+    if not isinstance(raw, list):
+        raise ConfigError("spec.env", "must be a list of {name, value} or {name, valueFrom}")
+    seen: set[str] = set()
+    out = []
+    for i, item in enumerate(raw):
+        where = f"spec.env[{i}]"
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or not _ENV_NAME.fullmatch(item["name"]):
+            raise ConfigError(f"{where}.name", "must be a valid environment variable name")
+        name = item["name"]
+        if name in CONTRACT_ENV:
+            raise ConfigError(f"{where}.name", f"{name} is set by the operator (the pod contract) and cannot be overridden")
+        if name in seen:
+            raise ConfigError(f"{where}.name", f"{name} is listed twice")
+        seen.add(name)
+        extra = sorted(set(item) - {"name", "value", "valueFrom"})
+        if extra:
+            raise ConfigError(f"{where}.{extra[0]}", "unknown field")
+        if ("value" in item) == ("valueFrom" in item):
+            raise ConfigError(where, "needs exactly one of value or valueFrom")
+        if "value" in item and not isinstance(item["value"], str):
+            raise ConfigError(f"{where}.value", f"must be a string, got {item['value']!r}")
+        if "valueFrom" in item:
+            vf = item["valueFrom"]
+            kinds = sorted(vf) if isinstance(vf, Mapping) else []
+            if len(kinds) != 1 or kinds[0] not in ENV_SOURCES:
+                raise ConfigError(f"{where}.valueFrom", f"must have exactly one of {', '.join(ENV_SOURCES)}")
+            ref = vf[kinds[0]]
+            needed = ("fieldPath",) if kinds[0] == "fieldRef" else ("name", "key")
+            for key in needed:
+                if not isinstance(ref, Mapping) or not isinstance(ref.get(key), str) or not ref[key]:
+                    raise ConfigError(f"{where}.valueFrom.{kinds[0]}.{key}", "is required")
+        out.append(dict(item))
+    return out
 
 
 def _normalise_ft(raw: Mapping[str, Any]) -> dict:

@@ -15,10 +15,44 @@ from localcluster.cluster import Cluster, free_base_port
 NODES = 3
 
 
+class S3Server:
+    """moto's S3 API server on loopback (a real HTTP S3 API; the trainer reaches it with s3fs)."""
+
+    def __init__(self):
+        import socket
+        import subprocess
+        import sys
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint,
+                    "FSSPEC_S3_ENDPOINT_URL": self.endpoint}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        import boto3
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                                   aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 class E2E:
-    def __init__(self, cluster: Cluster, operator: drill.Operator, nodes: list[str]):
+    def __init__(self, cluster: Cluster, operator: drill.Operator, nodes: list[str], s3: S3Server):
         from kubernetes import client
-        self.cluster, self.operator, self.nodes = cluster, operator, nodes
+        self.cluster, self.operator, self.nodes, self.s3 = cluster, operator, nodes, s3
         self.core = client.CoreV1Api(cluster.api_client())
 
     def namespace(self, label: str) -> str:
@@ -59,25 +93,40 @@ class E2E:
 
 @pytest.fixture(scope="session")
 def e2e(tmp_path_factory):
+    import os
     import warnings
+
+    import fsspec.config
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     state = tmp_path_factory.mktemp("e2e-cluster")
     cluster = Cluster(state_dir=state, base_port=free_base_port(start=26000))
+    s3 = S3Server()
+    # This process lists checkpoints on S3 too (the checks read the store as the operator does).
+    saved = {k: os.environ.get(k) for k in s3.env}
+    os.environ.update(s3.env)
+    fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = s3.endpoint
     cluster.up()
     operator = None
     try:
         cluster.kubectl("apply", "-f", str(drill.ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
         cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
         nodes = drill.process_nodes(cluster, NODES, "e2e-")
-        operator = drill.Operator(cluster, state / "operator.log")
+        operator = drill.Operator(cluster, state / "operator.log", env=s3.env)
         operator.start()
-        yield E2E(cluster, operator, nodes)
+        yield E2E(cluster, operator, nodes, s3)
     finally:
         if operator:
             operator.stop()
             print("\n--- operator log (tail) ---\n" + (state / "operator.log").read_text()[-2000:])
         cluster.down(keep_state=True)
         drill.kill_leftovers(cluster.pods_dir)
+        s3.close()
+        fsspec.config.conf.get("s3", {}).pop("endpoint_url", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ import yaml
 
 from trainer.config import ConfigError
 from trainium_operator import crd, goodput, plan
+from trainium_operator import spec as spec_mod
 from trainium_operator.observe import Failure, find_failure, gang_state, node_view, pod_view
 from trainium_operator.policy import decide
 from trainium_operator.reconcile import reconcile
@@ -123,13 +124,21 @@ def test_policy_budgets_quarantine_and_guard():
 
 
 def test_goodput_accounting():
-    g = goodput.account(created=0.0, first_progress=10.0, failures=[
+    g = goodput.account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
         {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 106.0,
-         "resumedTime": 110.0, "step": 95, "checkpointStep": 90, "stepSeconds": 1.0}], now=200.0)
-    # schedule: the first start (10 s) and teardown done -> the new attempt's first step (7 s),
-    # not only until its pods ran (recoveredTime): process start and checkpoint load are lost too
-    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 3.0, "schedule": 17.0, "recompute": 5.0}
-    assert g["productiveSeconds"] == 173.0 and g["effectiveRatio"] == 0.865
+         "resumedTime": 110.0, "resumedSteps": 1, "resumedStep": 90, "step": 95, "checkpointStep": 90}], now=200.0)
+    # schedule: the first start until step 1 began (9 s), and teardown done -> the new attempt's
+    # first step began (109 - 103 = 6 s), not only until its pods ran (recoveredTime)
+    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 3.0, "schedule": 15.0, "recompute": 5.0}
+    assert g["productiveSeconds"] == 175.0 and g["effectiveRatio"] == 0.875
+
+
+def test_goodput_of_a_graceful_stop_counts_the_steps_it_finished():
+    # a SIGTERMed gang trained past detection (to 101) and saved step 97, where it resumed
+    g = goodput.account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
+        {"time": 100.0, "lastProgressTime": 101.0, "teardownDoneTime": 103.0, "resumedTime": 110.0,
+         "resumedSteps": 2, "resumedStep": 97, "step": 97, "checkpointStep": 90}], now=200.0)
+    assert g["lostSeconds"] == {"detect": 0.0, "teardown": 2.0, "schedule": 14.0, "recompute": 0.0}
 
 
 def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
@@ -140,11 +149,6 @@ def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
     # its stale last progress (98): nothing is counted twice
     assert g["lostSeconds"] == {"detect": 2.0, "teardown": 4.0, "schedule": 36.0, "recompute": 0.0}
     assert g["productiveSeconds"] == 158.0
-    # with an observed step time, each attempt's first step counts as training
-    g = goodput.account(created=0.0, first_progress=10.0, failures=[
-        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "resumedTime": 110.0}],
-        now=200.0, step_seconds=1.0)
-    assert g["lostSeconds"]["schedule"] == 15.0
 
 
 def test_reconcile_creates_then_restarts_without_overlapping_attempts():
@@ -185,3 +189,32 @@ def test_untainted_nodes_leave_the_quarantine():
     pod = next(e.obj for e in r.effects if e.kind == "ensure")
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["n0"]
+
+
+@pytest.mark.parametrize("env,field,words", [
+    ([{"name": "MASTER_PORT", "value": "1"}], "spec.env[0].name", "set by the operator"),
+    ([{"name": "A"}], "spec.env[0]", "exactly one of value or valueFrom"),
+    ([{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s"}}}], "spec.env[0].valueFrom.secretKeyRef.key", "required"),
+    ([{"name": "A", "valueFrom": {"podRef": {}}}], "spec.env[0].valueFrom", "exactly one of"),
+    ([{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "spec.env[1].name", "listed twice"),
+    ([{"name": "A", "value": 3}], "spec.env[0].value", "must be a string"),
+    ("A=1", "spec.env", "must be a list"),
+])
+def test_env_is_validated_with_the_field_named(env, field, words):
+    from tests.conftest import tiny_run_spec
+    body = yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"]
+    with pytest.raises(ConfigError) as err:
+        spec_mod.parse({**body, "env": env})
+    assert err.value.field == field and words in err.value.message
+    assert tiny_run_spec().env == []
+
+
+def test_user_env_follows_the_contract_which_it_cannot_override():
+    body = yaml.safe_load((ROOT / "examples" / "tiny-cpu-run.yaml").read_text())["spec"]
+    extra = [{"name": "AWS_ENDPOINT_URL", "value": "http://127.0.0.1:9000"},
+             {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}]
+    s = spec_mod.parse({**body, "env": extra})
+    env = plan.pod({"metadata": {"name": "t", "namespace": "n", "uid": "u"}}, s, 1, 0, [])["spec"]["containers"][0]["env"]
+    assert env[-2:] == extra
+    contract = {e["name"] for e in env[:-2]} - set(plan.NEURON_ENV) - {"NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS"}
+    assert contract == set(spec_mod.CONTRACT_ENV)  # the reserved list is exactly what the plan sets

@@ -52,13 +52,13 @@ def manifest(name: str, data: dict[str, str], workdir: Path, **groups) -> dict:
 class Operator:
     """``python -m trainium_operator`` as a subprocess (it can be SIGKILLed and started again)."""
 
-    def __init__(self, cluster: Cluster, log_path: Path):
-        self.cluster, self.log_path = cluster, Path(log_path)
+    def __init__(self, cluster: Cluster, log_path: Path, env: dict[str, str] | None = None):
+        self.cluster, self.log_path, self.env = cluster, Path(log_path), dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.metrics_port = free_base_port(start=cluster.base_port + 400, span=2)
 
     def start(self) -> None:
-        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port",
                                           str(self.metrics_port), "--liveness-port", str(self.metrics_port + 1)],
@@ -179,11 +179,17 @@ def resumes(pods_root: Path, namespace: str, run: str) -> list[dict]:
     return out
 
 
-def newest_complete_before(ckpt_dir: Path, when: float) -> int | None:
-    """The highest step whose ``done`` marker existed at ``when``."""
-    steps = [int(d.name.split("_")[1]) for d in Path(ckpt_dir).glob("step_*")
-             if (d / "done").exists() and (d / "done").stat().st_mtime < when]
+def newest_complete_before(ckpt_uri: str, when: float) -> int | None:
+    """The highest step whose ``done`` marker existed at ``when`` (local path or s3://)."""
+    from trainer import ckpt_store
+    steps = [t.step for t in ckpt_store.list_tags(str(ckpt_uri), read_meta=False)
+             if t.complete and t.step is not None and t.done_mtime is not None and t.done_mtime < when]
     return max(steps, default=None)
+
+
+def complete_steps(ckpt_uri: str) -> set[int]:
+    from trainer import ckpt_store
+    return {t.step for t in ckpt_store.list_tags(str(ckpt_uri), read_meta=False) if t.complete}
 
 
 class Drill:
@@ -196,7 +202,7 @@ class Drill:
         self.name = body["metadata"]["name"]
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         spec = body["spec"]
-        self.ckpt_dir = Path(spec["checkpoint"]["uri"])
+        self.ckpt_uri = spec["checkpoint"]["uri"]
         self.losses_path = Path(spec["logging"]["lossesFile"])
         self.events: list[tuple[float, str]] = []
 
@@ -329,8 +335,8 @@ def timeline(drill: Drill, fault_time: float, failed_step: int) -> Timeline:
         tl.detected = failure["time"]
         if failure.get("recoveredTime"):
             tl.gang_running = failure["recoveredTime"]
-    after = [r for r in read_losses(drill.losses_path) if r["time"] > fault_time]
-    resumed = [r for r in after if tl.detected and r["time"] > tl.detected]
+    # the new attempt's steps: after its gang ran (a gracefully stopped gang trains on a little)
+    resumed = [r for r in read_losses(drill.losses_path) if tl.gang_running and r["time"] > tl.gang_running]
     if resumed:
         tl.first_step = resumed[0]["time"]
         tl.resumed_step = resumed[0]["step"] - 1
