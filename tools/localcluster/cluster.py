@@ -81,7 +81,7 @@ class Cluster:
     def ports(self) -> dict[str, int]:
         b = self.base_port
         return {"etcd": b, "etcd-peer": b + 1, "apiserver": b + 2, "controller-manager": b + 3,
-                "scheduler": b + 4, "kwok": b + 5}
+                "scheduler": b + 4, "kwok": b + 5, "pod-runner": b + 6}
 
     @property
     def kubeconfig(self) -> Path:
@@ -135,6 +135,7 @@ class Cluster:
                 port = self.ports["controller-manager" if name.startswith("kube-c") else "scheduler"]
                 self._wait_http(f"https://127.0.0.1:{port}/healthz", timeout, name)
             self._wait_http(f"http://127.0.0.1:{self.ports['kwok']}/healthz", timeout, "kwok")
+            self._wait_http(f"https://127.0.0.1:{self.ports['pod-runner']}/healthz", timeout, "pod-runner")
         except Exception:
             self.down(keep_state=True)
             raise
@@ -151,6 +152,11 @@ class Cluster:
         subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], check=True,
                        capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")],
+                       check=True, capture_output=True)
+        # The pod runner serves the kubelet's log endpoint (kubectl logs) over TLS, as a kubelet does.
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                        "-keyout", str(pki / "pod-runner.key"), "-out", str(pki / "pod-runner.crt"),
+                        "-subj", "/CN=localcluster-pod-runner", "-addext", "subjectAltName=IP:127.0.0.1"],
                        check=True, capture_output=True)
         token = secrets.token_hex(16)
         (pki / "tokens.csv").write_text(f'{token},admin,admin,"system:masters"\n')
@@ -190,6 +196,8 @@ class Cluster:
                 "--service-account-key-file", str(pki / "sa.pub"),
                 "--service-account-signing-key-file", str(pki / "sa.key"),
                 "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged",
+                # process-backed nodes' kubelet endpoint (the pod runner) is at their InternalIP
+                "--kubelet-preferred-address-types", "InternalIP,Hostname,ExternalIP",
                 "--enable-priority-and-fairness=false", "--profiling=false", "--v=1"]
 
     def _component_kubeconfig(self) -> list[str]:
@@ -226,8 +234,10 @@ class Cluster:
                 "--server-address", f"127.0.0.1:{self.ports['kwok']}"]
 
     def _runner_args(self) -> list[str]:
+        pki = self.state_dir / "pki"
         return ["--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.state_dir),
-                "--shim", str(self.bin_dir / SHIM)]
+                "--shim", str(self.bin_dir / SHIM), "--port", str(self.ports["pod-runner"]),
+                "--tls-cert", str(pki / "pod-runner.crt"), "--tls-key", str(pki / "pod-runner.key")]
 
     @property
     def pods_dir(self) -> Path:

@@ -20,8 +20,11 @@ What a pod gets, as a kubelet would give it (details in podspec.py):
 - deletion: SIGTERM to PID 1, the pod's grace period, then SIGKILL of the whole namespace; the
   object is then removed (grace 0), as the kubelet confirms a deletion. ``restartPolicy`` is
   treated as Never (the operator's pods use Never; others are refused);
-- logs: stdout and stderr in ``<state>/pods/<ns>/<pod>_<uid8>/container.log``
-  (``tools/cluster logs POD``);
+- logs: stdout and stderr in ``<state>/pods/<ns>/<pod>_<uid8>/container.log``, read with
+  ``tools/cluster logs POD`` or ``kubectl logs POD [-f] [--tail N]``: the runner serves the
+  kubelet's ``/containerLogs`` endpoint over TLS on its port, and registers that port as each
+  process-backed node's kubelet endpoint, so the API server's log proxy reaches it (it asks for
+  no client certificate: any process on this machine may read pod logs);
 - node faults: when its node is NotReady, no longer managed (the unreachable fault: a dead
   kubelet) or deleted, every process on it is SIGKILLed at once and, like a dead kubelet, the
   runner reports nothing more for those pods until the node is back (then ``Failed``, reason
@@ -128,9 +131,79 @@ class Sources:
         return self.core.create_namespaced_service_account_token(service_account, namespace, body).status.token
 
 
+class LogServer:
+    """The kubelet endpoints the API server proxies to: ``/containerLogs/<ns>/<pod>/<container>``
+    (``follow``, ``tailLines``, ``limitBytes``) and ``/healthz``."""
+
+    def __init__(self, pods_root: Path, port: int, cert: str, key: str):
+        import ssl
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, urlparse
+        root = pods_root
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                url = urlparse(self.path)
+                if url.path == "/healthz":
+                    return self._send(200, b"ok")
+                parts = url.path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "containerLogs":
+                    return self._send(404, b"not found")
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                try:
+                    pod_dir = podprocs.latest_pod_dir(root, parts[1], parts[2])
+                except LookupError as exc:
+                    return self._send(404, str(exc).encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                try:
+                    self._stream(pod_dir, query)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _stream(self, pod_dir: Path, query: dict) -> None:
+                data = (pod_dir / podprocs.LOG).read_bytes()
+                if query.get("tailLines"):
+                    data = b"".join(data.splitlines(keepends=True)[-int(query["tailLines"]):])
+                if query.get("limitBytes"):
+                    data = data[:int(query["limitBytes"])]
+                self.wfile.write(data)
+                self.wfile.flush()
+                if query.get("follow") != "true":
+                    return
+                with open(pod_dir / podprocs.LOG, "rb") as fh:
+                    fh.seek(0, 2)
+                    while True:
+                        chunk = fh.read()
+                        if chunk:
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
+                        elif podprocs.read_record(pod_dir).get("finished"):
+                            return
+                        else:
+                            time.sleep(0.2)
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True, name="kubelet-logs").start()
+
+
 class Runner:
     def __init__(self, api_client, state_dir: Path, apiserver: tuple[str, int], shim: Path,
-                 threads: int = THREADS_PER_PROCESS):
+                 threads: int = THREADS_PER_PROCESS, kubelet_port: int | None = None):
         from kubernetes import client
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
@@ -148,6 +221,7 @@ class Runner:
         self.nodes: dict[str, dict] = {}
         self.stopping = False
         self._ip_file = self.root / "next-ip"
+        self.kubelet_port = kubelet_port
 
     # -- watches ---------------------------------------------------------------------------
 
@@ -227,6 +301,8 @@ class Runner:
             self._node_changed(name, None if etype == "DELETED" else obj)
 
     def _node_changed(self, name: str, node: dict | None) -> None:
+        if node is not None and self.kubelet_port:
+            self._register_endpoint(node)
         was_up = self.node_up(self.nodes.get(name))
         if node is None:
             self.nodes.pop(name, None)
@@ -249,6 +325,19 @@ class Runner:
                     rec.save()
             for uid in list(self.waiting):  # pods waiting for this node
                 self.waiting[uid] = 0.0
+
+    def _register_endpoint(self, node: dict) -> None:
+        """Point the node's kubelet endpoint at our log server, as a kubelet registers its own."""
+        from kubernetes.client.exceptions import ApiException
+        current = (((node.get("status") or {}).get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+        if current == self.kubelet_port:
+            return
+        try:
+            self.core.patch_node_status(node["metadata"]["name"], {"status": {"daemonEndpoints": {
+                "kubeletEndpoint": {"Port": self.kubelet_port}}}})
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("registering the kubelet endpoint of %s: %s", node["metadata"]["name"], exc.reason)
 
     # -- pods ------------------------------------------------------------------------------
 
@@ -543,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--shim", required=True, help="libpodnet.so (built by tools/localcluster/build.sh)")
     ap.add_argument("--threads", type=int, default=THREADS_PER_PROCESS)
+    ap.add_argument("--port", type=int, help="serve the kubelet log endpoint here (kubectl logs)")
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import warnings
@@ -551,7 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     api = config.new_client_from_config(args.kubeconfig)
     host = api.configuration.host.split("//", 1)[1]
     runner = Runner(api, Path(args.state_dir), (host.rsplit(":", 1)[0], int(host.rsplit(":", 1)[1])),
-                    Path(args.shim), args.threads)
+                    Path(args.shim), args.threads, kubelet_port=args.port)
+    if args.port:
+        LogServer(runner.root, args.port, args.tls_cert, args.tls_key)
 
     def stop(signum, frame):
         runner.shutdown()

@@ -1,0 +1,136 @@
+"""Recovery end to end, per fault kind: the operator and pods running the real trainer on the
+local control plane (process-backed nodes), 2 nodes x 2 ranks (TP 2 x DP 2).
+
+    python bench/e2e_recovery.py [--faults kill-rank,node-not-ready,...] [--steps 40] [--fault-at 18]
+
+For each fault: fault injected -> detected by the operator -> every pod of the new gang running
+-> the first new step -> back at the step of the failure, from the trainer's own step times;
+the seconds lost (trainer's clock) next to the operator's lost seconds by phase and its goodput.
+The peer is the same run without a fault, measured in the same session: the table's last
+column is the faulted run's wall time over the uninterrupted run's. Everything started is
+stopped at the end, on Ctrl-C and on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+from bench.common import table  # noqa: E402
+from localcluster import drill  # noqa: E402
+from localcluster.cluster import Cluster, free_base_port  # noqa: E402
+
+
+def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None) -> dict:
+    from kubernetes import client
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    while True:
+        try:
+            core.read_namespaced_config_map("kube-root-ca.crt", name)
+            core.read_namespaced_service_account("default", name)
+            break
+        except Exception:
+            time.sleep(0.1)
+    body = drill.manifest("tiny", data, work / name, training={"steps": args.steps},
+                          checkpoint={"intervalSteps": args.checkpoint_every, "keep": 100},
+                          logging={"interval": 5, "progressIntervalSeconds": 1})
+    if fault == "hang":
+        body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "hangTimeoutFloorSeconds": 8}
+    d = drill.Drill(cluster, name, body)
+    d.create()
+    out: dict = {"fault": fault or "none (peer)"}
+    if fault:
+        d.wait_step(args.fault_at, 300)
+        failed_step, fault_time = d.trained_step(), time.time()
+        d.inject(fault, operator)
+    st = d.wait(lambda: (s := d.status()).get("phase") in ("Succeeded", "Failed") and s, 600, "the run to end")
+    truth = drill.ground_truth(d.losses_path, st["createdTime"])
+    gp = st.get("goodput") or {}
+    out.update(phase=st["phase"], wall=truth.wall_seconds, truth_ratio=truth.ratio, ratio=gp.get("effectiveRatio"),
+               lost=gp.get("lostSeconds") or {}, true_lost=truth.wall_seconds - truth.productive_seconds)
+    if fault:
+        tl = drill.timeline(d, fault_time, failed_step)
+        rel = (lambda t: round(t - fault_time, 2) if t else None)
+        out.update(detected=rel(tl.detected), running=rel(tl.gang_running), first=rel(tl.first_step),
+                   caught_up=rel(tl.caught_up), resumed=tl.resumed_step, failed_step=failed_step)
+    _heal(core)
+    return out
+
+
+def _heal(core) -> None:
+    from localcluster import faults
+    for n in core.list_node(label_selector="localcluster.trainium.dev/processes=true").items:
+        taints = [t for t in n.spec.taints or [] if t.key != "trainium.dev/quarantined"]
+        if len(taints) != len(n.spec.taints or []):
+            core.patch_node(n.metadata.name, {"spec": {"taints": [core.api_client.sanitize_for_serialization(t)
+                                                                  for t in taints]}})
+        if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
+            faults.neuron_healthy(core, n.metadata.name)
+        if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
+            faults.node_recover(core, n.metadata.name)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        nodes = core.list_node(label_selector="localcluster.trainium.dev/processes=true").items
+        if all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) and
+               not any(t.key.startswith("node.kubernetes.io/") for t in n.spec.taints or []) for n in nodes):
+            return
+        time.sleep(0.2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--faults", default=",".join(drill.FAULTS))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--fault-at", type=int, default=18)
+    ap.add_argument("--checkpoint-every", type=int, default=5)
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    from trainer import tinydata
+    work = Path(tempfile.mkdtemp(prefix="e2e-recovery-"))
+    data = tinydata.ensure(str(work / "data"))
+    cluster = Cluster(state_dir=work / "cluster", base_port=free_base_port(start=28000))
+    operator = None
+    rows = []
+    try:
+        cluster.up()
+        cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        drill.process_nodes(cluster, 3, "bench-")
+        operator = drill.Operator(cluster, work / "operator.log")
+        operator.start()
+        peer = one_run(cluster, operator, work, data, "peer", args, None)
+        print(f"peer (no fault): wall {peer['wall']:.1f}s, goodput {peer['ratio']} (trainer {peer['truth_ratio']:.3f})",
+              flush=True)
+        for i, fault in enumerate(args.faults.split(",")):
+            r = one_run(cluster, operator, work, data, f"f{i}-{fault}", args, fault)
+            print(f"{fault}: {r}", flush=True)
+            rows.append(r)
+    finally:
+        if operator:
+            operator.stop()
+        cluster.down(keep_state=True)
+        drill.kill_leftovers(cluster.pods_dir)
+    fmt = (lambda x: "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x))
+    print(f"\n{args.steps} steps, fault after step {args.fault_at}, checkpoints every {args.checkpoint_every}; "
+          "times in seconds from the fault\n")
+    print(table(["fault", "detected", "gang running", "first new step", "back at failed step", "resumed at",
+                 "lost (trainer)", "lost detect/teardown/schedule/recompute (operator)", "goodput operator",
+                 "goodput trainer", "wall / peer wall"],
+                [[r["fault"], fmt(r["detected"]), fmt(r["running"]), fmt(r["first"]), fmt(r["caught_up"]),
+                  f"{r['resumed']} (failed {r['failed_step']})", fmt(r["true_lost"] - peer["true_lost"]),
+                  "/".join(fmt(r["lost"].get(k)) for k in ("detect", "teardown", "schedule", "recompute")),
+                  fmt(r["ratio"]), fmt(r["truth_ratio"]), fmt(r["wall"] / peer["wall"])] for r in rows]))
+    print("\nlost (trainer): seconds lost to the fault by the trainer's clock, beyond the peer's own start-up")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
