@@ -199,6 +199,11 @@ class CheckpointConfig:
     """Complete checkpoints to keep (0 = all). The newest complete one is never deleted."""
     resume: str = "auto"
     """'auto' (newest complete tag, or start fresh), 'none', or a tag name."""
+    save_on_stop: bool = True
+    """On SIGTERM (a gang stopped for a restart, an eviction, a drained node), save the step
+    reached before exiting, so the restart recomputes nothing. The pod's grace period
+    (faultTolerance.teardownGraceSeconds) must cover a save; if it does not, the tag is never
+    completed and the previous checkpoint is used."""
 
     def validate(self) -> None:
         if self.interval_steps < 0:

@@ -177,11 +177,16 @@ class Trainer:
             log_now = self.step % cfg.logging.interval == 0 or self.step == 1 or spike  # same on every rank
             param_norm = self.optim.param_norm() if log_now else None  # a TP collective: all ranks
             self._report(loss, grad_norm, dt, spike, param_norm)
-            if self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled()):
+            saved = self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled())
+            if saved:
                 self.save()
-            if stop:
+            if stop:  # every rank agreed on it through the step's all-reduce
                 if ps.rank == 0:
-                    log.warning("SIGTERM: stopping after step %d, finalizing checkpoints", self.step)
+                    log.warning("SIGTERM: stopping after step %d, %s", self.step,
+                                "saving it" if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved
+                                else "finalizing checkpoints")
+                if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved:
+                    self.save()
                 code = exitcodes.TERMINATED
                 break
         last = self.ckpt.finalize()
