@@ -244,7 +244,8 @@ class LoggingConfig:
     progress_interval_seconds: float = 5.0
     """Minimum seconds between progress annotations on the pod."""
     losses_file: str = ""
-    """If set, rank 0 appends one JSON line per step (step, loss, grad norm, lr, end time) here."""
+    """If set, rank 0 appends one JSON line per step (step, loss, grad norm, lr, end time, and the
+    step this process resumed at) here."""
 
 
 @dataclass

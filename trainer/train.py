@@ -217,7 +217,7 @@ class Trainer:
         if self.losses_fh:
             # time: when the step ended (epoch seconds), the ground truth for goodput checks
             self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
-                                             "time": round(self._last[2], 3)}) + "\n")
+                                             "time": round(self._last[2], 3), "startStep": self.start_step}) + "\n")
             self.losses_fh.flush()
         if ps.rank == 0 and param_norm is not None:
             log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s param_norm %.2f tokens/s %.0f mfu %s step %.3fs",

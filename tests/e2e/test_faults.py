@@ -29,7 +29,6 @@ CHECKPOINT_EVERY = 5
 CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "neuron-device",
          "hang": "hang", "operator-kill": "application", "evict": "eviction"}
 QUARANTINES = ("node-not-ready", "neuron-error")
-RESTART_PAUSE = 5.0  # seconds: no restart here is faster (process start alone takes longer)
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -128,12 +127,7 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
     # training went on from the step after it
     resumes = drill.resumes(e2e.cluster.pods_dir, ns, name)
     assert resumes, "the restarted gang did not resume from a checkpoint"
-    records = drill.read_losses(d.losses_path)
-    # a new attempt starts where the step goes back, or (a graceful stop that saved its last
-    # step) where the next step came after a restart's pause rather than a step's time
-    restarts_at = [r["step"] - 1 for prev, r in zip(records, records[1:])
-                   if r["step"] <= prev["step"] or r["time"] - prev["time"] > RESTART_PAUSE]
-    assert restarts_at == [r["step"] for r in resumes], (restarts_at, resumes)
+    assert drill.restart_points(d.losses_path) == [r["step"] for r in resumes], resumes
     complete = drill.complete_steps(d.ckpt_uri)
     for r in resumes:
         assert r["step"] == drill.newest_complete_before(d.ckpt_uri, r["started"]), r

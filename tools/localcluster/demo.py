@@ -105,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         print(line(d, t0), flush=True)
         st = d.status()
-        say(f"run {st['phase']}: {st.get('message') or ''}")
+        say(f"run {st['phase']}" + (f": {st.get('message')}" if st["phase"] == "Failed" else ""))
         if fault_time is not None:
             tl = drill.timeline(d, fault_time, failed_step)
             rel = (lambda t: f"+{t - fault_time:5.1f}s" if t else "   n/a")
             say("recovery, from the fault:")
             print(f"    detected by the operator        {rel(tl.detected)}")
             print(f"    new gang running                {rel(tl.gang_running)}")
-            print(f"    first new step (resumed at {tl.resumed_step}) {rel(tl.first_step)}")
+            print(f"    first new step                  {rel(tl.first_step)}   (resumed from the checkpoint at step {tl.resumed_step})")
             print(f"    back at step {failed_step:<4}               {rel(tl.caught_up)}")
         gp = st.get("goodput") or {}
         truth = drill.ground_truth(d.losses_path, st["createdTime"])

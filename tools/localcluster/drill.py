@@ -142,6 +142,16 @@ def read_losses(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def first_of_process(record: dict) -> bool:
+    """The first step a (re)started trainer trained: the step after the one it resumed at."""
+    return record["step"] == record.get("startStep", 0) + 1
+
+
+def restart_points(losses_path: Path) -> list[int]:
+    """The steps the run's restarts resumed at, in order, from the trainer's step log."""
+    return [r["startStep"] for r in read_losses(losses_path) if first_of_process(r) and r["startStep"] > 0]
+
+
 def ground_truth(losses_path: Path, created: float) -> Truth:
     """Productive time = the durations of the steps that survive in the final trajectory (each
     step's last execution; a recomputed step counts once), a step's duration being the time since
@@ -153,10 +163,10 @@ def ground_truth(losses_path: Path, created: float) -> Truth:
     final: dict[int, dict] = {}
     prev: dict | None = None
     for r in records:
-        if prev is not None and r["step"] == prev["step"] + 1 and r["time"] >= prev["time"]:
+        if prev is not None and not first_of_process(r):
             durations[r["step"]] = r["time"] - prev["time"]
         else:
-            durations.pop(r["step"], None)  # first step of an attempt: unknown
+            durations.pop(r["step"], None)  # first step of an attempt: its start is unknown
         final[r["step"]] = r
         prev = r
     known = sorted(durations.values())
@@ -335,10 +345,12 @@ def timeline(drill: Drill, fault_time: float, failed_step: int) -> Timeline:
         tl.detected = failure["time"]
         if failure.get("recoveredTime"):
             tl.gang_running = failure["recoveredTime"]
-    # the new attempt's steps: after its gang ran (a gracefully stopped gang trains on a little)
-    resumed = [r for r in read_losses(drill.losses_path) if tl.gang_running and r["time"] > tl.gang_running]
+    # the new attempt's steps: from the first step of a process started after the fault
+    records = read_losses(drill.losses_path)
+    start = next((i for i, r in enumerate(records) if r["time"] > fault_time and first_of_process(r)), None)
+    resumed = records[start:] if start is not None else []
     if resumed:
         tl.first_step = resumed[0]["time"]
-        tl.resumed_step = resumed[0]["step"] - 1
+        tl.resumed_step = resumed[0]["startStep"]
         tl.caught_up = next((r["time"] for r in resumed if r["step"] >= failed_step), None)
     return tl
