@@ -81,6 +81,11 @@ build_podnet() {
   if [ -f "$bin/libpodnet.so" ] && [ "$(cat "$bin/.libpodnet.so.version" 2>/dev/null)" = "$sum" ]; then
     log "libpodnet.so: cached"; return
   fi
+  if ! command -v cc >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing Debian's gcc (podnet.c is compiled)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
+  fi
   command -v cc >/dev/null || { echo "tools/localcluster/build.sh: a C compiler (cc) is needed for podnet.c; install gcc" >&2; exit 1; }
   log "libpodnet.so: compiling"
   cc -shared -fPIC -O2 -Wall -o "$bin/libpodnet.so" "$here/podnet.c" -ldl

@@ -95,6 +95,7 @@ class PodRecord:
     lost: bool = False  # killed with its node; no kubelet reports for it until the node is back
     deleting: bool = False
     killAt: float | None = None  # SIGKILL the namespace at this monotonic time (grace period end)
+    killed: bool = False  # we SIGKILLed it (grace period over, node lost, object removed)
 
     def save(self) -> None:
         (Path(self.dir) / podprocs.RECORD).write_text(json.dumps(asdict(self), indent=1))
@@ -270,7 +271,7 @@ class Runner:
         self.stopping = True
         for uid, rec in list(self.pods.items()):
             if rec.initPid and uid in self.procs:
-                podprocs.kill_namespace(rec.initPid, timeout=5)
+                self._kill(rec, timeout=5)
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -314,7 +315,7 @@ class Runner:
             for uid, rec in list(self.pods.items()):
                 if rec.node == name and rec.initPid and rec.finished is None:
                     log.info("node %s %s: killing pod %s/%s with it", name, why, rec.namespace, rec.name)
-                    podprocs.kill_namespace(rec.initPid)
+                    self._kill(rec)
                     rec.lost = True
                     rec.save()
         if up and not was_up:
@@ -394,7 +395,7 @@ class Runner:
         rec = self.pods.pop(uid, None)
         if rec and rec.initPid and rec.finished is None and not rec.lost:
             log.info("pod %s/%s removed while running: SIGKILL", rec.namespace, rec.name)
-            podprocs.kill_namespace(rec.initPid)
+            self._kill(rec)
             self._reap(uid, rec)
         self.procs.pop(uid, None)
         if rec:
@@ -456,12 +457,14 @@ class Runner:
         self._write_hosts()
         script = pod_dir / "start.sh"
         script.write_text(podspec.start_script(prepared, podspec.pod_hostname(pod), pod_dir / "hosts"))
-        logf = open(pod_dir / podprocs.LOG, "ab")
+        logf, errf = open(pod_dir / podprocs.LOG, "ab"), open(pod_dir / "unshare.log", "ab")
+        # unshare's own messages go to unshare.log; start.sh sends the container's stderr to its log
         proc = subprocess.Popen(["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
                                  "--propagation", "private", "--", "/bin/sh", str(script), *prepared.argv],
-                                env=prepared.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=prepared.env, stdout=logf, stderr=errf, stdin=subprocess.DEVNULL,
                                 cwd="/", preexec_fn=_set_pdeathsig)
         logf.close()
+        errf.close()
         self.procs[uid] = proc
         rec.initPid = self._find_init(proc)
         rec.started = time.time()
@@ -511,7 +514,7 @@ class Runner:
             if code is None:
                 if rec.killAt is not None and now >= rec.killAt and rec.initPid:
                     log.info("pod %s/%s: grace period over, SIGKILL", rec.namespace, rec.name)
-                    podprocs.kill_namespace(rec.initPid)
+                    self._kill(rec)
                     rec.killAt = None
                 continue
             self._reap(uid, rec)
@@ -519,10 +522,19 @@ class Runner:
             if now >= when and uid in self.objects and uid not in self.pods:
                 self._maybe_start(self.objects[uid])
 
+    def _kill(self, rec: PodRecord, timeout: float = 10.0) -> None:
+        """SIGKILL every process of the pod (PID 1 first: the kernel takes the rest)."""
+        rec.killed = True
+        podprocs.kill_namespace(rec.initPid, timeout=timeout)
+
     def _reap(self, uid: str, rec: PodRecord) -> None:
         proc = self.procs.pop(uid, None)
         code = proc.wait() if proc else -signal.SIGKILL
-        exit_code = code if code >= 0 else 128 - code  # unshare re-raises the signal that killed PID 1
+        # unshare re-raises the signal that killed PID 1, except SIGKILL (util-linux 2.38 exits 1
+        # then); we know when we sent it
+        if rec.killed and code in (1, -signal.SIGKILL):
+            code = -signal.SIGKILL
+        exit_code = code if code >= 0 else 128 - code
         # PID 1 is gone, so the kernel has killed the rest of its namespace; its PID may already
         # belong to someone else: never signal it again.
         rec.finished, rec.exitCode, rec.killAt = time.time(), exit_code, None

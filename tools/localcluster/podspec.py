@@ -279,7 +279,7 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
 def start_script(prepared: Prepared, hostname: str, hosts_file: Path) -> str:
     """The shell script that runs inside the pod's new namespaces and execs the command."""
     q = shlex.quote
-    lines = ["set -e", f"hostname {q(hostname[:63])}", f"mount --bind {q(str(hosts_file))} /etc/hosts"]
+    lines = ["exec 2>&1", "set -e", f"hostname {q(hostname[:63])}", f"mount --bind {q(str(hosts_file))} /etc/hosts"]
     for m in prepared.mounts:
         t = q(m.target)
         lines.append(f"[ -e {t} ] || {{ mkdir -p \"$(dirname {t})\"; "
