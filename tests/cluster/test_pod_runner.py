@@ -141,3 +141,26 @@ def test_node_faults_and_process_faults_hit_the_processes(core_api, local_cluste
     term = core_api.read_namespaced_pod("sleeper", namespace).status.container_statuses[0].state.terminated
     assert term.reason == "NodeLost" and term.exit_code == 137
     assert os.path.exists(pod_dir / podprocs.LOG)
+
+
+@pytest.mark.parametrize("fault", ["node-unreachable", "delete-node"])
+def test_a_lost_node_takes_its_processes_with_it(core_api, local_cluster, namespace, fault):
+    """Unreachable (nobody heartbeats: a dead kubelet) and deleted nodes kill their pods'
+    processes at once, long before the control plane notices (unreachable: ~20-45 s)."""
+    node = create_nodes(core_api, 1, "cpu", f"lost-{fault[5:9]}-", processes=True)[0]
+    core_api.patch_node(node, {"spec": {"taints": [TAINT]}})
+    try:
+        wait_until(lambda: any(c.type == "Ready" and c.status == "True"
+                               for c in core_api.read_node(node).status.conditions or []), 60, what="node Ready")
+        core_api.create_namespaced_pod(namespace, pod("victim", node, "sleep 1000"))
+        wait_until(lambda: phase(core_api, namespace, "victim") == "Running", 60, what="Running")
+        init = podprocs.read_record(podprocs.latest_pod_dir(local_cluster.pods_dir, namespace, "victim"))["initPid"]
+        (faults.node_unreachable if fault == "node-unreachable" else faults.delete_node)(core_api, node)
+        _, took = wait_until(lambda: not podprocs.namespace_pids(init), 30, 0.02, what="processes killed")
+        print(f"\n{fault}: the pod's processes gone {took:.2f}s later")
+        assert took < 5
+    finally:
+        try:
+            core_api.delete_node(node)
+        except Exception:
+            pass
