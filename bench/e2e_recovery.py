@@ -127,7 +127,7 @@ def main() -> int:
                 [[r["fault"], fmt(r["detected"]), fmt(r["running"]), fmt(r["first"]), fmt(r["caught_up"]),
                   f"{r['resumed']} (failed {r['failed_step']})", fmt(r["true_lost"] - peer["true_lost"]),
                   "/".join(fmt(r["lost"].get(k)) for k in ("detect", "teardown", "schedule", "recompute")),
-                  fmt(r["ratio"]), fmt(r["truth_ratio"]), fmt(r["wall"] / peer["wall"])] for r in rows]))
+                  f"{r['ratio']:.3f}", f"{r['truth_ratio']:.3f}", fmt(r["wall"] / peer["wall"])] for r in rows]))
     print("\nlost (trainer): seconds lost to the fault by the trainer's clock, beyond the peer's own start-up")
     return 0
 
