@@ -12,6 +12,7 @@ and on Ctrl-C. Run through ``bash tools/demo``.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 import warnings
@@ -46,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=120)
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+
+    def interrupted(signum, frame):  # a closed terminal or a kill stops everything too, like Ctrl-C
+        raise KeyboardInterrupt
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
     from trainer import tinydata
 
     say(f"generating the offline corpus and tokenizer in {WORK / 'data'} (once)")
@@ -79,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint every {body['spec']['checkpoint']['intervalSteps']} steps)")
         t0 = time.time()
         d.create()
-        fault_step = args.steps // 2
+        every = body["spec"]["checkpoint"]["intervalSteps"]
+        fault_step = args.steps // 2 + every // 2  # between two checkpoints: some steps are lost
         fault_time = failed_step = None
         last_print = 0.0
         seen_failures = 0
@@ -116,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    back at step {failed_step:<4}               {rel(tl.caught_up)}")
         gp = st.get("goodput") or {}
         truth = drill.ground_truth(d.losses_path, st["createdTime"])
+        lost = gp.get("lostSeconds") or {}
         say(f"goodput (effective training ratio) {gp.get('effectiveRatio')}: {gp.get('productiveSeconds')}s productive "
-            f"of {gp.get('wallSeconds')}s; lost seconds by phase {gp.get('lostSeconds')}")
+            f"of {gp.get('wallSeconds')}s; lost: detect {lost.get('detect')}s, teardown {lost.get('teardown')}s, "
+            f"schedule {lost.get('schedule')}s (the first start included), recompute {lost.get('recompute')}s")
         say(f"the trainer's own clock says {truth.ratio:.3f} ({truth.productive_seconds:.1f}s of {truth.wall_seconds:.1f}s; "
             f"{truth.executions - len(truth.losses)} steps trained twice)")
         return 0 if st["phase"] == "Succeeded" else 1
