@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from localcluster import drill, faults
+from localcluster import drill
 from localcluster.drill import Drill, ProcessSampler
 
 pytestmark = pytest.mark.e2e
