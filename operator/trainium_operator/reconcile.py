@@ -136,7 +136,8 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         return _on_failure(res, run, spec, status, failure, current, gang, now, checkpoint)
     if gang.succeeded == spec.nodes:
         upd["phase"] = "Succeeded"
-        res.event("Succeeded", f"all {spec.nodes} pods finished at step {gang.step}")
+        upd["message"] = f"all {spec.nodes} pods finished at step {gang.step}"  # not the last restart's reason
+        res.event("Succeeded", upd["message"])
         # the run's wall time ends with its last step (the trainer's clock), not with detection
         _account(upd, status, min(now, gang.last_progress_time or now))
         return res

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         print(line(d, t0), flush=True)
         st = d.status()
-        say(f"run {st['phase']}" + (f": {st.get('message')}" if st["phase"] == "Failed" else ""))
+        say(f"run {st['phase']}: {st.get('message')}")
         if fault_time is not None:
             tl = drill.timeline(d, fault_time, failed_step)
             rel = (lambda t: f"+{t - fault_time:5.1f}s" if t else "   n/a")
