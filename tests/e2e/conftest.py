@@ -98,6 +98,8 @@ def e2e(tmp_path_factory):
 
     import fsspec.config
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tier runs pods as local processes in Linux namespaces: run it as root")
     state = tmp_path_factory.mktemp("e2e-cluster")
     cluster = Cluster(state_dir=state, base_port=free_base_port(start=26000))
     s3 = S3Server()

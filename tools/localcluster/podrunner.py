@@ -432,6 +432,8 @@ class Runner:
         containers = spec.get("containers") or []
         if len(containers) != 1 or spec.get("initContainers"):
             raise podspec.PodSpecError("the process runner runs pods with exactly one container and no init containers")
+        if os.geteuid() != 0:
+            raise podspec.PodSpecError("process-backed pods need root here (Linux mount and PID namespaces)")
         if spec.get("restartPolicy", "Always") != "Never":
             raise podspec.PodSpecError(f"restartPolicy {spec.get('restartPolicy', 'Always')!r}: only Never is supported")
         pod_dir = self.root / ns / f"{name}_{uid[:8]}"
