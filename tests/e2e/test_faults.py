@@ -114,7 +114,10 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
           f"detected +{(tl.detected or 0) - fault_time:.2f}s, gang running +{(tl.gang_running or 0) - fault_time:.2f}s, "
           f"first new step +{(tl.first_step or 0) - fault_time:.2f}s, back at step {failed_step} "
           f"+{(tl.caught_up or 0) - fault_time:.2f}s; goodput status {gp['effectiveRatio']:.3f} vs truth "
-          f"{truth.ratio:.3f}; lost {gp['lostSeconds']}")
+          f"{truth.ratio:.3f}; lost {gp['lostSeconds']}\n  status: stepSeconds {st.get('stepSeconds')}, first "
+          f"progress {st.get('firstProgressTime')} after {st.get('firstProgressSteps')} steps; failure {st['failures'][-1]}; "
+          f"trainer: median step {truth.step_seconds:.3f}s, productive {truth.productive_seconds:.1f}s of "
+          f"{truth.wall_seconds:.1f}s")
 
     # the operator saw the right failure, once
     assert st["restarts"] == {CAUSE[fault]: 1}, st["restarts"]
