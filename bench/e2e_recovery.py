@@ -31,14 +31,7 @@ from localcluster.cluster import Cluster, free_base_port  # noqa: E402
 def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None) -> dict:
     from kubernetes import client
     core = client.CoreV1Api(cluster.api_client())
-    core.create_namespace({"metadata": {"name": name}})
-    while True:
-        try:
-            core.read_namespaced_config_map("kube-root-ca.crt", name)
-            core.read_namespaced_service_account("default", name)
-            break
-        except Exception:
-            time.sleep(0.1)
+    drill.new_namespace(core, name)
     body = drill.manifest("tiny", data, work / name, training={"steps": args.steps},
                           checkpoint={"intervalSteps": args.checkpoint_every, "keep": 100},
                           logging={"interval": 5, "progressIntervalSeconds": 1})
@@ -61,28 +54,8 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
         rel = (lambda t: round(t - fault_time, 2) if t else None)
         out.update(detected=rel(tl.detected), running=rel(tl.gang_running), first=rel(tl.first_step),
                    caught_up=rel(tl.caught_up), resumed=tl.resumed_step, failed_step=failed_step)
-    _heal(core)
+    drill.heal_process_nodes(core)
     return out
-
-
-def _heal(core) -> None:
-    from localcluster import faults
-    for n in core.list_node(label_selector="localcluster.trainium.dev/processes=true").items:
-        taints = [t for t in n.spec.taints or [] if t.key != "trainium.dev/quarantined"]
-        if len(taints) != len(n.spec.taints or []):
-            core.patch_node(n.metadata.name, {"spec": {"taints": [core.api_client.sanitize_for_serialization(t)
-                                                                  for t in taints]}})
-        if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
-            faults.neuron_healthy(core, n.metadata.name)
-        if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
-            faults.node_recover(core, n.metadata.name)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        nodes = core.list_node(label_selector="localcluster.trainium.dev/processes=true").items
-        if all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) and
-               not any(t.key.startswith("node.kubernetes.io/") for t in n.spec.taints or []) for n in nodes):
-            return
-        time.sleep(0.2)
 
 
 def main() -> int:

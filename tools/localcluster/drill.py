@@ -314,6 +314,46 @@ def process_nodes(cluster: Cluster, count: int, prefix: str) -> list[str]:
     raise RuntimeError(f"process nodes {names} not Ready after 60s")
 
 
+def new_namespace(core, name: str, timeout: float = 30) -> str:
+    """Create a namespace and wait for what pods need: the default ServiceAccount and the API
+    server's CA ConfigMap (the service-account token volume mounts it)."""
+    core.create_namespace({"metadata": {"name": name}})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_namespaced_service_account("default", name)
+            core.read_namespaced_config_map("kube-root-ca.crt", name)
+            return name
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def heal_process_nodes(core, timeout: float = 60) -> None:
+    """Undo what a drill did to the process-backed nodes (faults, quarantine taints) and wait
+    until every one is Ready and free of the node lifecycle controller's taints."""
+    selector = "localcluster.trainium.dev/processes=true"
+    for n in core.list_node(label_selector=selector).items:
+        taints = [t for t in n.spec.taints or [] if t.key != "trainium.dev/quarantined"]
+        if len(taints) != len(n.spec.taints or []):
+            core.patch_node(n.metadata.name, {"spec": {"taints": [
+                core.api_client.sanitize_for_serialization(t) for t in taints]},
+                "metadata": {"labels": {"trainium.dev/quarantined": None}}})
+        if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
+            faults.neuron_healthy(core, n.metadata.name)
+        if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
+            faults.node_recover(core, n.metadata.name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = core.list_node(label_selector=selector).items
+        if all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) and
+               not any(t.key.startswith("node.kubernetes.io/") for t in n.spec.taints or []) for n in nodes):
+            return
+        time.sleep(0.2)
+    raise AssertionError("process nodes did not become healthy again")
+
+
 def kill_leftovers(pods_root: Path) -> None:
     """Stop every pod process the runner may have left (it normally kills them itself)."""
     for rec in podprocs.all_records(pods_root):
