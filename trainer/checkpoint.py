@@ -58,6 +58,10 @@ def host_copy(tensors, cache: dict | None = None, key: str = ""):
     """
     if isinstance(tensors, torch.Tensor):
         src = tensors.detach()
+        if src.device.type == "xla":
+            # One device-to-host transfer of the materialised tensor (the step's graph ran at
+            # the step boundary); the CPU copy is ours, no buffer cache needed.
+            return src.cpu()
         buf = cache.get(key) if cache is not None else None
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             buf = torch.empty(src.shape, dtype=src.dtype, device="cpu",
@@ -83,8 +87,11 @@ def _write_torch(fs, path: str, obj) -> None:
 
 
 class Checkpointer:
-    def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None):
+    def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None, decision_group=None):
+        """``async_group``: the writer threads' gloo group. ``decision_group``: a gloo group for
+        the loop's own host-side agreement (None: the default group, when that is gloo)."""
         self.cfg, self.ps = cfg, ps
+        self.decision_group = decision_group
         self.fs, self.root = fsspec.core.url_to_fs(cfg.uri) if cfg.uri else (None, "")
         self.root = self.root.rstrip("/")
         self.group = async_group
@@ -105,8 +112,8 @@ class Checkpointer:
         if self.cfg.interval_minutes > 0:
             by_time = int(time.monotonic() - self._last_save_time >= 60 * self.cfg.interval_minutes)
             if self.ps.is_distributed:  # clocks differ per rank: rank 0's view wins
-                flag = torch.tensor([by_time])
-                dist.broadcast(flag, src=0)
+                flag = torch.tensor([by_time])  # a host tensor on a gloo group: no device sync
+                dist.broadcast(flag, src=0, group=self.decision_group)
                 by_time = int(flag.item())
         return by_steps or bool(by_time)
 
@@ -219,7 +226,7 @@ class Checkpointer:
                                          f"no complete checkpoint {self.cfg.resume!r} under {self.cfg.uri}")
         if self.ps.is_distributed:
             box = [choice]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=self.decision_group)
             choice = box[0]
         if isinstance(choice, ConfigError):
             raise choice

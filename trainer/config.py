@@ -108,6 +108,7 @@ class ParallelConfig:
 
 
 PRECISIONS = ("bf16-sr", "mixed", "fp32")
+BACKENDS = ("auto", "neuron", "cuda", "cpu", "xla")
 
 
 @dataclass
@@ -258,11 +259,12 @@ class RunConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     backend: str = "auto"
-    """'auto' (neuron, then cuda, then cpu), 'neuron', 'cuda' or 'cpu'."""
+    """'auto' (neuron, then cuda, then cpu), 'neuron', 'cuda', 'cpu', or 'xla' (torch-xla's
+    own device in one process: the Neuron backend's loop without Trainium, for tests)."""
 
     def validate(self) -> None:
-        if self.backend not in ("auto", "neuron", "cuda", "cpu"):
-            raise ConfigError("backend", f"must be auto, neuron, cuda or cpu, got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         for group in (self.model, self.parallelism, self.training, self.data, self.checkpoint, self.health):
             group.validate()
 
@@ -289,8 +291,12 @@ class Layout:
     tokens_per_step: int
 
 
-def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, train: TrainingConfig) -> Layout:
-    """Derive the data-parallel degree and gradient accumulation, or raise naming the field."""
+def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, train: TrainingConfig,
+                  backend: str = "auto", processes_per_node: int | None = None) -> Layout:
+    """Derive the data-parallel degree and gradient accumulation, or raise naming the field.
+
+    With a concrete ``backend``, also refuse what that backend cannot run (check_backend):
+    the trainer calls this once it knows its backend, the operator at submission."""
     if world_size < 1:
         raise ConfigError("nodes", "world size must be at least 1")
     tp, pp = par.tensor, par.pipeline
@@ -317,9 +323,28 @@ def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, trai
         raise ConfigError("training.globalBatchSize",
                           f"{train.global_batch_size} is not divisible by data parallel x microBatchSize "
                           f"({dp} x {train.micro_batch_size} = {per_step})")
-    return Layout(world_size=world_size, tensor=tp, pipeline=pp, data=dp,
-                  grad_accum_steps=train.global_batch_size // per_step,
-                  tokens_per_step=train.global_batch_size * train.seq_len)
+    layout = Layout(world_size=world_size, tensor=tp, pipeline=pp, data=dp,
+                    grad_accum_steps=train.global_batch_size // per_step,
+                    tokens_per_step=train.global_batch_size * train.seq_len)
+    check_backend(backend, layout, processes_per_node)
+    return layout
+
+
+def check_backend(backend: str, layout: Layout, processes_per_node: int | None = None) -> None:
+    """What each backend cannot run, refused before any device is touched (one list for the
+    trainer's fatal exit and the operator's Valid=False)."""
+    if layout.pipeline > 1:
+        # No backend pipelines yet: ranks would train full replicas and report a wrong loss.
+        raise ConfigError("parallelism.pipeline", f"pipeline parallelism is not implemented on the "
+                                                  f"{backend} backend yet; use 1")
+    if backend == "xla" and layout.world_size > 1:
+        raise ConfigError("backend", "xla runs one process only: torch-xla's CPU collectives do nothing "
+                                     "across processes (pytorch/xla issues 5005, 9089); use neuron on "
+                                     f"Trainium or cpu/cuda, got world size {layout.world_size}")
+    if backend == "neuron" and processes_per_node and processes_per_node % layout.tensor:
+        raise ConfigError("parallelism.tensor", f"{layout.tensor} must divide the processes per node "
+                                                f"({processes_per_node}): on Neuron a tensor-parallel "
+                                                "group stays inside one node's NeuronLink")
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,11 +27,9 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
-from .parallel import (ColumnParallelLinear, ParallelEmbedding, RowParallelLinear, TPContext,
-                       mark_replicated, vocab_parallel_cross_entropy)
+from .parallel import TPContext, mark_replicated
 
 
 class _Init:
@@ -102,13 +100,12 @@ class Attention(nn.Module):
         splits = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
         neox = cfg.family == "neox"
         qkv_w = init.normal(sum(splits), h)
-        self.qkv_proj = ColumnParallelLinear(qkv_w, tp, splits, torch.zeros(sum(splits)) if neox else None)
-        self.o_proj = RowParallelLinear(init.normal(h, h, output=True), tp, torch.zeros(h) if neox else None)
+        self.qkv_proj = tp.column_linear(qkv_w, splits, torch.zeros(sum(splits)) if neox else None)
+        self.o_proj = tp.row_linear(init.normal(h, h, output=True), torch.zeros(h) if neox else None)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        full = self.tp.enter(x)
-        b, s, _ = full.shape
-        qkv = self.qkv_proj(full)
+        qkv = self.qkv_proj(x)
+        b, s, _ = qkv.shape
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                              self.kv_heads * self.head_dim], dim=-1)
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
@@ -116,12 +113,11 @@ class Attention(nn.Module):
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         repeat = self.heads // self.kv_heads
         if self.selective_ckpt and self.training:
-            out = checkpoint(attention_core, q, k, v, cos, sin, repeat, use_reentrant=False)
+            out = self.tp.checkpoint(attention_core, q, k, v, cos, sin, repeat)
         else:
             out = attention_core(q, k, v, cos, sin, repeat)
         out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
-        out = self.tp.leave(self.o_proj(out))
-        return out + self.o_proj.bias if self.o_proj.bias is not None else out
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -130,21 +126,19 @@ class MLP(nn.Module):
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.tp, self.swiglu = tp, cfg.family == "llama"
         if self.swiglu:
-            self.gate_up_proj = ColumnParallelLinear(init.normal(2 * i, h), tp, [i, i])
-            self.down_proj = RowParallelLinear(init.normal(h, i, output=True), tp)
+            self.gate_up_proj = tp.column_linear(init.normal(2 * i, h), [i, i])
+            self.down_proj = tp.row_linear(init.normal(h, i, output=True))
         else:
-            self.up_proj = ColumnParallelLinear(init.normal(i, h), tp, None, torch.zeros(i))
-            self.down_proj = RowParallelLinear(init.normal(h, i, output=True), tp, torch.zeros(h))
+            self.up_proj = tp.column_linear(init.normal(i, h), None, torch.zeros(i))
+            self.down_proj = tp.row_linear(init.normal(h, i, output=True), torch.zeros(h))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        full = self.tp.enter(x)
         if self.swiglu:
-            gate, up = self.gate_up_proj(full).chunk(2, dim=-1)
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             hidden = F.silu(gate) * up
         else:
-            hidden = F.gelu(self.up_proj(full))
-        out = self.tp.leave(self.down_proj(hidden))
-        return out + self.down_proj.bias if self.down_proj.bias is not None else out
+            hidden = F.gelu(self.up_proj(x))
+        return self.down_proj(hidden)
 
 
 class DecoderLayer(nn.Module):
@@ -167,7 +161,7 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPContext, init: _Init, ckpt_mode: str):
         super().__init__()
-        self.embed_tokens = ParallelEmbedding(init.normal(cfg.vocab_size, cfg.hidden_size), tp)
+        self.embed_tokens = tp.embedding(init.normal(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, tp, init, ckpt_mode) for _ in range(cfg.num_layers))
         self.norm = Norm(cfg.hidden_size, cfg.norm_eps, cfg.family == "neox", tp)
 
@@ -183,7 +177,7 @@ class Transformer(nn.Module):
         self.full_ckpt = activation_checkpointing == "full"
         init = _Init(cfg, seed)
         self.model = Decoder(cfg, self.tp, init, activation_checkpointing)
-        self.lm_head = ColumnParallelLinear(init.normal(cfg.vocab_size, cfg.hidden_size), self.tp)
+        self.lm_head = self.tp.column_linear(init.normal(cfg.vocab_size, cfg.hidden_size))
         cos, sin = rotary_tables(cfg, max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -194,11 +188,11 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             if self.full_ckpt and self.training:
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+                x = self.tp.checkpoint(layer, x, cos, sin)
             else:
                 x = layer(x, cos, sin)
         x = self.model.norm(x)
-        logits = self.lm_head(self.tp.enter(x))
-        losses = vocab_parallel_cross_entropy(logits, targets, self.tp)
+        logits = self.lm_head(x)
+        losses = self.tp.cross_entropy(logits, targets)
         valid = (targets != -100).sum().clamp(min=1)
         return losses.sum() / valid

@@ -40,6 +40,12 @@ def stochastic_round_to_bf16(x: torch.Tensor, gen: torch.Generator) -> torch.Ten
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
+def sum_sq(t: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of a flat vector. XLA's CPU ``dot`` accumulates sequentially (4e-4
+    relative error over a million elements, measured); its reduction sums pairwise."""
+    return (t * t).sum() if t.device.type == "xla" else t.dot(t)
+
+
 class ShardedAdamW:
     """AdamW over flat buffers. At construction every parameter's storage moves into one
     contiguous buffer and every gradient becomes a view of a second one (as DDP's
@@ -89,8 +95,14 @@ class ShardedAdamW:
         self.exp_avg = torch.zeros(self.shard_len, device=dev)
         self.exp_avg_sq = torch.zeros(self.shard_len, device=dev)
         self.step_count = 0
-        # Stochastic rounding noise: a generator per rank, saved with the optimizer state.
-        self.gen = torch.Generator(device=dev).manual_seed(cfg.seed * 100_003 + ps.rank)
+        # On a lazy device (XLA) the update runs without host decisions (step_on_device): the
+        # count of applied updates then lives on the device too.
+        self.lazy = ps.runtime.lazy
+        self.step_tensor = torch.zeros((), device=dev) if self.lazy else None
+        # Stochastic rounding noise: a generator per rank, saved with the optimizer state. On
+        # XLA the Neuron runtime rounds (NEURON_RT_STOCHASTIC_ROUNDING_EN), so the generator is
+        # a host one that only keeps the state format the same across backends.
+        self.gen = torch.Generator(device="cpu" if self.lazy else dev).manual_seed(cfg.seed * 100_003 + ps.rank)
 
     def _shard(self, buf: torch.Tensor) -> torch.Tensor:
         return buf[self.start:self.start + self.shard_len]
@@ -102,6 +114,11 @@ class ShardedAdamW:
 
     def sync_and_norm(self) -> tuple[torch.Tensor, float]:
         """Steps 1-3: returns this rank's averaged fp32 gradient slice and the global norm."""
+        grads, sq = self.sync_and_norm_sq()
+        return grads, math.sqrt(max(sq.item(), 0.0))
+
+    def sync_and_norm_sq(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-3 without leaving the device: the gradient slice and the squared global norm."""
         ps = self.ps
         for p in self.sequence_partial:
             all_reduce(p.grad, ps.tp_group)
@@ -111,14 +128,14 @@ class ShardedAdamW:
         else:
             all_reduce(grads, ps.dp_group)
         grads.div_(ps.dp)
-        sq = grads.dot(grads)
+        sq = sum_sq(grads)
         for lo, hi in self.replicated:  # held in full by every TP rank: count once
             seg = grads[lo:hi]
-            sq -= (1.0 - 1.0 / ps.tp) * seg.dot(seg)
+            sq -= (1.0 - 1.0 / ps.tp) * sum_sq(seg)
         if self.zero1:
             all_reduce(sq, ps.dp_group)
         all_reduce(sq, ps.tp_group)
-        return grads, math.sqrt(max(sq.item(), 0.0))
+        return grads, sq
 
     def step(self, grads: torch.Tensor, grad_norm: float, lr: float) -> None:
         """Steps 4-5, given the output of sync_and_norm (call only when the norm is finite)."""
@@ -135,6 +152,38 @@ class ShardedAdamW:
         if self.zero1:
             chunks = list(self.param_buf.chunk(self.ps.dp))
             dist.all_gather(chunks, shard.clone(), group=self.ps.dp_group)
+
+    def step_on_device(self, grads: torch.Tensor, sq_norm: torch.Tensor, loss: torch.Tensor,
+                       lr: torch.Tensor) -> torch.Tensor:
+        """Steps 4-5 for lazy devices (XLA): clipping and the skip of a non-finite step are
+        computed on the device, so the step's graph needs no host value. Returns whether the
+        update was applied (a 0-d bool tensor). Same arithmetic as the eager path's explicit
+        update; a skipped step leaves parameters, moments and the step count unchanged."""
+        cfg = self.cfg
+        b1, b2 = cfg.betas
+        norm = sq_norm.clamp(min=0).sqrt()
+        ok = torch.isfinite(norm) & torch.isfinite(loss)
+        if cfg.grad_clip > 0:
+            scale = torch.clamp(cfg.grad_clip / (norm + 1e-6), max=1.0)
+            grads = grads * torch.where(norm > cfg.grad_clip, scale, torch.ones_like(scale))
+        grads = torch.where(ok, grads, torch.zeros_like(grads))  # NaN * 0 would stay NaN
+        self.step_tensor.add_(ok.to(self.step_tensor.dtype))
+        count = torch.clamp(self.step_tensor, min=1.0)
+        exp_avg = self.exp_avg * b1 + grads * (1 - b1)
+        exp_avg_sq = self.exp_avg_sq * b2 + grads * grads * (1 - b2)
+        bias1 = 1 - b1 ** count
+        bias2 = 1 - b2 ** count
+        shard = self._shard(self.param_buf)
+        values = shard.float()
+        updated = values - values * self.decay * (lr * cfg.weight_decay)
+        updated = updated - (lr / bias1) * exp_avg / ((exp_avg_sq / bias2).sqrt() + cfg.eps)
+        self.exp_avg.copy_(torch.where(ok, exp_avg, self.exp_avg))
+        self.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, self.exp_avg_sq))
+        shard.copy_(torch.where(ok, updated, values).to(shard.dtype))  # bf16: the device rounds
+        if self.zero1:
+            chunks = list(self.param_buf.chunk(self.ps.dp))
+            dist.all_gather(chunks, shard.clone(), group=self.ps.dp_group)
+        return ok
 
     def _adamw_explicit(self, values: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
         """The AdamW update written out, in fp32 (used for bf16-sr, which rounds afterwards)."""
@@ -167,20 +216,26 @@ class ShardedAdamW:
 
     def param_norm(self) -> float:
         """Global parameter norm (replicated parameters counted once)."""
+        return math.sqrt(max(self.param_norm_sq().item(), 0.0))
+
+    def param_norm_sq(self) -> torch.Tensor:
+        """The squared global parameter norm, on the device."""
         flat = self.param_buf.float()
-        sq = flat.dot(flat)
+        sq = sum_sq(flat)
         offset = 0
         for p in self.params:
             if getattr(p, "tp_replicated", False) and self.ps.tp > 1:
                 seg = flat[offset:offset + p.numel()]
-                sq -= (1.0 - 1.0 / self.ps.tp) * seg.dot(seg)
+                sq -= (1.0 - 1.0 / self.ps.tp) * sum_sq(seg)
             offset += p.numel()
         all_reduce(sq, self.ps.tp_group)
-        return math.sqrt(max(sq.item(), 0.0))
+        return sq
 
     # -- checkpoint state ------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        if self.lazy:  # read at a checkpoint only (a host sync there is expected)
+            self.step_count = int(self.step_tensor.item())
         return {"step": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
                 "generator": self.gen.get_state(), "shard": [self.start, self.shard_len, self.total],
                 "param_names": self.names, "zero1": self.zero1}
@@ -190,6 +245,8 @@ class ShardedAdamW:
             raise ValueError("optimizer state does not match this model and layout "
                              "(checkpoints load only with the same tensor and data parallel degrees)")
         self.step_count = state["step"]
+        if self.lazy:
+            self.step_tensor.fill_(float(self.step_count))
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.gen.set_state(state["generator"])

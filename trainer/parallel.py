@@ -15,30 +15,46 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import ConfigError, Layout
 
 
 def pick_backend(requested: str = "auto") -> str:
-    """Neuron, then CUDA, then CPU: the one place that decides the device kind."""
+    """Neuron, then CUDA, then CPU: the one place that decides the device kind. ``xla``
+    (torch-xla's own device, one process) is used only when asked for by name."""
     if requested in ("neuron", "auto"):
-        try:
-            import torch_neuronx  # noqa: F401  (only present on Trainium images)
+        from .neuron import neuron_available
+        if neuron_available():
             return "neuron"
-        except ImportError:
-            if requested == "neuron":
-                raise ConfigError("backend", "neuron requested but torch-neuronx is not installed") from None
+        if requested == "neuron":
+            raise ConfigError("backend", "neuron requested but torch-neuronx is not installed "
+                                         "(use a Neuron training image: see the Dockerfile's trainer target)")
+    if requested == "xla":
+        return "xla"
     if requested in ("cuda", "auto") and torch.cuda.is_available():
         return "cuda"
     if requested == "cuda":
         raise ConfigError("backend", "cuda requested but no CUDA device is available")
     return "cpu"
+
+
+class EagerRuntime:
+    """Step boundaries on eager devices (CPU, CUDA): a step's values are read as soon as it ends."""
+
+    lazy = False
+
+    def end_step(self, observe) -> None:
+        observe()
+
+    def flush(self) -> None:
+        pass
 
 
 @dataclass
@@ -56,6 +72,8 @@ class ParallelState:
     tp_group: object | None
     dp_group: object | None
     sequence_parallel: bool
+    runtime: object = field(default_factory=EagerRuntime)
+    """Step boundaries: EagerRuntime, or neuron.XlaRuntime on the lazy XLA device."""
 
     @property
     def tp(self) -> int:
@@ -69,17 +87,28 @@ class ParallelState:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    def layers(self) -> "TPContext":
+        """The layer factory for this backend (NxD's layers on Neuron)."""
+        if self.backend == "neuron":
+            from .neuron import neuron_layers
+            return neuron_layers(self)
+        if self.backend == "xla":
+            from .neuron import XlaLayers
+            return XlaLayers()
+        return TPContext(self.tp, self.tp_rank, self.tp_group, self.sequence_parallel)
 
-def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool) -> ParallelState:
+
+def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32") -> ParallelState:
     """Initialise torch.distributed from torchrun's environment (or a single process).
 
     ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
     Ranks are laid out tensor-parallel innermost: rank = dp_rank * tp + tp_rank, so a
-    tensor-parallel group sits on neighbouring ranks (one node on real clusters).
+    tensor-parallel group sits on neighbouring ranks (one node on real clusters). The
+    ``neuron`` and ``xla`` kinds are set up in ``trainer.neuron``.
     """
-    if backend_kind == "neuron":
-        raise ConfigError("backend", "the Neuron backend is not part of this release yet; "
-                          "use backend cpu or cuda")
+    if backend_kind in ("neuron", "xla"):
+        from .neuron import init_xla_parallel
+        return init_xla_parallel(backend_kind, layout_fn, sequence_parallel, precision)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -150,6 +179,11 @@ def reduce_scatter_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
         inputs = [c.contiguous() for c in t.chunk(n, dim=dim)]
         dist.reduce_scatter(out, inputs, group=group)
         return out
+    if t.device.type == "xla":  # the xla process group has a real reduce-scatter (on dim 0)
+        src = t.movedim(dim, 0).contiguous()
+        out = torch.empty((src.shape[0] // n, *src.shape[1:]), dtype=t.dtype, device=t.device)
+        dist.reduce_scatter_tensor(out, src, group=group)
+        return out.movedim(0, dim).contiguous()
     t = t.contiguous()
     dist.all_reduce(t, group=group)  # gloo: reduce everything, keep our slice
     return t.chunk(n, dim=dim)[rank].contiguous()
@@ -213,11 +247,42 @@ class _ScatterSeq(torch.autograd.Function):
 
 
 class TPContext:
-    """What the layers need to know about tensor parallelism; (1, 0, None) is single-process."""
+    """The layer factory of the PyTorch backend, and what its layers know about tensor
+    parallelism; (1, 0, None) is single-process.
+
+    ``model.py`` builds every parallel layer through these methods, so one model serves every
+    backend: the Neuron backend's subclass (``trainer.neuron.NxDLayers``) returns NxD's own
+    layers, with the same parameter names and shard layouts. Full weights come in, each rank
+    keeps its shard.
+    """
 
     def __init__(self, size: int = 1, rank: int = 0, group=None, sequence_parallel: bool = False):
         self.size, self.rank, self.group = size, rank, group
         self.sequence_parallel = sequence_parallel and size > 1
+
+    # -- the factory ----------------------------------------------------------------------
+
+    def column_linear(self, full_weight: torch.Tensor, splits: list[int] | None = None,
+                      full_bias: torch.Tensor | None = None) -> nn.Module:
+        """Input [b, s(/tp), h], output this rank's columns [b, s, out/tp]."""
+        return ColumnParallelLinear(full_weight, self, splits, full_bias)
+
+    def row_linear(self, full_weight: torch.Tensor, full_bias: torch.Tensor | None = None) -> nn.Module:
+        """Input this rank's columns, output the combined result (+ bias) [b, s(/tp), h]."""
+        return RowParallelLinear(full_weight, self, full_bias)
+
+    def embedding(self, full_weight: torch.Tensor) -> nn.Module:
+        return ParallelEmbedding(full_weight, self)
+
+    def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """Per-token losses from vocabulary-parallel logits."""
+        return vocab_parallel_cross_entropy(logits, target, self, ignore_index)
+
+    def checkpoint(self, fn, *args):
+        """Activation checkpointing (recompute ``fn`` in backward)."""
+        return checkpoint(fn, *args, use_reentrant=False)
+
+    # -- communication around the matmuls ----------------------------------------------------
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         """Input of a column-parallel matmul: full sequence, gradient summed over TP."""
@@ -249,7 +314,8 @@ def shard_cols(full: torch.Tensor, tp: TPContext) -> torch.Tensor:
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x W^T with W split by output rows over the TP group (gather_output=False)."""
+    """y = x W^T with W split by output rows over the TP group (gather_output=False); the
+    input is gathered along the sequence first with sequence parallel."""
 
     def __init__(self, full_weight: torch.Tensor, tp: TPContext, splits: list[int] | None = None,
                  full_bias: torch.Tensor | None = None):
@@ -258,12 +324,13 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(shard_rows(full_weight, tp, splits))
         self.bias = nn.Parameter(shard_rows(full_bias, tp, splits)) if full_bias is not None else None
 
-    def forward(self, x_full_seq: torch.Tensor) -> torch.Tensor:
-        return F.linear(x_full_seq, self.weight, self.bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.tp.enter(x), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """y = x W^T with W split by input columns; the caller combines partial outputs (TPContext.leave)."""
+    """y = x W^T + b with W split by input columns; partial outputs are combined over the TP
+    group before the (replicated) bias is added, as in NxD."""
 
     def __init__(self, full_weight: torch.Tensor, tp: TPContext, full_bias: torch.Tensor | None = None):
         super().__init__()
@@ -276,7 +343,8 @@ class RowParallelLinear(nn.Module):
             self.bias.sequence_partial = tp.sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        return F.linear(x_local, self.weight)
+        out = self.tp.leave(F.linear(x_local, self.weight))
+        return out + self.bias if self.bias is not None else out
 
 
 class ParallelEmbedding(nn.Module):

@@ -21,7 +21,7 @@ from .health import GradNormMonitor, finite
 from .metrics import TrainerMetrics, device_peak, mfu
 from .model import Transformer
 from .optim import ShardedAdamW, lr_at
-from .parallel import ParallelState, TPContext, init_parallel, pick_backend
+from .parallel import ParallelState, init_parallel, pick_backend
 from .progress import ProgressReporter
 
 log = logging.getLogger("trainer")
@@ -42,14 +42,15 @@ class Trainer:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         backend = pick_backend(cfg.backend)
+        local_world = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
         self.ps: ParallelState = init_parallel(
-            backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training),
-            cfg.parallelism.sequence_parallel)
+            backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend, local_world),
+            cfg.parallelism.sequence_parallel, cfg.training.precision)
         ps, tcfg = self.ps, cfg.training
         if backend == "cpu":
             torch.use_deterministic_algorithms(True)
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
-        tp = TPContext(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel)
+        tp = ps.layers()  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
                                  activation_checkpointing=cfg.parallelism.activation_checkpointing
@@ -58,7 +59,9 @@ class Trainer:
                          if tcfg.precision == "mixed" else nullcontext())
         self.optim = ShardedAdamW(list(self.model.named_parameters()), tcfg, ps, cfg.parallelism.zero1)
         ckpt_group = dist.new_group(backend="gloo") if ps.is_distributed else None
-        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group)
+        # Host tensors cannot travel on NCCL or XLA groups: time-based saves agree on gloo.
+        host_group = dist.new_group(backend="gloo") if ps.is_distributed and backend != "cpu" else None
+        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group)
         self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
         self.step = 0
         self.start_step = 0  # where this process began: 0, or the checkpoint it resumed from
@@ -66,6 +69,8 @@ class Trainer:
         self.last_ckpt_step: int | None = None
         self._failed_seen = 0  # failed saves already counted in the metrics
         self.stop = _StopFlag()
+        self.stop_agreed = False  # set when every rank has seen a SIGTERM (through a step's all-reduce)
+        self._observed_at = time.perf_counter()
         is_reporter = ps.local_rank == 0
         self.metrics = TrainerMetrics(cfg.logging.metrics_port if is_reporter else 0,
                                       {"run": os.environ.get("TRAINING_RUN", "local"),
@@ -124,9 +129,10 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------------------
 
-    def train_step(self) -> tuple[float, float, bool]:
-        """Forward/backward over the local micro batches, then the update. Returns
-        (loss, grad_norm, stop_requested) with the loss averaged over data-parallel ranks."""
+    def _forward_backward(self) -> torch.Tensor:
+        """Forward/backward over the local micro batches; returns this rank's summed loss and
+        this rank's SIGTERM flag, all-reduced over the world in one collective: every TP rank
+        holds the same loss, so the world sum / world size is the mean over data-parallel ranks."""
         ps, tcfg = self.ps, self.cfg.training
         inputs, targets = self.data.next_batch(tcfg.global_batch_size)
         inputs, targets = local_batch(inputs, targets, ps.dp_rank, ps.dp)
@@ -137,24 +143,69 @@ class Trainer:
                 loss = self.model(ids.to(ps.device), tgt.to(ps.device)) / accum
             loss.backward()
             loss_sum += loss.detach().float()
-        # One world-wide all-reduce carries the loss and the SIGTERM flag: every TP rank holds
-        # the same loss, so the world sum / world size is the mean over data-parallel ranks.
         shared = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=ps.device)])
         if ps.is_distributed:
             dist.all_reduce(shared)
+        return shared
+
+    def train_step(self) -> tuple[float, float, bool]:
+        """One optimizer step on an eager device. Returns (loss, grad_norm, stop_requested)
+        with the loss averaged over data-parallel ranks."""
+        ps, tcfg = self.ps, self.cfg.training
+        shared = self._forward_backward()
         loss_value, stop = shared[0].item() / ps.world_size, shared[1].item() > 0
         grads, grad_norm = self.optim.sync_and_norm()
         if finite(loss_value, grad_norm):
             self.optim.step(grads, grad_norm, lr_at(self.step, tcfg))
         else:
-            self.metrics.skipped.inc()
-            if self.cfg.health.nan_policy == "stop":
-                raise exitcodes.FatalError(f"non-finite loss {loss_value} or gradient norm {grad_norm} "
-                                           f"at step {self.step + 1} (health.nanPolicy=stop)")
-            if ps.rank == 0:
-                log.warning("step %d: non-finite loss/grad norm, update skipped", self.step + 1)
+            self._skipped(loss_value, grad_norm, self.step + 1)
         self.optim.zero_grad()
         return loss_value, grad_norm, stop
+
+    def train_step_lazy(self) -> torch.Tensor:
+        """One optimizer step on a lazy device (XLA), built as one graph with no host reads:
+        returns the device vector [loss, grad_norm, stop, applied, param_norm] that the
+        deferred observation reads."""
+        ps, tcfg = self.ps, self.cfg.training
+        shared = self._forward_backward()
+        loss = shared[0] / ps.world_size
+        grads, sq = self.optim.sync_and_norm_sq()
+        lr = torch.tensor(lr_at(self.step, tcfg), device=ps.device)  # data, not a graph constant
+        applied = self.optim.step_on_device(grads, sq, loss, lr)
+        self.optim.zero_grad()
+        return torch.stack([loss, sq.clamp(min=0).sqrt(), shared[1], applied.float(),
+                            self.optim.param_norm_sq().clamp(min=0).sqrt()])
+
+    def _skipped(self, loss_value: float, grad_norm: float, step: int) -> None:
+        self.metrics.skipped.inc()
+        if self.cfg.health.nan_policy == "stop":
+            raise exitcodes.FatalError(f"non-finite loss {loss_value} or gradient norm {grad_norm} "
+                                       f"at step {step} (health.nanPolicy=stop)")
+        if self.ps.rank == 0:
+            log.warning("step %d: non-finite loss/grad norm, update skipped", step)
+
+    def _observe(self, step: int, values, started: float) -> None:
+        """Everything a finished step feeds on the host: health, metrics, log, progress, the
+        losses file, and the agreed stop. Eager devices call it at once; XLA one step later."""
+        if self.ps.runtime.lazy:
+            loss, grad_norm, stop, applied, param_norm = values.tolist()  # waits for this step only
+            now = time.perf_counter()
+            stop = stop > 0
+            if not applied:
+                self._skipped(loss, grad_norm, step)
+            dt = now - self._observed_at  # steps overlap on the device: time between results
+        else:
+            loss, grad_norm, stop = values
+            param_norm = None
+            now = time.perf_counter()
+            dt = now - started
+        self._observed_at = now
+        spike = self.health.update(step, grad_norm)
+        log_now = step % self.cfg.logging.interval == 0 or step == 1 or spike  # same on every rank
+        if log_now and param_norm is None:
+            param_norm = self.optim.param_norm()  # a TP collective: all ranks
+        self._report(step, loss, grad_norm, dt, spike, param_norm if log_now else None)
+        self.stop_agreed = self.stop_agreed or stop
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -167,28 +218,28 @@ class Trainer:
                      cfg.model.preset, cfg.model.num_params() / 1e6, ps.tp, ps.dp,
                      ps.layout.grad_accum_steps, tokens_per_step, ps.backend)
         code = exitcodes.OK
+        runtime = ps.runtime
         while self.step < cfg.training.steps:
             t0 = time.perf_counter()
-            loss, grad_norm, stop = self.train_step()
+            values = self.train_step_lazy() if runtime.lazy else self.train_step()
             self.step += 1
             self.tokens += tokens_per_step
-            dt = time.perf_counter() - t0
-            spike = self.health.update(self.step, grad_norm)
-            log_now = self.step % cfg.logging.interval == 0 or self.step == 1 or spike  # same on every rank
-            param_norm = self.optim.param_norm() if log_now else None  # a TP collective: all ranks
-            self._report(loss, grad_norm, dt, spike, param_norm)
+            runtime.end_step(lambda step=self.step, values=values, t0=t0: self._observe(step, values, t0))
             saved = self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled())
             if saved:
+                runtime.flush()  # the saved health state and losses include this step
                 self.save()
-            if stop:  # every rank agreed on it through the step's all-reduce
+            if self.stop_agreed:  # every rank saw it at the same step
                 if ps.rank == 0:
                     log.warning("SIGTERM: stopping after step %d, %s", self.step,
                                 "saving it" if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved
                                 else "finalizing checkpoints")
                 if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved:
+                    runtime.flush()
                     self.save()
                 code = exitcodes.TERMINATED
                 break
+        runtime.flush()
         last = self.ckpt.finalize()
         self._note_finished_saves()
         if code == exitcodes.OK and last is not None and not last.ok:
@@ -197,13 +248,14 @@ class Trainer:
         self._report_progress(force=True)
         return code
 
-    def _report(self, loss: float, grad_norm: float, dt: float, spike: bool, param_norm: float | None) -> None:
+    def _report(self, step: int, loss: float, grad_norm: float, dt: float, spike: bool,
+                param_norm: float | None) -> None:
         cfg, ps = self.cfg, self.ps
         tps = ps.layout.tokens_per_step / dt
         util = mfu(tps, cfg.model, cfg.training.seq_len, ps.world_size, self.peak)
-        lr = lr_at(self.step - 1, cfg.training)
+        lr = lr_at(step - 1, cfg.training)
         m = self.metrics
-        m.step.set(self.step), m.loss.set(loss), m.lr.set(lr), m.grad_norm.set(grad_norm)
+        m.step.set(step), m.loss.set(loss), m.lr.set(lr), m.grad_norm.set(grad_norm)
         m.tokens_per_second.set(tps), m.step_seconds.set(dt), m.tokens.inc(ps.layout.tokens_per_step)
         if util is not None:
             m.mfu.set(util)
@@ -211,23 +263,23 @@ class Trainer:
             m.spikes.inc()
         if param_norm is not None:
             m.param_norm.set(param_norm)
-        self._last = (loss, tps, time.time())  # the step's end
+        self._last = (step, loss, tps, time.time())  # the step's end (observed)
         self._note_finished_saves()
         self._report_progress()
         if self.losses_fh:
             # time: when the step ended (epoch seconds), the ground truth for goodput checks
-            self.losses_fh.write(json.dumps({"step": self.step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
-                                             "time": round(self._last[2], 3), "startStep": self.start_step}) + "\n")
+            self.losses_fh.write(json.dumps({"step": step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
+                                             "time": round(self._last[3], 3), "startStep": self.start_step}) + "\n")
             self.losses_fh.flush()
         if ps.rank == 0 and param_norm is not None:
             log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s param_norm %.2f tokens/s %.0f mfu %s step %.3fs",
-                     self.step, cfg.training.steps, loss, lr, grad_norm, " (SPIKE)" if spike else "", param_norm,
+                     step, cfg.training.steps, loss, lr, grad_norm, " (SPIKE)" if spike else "", param_norm,
                      tps, f"{util:.1%}" if util is not None else "n/a", dt)
 
     def _report_progress(self, force: bool = False) -> None:
         if self.progress is not None and hasattr(self, "_last"):
-            loss, tps, ended = self._last
-            self.progress.report(self.step, tps, loss if math.isfinite(loss) else -1.0,
+            step, loss, tps, ended = self._last
+            self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step)
 
     def close(self) -> None:

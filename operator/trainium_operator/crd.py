@@ -131,7 +131,7 @@ def spec_schema() -> dict:
         "suspend": {"type": "boolean", "default": False, "description": "Stop the gang; clearing it resumes from the newest checkpoint."},
         "serviceAccountName": {"type": "string", "description": "ServiceAccount of the trainer pods "
                                "(default trainium-trainer; needs patch on its own pod for progress)."},
-        "backend": {"type": "string", "enum": ["auto", "neuron", "cuda", "cpu"],
+        "backend": {"type": "string", "enum": list(tcfg.BACKENDS),
                     "description": "Trainer backend (default: neuron on trn types, cpu otherwise)."},
         "env": {"type": "array", "description": "Extra environment variables of the trainer container, e.g. "
                 "AWS_ENDPOINT_URL for an S3-compatible store or credentials from a Secret. Each has a value or "

@@ -166,7 +166,7 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     backend = spec.get("backend", "neuron" if INSTANCE_TYPES[itype]["neuron"] else "cpu")
     try:
         run = from_dict({**trainer_part, "backend": backend})
-        layout = derive_layout(nodes * ppn, run.model, run.parallelism, run.training)
+        layout = derive_layout(nodes * ppn, run.model, run.parallelism, run.training, backend, ppn)
         ft = _build(FaultToleranceConfig, _normalise_ft(spec.get("faultTolerance") or {}), "faultTolerance")
         ft.validate()
         cache = _build(CompileCacheConfig, spec.get("compileCache") or {}, "compileCache")
@@ -174,8 +174,6 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise _prefix(err) from None
     if not run.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
-    if run.parallelism.pipeline > 1 and backend != "neuron":
-        raise ConfigError("spec.parallelism.pipeline", "pipeline parallelism needs the Neuron backend")
     suspend = spec.get("suspend", False)
     if not isinstance(suspend, bool):
         raise ConfigError("spec.suspend", f"must be true or false, got {suspend!r}")

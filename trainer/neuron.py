@@ -1,0 +1,276 @@
+"""The Neuron backend: torch-xla's device and step model, NxD's process groups and layers.
+
+Everything that imports ``torch_xla``, ``torch_neuronx`` or ``neuronx_distributed`` lives in
+this module, imported lazily, so the rest of the trainer runs without them. Two backend kinds
+use it:
+
+``neuron``  Trainium. torch-neuronx is the PJRT plugin that gives torch-xla its Neuron device;
+            NeuronX Distributed (NxD) builds the tensor-parallel process groups and provides
+            the parallel layers and the vocabulary-parallel loss.
+``xla``     torch-xla's own device in ONE process, with the PyTorch backend's layers. On a
+            machine without Trainium, ``PJRT_DEVICE=CPU`` runs the whole lazy-tensor loop
+            (device placement, graph cuts at step boundaries, deferred host reads, the host
+            copy of an asynchronous checkpoint, resume) on the CPU: it is how CI tests the
+            loop that the Neuron backend runs. Across processes torch-xla's CPU collectives do
+            nothing and every worker believes it is rank 0 (pytorch/xla issues 5005 and
+            9089), so ``xla`` refuses more than one process (``config.check_backend``).
+
+What has and has not run is stated in README.md ("What has not run"). In short: the XLA loop,
+our optimizer and our checkpointer run on torch-xla's CPU device in CI; every NxD call below
+is written against NxD's source (aws-neuron/neuronx-distributed, release 2.29, paths cited at
+each call) and has never run.
+
+Design choices, and why:
+
+* Our optimizer (``optim.ShardedAdamW``) and checkpointer run on XLA too, instead of NxD's
+  ``NeuronZero1Optimizer`` and ``save_checkpoint``. Their state files are then the same on
+  every backend (a checkpoint moves between backends), the optimizer runs under test here,
+  ``done`` is written as soon as every rank finished (NxD writes it one save late), and the
+  clipping and non-finite skip are computed on the device, so a step needs no host round trip.
+* Host reads lag one step (:class:`XlaRuntime`): the loss and gradient norm of step k are read
+  in a step closure that runs after step k+1's graph was handed to the device, so the device
+  never waits for the host, and every rank takes its stop decisions at the same step.
+* BF16 stochastic rounding is the Neuron runtime's (``NEURON_RT_STOCHASTIC_ROUNDING_EN=1``, set
+  by the operator's pod spec): the optimizer casts its fp32 result to bf16 on the device and
+  the hardware rounds stochastically. XLA on CPU rounds to nearest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import logging
+import os
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from . import exitcodes
+from .config import Layout
+from .parallel import ParallelState, TPContext, shard_cols, shard_rows
+
+log = logging.getLogger(__name__)
+
+# Where each kind's packages come from, for the error a user sees when one is missing.
+_PACKAGES = {
+    "torch_xla": "torch-xla (pip install torch-xla matching your torch; it ships in the Neuron training images)",
+    "torch_neuronx": "torch-neuronx (the Neuron SDK's PyTorch plugin, in the pytorch-training-neuronx images)",
+    "neuronx_distributed": "neuronx-distributed (NxD, in the pytorch-training-neuronx images)",
+}
+
+
+def require(module: str):
+    """Import a Neuron-side package or fail with the fatal exit code naming what is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        raise exitcodes.FatalError(f"the {('neuron' if top != 'torch_xla' else 'xla')} backend needs "
+                                   f"{_PACKAGES.get(top, top)}; importing {module} failed: {exc}") from None
+
+
+def neuron_available() -> bool:
+    """Whether this process can use Trainium (torch-neuronx importable). Cheap enough for 'auto'."""
+    return importlib.util.find_spec("torch_neuronx") is not None
+
+
+# --------------------------------------------------------------------------------------------
+# The step model: lazy tensors, graph cuts at step boundaries, deferred host reads
+# --------------------------------------------------------------------------------------------
+
+
+class XlaRuntime:
+    """Step boundaries on torch-xla.
+
+    ``end_step(observe)`` cuts the graph (``torch_xla.sync()``, formerly ``xm.mark_step()``),
+    which hands the step to the device asynchronously. ``observe`` reads the step's values on
+    the host; it is registered as a step closure one step later (``xm.add_step_closure``), so it
+    runs right after the NEXT step was handed over and its reads wait only for a step that is
+    already finished or about to be. ``flush()`` runs the pending observation now (before a
+    checkpoint and at the end).
+    """
+
+    lazy = True
+
+    def __init__(self):
+        self.xm = require("torch_xla.core.xla_model")
+        self.torch_xla = require("torch_xla")
+        self._pending: Callable[[], None] | None = None
+
+    def end_step(self, observe: Callable[[], None]) -> None:
+        if self._pending is not None:
+            self.xm.add_step_closure(self._pending)  # runs after this sync, in this thread
+        self._pending = observe
+        self.torch_xla.sync()
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
+
+
+def xla_device() -> torch.device:
+    return require("torch_xla").device()
+
+
+def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_parallel: bool,
+                      precision: str) -> ParallelState:
+    """Device, process groups and ranks for the ``neuron`` and ``xla`` kinds.
+
+    ``neuron``: the ``xla`` process group from torchrun's environment
+    (``torch_xla.distributed.xla_backend`` registers it; ``init_method="xla://"``), then NxD's
+    ``parallel_state.initialize_model_parallel`` builds the tensor- and data-parallel groups.
+    Ranks come from NxD, not from our formula: on trn1 with TP 4, NxD groups non-neighbouring
+    ranks (src/neuronx_distributed/parallel_layers/parallel_state.py, initialize_model_parallel).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    layout = layout_fn(world_size)  # check_backend has refused what this kind cannot run
+    if kind == "neuron":
+        if precision == "bf16-sr":
+            # Read by the Neuron runtime when it starts (the operator's pod spec sets it too).
+            os.environ.setdefault("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
+        _compile_cache_env()
+        require("torch_neuronx")  # registers the Neuron PJRT device with torch-xla
+    device = xla_device()
+    if kind == "xla":
+        return ParallelState(backend=kind, device=device, rank=0, world_size=1, local_rank=0, layout=layout,
+                             tp_rank=0, dp_rank=0, tp_group=None, dp_group=None, sequence_parallel=False,
+                             runtime=XlaRuntime())
+    if world_size > 1:
+        require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
+        dist.init_process_group("xla", init_method="xla://", timeout=datetime.timedelta(minutes=30))
+    ps_mod = require("neuronx_distributed.parallel_layers.parallel_state")
+    if world_size > 1:
+        # src/neuronx_distributed/parallel_layers/parallel_state.py: initialize_model_parallel
+        ps_mod.initialize_model_parallel(tensor_model_parallel_size=layout.tensor,
+                                         pipeline_model_parallel_size=layout.pipeline)
+        tp_group, dp_group = ps_mod.get_tensor_model_parallel_group(), ps_mod.get_data_parallel_group()
+        tp_rank, dp_rank = ps_mod.get_tensor_model_parallel_rank(), ps_mod.get_data_parallel_rank()
+    else:
+        tp_group = dp_group = None
+        tp_rank = dp_rank = 0
+    return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,
+                         layout=layout, tp_rank=tp_rank, dp_rank=dp_rank, tp_group=tp_group, dp_group=dp_group,
+                         sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=XlaRuntime())
+
+
+def _compile_cache_env() -> None:
+    """The persistent compile cache on node-local disk: NEURON_COMPILE_CACHE_URL (the operator
+    sets it to spec.compileCache.path) also goes into NEURON_CC_FLAGS' --cache_dir when a
+    user's flags do not name one, so neuronx-cc and the runtime agree on one directory."""
+    cache = os.environ.get("NEURON_COMPILE_CACHE_URL")
+    flags = os.environ.get("NEURON_CC_FLAGS", "")
+    if cache and "--cache_dir" not in flags:
+        os.environ["NEURON_CC_FLAGS"] = f"{flags} --cache_dir={cache}".strip()
+
+
+# --------------------------------------------------------------------------------------------
+# NxD's parallel layers behind our layer factory
+# --------------------------------------------------------------------------------------------
+
+
+def _keep(_weight: torch.Tensor) -> None:
+    """init_method for NxD layers: no draw; the factory copies our shard in afterwards."""
+
+
+class NxDLayers(TPContext):
+    """The layer factory of the Neuron backend: NxD's ColumnParallelLinear, RowParallelLinear,
+    ParallelEmbedding and parallel_cross_entropy, with our full-weight initialisation copied
+    into their shards.
+
+    Parameter names and shapes equal the PyTorch backend's (``weight``/``bias``; column weights
+    [out/tp, in], row weights [out, in/tp], embedding [vocab/tp, hidden]), so checkpoints move
+    between backends. Our activations are [batch, seq, hidden], so sequence parallel runs on
+    dimension 1 (NxD's ``sequence_dimension``); NxD's own Llama example is sequence-first.
+    Source: src/neuronx_distributed/parallel_layers/layers.py and loss_functions.py.
+    """
+
+    SEQ_DIM = 1
+
+    def __init__(self, size: int, rank: int, group, sequence_parallel: bool):
+        super().__init__(size, rank, group, sequence_parallel)
+        self.layers = require("neuronx_distributed.parallel_layers.layers")
+        self.mappings = require("neuronx_distributed.parallel_layers.mappings")
+        self.loss_functions = require("neuronx_distributed.parallel_layers.loss_functions")
+        self.xla_checkpoint = require("torch_xla.utils.checkpoint")
+
+    def _sp(self) -> dict:
+        return {"sequence_parallel_enabled": self.sequence_parallel,
+                "sequence_dimension": self.SEQ_DIM if self.sequence_parallel else None}
+
+    def column_linear(self, full_weight, splits=None, full_bias=None) -> nn.Module:
+        out_features, in_features = full_weight.shape
+        # stride = number of stacked blocks (3 for qkv, 2 for gate_up), as in NxD's Llama
+        # example; it is recorded on the parameter for NxD's own checkpoint conversion.
+        layer = self.layers.ColumnParallelLinear(
+            in_features, out_features, bias=full_bias is not None, gather_output=False,
+            dtype=full_weight.dtype, stride=len(splits) if splits else 1, init_method=_keep, **self._sp())
+        with torch.no_grad():
+            layer.weight.copy_(shard_rows(full_weight, self, splits))
+            if full_bias is not None:
+                layer.bias.copy_(shard_rows(full_bias, self, splits))
+        return layer
+
+    def row_linear(self, full_weight, full_bias=None) -> nn.Module:
+        out_features, in_features = full_weight.shape
+        layer = self.layers.RowParallelLinear(
+            in_features, out_features, bias=full_bias is not None, input_is_parallel=True,
+            dtype=full_weight.dtype, init_method=_keep, **self._sp())
+        with torch.no_grad():
+            layer.weight.copy_(shard_cols(full_weight, self))
+            if full_bias is not None:
+                layer.bias.copy_(full_bias)
+        if full_bias is not None:  # replicated: counted once in the norm, summed over TP with SP
+            layer.bias.tp_replicated = True
+            layer.bias.sequence_partial = self.sequence_parallel
+        return layer
+
+    def embedding(self, full_weight) -> nn.Module:
+        vocab, hidden = full_weight.shape
+        mappings, group, sp = self.mappings, self.group, self.sequence_parallel
+
+        class Embedding(self.layers.ParallelEmbedding):
+            """NxD's vocabulary-parallel embedding. Its own sequence-parallel path transposes to
+            sequence-first, so it returns its partial sums (collect_output=False) and we
+            reduce (or reduce-scatter along our sequence dimension) here."""
+
+            def forward(self, ids):
+                out = super().forward(ids)
+                if sp:
+                    return mappings.reduce_scatter_to_sequence_parallel_region(
+                        out, NxDLayers.SEQ_DIM, process_group=group)
+                return mappings.reduce_from_tensor_model_parallel_region(out, process_group=group)
+
+        layer = Embedding(vocab, hidden, init_method=_keep, dtype=full_weight.dtype, collect_output=False)
+        with torch.no_grad():
+            layer.weight.copy_(shard_rows(full_weight, self))
+        return layer
+
+    def cross_entropy(self, logits, target, ignore_index: int = -100):
+        # parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing) has no
+        # ignore_index: mask those targets ourselves. fp32 logits, as in NxD's Llama example.
+        valid = target != ignore_index
+        losses = self.loss_functions.parallel_cross_entropy(logits.float(), target.masked_fill(~valid, 0))
+        return losses * valid
+
+    def checkpoint(self, fn, *args):
+        # torch-xla's checkpoint keeps the compiler from merging the recomputation away.
+        return self.xla_checkpoint.checkpoint(fn, *args)
+
+
+def neuron_layers(ps: ParallelState) -> TPContext:
+    return NxDLayers(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel)
+
+
+class XlaLayers(TPContext):
+    """The ``xla`` kind: the PyTorch backend's layers (one process, no tensor parallelism),
+    with torch-xla's activation checkpointing."""
+
+    def checkpoint(self, fn, *args):
+        return require("torch_xla.utils.checkpoint").checkpoint(fn, *args)
+
