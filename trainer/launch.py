@@ -8,10 +8,54 @@ RETRYABLE, TERMINATED on SIGTERM, and 1 for any other failure. The pod contract'
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import subprocess
 import sys
+import time
 
 from . import exitcodes
+
+# Neuron pre-compilation: `--neuron-precompile-steps N` first runs the same command under
+# `neuron_parallel_compile`, which executes no graph but extracts every graph of N steps and
+# compiles them in parallel into the node-local cache; then the real run starts. The trainer
+# sees this variable in that pass and writes nothing (no checkpoint, progress or losses).
+PRECOMPILE_ENV = "TRAINER_PRECOMPILE_STEPS"
+PRECOMPILE_FLAG = "--neuron-precompile-steps"
+
+
+def _pop_precompile(argv: list[str]) -> int:
+    """Remove our flag from torchrun's arguments; returns its value (0: off)."""
+    for i, arg in enumerate(argv):
+        if arg == PRECOMPILE_FLAG and i + 1 < len(argv):
+            value = argv[i + 1]
+            del argv[i:i + 2]
+            return int(value)
+        if arg.startswith(PRECOMPILE_FLAG + "="):
+            del argv[i]
+            return int(arg.split("=", 1)[1])
+        if arg == "-m" or not arg.startswith("-"):
+            break  # the trainer's own arguments begin
+    return 0
+
+
+def precompile(argv: list[str], steps: int) -> int:
+    """Run ``neuron_parallel_compile python -m trainer.launch ARGV`` for ``steps`` steps."""
+    tool = shutil.which("neuron_parallel_compile")
+    if tool is None:
+        print("trainer.launch: neuron_parallel_compile is not on PATH (it ships with torch-neuronx in the "
+              "Neuron training images); turn compileCache.precompileSteps off or use such an image",
+              file=sys.stderr)
+        return exitcodes.FATAL
+    print(f"trainer.launch: pre-compiling the graphs of {steps} steps with neuron_parallel_compile",
+          file=sys.stderr, flush=True)
+    started = time.monotonic()
+    code = subprocess.call([tool, sys.executable, "-m", "trainer.launch", *argv],
+                           env={**os.environ, PRECOMPILE_ENV: str(steps)})
+    print(f"trainer.launch: pre-compilation exited {code} after {time.monotonic() - started:.0f} s",
+          file=sys.stderr, flush=True)
+    return code
 
 
 def exit_code_for(worker_codes: list[int]) -> int:
@@ -34,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    steps = _pop_precompile(argv)
+    if steps > 0:
+        code = precompile(argv, steps)
+        if code != exitcodes.OK:
+            return code
+    args = parse_args(argv)
     try:
         run(args)
     except ChildFailedError as exc:

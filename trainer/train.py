@@ -18,6 +18,7 @@ from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout
 from .data import PackedDataset, local_batch
 from .health import GradNormMonitor, finite
+from .launch import PRECOMPILE_ENV
 from .metrics import TrainerMetrics, device_peak, mfu
 from .model import Transformer
 from .optim import ShardedAdamW, lr_at
@@ -71,14 +72,16 @@ class Trainer:
         self.stop = _StopFlag()
         self.stop_agreed = False  # set when every rank has seen a SIGTERM (through a step's all-reduce)
         self._observed_at = time.perf_counter()
-        is_reporter = ps.local_rank == 0
+        # neuron_parallel_compile's pass (trainer.launch): graphs only, so nothing is reported or saved.
+        self.precompile_steps = int(os.environ.get(PRECOMPILE_ENV, "0") or 0)
+        is_reporter = ps.local_rank == 0 and not self.precompile_steps
         self.metrics = TrainerMetrics(cfg.logging.metrics_port if is_reporter else 0,
                                       {"run": os.environ.get("TRAINING_RUN", "local"),
                                        "node_rank": os.environ.get("NODE_RANK", "0")})
         self.progress = ProgressReporter(cfg.logging.progress_interval_seconds) if is_reporter else None
         self.peak = device_peak(backend)
         self.losses_fh = None
-        if cfg.logging.losses_file and ps.rank == 0:
+        if cfg.logging.losses_file and ps.rank == 0 and not self.precompile_steps:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
             self.losses_fh = open(cfg.logging.losses_file, "a")
 
@@ -219,13 +222,19 @@ class Trainer:
                      ps.layout.grad_accum_steps, tokens_per_step, ps.backend)
         code = exitcodes.OK
         runtime = ps.runtime
-        while self.step < cfg.training.steps:
+        last_step = cfg.training.steps
+        if self.precompile_steps:
+            last_step = min(last_step, self.step + self.precompile_steps)
+            if ps.rank == 0:
+                log.info("pre-compilation pass: steps %d-%d, nothing saved or reported", self.step + 1, last_step)
+        while self.step < last_step:
             t0 = time.perf_counter()
             values = self.train_step_lazy() if runtime.lazy else self.train_step()
             self.step += 1
             self.tokens += tokens_per_step
             runtime.end_step(lambda step=self.step, values=values, t0=t0: self._observe(step, values, t0))
-            saved = self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled())
+            saved = not self.precompile_steps and (
+                self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled()))
             if saved:
                 runtime.flush()  # the saved health state and losses include this step
                 self.save()
@@ -234,7 +243,7 @@ class Trainer:
                     log.warning("SIGTERM: stopping after step %d, %s", self.step,
                                 "saving it" if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved
                                 else "finalizing checkpoints")
-                if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved:
+                if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved and not self.precompile_steps:
                     runtime.flush()
                     self.save()
                 code = exitcodes.TERMINATED

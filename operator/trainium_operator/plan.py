@@ -11,6 +11,7 @@ from __future__ import annotations
 import yaml
 
 from trainer.config import to_dict
+from trainer.launch import PRECOMPILE_FLAG
 
 from .spec import API_GROUP, API_VERSION, DEFAULT_TRAINER_SA, INSTANCE_TYPES, KIND, TrainingRunSpec
 
@@ -95,7 +96,9 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
-    command = ["python", "-m", "trainer.launch", "--nnodes", str(spec.nodes), "--node_rank", str(index),
+    precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
+                  if spec.compile_cache.precompile_steps else [])
+    command = ["python", "-m", "trainer.launch", *precompile, "--nnodes", str(spec.nodes), "--node_rank", str(index),
                "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
                "--master_port", str(MASTER_PORT), "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]
     resources = dict(itype["resources"])

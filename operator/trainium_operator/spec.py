@@ -108,6 +108,15 @@ class CompileCacheConfig:
     path: str = "/var/tmp/neuron-compile-cache"
     """Node-local directory (a hostPath) for the Neuron persistent compile cache. Never a shared
     file system: it chokes at scale."""
+    precompile_steps: int = 0
+    """Before each attempt trains, run neuron_parallel_compile over this many steps: it extracts
+    every graph without executing it and compiles them all in parallel into the cache (0: off;
+    Neuron backend only). Costs one graph-extraction pass per attempt; saves the serial
+    just-in-time compilation of the first steps on nodes whose cache is cold."""
+
+    def validate(self) -> None:
+        if self.precompile_steps < 0:
+            raise ConfigError("compileCache.precompileSteps", "must not be negative")
 
 
 @dataclass
@@ -170,8 +179,11 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         ft = _build(FaultToleranceConfig, _normalise_ft(spec.get("faultTolerance") or {}), "faultTolerance")
         ft.validate()
         cache = _build(CompileCacheConfig, spec.get("compileCache") or {}, "compileCache")
+        cache.validate()
     except ConfigError as err:
         raise _prefix(err) from None
+    if cache.precompile_steps and backend != "neuron":
+        raise ConfigError("spec.compileCache.precompileSteps", f"needs the neuron backend, got {backend}")
     if not run.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
     suspend = spec.get("suspend", False)

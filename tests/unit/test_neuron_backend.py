@@ -1,0 +1,106 @@
+"""The Neuron backend's edges that run without Trainium: what each backend refuses (trainer and
+operator, one list), the examples' pods selecting it, the pre-compilation flag, and the clear
+fatal error when the Neuron SDK is missing. The XLA loop itself: tests/trainer/test_xla_backend.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainer import exitcodes
+from trainer.config import ConfigError, load
+from trainer.launch import PRECOMPILE_FLAG, _pop_precompile
+from trainium_operator import plan
+from trainium_operator.spec import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
+
+
+def example(name: str) -> dict:
+    return next(yaml.safe_load_all((ROOT / "examples" / name).read_text()))["spec"]
+
+
+@pytest.mark.parametrize("name", ["llama2-7b.yaml", "neox-20b.yaml", "continual-pretraining-llama3-8b.yaml"])
+def test_trainium_examples_render_pods_whose_trainer_selects_neuron(name, tmp_path):
+    spec = parse(example(name))
+    rendered = yaml.safe_load(plan.rendered_config(spec))
+    assert rendered["backend"] == "neuron"
+    pod = plan.pod(RUN, spec, 0, 0, [])
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1" and "--cache_dir=" in env["NEURON_CC_FLAGS"]
+    # The trainer accepts that config; what it would do next needs torch-neuronx (next test).
+    path = tmp_path / "run.yaml"
+    path.write_text(plan.rendered_config(spec))
+    assert load(str(path)).backend == "neuron"
+
+
+def test_neuron_backend_without_the_sdk_exits_fatal_naming_the_package(tmp_path):
+    """On a machine without torch-neuronx the Neuron backend stops at once with the fatal exit
+    code and says what is missing (it used to refuse the backend as 'not in this release')."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"backend": "neuron", "model": {"preset": "tiny"},
+                                   "data": {"sources": [{"uri": str(tmp_path)}], "tokenizer": "t.json"}}))
+    res = subprocess.run([sys.executable, "-m", "trainer", "--config", str(cfg)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert res.returncode == exitcodes.FATAL, res.stderr[-2000:]
+    assert "torch-neuronx is not installed" in res.stderr
+    assert "not part of this release" not in res.stderr
+
+
+def test_nxd_layers_without_nxd_fail_naming_the_package():
+    from trainer.neuron import NxDLayers
+    with pytest.raises(exitcodes.FatalError, match="neuronx-distributed"):
+        NxDLayers(1, 0, None, False)
+
+
+LAYOUT_REFUSALS = [  # what a backend cannot run: refused by the trainer and at submission alike
+    ({"parallelism": {"tensor": 8, "pipeline": 4}}, "parallelism.pipeline", "not implemented"),
+    ({"parallelism": {"tensor": 64}, "model": {"preset": "neox-20b"}, "nodes": 4}, "parallelism.tensor",
+     "processes per node"),
+]
+
+
+@pytest.mark.parametrize("patch, field, words", LAYOUT_REFUSALS)
+def test_operator_refuses_what_the_neuron_backend_cannot_run(patch, field, words):
+    body = {**example("llama2-7b.yaml"), "nodes": 16}
+    for key, value in patch.items():
+        body[key] = {**body[key], **value} if isinstance(value, dict) else value
+    with pytest.raises(ConfigError) as err:
+        parse(body)
+    assert err.value.field == f"spec.{field}" and words in str(err.value)
+
+
+def test_xla_backend_is_one_process_only():
+    body = {**example("tiny-cpu-run.yaml"), "backend": "xla", "nodes": 2}
+    with pytest.raises(ConfigError) as err:
+        parse(body)
+    assert err.value.field == "spec.backend" and "one process" in str(err.value)
+    assert parse({**body, "nodes": 1}).run.backend == "xla"
+
+
+def test_pipeline_refused_on_every_backend_by_the_trainer_too():
+    from trainer.config import derive_layout
+    from trainer.config import ModelConfig, ParallelConfig, TrainingConfig, derive_layout
+    for backend in ("cpu", "cuda", "neuron", "auto"):
+        with pytest.raises(ConfigError, match="pipeline parallelism is not implemented"):
+            derive_layout(2, ModelConfig(), ParallelConfig(pipeline=2), TrainingConfig(), backend)
+
+
+def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
+    body = example("llama2-7b.yaml")
+    body["compileCache"] = {**body["compileCache"], "precompileSteps": 10}
+    cmd = plan.pod(RUN, parse(body), 0, 0, [])["spec"]["containers"][0]["command"]
+    assert cmd[:5] == ["python", "-m", "trainer.launch", PRECOMPILE_FLAG, "10"]
+    argv = cmd[3:]
+    assert _pop_precompile(argv) == 10 and argv[0] == "--nnodes"  # torchrun never sees the flag
+    cpu = {**example("tiny-cpu-run.yaml"), "compileCache": {"precompileSteps": 2}}
+    with pytest.raises(ConfigError, match="needs the neuron backend") as err:
+        parse(cpu)
+    assert err.value.field == "spec.compileCache.precompileSteps"
+    with pytest.raises(ConfigError, match="negative"):
+        parse({**body, "compileCache": {"precompileSteps": -1}})
