@@ -6,8 +6,10 @@
 # Packages install the way README.md documents: pip with the pins in tools/constraints.txt.
 
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
-# The Neuron deep-learning container for your SDK (public.ecr.aws/neuron/pytorch-training-neuronx).
-ARG NEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.7.0-neuronx-py310-sdk2.24.0-ubuntu22.04
+# The Neuron deep-learning container (public.ecr.aws/neuron/pytorch-training-neuronx). The Neuron
+# backend is written against SDK 2.29: torch 2.9.0 + torch-xla 2.9 + torch-neuronx 2.9 + NxD
+# (release 2.29), the last SDK that trains through PyTorch/XLA (2.30 drops it for training).
+ARG NEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.9.0-neuronx-py312-sdk2.29.0-ubuntu24.04
 
 FROM ${PYTHON_IMAGE} AS source
 WORKDIR /src
@@ -27,13 +29,15 @@ EXPOSE 8080 8081
 ENTRYPOINT ["python", "-m", "trainium_operator"]
 
 FROM ${NEURON_BASE_IMAGE} AS trainer
-# The base image brings torch + torch-neuronx + neuronx-distributed matched to its SDK; install
-# our package and its other dependencies without letting pip replace that torch.
+# The base image brings torch, torch-xla, torch-neuronx, neuronx-distributed (and numpy) matched
+# to its SDK; install our package and only our other dependencies, never replacing those, and
+# fail the build if the base lacks one of them.
 COPY --from=source /src /src
 RUN pip install --no-cache-dir --no-deps /src \
     && pip install --no-cache-dir -c /src/tools/constraints.txt \
-       tokenizers pyarrow safetensors prometheus-client kubernetes s3fs numpy pyyaml fsspec \
-    && rm -rf /src
+       tokenizers pyarrow safetensors prometheus-client kubernetes s3fs pyyaml fsspec \
+    && rm -rf /src \
+    && python -c "import torch, torch_xla, torch_neuronx, neuronx_distributed; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"
 ENV PYTHONUNBUFFERED=1 MALLOC_ARENA_MAX=64
 ENTRYPOINT ["python", "-m", "trainer.launch"]
 

@@ -9,11 +9,12 @@ from trainer.config import from_dict
 from trainer.parallel import init_parallel
 
 
-def single_process(cfg):
+def single_process(cfg, backend: str = "cpu"):
     from trainer.config import derive_layout
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         os.environ.pop(var, None)
-    return init_parallel("cpu", lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training), False)
+    return init_parallel(backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend),
+                         False)
 
 
 def run_config(model: dict, training: dict):

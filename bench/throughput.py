@@ -1,6 +1,13 @@
-"""Trainer step throughput on CPU (or CUDA) against Hugging Face transformers' LlamaForCausalLM.
+"""Trainer step throughput against Hugging Face transformers' LlamaForCausalLM, same device.
 
-    python bench/throughput.py [--steps 6] [--device cpu|cuda] [--sizes tiny,100m]
+    python bench/throughput.py [--steps 6] [--device cpu|cuda|xla|neuron] [--sizes tiny,100m]
+
+``xla`` and ``neuron`` run both sides on torch-xla's device (one NeuronCore with ``neuron``;
+the CPU with ``xla`` and PJRT_DEVICE=CPU): ours through the backend's layer factory and the
+device-side optimizer step the Neuron backend trains with, each step one graph, timed to
+completion. The figure to compare a Trainium node with is NxD's published Llama 2 7B
+throughput (NEURON.md): about 24,000 tokens/s per trn1.32xlarge node (32 NeuronCores, TP 8,
+sequence 4096), printed under the table; a one-core run of these sizes is not that figure.
 
 Both sides train the same shapes on the same random tokens: forward, backward, AdamW with
 gradient clipping. Ours is trainer.model.Transformer + trainer.optim.ShardedAdamW (the code the
@@ -28,14 +35,34 @@ SIZES = {
 }
 
 
+LAZY = ("xla", "neuron")
+# NEURON.md, "Throughput anchors": Llama 2 7B, 16 x trn1.32xlarge, TP 8 DP 64, seq 4096, GBS 1024.
+NXD_LLAMA2_7B_TOKENS_PER_NODE = 24_000
+
+
 def ours(cfg, device, dtype):
     from trainer.model import Transformer
     from trainer.optim import ShardedAdamW
 
-    ps = single_process(cfg)
-    ps.device = torch.device(device)
-    model = Transformer(cfg.model, seed=0, max_seq_len=cfg.training.seq_len).to(device=device, dtype=dtype)
+    ps = single_process(cfg, device if device in LAZY else "cpu")
+    if device not in LAZY:
+        ps.device = torch.device(device)
+    model = Transformer(cfg.model, ps.layers(), seed=0, max_seq_len=cfg.training.seq_len).to(device=ps.device,
+                                                                                               dtype=dtype)
     opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=False)
+
+    if device in LAZY:
+        import torch_xla
+        lr = torch.tensor(1e-4, device=ps.device)
+
+        def lazy_step(ids):
+            loss = model(ids[:, :-1], ids[:, 1:])
+            loss.backward()
+            grads, sq = opt.sync_and_norm_sq()
+            opt.step_on_device(grads, sq, loss.detach(), lr)
+            opt.zero_grad()
+            torch_xla.sync()
+        return lazy_step, sum(p.numel() for p in model.parameters())
 
     def step(ids):
         loss = model(ids[:, :-1], ids[:, 1:])
@@ -57,8 +84,20 @@ def huggingface(cfg, device, dtype):
                      rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta, tie_word_embeddings=False,
                      attn_implementation="sdpa")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(hf).to(device=device, dtype=dtype)
+    model = LlamaForCausalLM(hf).to(device=device_of(device), dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+    if device in LAZY:
+        import torch_xla
+
+        def lazy_step(ids):
+            loss = model(input_ids=ids[:, :-1], labels=ids[:, :-1]).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch_xla.sync()
+        return lazy_step, sum(p.numel() for p in model.parameters())
 
     def step(ids):
         loss = model(input_ids=ids[:, :-1], labels=ids[:, :-1]).loss
@@ -68,6 +107,22 @@ def huggingface(cfg, device, dtype):
         opt.zero_grad(set_to_none=True)
         return loss.item()
     return step, sum(p.numel() for p in model.parameters())
+
+
+def device_of(kind: str) -> torch.device:
+    if kind in LAZY:
+        import torch_xla
+        return torch_xla.device()
+    return torch.device(kind)
+
+
+def wait(kind: str) -> None:
+    """Until the device finished what was handed to it."""
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    elif kind in LAZY:
+        import torch_xla.core.xla_model as xm
+        xm.wait_device_ops()
 
 
 def main() -> None:
@@ -84,19 +139,17 @@ def main() -> None:
         cfg = run_config(model_over, {"seqLen": seq, "globalBatchSize": batch, "microBatchSize": batch})
         sides = {"ours": ours(cfg, args.device, dtype), "hf": huggingface(cfg, args.device, dtype)}
         gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, cfg.model.vocab_size, (batch, seq + 1), generator=gen).to(args.device)
+        ids = torch.randint(0, cfg.model.vocab_size, (batch, seq + 1), generator=gen).to(device_of(args.device))
         times = {k: [] for k in sides}
         for _ in range(2):  # warm-up
             for step, _ in sides.values():
                 step(ids)
         for i in range(args.steps):
             for key, (step, _) in sides.items():
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
+                wait(args.device)
                 t0 = time.perf_counter()
                 step(ids)
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
+                wait(args.device)
                 times[key].append(time.perf_counter() - t0)
             print(f"[{name}] round {i + 1}/{args.steps}: ours {times['ours'][-1]:.3f}s hf {times['hf'][-1]:.3f}s", flush=True)
         tokens = batch * seq
@@ -112,6 +165,10 @@ def main() -> None:
     print(f"Training step throughput, {args.device}, {args.dtype}, median of {args.steps} steps")
     print(table(["model", "params", "batch", "ours s/step", "HF s/step", "ours tok/s", "HF tok/s",
                  "ratio ours/HF", "MFU"], rows))
+    if args.device == "neuron":
+        print(f"\nCompare a full node with NxD's published Llama 2 7B figure: about "
+              f"{NXD_LLAMA2_7B_TOKENS_PER_NODE:,} tokens/s per trn1.32xlarge (TP 8, seq 4096, 32 NeuronCores; "
+              f"{NXD_LLAMA2_7B_TOKENS_PER_NODE // 32:,} per core). These rows use one NeuronCore.")
 
 
 if __name__ == "__main__":

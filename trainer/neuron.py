@@ -141,19 +141,19 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
         return ParallelState(backend=kind, device=device, rank=0, world_size=1, local_rank=0, layout=layout,
                              tp_rank=0, dp_rank=0, tp_group=None, dp_group=None, sequence_parallel=False,
                              runtime=XlaRuntime())
-    if world_size > 1:
-        require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
-        dist.init_process_group("xla", init_method="xla://", timeout=datetime.timedelta(minutes=30))
+    # NxD's layers look up their groups in parallel_state even at TP 1, so the process group
+    # exists in a single process too (as in NxD's examples, which always run under torchrun).
+    if world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "localhost")
+        os.environ.setdefault("MASTER_PORT", "29500")
+    require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
+    dist.init_process_group("xla", init_method="xla://", timeout=datetime.timedelta(minutes=30))
     ps_mod = require("neuronx_distributed.parallel_layers.parallel_state")
-    if world_size > 1:
-        # src/neuronx_distributed/parallel_layers/parallel_state.py: initialize_model_parallel
-        ps_mod.initialize_model_parallel(tensor_model_parallel_size=layout.tensor,
-                                         pipeline_model_parallel_size=layout.pipeline)
-        tp_group, dp_group = ps_mod.get_tensor_model_parallel_group(), ps_mod.get_data_parallel_group()
-        tp_rank, dp_rank = ps_mod.get_tensor_model_parallel_rank(), ps_mod.get_data_parallel_rank()
-    else:
-        tp_group = dp_group = None
-        tp_rank = dp_rank = 0
+    # src/neuronx_distributed/parallel_layers/parallel_state.py: initialize_model_parallel
+    ps_mod.initialize_model_parallel(tensor_model_parallel_size=layout.tensor,
+                                     pipeline_model_parallel_size=layout.pipeline)
+    tp_group, dp_group = ps_mod.get_tensor_model_parallel_group(), ps_mod.get_data_parallel_group()
+    tp_rank, dp_rank = ps_mod.get_tensor_model_parallel_rank(), ps_mod.get_data_parallel_rank()
     return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,
                          layout=layout, tp_rank=tp_rank, dp_rank=dp_rank, tp_group=tp_group, dp_group=dp_group,
                          sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=XlaRuntime())
