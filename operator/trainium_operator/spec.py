@@ -173,6 +173,13 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.processesPerNode", f"must be an integer of at least 1, got {ppn!r}")
     trainer_part = {k: spec[k] for k in _TRAINER_GROUPS if k in spec}
     backend = spec.get("backend", "neuron" if INSTANCE_TYPES[itype]["neuron"] else "cpu")
+    neuron_type = INSTANCE_TYPES[itype]["neuron"]
+    if neuron_type and ppn > INSTANCE_TYPES[itype]["processes"]:
+        raise ConfigError("spec.processesPerNode", f"at most {INSTANCE_TYPES[itype]['processes']} on {itype} "
+                                                   f"(one process per NeuronCore), got {ppn}")
+    if (backend == "neuron") != neuron_type and backend != "auto":
+        raise ConfigError("spec.backend", f"{backend} does not run on instance type {itype}"
+                                          + ("" if neuron_type else " (it has no NeuronCores)"))
     try:
         run = from_dict({**trainer_part, "backend": backend})
         layout = derive_layout(nodes * ppn, run.model, run.parallelism, run.training, backend, ppn)

@@ -75,6 +75,17 @@ def test_operator_refuses_what_the_neuron_backend_cannot_run(patch, field, words
     assert err.value.field == f"spec.{field}" and words in str(err.value)
 
 
+@pytest.mark.parametrize("patch, field", [
+    ({"processesPerNode": 64}, "spec.processesPerNode"),
+    ({"backend": "cuda"}, "spec.backend"),
+    ({"backend": "neuron", "instanceType": "cpu", "processesPerNode": 1}, "spec.backend"),
+])
+def test_operator_refuses_backends_the_instance_type_cannot_run(patch, field):
+    with pytest.raises(ConfigError) as err:
+        parse({**example("llama2-7b.yaml"), **patch})
+    assert err.value.field == field
+
+
 def test_xla_backend_is_one_process_only():
     body = {**example("tiny-cpu-run.yaml"), "backend": "xla", "nodes": 2}
     with pytest.raises(ConfigError) as err:
