@@ -232,6 +232,27 @@ class Checkpointer:
             raise choice
         return choice
 
+    @staticmethod
+    def read_model_shard(tag_uri: str, model, tp: int, tp_rank: int) -> dict:
+        """Model weights of TP rank ``tp_rank`` from a complete tag (init.from another run's
+        checkpoint): same tensor degree and model shape required, checked before reading."""
+        fs, tag_dir = fsspec.core.url_to_fs(tag_uri.rstrip("/"))
+        tag_dir = tag_dir.rstrip("/")
+        if not fs.exists(f"{tag_dir}/{ckpt_store.DONE}"):
+            raise ConfigError("init.from", f"{tag_uri} is not a complete checkpoint (no {ckpt_store.DONE})")
+        meta = json.loads(fs.cat_file(f"{tag_dir}/{ckpt_store.META}"))
+        saved = meta.get("layout", {}).get("tensor")
+        if saved != tp:
+            raise ConfigError("parallelism.tensor", f"init.from {tag_uri} was written with tensor={saved}, this "
+                                                    f"run has {tp} (convert it: python -m trainer.convert)")
+        from .config import camel, to_dict
+        for key, value in (meta.get("model") or {}).items():
+            if key != "preset" and to_dict(model).get(key) != value:
+                raise ConfigError(f"model.{camel(key)}", f"{to_dict(model).get(key)} in this run's model config "
+                                                         f"but {value} in {tag_uri}")
+        with fs.open(f"{tag_dir}/model/{ckpt_store.shard_name(0, tp_rank)}", "rb") as fh:
+            return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+
     def load(self, tag: ckpt_store.TagInfo, layout: dict) -> dict:
         """Read this rank's shards of ``tag``; returns model, optim, scheduler, user_content, meta."""
         ps, tag_dir = self.ps, f"{self.root}/{tag.tag}"

@@ -165,7 +165,8 @@ class DataSource:
 class DataConfig:
     sources: list[DataSource] = field(default_factory=list)
     tokenizer: str = ""
-    """Path (local or s3://) of a Hugging Face `tokenizers` JSON file."""
+    """Path (local or s3://) of a Hugging Face `tokenizers` JSON file. May be left out with
+    init.from a Hugging Face directory: its tokenizer.json is used."""
     eos_token: str = "</s>"
     """Token appended after every document; must exist in the tokenizer."""
     text_field: str = "text"
@@ -173,17 +174,42 @@ class DataConfig:
     """Pack documents back to back into full rows; if false each row is one (truncated) document."""
     shuffle: bool = True
     """Shuffle shard order per epoch, deterministically from training.seed."""
+    held_out: list[DataSource] = field(default_factory=list)
+    """Held-out evaluation data (sources as in data.sources, mixed by weight). Perplexity on it
+    is reported every evalIntervalSteps and at the end."""
+    eval_interval_steps: int = 100
+    """Evaluate on data.heldOut every N steps (0: only at the end). Ignored without heldOut."""
+    eval_batches: int = 4
+    """Global batches of held-out data per evaluation (the same batches every time)."""
 
-    def validate(self) -> None:
+    def validate(self, tokenizer_optional: bool = False) -> None:
         if not self.sources:
             raise ConfigError("data.sources", "at least one source is required")
-        for i, src in enumerate(self.sources):
-            if not src.uri:
-                raise ConfigError(f"data.sources[{i}].uri", "is required")
-            if src.weight <= 0:
-                raise ConfigError(f"data.sources[{i}].weight", f"must be positive, got {src.weight}")
-        if not self.tokenizer:
-            raise ConfigError("data.tokenizer", "is required")
+        for name in ("sources", "held_out"):
+            for i, src in enumerate(getattr(self, name)):
+                if not src.uri:
+                    raise ConfigError(f"data.{camel(name)}[{i}].uri", "is required")
+                if src.weight <= 0:
+                    raise ConfigError(f"data.{camel(name)}[{i}].weight", f"must be positive, got {src.weight}")
+        if not self.tokenizer and not tokenizer_optional:
+            raise ConfigError("data.tokenizer", "is required (or init.from a Hugging Face directory with a tokenizer)")
+        if self.eval_interval_steps < 0:
+            raise ConfigError("data.evalIntervalSteps", "must not be negative")
+        if self.eval_batches < 1:
+            raise ConfigError("data.evalBatches", "must be at least 1")
+
+
+@dataclass
+class InitConfig:
+    from_: str = ""
+    """Initial weights for the first start (YAML key: from): a Hugging Face model directory
+    (config.json and safetensors, sharded or not), local or s3://, or one of our checkpoint
+    tags (<uri>/step_N, e.g. another run's). Used only when no complete checkpoint exists:
+    resume always wins. Shapes are checked against the model config before any weight moves."""
+
+    def is_hf(self) -> bool:
+        """Whether from_ names a Hugging Face directory (else it is a checkpoint tag)."""
+        return bool(self.from_) and not re.search(r"(^|/)step_\d+/?$", self.from_)
 
 
 @dataclass
@@ -258,6 +284,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     backend: str = "auto"
     """'auto' (neuron, then cuda, then cpu), 'neuron', 'cuda', 'cpu', or 'xla' (torch-xla's
     own device in one process: the Neuron backend's loop without Trainium, for tests)."""
@@ -265,13 +292,15 @@ class RunConfig:
     def validate(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        for group in (self.model, self.parallelism, self.training, self.data, self.checkpoint, self.health):
+        for group in (self.model, self.parallelism, self.training, self.checkpoint, self.health):
             group.validate()
+        self.data.validate(tokenizer_optional=self.init.is_hf())
 
     def digest(self) -> str:
         """Hash of everything that shapes the model and the sample order (not intervals/logging)."""
+        data = {k: v for k, v in to_dict(self.data).items() if k not in ("heldOut", "evalIntervalSteps", "evalBatches")}
         relevant = {"model": to_dict(self.model), "parallelism": to_dict(self.parallelism),
-                    "data": to_dict(self.data), "seed": self.training.seed,
+                    "data": data, "seed": self.training.seed,
                     "seqLen": self.training.seq_len, "globalBatchSize": self.training.global_batch_size}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -378,7 +407,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------------------------
 
 # YAML keys that are not simply camelCase of the field name.
-_ALIASES = {"async": "async_save"}
+_ALIASES = {"async": "async_save", "from": "from_"}
+_YAML_KEYS = {v: k for k, v in _ALIASES.items()}
+
+
+def yaml_key(name: str) -> str:
+    """The YAML/CRD key of a dataclass field."""
+    return _YAML_KEYS.get(name) or camel(name)
 
 
 def camel(name: str) -> str:
@@ -395,7 +430,7 @@ def to_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         out = {}
         for f in dataclasses.fields(obj):
-            key = "async" if f.name == "async_save" else camel(f.name)
+            key = yaml_key(f.name)
             out[key] = to_dict(getattr(obj, f.name))
         return out
     if isinstance(obj, list):
@@ -432,7 +467,7 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
         name = snake(str(key))
         where = f"{path}.{key}" if path else str(key)
         if name not in fields:
-            known = ", ".join(sorted("async" if n == "async_save" else camel(n) for n in fields))
+            known = ", ".join(sorted(yaml_key(n) for n in fields))
             raise ConfigError(where, f"unknown field (known: {known})")
         kwargs[name] = _convert_field(cls, name, value, where)
     return cls(**kwargs)
@@ -440,7 +475,7 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
 
 _GROUPS = {"model": ModelConfig, "parallelism": ParallelConfig, "training": TrainingConfig,
            "data": DataConfig, "checkpoint": CheckpointConfig, "health": HealthConfig,
-           "logging": LoggingConfig}
+           "logging": LoggingConfig, "init": InitConfig}
 
 def _field_type(cls: type, name: str) -> Any:
     ann = cls.__annotations__[name]
@@ -451,7 +486,7 @@ def _field_type(cls: type, name: str) -> Any:
 def _convert_field(cls: type, name: str, value: Any, where: str) -> Any:
     if cls is RunConfig and name in _GROUPS:
         return _build(_GROUPS[name], value or {}, where)
-    if cls is DataConfig and name == "sources":
+    if cls is DataConfig and name in ("sources", "held_out"):
         if not isinstance(value, list):
             raise ConfigError(where, "must be a list of {uri, weight}")
         return [_build(DataSource, v if isinstance(v, Mapping) else {"uri": v}, f"{where}[{i}]")
@@ -498,6 +533,8 @@ def from_dict(raw: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = (
         _set_path(raw, key, yaml.safe_load(text) if text.strip() else "")
     cfg = _build(RunConfig, _apply_preset(raw), "")
     cfg.validate()
+    if not cfg.data.tokenizer and cfg.init.is_hf():  # the model's own tokenizer
+        cfg.data.tokenizer = cfg.init.from_.rstrip("/") + "/tokenizer.json"
     return cfg
 
 

@@ -1,8 +1,9 @@
 """The progress annotation (ARCHITECTURE 3.2): how the operator learns step, speed and hangs.
 
 Local rank 0 of every pod patches its own pod's annotation ``trainium.dev/progress`` with
-``{"step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep"}`` (``time``: when that
-step ended; ``startStep``: the step this process resumed at, 0 on a fresh start) at most once per
+``{"step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity"}``
+(``time``: when that step ended; ``startStep``: the step this process resumed at, 0 on a fresh
+start; ``evalPerplexity``: the newest held-out perplexity, null without data.heldOut) at most once per
 ``logging.progressIntervalSeconds``, from a background thread so a slow API server never slows
 a step. It is on when the pod knows its name (``POD_NAME``, ``POD_NAMESPACE`` from the downward
 API) and can reach the API server (in-cluster service account, or ``KUBECONFIG``); otherwise
@@ -20,14 +21,16 @@ import time
 log = logging.getLogger(__name__)
 
 ANNOTATION = "trainium.dev/progress"
-FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep")
+FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity")
 
 
 def payload(step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
-            now: float | None = None, start_step: int = 0) -> str:
+            now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None) -> str:
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
                        "tokensPerSecond": round(tokens_per_second, 2), "loss": round(loss, 5),
-                       "lastCheckpointStep": last_checkpoint_step, "startStep": start_step}, separators=(",", ":"))
+                       "lastCheckpointStep": last_checkpoint_step, "startStep": start_step,
+                       "evalPerplexity": None if eval_perplexity is None else round(eval_perplexity, 4)},
+                      separators=(",", ":"))
 
 
 def parse(text: str | None) -> dict | None:
@@ -82,13 +85,14 @@ class ProgressReporter:
             return None
 
     def report(self, step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
-               force: bool = False, step_time: float | None = None, start_step: int = 0) -> None:
+               force: bool = False, step_time: float | None = None, start_step: int = 0,
+               eval_perplexity: float | None = None) -> None:
         """``step_time``: when the step ended (epoch seconds; default now). The operator measures
         lost time from it, so it is the step's time, not the time the report is sent."""
         if not self.enabled:
             return
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
-                               start_step=start_step)
+                               start_step=start_step, eval_perplexity=eval_perplexity)
         if force or time.monotonic() - self._sent_at >= self.interval:
             self._wake.set()
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from . import exitcodes
 from .checkpoint import Checkpointer
-from .config import RunConfig, derive_layout
+from .config import RunConfig, derive_layout, to_dict
 from .data import PackedDataset, local_batch
 from .health import GradNormMonitor, finite
 from .launch import PRECOMPILE_ENV
@@ -93,9 +93,13 @@ class Trainer:
     def resume(self) -> None:
         tag = self.ckpt.select_resume()
         if tag is None:
-            if self.ps.rank == 0:
+            if self.cfg.init.from_:
+                self.initialise_from(self.cfg.init.from_)
+            elif self.ps.rank == 0:
                 log.info("no complete checkpoint to resume from; starting at step 0")
             return
+        if self.cfg.init.from_ and self.ps.rank == 0:
+            log.info("init.from %s ignored: a checkpoint exists", self.cfg.init.from_)
         state = self.ckpt.load(tag, self.layout_meta())
         meta = state["meta"]
         if meta.get("configDigest") != self.cfg.digest() and self.ps.rank == 0:
@@ -111,9 +115,27 @@ class Trainer:
         if self.ps.rank == 0:
             log.info("resumed from %s at step %d (%d tokens)", tag.uri, self.step, self.tokens)
 
+    def initialise_from(self, uri: str) -> None:
+        """First start only: weights (not optimizer or data state) from a Hugging Face directory
+        or one of our checkpoint tags. Shapes are checked before any weight is read."""
+        ps, started = self.ps, time.perf_counter()
+        if self.cfg.init.is_hf():
+            from . import hf
+            hf.check_matches(self.cfg.model, hf.read_config(uri), uri)
+            shard = hf.read_shard(hf.SafetensorsDir(uri), self.cfg.model, ps.tp, ps.tp_rank)
+        else:
+            shard = self.ckpt.read_model_shard(uri, self.cfg.model, ps.tp, ps.tp_rank)
+        missing = set(self.model.state_dict()) - set(shard)
+        if missing:
+            raise exitcodes.FatalError(f"init.from {uri} lacks {sorted(missing)[:3]}")
+        self.model.load_state_dict(shard)
+        if ps.rank == 0:
+            log.info("initialised from %s (first start; %.1fs)", uri, time.perf_counter() - started)
+
     def save(self) -> None:
         meta = {"step": self.step, "tokens": self.tokens, "data": self.data.state(),
-                "configDigest": self.cfg.digest(), "layout": self.layout_meta()}
+                "configDigest": self.cfg.digest(), "layout": self.layout_meta(),
+                "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer}
         user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}
         result = self.ckpt.save(self.step, self.model.state_dict(), self.optim.state_dict(),
                                 {"last_step": self.step, "lr": lr_at(max(self.step - 1, 0), self.cfg.training)},

@@ -64,7 +64,7 @@ def schema_for(cls: type) -> dict:
     props = {}
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        key = "async" if f.name == "async_save" else tcfg.camel(f.name)
+        key = tcfg.yaml_key(f.name)
         ann = str(f.type)
         if ann in ("int", "int | None"):
             s: dict = {"type": "integer"}
@@ -77,7 +77,9 @@ def schema_for(cls: type) -> dict:
         elif ann == "list[float]":
             s = {"type": "array", "items": {"type": "number"}}
         elif ann == "list[DataSource]":
-            s = {"type": "array", "minItems": 1, "items": schema_for(tcfg.DataSource)}
+            s = {"type": "array", "items": schema_for(tcfg.DataSource)}
+            if f.name == "sources":
+                s["minItems"] = 1
         else:
             nested = getattr(ospec, ann, None) or getattr(tcfg, ann)
             s = schema_for(nested)
@@ -106,8 +108,9 @@ def schema_for(cls: type) -> dict:
 RULES = [
     ("has(self.checkpoint) && has(self.checkpoint.uri) && size(self.checkpoint.uri) > 0",
      "checkpoint.uri is required: a restarted gang resumes from it", "spec.checkpoint.uri"),
-    ("has(self.data) && has(self.data.tokenizer) && size(self.data.tokenizer) > 0",
-     "data.tokenizer is required", "spec.data.tokenizer"),
+    ("(has(self.data) && has(self.data.tokenizer) && size(self.data.tokenizer) > 0) || (has(self.init) && "
+     "has(self.init.from) && size(self.init.from) > 0 && !self.init.from.matches('(^|/)step_[0-9]+/?$'))",
+     "data.tokenizer is required (or init.from a Hugging Face directory with a tokenizer)", "spec.data.tokenizer"),
     ("!has(self.training) || !has(self.training.globalBatchSize) || !has(self.training.microBatchSize) || "
      "self.training.globalBatchSize % self.training.microBatchSize == 0",
      "training.globalBatchSize must be a multiple of training.microBatchSize", "spec.training.globalBatchSize"),
@@ -144,7 +147,8 @@ def spec_schema() -> dict:
     for group, cls in (("model", tcfg.ModelConfig), ("parallelism", tcfg.ParallelConfig),
                        ("training", tcfg.TrainingConfig), ("data", tcfg.DataConfig),
                        ("checkpoint", tcfg.CheckpointConfig), ("health", tcfg.HealthConfig),
-                       ("logging", tcfg.LoggingConfig), ("faultTolerance", ospec.FaultToleranceConfig),
+                       ("logging", tcfg.LoggingConfig), ("init", tcfg.InitConfig),
+                       ("faultTolerance", ospec.FaultToleranceConfig),
                        ("compileCache", ospec.CompileCacheConfig)):
         props[group] = schema_for(cls)
     return {"type": "object", "required": ["image", "nodes", "data", "checkpoint"], "properties": props,

@@ -35,6 +35,7 @@ step = _run_gauge("trainium_run_step", "Newest step reported by the gang")
 last_step_time = _run_gauge("trainium_run_last_step_timestamp_seconds", "When the reported step last advanced")
 tokens_per_second = _run_gauge("trainium_run_tokens_per_second", "Tokens per second of the gang")
 loss = _run_gauge("trainium_run_loss", "Newest training loss reported by the gang")
+eval_perplexity = _run_gauge("trainium_run_eval_perplexity", "Newest held-out perplexity (data.heldOut)")
 checkpoint_step = _run_gauge("trainium_run_last_checkpoint_step", "Step of the newest complete checkpoint")
 checkpoint_time = _run_gauge("trainium_run_last_checkpoint_timestamp_seconds",
                              "When the newest complete checkpoint was finished")
@@ -57,7 +58,8 @@ for _cause in CAUSES:  # present from the start, so the first failure of a cause
     detection.labels(_cause)
     recovery.labels(_cause)
 
-_SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, checkpoint_step, checkpoint_time,
+_SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, eval_perplexity, checkpoint_step,
+           checkpoint_time,
            checkpoint_interval, hang_timeout_seconds, created_time, quarantined)
 
 
@@ -103,6 +105,7 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
         last_step_time.labels(*labels).set(status["lastStepTime"])
     _set(tokens_per_second, labels, status.get("tokensPerSecond"))
     _set(loss, labels, status.get("loss"))
+    _set(eval_perplexity, labels, status.get("evalPerplexity"))
     ck = status.get("lastCheckpoint") or {}
     _set(checkpoint_step, labels, ck.get("step"))
     _set(checkpoint_time, labels, ck.get("time"))

@@ -121,6 +121,7 @@ class GangState:
     last_checkpoint_step: int | None
     last_progress_time: float | None
     start_step: int | None = None  # where the reporting processes began (their checkpoint), if known
+    eval_perplexity: float | None = None  # newest held-out perplexity, when the run evaluates
 
     @property
     def size(self) -> int:
@@ -139,7 +140,9 @@ def gang_state(pods: list[PodView]) -> GangState:
         last_checkpoint_step=max((r["lastCheckpointStep"] for r in reports if r.get("lastCheckpointStep") is not None),
                                  default=None),
         last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None),
-        start_step=newest.get("startStep") if newest else None)
+        start_step=newest.get("startStep") if newest else None,
+        eval_perplexity=next((r["evalPerplexity"] for r in sorted(reports, key=lambda r: -r["step"])
+                              if r.get("evalPerplexity") is not None), None))
 
 
 def _succeeded(p: PodView) -> bool:

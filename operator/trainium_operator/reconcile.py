@@ -175,6 +175,8 @@ def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: f
         upd["loss"] = gang.loss
     if gang.tokens_per_second is not None:
         upd["tokensPerSecond"] = gang.tokens_per_second
+    if gang.eval_perplexity is not None:
+        upd["evalPerplexity"] = gang.eval_perplexity
     if not status.get("firstProgressTime"):
         upd["firstProgressTime"] = gang.last_progress_time or now  # the trainer's step end time
         upd["firstProgressSteps"] = gang.step - (gang.start_step or 0)  # steps trained by then

@@ -142,7 +142,7 @@ class TrainingRunSpec:
         return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)
 
 
-_TRAINER_GROUPS = ("model", "parallelism", "training", "data", "checkpoint", "health", "logging")
+_TRAINER_GROUPS = ("model", "parallelism", "training", "data", "checkpoint", "health", "logging", "init")
 _OPERATOR_FIELDS = ("image", "nodes", "instanceType", "processesPerNode", "faultTolerance", "compileCache",
                     "suspend", "serviceAccountName", "backend", "env")
 

@@ -179,7 +179,8 @@ def test_dashboard_configmap_ships_the_dashboard_with_every_required_panel():
     panels = [p for p in dash["panels"] if p["type"] != "row"]
     titles = " | ".join(p["title"].lower() for p in panels)
     for topic in ("phase", "uptime", "effective training ratio", "lost time by phase", "restarts by cause",
-                  "detection latency", "recovery latency", "step", "tokens per second", "loss", "checkpoint age",
+                  "detection latency", "recovery latency", "step", "tokens per second", "loss", "held-out perplexity",
+                  "checkpoint age",
                   "quarantined nodes"):
         assert topic in titles, topic
     exported = exported_series()

@@ -118,8 +118,9 @@ def wait_running_gang(core_api, custom, ns, name, attempt, nodes=16, timeout=60)
 
 
 def report(core_api, ns, name, attempt, step, ckpt=None) -> None:
-    """Progress annotations exactly as the trainer's local rank 0 writes them."""
-    body = progress.payload(step, 24000.0 * 16, 2.0, ckpt)
+    """Progress annotations exactly as the trainer's local rank 0 writes them (with a held-out
+    perplexity, as a run with data.heldOut reports)."""
+    body = progress.payload(step, 24000.0 * 16, 2.0, ckpt, eval_perplexity=7.5)
     for p in gang(core_api, ns, name, attempt):
         core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {progress.ANNOTATION: body}}})
 
