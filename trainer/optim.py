@@ -50,7 +50,12 @@ class ShardedAdamW:
     """AdamW over flat buffers. At construction every parameter's storage moves into one
     contiguous buffer and every gradient becomes a view of a second one (as DDP's
     ``gradient_as_bucket_view`` and Megatron's contiguous buffers do), so synchronisation and
-    the update run in place on whole buffers with a single temporary."""
+    the update run in place on whole buffers with a single temporary.
+
+    On a lazy device (XLA) parameters and gradients stay separate tensors: a view of a shared
+    buffer written in place becomes, in the traced graph, a fresh copy of the whole buffer per
+    write (the 134M model asked XLA for 48 GB). There the flat vectors are concatenated per
+    step and the result is copied back into each parameter, as torch-xla's own ZeRO does."""
 
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], cfg: TrainingConfig,
                  ps: ParallelState, zero1: bool):
@@ -65,27 +70,33 @@ class ShardedAdamW:
         self.shard_len = self.total // parts
         self.start = (ps.dp_rank if self.zero1 else 0) * self.shard_len
         dev, dtype = ps.device, self.params[0].dtype
-        self.param_buf = torch.zeros(self.total, device=dev, dtype=dtype)
-        self.grad_buf = torch.zeros(self.total, device=dev, dtype=dtype)
-        self.decay = torch.zeros(self.shard_len, device=dev)
+        self.lazy = ps.runtime.lazy
+        self.pad = self.total - numel
+        self.param_buf = self.grad_buf = None
+        if not self.lazy:
+            self.param_buf = torch.zeros(self.total, device=dev, dtype=dtype)
+            self.grad_buf = torch.zeros(self.total, device=dev, dtype=dtype)
+        decay = torch.zeros(self.shard_len)
         self.replicated: list[tuple[int, int]] = []  # ranges (within the shard) counted 1/tp in the norm
         offset = 0
         with torch.no_grad():
             for p in self.params:
                 n = p.numel()
-                self.param_buf[offset:offset + n].copy_(p.reshape(-1))
-                p.data = self.param_buf[offset:offset + n].view_as(p)
-                p.grad = self.grad_buf[offset:offset + n].view_as(p)
+                if not self.lazy:
+                    self.param_buf[offset:offset + n].copy_(p.reshape(-1))
+                    p.data = self.param_buf[offset:offset + n].view_as(p)
+                    p.grad = self.grad_buf[offset:offset + n].view_as(p)
                 lo, hi = max(offset, self.start) - self.start, min(offset + n, self.start + self.shard_len) - self.start
                 if lo < hi:
                     if p.dim() >= 2:
-                        self.decay[lo:hi] = 1.0  # no weight decay on norms and biases
+                        decay[lo:hi] = 1.0  # no weight decay on norms and biases
                     if getattr(p, "tp_replicated", False) and ps.tp > 1:
                         self.replicated.append((lo, hi))
                 offset += n
         self.sequence_partial = [p for p in self.params if getattr(p, "sequence_partial", False)]
         # Runs of the shard with the same weight decay, for the fused kernel's tensor lists.
-        flags = self.decay.tolist()
+        self.decay = decay.to(dev)
+        flags = decay.tolist()
         self.runs: list[tuple[int, int, bool]] = []
         lo = 0
         for i in range(1, self.shard_len + 1):
@@ -97,7 +108,6 @@ class ShardedAdamW:
         self.step_count = 0
         # On a lazy device (XLA) the update runs without host decisions (step_on_device): the
         # count of applied updates then lives on the device too.
-        self.lazy = ps.runtime.lazy
         self.step_tensor = torch.zeros((), device=dev) if self.lazy else None
         # Stochastic rounding noise: a generator per rank, saved with the optimizer state. On
         # XLA the Neuron runtime rounds (NEURON_RT_STOCHASTIC_ROUNDING_EN), so the generator is
@@ -107,7 +117,26 @@ class ShardedAdamW:
     def _shard(self, buf: torch.Tensor) -> torch.Tensor:
         return buf[self.start:self.start + self.shard_len]
 
+    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """One padded flat vector of the given per-parameter tensors (lazy devices)."""
+        parts = [t.reshape(-1) for t in tensors]
+        if self.pad:
+            parts.append(torch.zeros(self.pad, dtype=parts[0].dtype, device=parts[0].device))
+        return torch.cat(parts)
+
+    def params_flat(self) -> torch.Tensor:
+        return self.param_buf if not self.lazy else self._flat([p.detach() for p in self.params])
+
+    def grads_flat(self) -> torch.Tensor:
+        if not self.lazy:
+            return self.grad_buf
+        return self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+
     def zero_grad(self) -> None:
+        if self.lazy:
+            for p in self.params:
+                p.grad = None  # autograd makes fresh ones: no in-place writes to trace
+            return
         self.grad_buf.zero_()  # gradients stay views of the buffer; autograd accumulates in place
 
     # -- the step --------------------------------------------------------------------------
@@ -122,7 +151,8 @@ class ShardedAdamW:
         ps = self.ps
         for p in self.sequence_partial:
             all_reduce(p.grad, ps.tp_group)
-        grads = self.grad_buf if self.grad_buf.dtype == torch.float32 else self.grad_buf.float()
+        flat = self.grads_flat()
+        grads = flat if flat.dtype == torch.float32 else flat.float()
         if self.zero1:
             grads = reduce_scatter_dim(grads.unsqueeze(0), 1, ps.dp_group).squeeze(0)
         else:
@@ -173,16 +203,25 @@ class ShardedAdamW:
         exp_avg_sq = self.exp_avg_sq * b2 + grads * grads * (1 - b2)
         bias1 = 1 - b1 ** count
         bias2 = 1 - b2 ** count
-        shard = self._shard(self.param_buf)
+        flat = self.params_flat()
+        shard = self._shard(flat)
         values = shard.float()
         updated = values - values * self.decay * (lr * cfg.weight_decay)
         updated = updated - (lr / bias1) * exp_avg / ((exp_avg_sq / bias2).sqrt() + cfg.eps)
         self.exp_avg.copy_(torch.where(ok, exp_avg, self.exp_avg))
         self.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, self.exp_avg_sq))
-        shard.copy_(torch.where(ok, updated, values).to(shard.dtype))  # bf16: the device rounds
+        new_shard = torch.where(ok, updated, values).to(shard.dtype)  # bf16: the device rounds
         if self.zero1:
-            chunks = list(self.param_buf.chunk(self.ps.dp))
-            dist.all_gather(chunks, shard.clone(), group=self.ps.dp_group)
+            chunks = [torch.empty_like(new_shard) for _ in range(self.ps.dp)]
+            dist.all_gather(chunks, new_shard, group=self.ps.dp_group)
+            new_flat = torch.cat(chunks)
+        else:
+            new_flat = new_shard
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:  # one copy into each parameter (see the class docstring)
+                p.copy_(new_flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
         return ok
 
     def _adamw_explicit(self, values: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
@@ -220,7 +259,7 @@ class ShardedAdamW:
 
     def param_norm_sq(self) -> torch.Tensor:
         """The squared global parameter norm, on the device."""
-        flat = self.param_buf.float()
+        flat = self.params_flat().float()
         sq = sum_sq(flat)
         offset = 0
         for p in self.params:
