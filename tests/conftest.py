@@ -64,7 +64,9 @@ def run_trainer(nproc: int, overrides: list[str], timeout: float = 600, env: dic
 
 
 def read_losses(path: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line)}
+    """Step records of a losses file by step (held-out evaluation records are skipped)."""
+    return {r["step"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line)
+            if "step" in r}
 
 
 def descendants(pid: int) -> list[int]:

@@ -257,6 +257,9 @@ class Checkpointer:
         """Read this rank's shards of ``tag``; returns model, optim, scheduler, user_content, meta."""
         ps, tag_dir = self.ps, f"{self.root}/{tag.tag}"
         meta = json.loads(self.fs.cat_file(f"{tag_dir}/{ckpt_store.META}"))
+        if meta.get("weightsOnly"):
+            raise ConfigError("checkpoint.uri", f"{tag.uri} holds weights only (python -m trainer.convert from-hf): "
+                                                "give it as init.from, not under the run's checkpoint.uri")
         saved = meta.get("layout", {})
         if (saved.get("tensor"), saved.get("data")) != (layout["tensor"], layout["data"]):
             raise ConfigError("parallelism.tensor",

@@ -183,7 +183,9 @@ def param_map(cfg: ModelConfig, hf_names=None) -> dict[str, Source]:
             out[ours + "mlp.down_proj.weight"] = Source("cols", (theirs + "mlp.down_proj.weight",))
         return out
     out["model.embed_tokens.weight"] = Source("rows", ("gpt_neox.embed_in.weight",))
-    out["lm_head.weight"] = Source("rows", ("embed_out.weight",))
+    # Checkpoints name the NeoX head embed_out (transformers 5 calls the module lm_head and maps it).
+    head = "embed_out.weight" if hf_names is None or "embed_out.weight" in hf_names else "lm_head.weight"
+    out["lm_head.weight"] = Source("rows", (head,))
     for p in ("weight", "bias"):
         out[f"model.norm.{p}"] = Source("full", (f"gpt_neox.final_layer_norm.{p}",))
     for n in range(cfg.num_layers):

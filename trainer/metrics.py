@@ -72,6 +72,8 @@ class TrainerMetrics:
         self.ckpt_failures = counter("trainer_checkpoint_failures", "Checkpoint saves that did not complete")
         self.spikes = counter("trainer_grad_spikes", "Steps whose gradient norm spiked")
         self.skipped = counter("trainer_skipped_steps", "Updates skipped for NaN/Inf")
+        self.eval_loss = gauge("trainer_eval_loss", "Mean token loss on data.heldOut at the last evaluation")
+        self.eval_perplexity = gauge("trainer_eval_perplexity", "Perplexity on data.heldOut at the last evaluation")
         self.server = None
         if port:
             self.server, _ = start_http_server(port, registry=self.registry)

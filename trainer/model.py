@@ -183,6 +183,12 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses = self.tp.cross_entropy(self.logits(ids), targets)
+        valid = (targets != -100).sum().clamp(min=1)
+        return losses.sum() / valid
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, vocab / tp]: this rank's vocabulary shard of the logits."""
         s = ids.shape[1]
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]
         x = self.model.embed_tokens(ids)
@@ -191,8 +197,4 @@ class Transformer(nn.Module):
                 x = self.tp.checkpoint(layer, x, cos, sin)
             else:
                 x = layer(x, cos, sin)
-        x = self.model.norm(x)
-        logits = self.lm_head(x)
-        losses = self.tp.cross_entropy(logits, targets)
-        valid = (targets != -100).sum().clamp(min=1)
-        return losses.sum() / valid
+        return self.lm_head(self.model.norm(x))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -51,6 +52,8 @@ class Trainer:
         if backend == "cpu":
             torch.use_deterministic_algorithms(True)
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
+        self.heldout = self._heldout_batches()
+        self.eval_perplexity: float | None = None
         tp = ps.layers()  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
@@ -135,7 +138,8 @@ class Trainer:
     def save(self) -> None:
         meta = {"step": self.step, "tokens": self.tokens, "data": self.data.state(),
                 "configDigest": self.cfg.digest(), "layout": self.layout_meta(),
-                "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer}
+                "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer,
+                "eosToken": self.cfg.data.eos_token}
         user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}
         result = self.ckpt.save(self.step, self.model.state_dict(), self.optim.state_dict(),
                                 {"last_step": self.step, "lr": lr_at(max(self.step - 1, 0), self.cfg.training)},
@@ -151,6 +155,52 @@ class Trainer:
         failed = sum(1 for r in self.ckpt.results if not r.ok)
         self.metrics.ckpt_failures.inc(failed - self._failed_seen)
         self._failed_seen = failed
+
+    # -- held-out evaluation ----------------------------------------------------------------
+
+    def _heldout_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's slices of the first data.evalBatches global batches of data.heldOut,
+        the same batches at every evaluation (so perplexities compare across checkpoints)."""
+        cfg = self.cfg
+        if not cfg.data.held_out:
+            return []
+        held = dataclasses.replace(cfg.data, sources=cfg.data.held_out, held_out=[])
+        stream = PackedDataset(held, cfg.training.seq_len, cfg.training.seed, cfg.model.vocab_size)
+        return [local_batch(*stream.next_batch(cfg.training.global_batch_size), self.ps.dp_rank, self.ps.dp)
+                for _ in range(cfg.data.eval_batches)]
+
+    def evaluate(self) -> tuple[float, float]:
+        """Mean token loss and perplexity on the held-out batches (all ranks take part)."""
+        ps, accum = self.ps, self.ps.layout.grad_accum_steps
+        self.model.eval()
+        total = torch.zeros((), device=ps.device)
+        with torch.no_grad():
+            for inputs, targets in self.heldout:
+                for ids, tgt in zip(inputs.chunk(accum), targets.chunk(accum)):
+                    with self.autocast:
+                        total += self.model(ids.to(ps.device), tgt.to(ps.device)).float() / accum
+        if ps.is_distributed:
+            dist.all_reduce(total)  # every TP rank holds the same loss: divide by the world size
+        self.model.train()
+        loss = total.item() / ps.world_size / len(self.heldout)
+        return loss, math.exp(min(loss, 80.0))
+
+    def _maybe_evaluate(self) -> None:
+        cfg = self.cfg
+        every = cfg.data.eval_interval_steps
+        if not self.heldout or not (self.step == cfg.training.steps or (every and self.step % every == 0)):
+            return
+        loss, ppl = self.evaluate()
+        self.eval_perplexity = ppl
+        self.metrics.eval_loss.set(loss), self.metrics.eval_perplexity.set(ppl)
+        if self.ps.rank == 0:
+            log.info("step %d held-out loss %.4f perplexity %.3f (%d batches)", self.step, loss, ppl,
+                     len(self.heldout))
+        if self.losses_fh:
+            self.losses_fh.write(json.dumps({"evalStep": self.step, "evalLoss": loss, "evalPerplexity": ppl,
+                                             "time": round(time.time(), 3)}) + "\n")
+            self.losses_fh.flush()
+        self._report_progress()
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -255,6 +305,8 @@ class Trainer:
             self.step += 1
             self.tokens += tokens_per_step
             runtime.end_step(lambda step=self.step, values=values, t0=t0: self._observe(step, values, t0))
+            if not self.precompile_steps:
+                self._maybe_evaluate()
             saved = not self.precompile_steps and (
                 self.ckpt.due(self.step) or (self.step == cfg.training.steps and cfg.checkpoint.enabled()))
             if saved:
@@ -311,7 +363,8 @@ class Trainer:
         if self.progress is not None and hasattr(self, "_last"):
             step, loss, tps, ended = self._last
             self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
-                                 self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step)
+                                 self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
+                                 eval_perplexity=self.eval_perplexity)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -25,7 +25,8 @@ def example(name: str) -> dict:
     return next(yaml.safe_load_all((ROOT / "examples" / name).read_text()))["spec"]
 
 
-@pytest.mark.parametrize("name", ["llama2-7b.yaml", "neox-20b.yaml", "continual-pretraining-llama3-8b.yaml"])
+@pytest.mark.parametrize("name", ["llama2-7b.yaml", "neox-20b.yaml", "continual-pretraining-llama3-8b.yaml",
+                                  "continual-pretraining-llama2-7b.yaml"])
 def test_trainium_examples_render_pods_whose_trainer_selects_neuron(name, tmp_path):
     spec = parse(example(name))
     rendered = yaml.safe_load(plan.rendered_config(spec))

@@ -138,7 +138,8 @@ class Truth:
 
 
 def read_losses(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    records = (json.loads(line) for line in Path(path).read_text().splitlines() if line.strip())
+    return [r for r in records if "step" in r]  # held-out evaluation records carry evalStep instead
 
 
 def first_of_process(record: dict) -> bool:

@@ -1,0 +1,164 @@
+"""Continual pre-training from Hugging Face weights, offline: tiny Llama and GPT-NeoX models made
+with transformers (random weights, save_pretrained into a temporary directory), init.from them
+at TP 1 and TP 2 under the real trainer, held-out perplexity, conversion back, and transformers
+loading the result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import ROOT, TINY_CONFIG, read_losses, run_trainer
+from trainer import exitcodes
+
+pytestmark = pytest.mark.trainer
+transformers = pytest.importorskip("transformers")
+
+MODELS = {  # our model config (the tiny preset plus overrides) and the matching transformers config
+    "llama": ({"preset": "tiny"},
+              lambda: transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=352,
+                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                               rms_norm_eps=1e-5, max_position_embeddings=256,
+                                               tie_word_embeddings=False)),
+    "neox": ({"preset": "tiny", "family": "neox", "numKvHeads": 4, "intermediateSize": 512, "rotaryPct": 0.25},
+             lambda: transformers.GPTNeoXConfig(vocab_size=512, hidden_size=128, intermediate_size=512,
+                                                num_hidden_layers=4, num_attention_heads=4, layer_norm_eps=1e-5,
+                                                max_position_embeddings=256)),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tiny_data, tmp_path_factory):
+    """A tiny transformers model per family, saved with our tokenizer (biases and norms perturbed
+    so that a mapping mistake cannot hide behind zeros and ones)."""
+    out = {}
+    for family, (_, make) in MODELS.items():
+        torch.manual_seed(7)
+        cls = transformers.LlamaForCausalLM if family == "llama" else transformers.GPTNeoXForCausalLM
+        model = cls(make())
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias") or "norm" in name:
+                    p.add_(torch.randn_like(p) * 0.1)
+        path = tmp_path_factory.mktemp(f"hf-{family}")
+        model.save_pretrained(path)
+        shutil.copy(tiny_data["tokenizer"], path / "tokenizer.json")
+        out[family] = path
+    return out
+
+
+def _overrides(tiny, tmp: Path, name: str, family: str, *extra: str) -> list[str]:
+    model = json.dumps(MODELS[family][0])
+    return [f"model={model}", f"data.sources=[{{uri: {tiny['stories']}, weight: 99}}, {{uri: {tiny['facts']}, weight: 1}}]",
+            "data.tokenizer=", f"logging.lossesFile={tmp / (name + '.jsonl')}", "logging.interval=1",
+            "training.globalBatchSize=8", "training.microBatchSize=4", "training.warmupSteps=2", *extra]
+
+
+def _hf_loss(hf_dir: Path, family: str, tiny) -> float:
+    """transformers' loss on the trainer's first batch (same data config, same seed)."""
+    from trainer.config import load
+    from trainer.data import PackedDataset
+    cfg = load(str(TINY_CONFIG), [f"data.sources=[{{uri: {tiny['stories']}, weight: 99}}, "
+                                  f"{{uri: {tiny['facts']}, weight: 1}}]", f"data.tokenizer={tiny['tokenizer']}"])
+    inputs, targets = PackedDataset(cfg.data, cfg.training.seq_len, cfg.training.seed, 512).next_batch(8)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
+
+
+@pytest.mark.parametrize("family", ["llama", "neox"])
+def test_init_from_hf_loss_equals_transformers_at_tp1_and_tp2(family, hf_dirs, tiny_data, tmp_path):
+    expected = _hf_loss(hf_dirs[family], family, tiny_data)
+    for tp in (1, 2):
+        name = f"{family}-tp{tp}"
+        res = run_trainer(tp, _overrides(tiny_data, tmp_path, name, family, f"init.from={hf_dirs[family]}",
+                                         "training.steps=1", f"parallelism.tensor={tp}", "checkpoint.uri="))
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"initialised from {hf_dirs[family]}" in res.stderr
+        ours = read_losses(tmp_path / f"{name}.jsonl")[1]["loss"]
+        print(f"{family} TP {tp}: ours {ours:.7f} transformers {expected:.7f}")
+        assert ours == pytest.approx(expected, abs=1e-5)
+
+
+def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs, tiny_data, tmp_path):
+    """from-hf at TP 2 -> init.from that tag -> 30 steps with held-out evaluation (perplexity
+    falls) -> to-hf -> transformers loads it and its logits equal ours; evaluate prints the
+    table and the plot; a restart ignores init.from because a checkpoint exists."""
+    family, hf_dir = "llama", hf_dirs["llama"]
+    conv = subprocess.run([sys.executable, "-m", "trainer.convert", "from-hf", str(hf_dir), str(tmp_path / "init"),
+                           "--tensor", "2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert conv.returncode == 0, conv.stderr
+    tag = tmp_path / "init" / "step_0"
+    assert (tag / "done").exists() and (tag / "tokenizer.json").exists()
+    ckpt = tmp_path / "ckpt"
+    common = _overrides(tiny_data, tmp_path, "run", family, f"init.from={tag}", "parallelism.tensor=2",
+                        f"data.tokenizer={tag / 'tokenizer.json'}", "training.steps=30", "training.lr=3.0e-3",
+                        f"data.heldOut=[{{uri: {tiny_data['stories']}}}]", "data.evalIntervalSteps=10",
+                        "data.evalBatches=2", f"checkpoint.uri={ckpt}", "checkpoint.intervalSteps=10",
+                        "checkpoint.keep=0")
+    res = run_trainer(2, common)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert read_losses(tmp_path / "run.jsonl")[1]["loss"] == pytest.approx(_hf_loss(hf_dir, family, tiny_data),
+                                                                            abs=1e-5)
+    evals = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines() if "evalStep" in line]
+    ppl = {e["evalStep"]: e["evalPerplexity"] for e in evals}
+    print("held-out perplexity by step:", ppl)
+    assert sorted(ppl) == [10, 20, 30] and ppl[30] < ppl[10]
+
+    # A restart with a checkpoint present resumes; init.from is not read (it points nowhere now).
+    again = run_trainer(2, [*common, f"init.from={tmp_path / 'gone' / 'step_0'}", "training.steps=31"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ignored: a checkpoint exists" in again.stderr and "at step 30" in again.stderr
+
+    out = tmp_path / "hf-out"
+    back = subprocess.run([sys.executable, "-m", "trainer.convert", "to-hf", str(ckpt / "step_30"), str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert back.returncode == 0, back.stderr
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tokenizer.encode("Once upon a time there was a cat")])
+    from trainer.convert import read_tag
+    from trainer.hf import merge_to_hf, shard_of
+    from trainer.model import Transformer
+    _, cfg, shards = read_tag(str(ckpt / "step_30"))
+    ours = Transformer(cfg, max_seq_len=64)
+    ours.load_state_dict(shard_of(merge_to_hf(shards, cfg), cfg, 1, 0))
+    with torch.no_grad():
+        theirs, mine = model(input_ids=ids).logits, ours.logits(ids)
+    print("max |logit difference|:", (mine - theirs).abs().max().item())
+    assert torch.allclose(mine, theirs, atol=1e-4)
+
+    import yaml
+
+    from trainer.config import load, to_dict
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(to_dict(load(str(TINY_CONFIG), common))))
+    table = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--config", str(config),
+                            "--plot", str(tmp_path / "ppl.png"), "--json", str(tmp_path / "ppl.json")],
+                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert table.returncode == 0, table.stderr
+    print(table.stdout)
+    rows = {r["step"]: r["perplexity"] for r in json.loads((tmp_path / "ppl.json").read_text())}
+    assert sorted(rows) == [10, 20, 30, 31]
+    for step in (10, 20, 30):  # the same batches and micro batches as in training
+        assert rows[step] == pytest.approx(ppl[step], rel=1e-4)
+    assert (tmp_path / "ppl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_shape_mismatch_is_refused_naming_the_field(hf_dirs, tiny_data, tmp_path):
+    res = run_trainer(1, _overrides(tiny_data, tmp_path, "bad", "llama", f"init.from={hf_dirs['llama']}",
+                                    "model.hiddenSize=256", "training.steps=1", "checkpoint.uri="))
+    assert res.returncode == exitcodes.FATAL
+    assert "model.hiddenSize: 256 in this run's model config but 128 in" in res.stderr
+    wrong_family = run_trainer(1, _overrides(tiny_data, tmp_path, "bad2", "llama", f"init.from={hf_dirs['neox']}",
+                                             "training.steps=1", "checkpoint.uri="))
+    assert wrong_family.returncode == exitcodes.FATAL
+    assert "model.family: llama in this run's model config but neox" in wrong_family.stderr
