@@ -59,8 +59,9 @@ class SafetensorsDir:
     def _header(self, file: str) -> tuple[dict, int]:
         if file not in self._headers:
             path = f"{self.root}/{file}"
-            size = int.from_bytes(self.fs.cat_file(path, 0, 8), "little")
-            self._headers[file] = (json.loads(self.fs.cat_file(path, 8, 8 + size)), 8 + size)
+            # start/end by keyword: s3fs's cat_file takes a version id as its second argument
+            size = int.from_bytes(self.fs.cat_file(path, start=0, end=8), "little")
+            self._headers[file] = (json.loads(self.fs.cat_file(path, start=8, end=8 + size)), 8 + size)
         return self._headers[file]
 
     def __contains__(self, name: str) -> bool:
@@ -82,7 +83,7 @@ class SafetensorsDir:
             row_bytes = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
             start, end = start + rows[0] * row_bytes, start + rows[1] * row_bytes
             shape[0] = rows[1] - rows[0]
-        data = self.fs.cat_file(f"{self.root}/{file}", base + start, base + end)
+        data = self.fs.cat_file(f"{self.root}/{file}", start=base + start, end=base + end)
         return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone()
 
 

@@ -217,6 +217,7 @@ class ShardedAdamW:
             new_flat = torch.cat(chunks)
         else:
             new_flat = new_shard
+        self.last_flat = new_flat  # the updated parameters as one vector, for param_norm_sq
         offset = 0
         with torch.no_grad():
             for p in self.params:  # one copy into each parameter (see the class docstring)
@@ -257,9 +258,10 @@ class ShardedAdamW:
         """Global parameter norm (replicated parameters counted once)."""
         return math.sqrt(max(self.param_norm_sq().item(), 0.0))
 
-    def param_norm_sq(self) -> torch.Tensor:
-        """The squared global parameter norm, on the device."""
-        flat = self.params_flat().float()
+    def param_norm_sq(self, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """The squared global parameter norm, on the device (of ``flat``, the parameters as one
+        vector, when the caller has it: on XLA another concatenation would cost a pass)."""
+        flat = (self.params_flat() if flat is None else flat).float()
         sq = sum_sq(flat)
         offset = 0
         for p in self.params:

@@ -249,7 +249,7 @@ class Trainer:
         applied = self.optim.step_on_device(grads, sq, loss, lr)
         self.optim.zero_grad()
         return torch.stack([loss, sq.clamp(min=0).sqrt(), shared[1], applied.float(),
-                            self.optim.param_norm_sq().clamp(min=0).sqrt()])
+                            self.optim.param_norm_sq(self.optim.last_flat).clamp(min=0).sqrt()])
 
     def _skipped(self, loss_value: float, grad_norm: float, step: int) -> None:
         self.metrics.skipped.inc()

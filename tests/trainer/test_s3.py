@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, read_losses, run_trainer, trainer_cmd, trainer_env
+from tests.conftest import ROOT, data_overrides, read_losses, run_trainer, trainer_cmd, trainer_env
 from trainer import ckpt_store, exitcodes
 
 pytestmark = [pytest.mark.trainer, pytest.mark.s3]
@@ -194,3 +194,34 @@ def test_failed_final_checkpoint_exits_retryable(s3, tmp_path):
     assert code == exitcodes.RETRYABLE, err[-3000:]
     assert "the final checkpoint step_4 was not written; exiting retryable" in err
     assert not tags["step_4"].complete and ckpt_store.newest_complete("s3://ckpt/down") is None
+
+
+def test_init_from_hugging_face_weights_on_s3_equals_local(s3, tmp_path, tiny_data):
+    """init.from an s3:// Hugging Face directory (sharded safetensors, read by ranged requests
+    through s3fs) gives the same first loss, bitwise, as the same directory on disk, at TP 2."""
+    transformers = pytest.importorskip("transformers")
+    import shutil
+
+    import torch
+
+    from tests.trainer.test_continual_pretraining import MODELS
+    torch.manual_seed(3)
+    model_cfg, make = MODELS["llama"]
+    local = tmp_path / "hf"
+    transformers.LlamaForCausalLM(make()).save_pretrained(local, max_shard_size="400KB")
+    shutil.copy(tiny_data["tokenizer"], local / "tokenizer.json")
+    import boto3
+    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3['port']}", region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    for f in local.iterdir():
+        client.upload_file(str(f), "data", f"hf-llama/{f.name}")
+    losses = {}
+    for where, uri in (("local", str(local)), ("s3", "s3://data/hf-llama/")):
+        res = run_trainer(2, [*data_overrides(tiny_data), f"init.from={uri}", "training.steps=1",
+                              "parallelism.tensor=2", "checkpoint.uri=", "logging.interval=1",
+                              f"logging.lossesFile={tmp_path / (where + '.jsonl')}"], env=s3["env"])
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"initialised from {uri}" in res.stderr
+        losses[where] = read_losses(tmp_path / f"{where}.jsonl")[1]["loss"]
+    print(losses)
+    assert losses["s3"] == losses["local"]
