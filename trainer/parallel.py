@@ -57,6 +57,32 @@ class EagerRuntime:
         pass
 
 
+class DeferredRuntime(EagerRuntime):
+    """The lazy device's step model on an eager one: the update is decided on the device
+    (no host read inside a step) and each step is observed one step late, exactly as on XLA.
+    Chosen with ``TRAINER_LAZY_STEPS=1`` on cpu/cuda, so multi-process tests over gloo cover
+    the rank logic the Neuron backend runs (XLA on CPU cannot run more than one process)."""
+
+    lazy = True
+
+    def __init__(self):
+        self._pending = None
+
+    def end_step(self, observe) -> None:
+        previous, self._pending = self._pending, observe
+        if previous is not None:
+            previous()
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
+
+
+def eager_runtime() -> EagerRuntime:
+    return DeferredRuntime() if os.environ.get("TRAINER_LAZY_STEPS") == "1" else EagerRuntime()
+
+
 @dataclass
 class ParallelState:
     """Ranks and process groups of one process. Plain data plus the group handles."""
@@ -137,7 +163,7 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
     return ParallelState(backend=backend_kind, device=device, rank=rank, world_size=world_size,
                          local_rank=local_rank, layout=layout, tp_rank=rank % layout.tensor,
                          dp_rank=rank // layout.tensor, tp_group=tp_group, dp_group=dp_group,
-                         sequence_parallel=sequence_parallel and layout.tensor > 1)
+                         sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=eager_runtime())
 
 
 def shutdown_parallel() -> None:

@@ -45,23 +45,38 @@ class Kube:
 
     # -- nodes ----------------------------------------------------------------------------
 
-    def quarantine(self, node: str, run: str, reason: str) -> None:
+    def quarantine(self, node: str, run: str, reason: str, attempts: int = 5) -> None:
         """Taint the node NoSchedule and label it with the reason, so no gang lands there again
-        until a person (or a remediation system) removes the taint."""
-        try:
-            current = self.core.read_node(node)
-        except ApiException as exc:
-            if exc.status == 404:
-                return  # deleted nodes need no quarantine
-            raise
-        taints = [t for t in (current.spec.taints or []) if t.key != QUARANTINE_TAINT]
-        taints.append(client.V1Taint(key=QUARANTINE_TAINT, value=run[:63], effect="NoSchedule",
-                                     time_added=datetime.now(timezone.utc)))
+        until a person (or a remediation system) removes the taint.
+
+        A node's taints are one list, replaced whole by a patch. The write carries the
+        resourceVersion it was computed from, so a taint another controller added meanwhile
+        (the node lifecycle controller taints exactly the nodes that are failing) makes the
+        API server answer 409, and we read again instead of erasing it."""
         label = "".join(c if c.isalnum() or c in "-_." else "-" for c in reason)[:63].strip("-_.") or "failed"
-        self.core.patch_node(node, {"metadata": {"labels": {QUARANTINE_TAINT: label},
-                                                 "annotations": {f"{QUARANTINE_TAINT}-reason": reason[:1000]}},
-                                    "spec": {"taints": [self.core.api_client.sanitize_for_serialization(t)
-                                                        for t in taints]}})
+        for attempt in range(attempts):
+            try:
+                current = self.core.read_node(node)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return  # deleted nodes need no quarantine
+                raise
+            taints = [t for t in (current.spec.taints or []) if t.key != QUARANTINE_TAINT]
+            taints.append(client.V1Taint(key=QUARANTINE_TAINT, value=run[:63], effect="NoSchedule",
+                                         time_added=datetime.now(timezone.utc)))
+            body = {"metadata": {"resourceVersion": current.metadata.resource_version,
+                                 "labels": {QUARANTINE_TAINT: label},
+                                 "annotations": {f"{QUARANTINE_TAINT}-reason": reason[:1000]}},
+                    "spec": {"taints": [self.core.api_client.sanitize_for_serialization(t) for t in taints]}}
+            try:
+                self.core.patch_node(node, body)
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 409 or attempt == attempts - 1:
+                    raise
+                log.info("node %s changed while quarantining it; reading it again", node)
 
     # -- the TrainingRun ------------------------------------------------------------------
 

@@ -48,10 +48,15 @@ class Result:
         self.effects.append(Effect("event", reason=reason, message=message, warning=warning))
 
 
-def _condition(ctype: str, ok: bool, reason: str, message: str, now: float) -> dict:
+def _condition(ctype: str, ok: bool, reason: str, message: str, now: float, previous: list | None = None) -> dict:
+    """A status condition. ``lastTransitionTime`` moves only when the status flips: an earlier
+    condition of the same type and status (from ``previous``) keeps its time."""
     from datetime import datetime, timezone
-    return {"type": ctype, "status": "True" if ok else "False", "reason": reason, "message": message[:1000],
-            "lastTransitionTime": datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    state = "True" if ok else "False"
+    kept = next((c.get("lastTransitionTime") for c in previous or []
+                 if c.get("type") == ctype and c.get("status") == state and c.get("lastTransitionTime")), None)
+    return {"type": ctype, "status": state, "reason": reason, "message": message[:1000],
+            "lastTransitionTime": kept or datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
@@ -69,7 +74,8 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
             res.event("InvalidSpec", str(err), warning=True)
         res.status = {"phase": "Failed" if status.get("attempt") in (None, 0) else status.get("phase"),
                       "message": str(err), "observedGeneration": generation,
-                      "conditions": [_condition("Valid", False, "InvalidSpec", str(err), now)]}
+                      "conditions": [_condition("Valid", False, "InvalidSpec", str(err), now,
+                                                status.get("conditions"))]}
         return res
     upd: dict = {"observedGeneration": generation, "worldSize": spec.world_size,
                  "dataParallel": spec.layout.data}
@@ -221,8 +227,9 @@ def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, fai
     grace = int(spec.fault_tolerance.teardown_grace_seconds)
     if action.kind == "fail":
         res.status.update({"phase": "Failed", "message": action.reason})
-        res.status["conditions"] = [_condition("Valid", True, "SpecValid", "", now),
-                                    _condition("Failed", True, "FailurePolicy", action.reason, now)]
+        res.status["conditions"] = [_condition("Valid", True, "SpecValid", "", now, status.get("conditions")),
+                                    _condition("Failed", True, "FailurePolicy", action.reason, now,
+                                               status.get("conditions"))]
         res.event("Failed", action.reason, warning=True)
         res.effects += [Effect("delete_pod", name=p.name, grace=grace) for p in current if not p.deleting]
         _account(res.status, status, now)

@@ -191,6 +191,10 @@ OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the oper
      "spec.training.globalBatchSize"),
     ("sequence not divisible with SP", {"training": {"seqLen": 4100}}, "spec.training.seqLen"),
     ("bad hang timeout", {"faultTolerance": {"hangTimeoutSeconds": "soon"}}, "spec.faultTolerance.hangTimeoutSeconds"),
+    ("pipeline the Neuron backend cannot run yet", {"parallelism": {"tensor": 8, "pipeline": 2}},
+     "spec.parallelism.pipeline"),
+    ("more processes than NeuronCores", {"processesPerNode": 64}, "spec.processesPerNode"),
+    ("a backend the instance type cannot run", {"backend": "cuda"}, "spec.backend"),
 ]
 
 
@@ -361,3 +365,35 @@ def test_metrics_endpoint(operator):
     body = urllib.request.urlopen(f"http://127.0.0.1:{operator['proc'].metrics_port}/metrics", timeout=5).read().decode()
     for series in ("trainium_run_phase", "trainium_reconcile_seconds", "trainium_run_effective_training_ratio"):
         assert series in body
+
+
+def test_quarantine_keeps_a_taint_another_controller_adds_between_read_and_write(local_cluster, core_api):
+    """Against the real API server: another controller (here the test, in the node lifecycle
+    controller's place) taints the node after the operator read it and before it writes. The
+    operator's write carries the resourceVersion it read, gets 409, reads again, and both taints
+    are on the node. Only the interleaving is the test's; the API calls are real."""
+    from localcluster.nodes import create_nodes
+    from trainium_operator.kube import Kube
+
+    node = create_nodes(core_api, 1, "trn1.32xlarge", "qrace-")[0]
+    kube = Kube(local_cluster.api_client())
+    real_read, reads = kube.core.read_node, []
+
+    def read_then_someone_writes(name, **kwargs):
+        current = real_read(name, **kwargs)
+        reads.append(current.metadata.resource_version)
+        if len(reads) == 1:
+            other = [core_api.api_client.sanitize_for_serialization(t) for t in current.spec.taints or []]
+            core_api.patch_node(name, {"spec": {"taints": [*other, {"key": "example.com/other-controller",
+                                                                     "effect": "NoSchedule"}]}})
+        return current
+
+    kube.core.read_node = read_then_someone_writes
+    try:
+        kube.quarantine(node, "race-run", "crash")
+        taints = {t.key for t in core_api.read_node(node).spec.taints or []}
+        print(f"\nreads: {len(reads)}; taints now: {sorted(taints)}")
+        assert {"example.com/other-controller", QUARANTINE} <= taints
+        assert len(reads) == 2  # the first write was refused with 409 and retried
+    finally:
+        core_api.delete_node(node)

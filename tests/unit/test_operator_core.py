@@ -178,6 +178,15 @@ def test_reconcile_never_crashes_on_malformed_objects():
         assert r.status["conditions"][0]["status"] == "False" and not any(e.kind == "ensure" for e in r.effects)
 
 
+def test_conditions_keep_their_transition_time_until_the_status_flips():
+    bad = {**RUN, "spec": {"nodes": "many"}}
+    first = reconcile(bad, [], {}, now=0.0).status["conditions"][0]
+    again = reconcile({**bad, "status": {"conditions": [first]}}, [], {}, now=600.0).status["conditions"][0]
+    assert again["status"] == "False" and again["lastTransitionTime"] == first["lastTransitionTime"]
+    fixed = reconcile({**RUN, "status": {"conditions": [again]}}, [], {}, now=900.0).status["conditions"][0]
+    assert fixed["status"] == "True" and fixed["lastTransitionTime"] != first["lastTransitionTime"]
+
+
 def test_untainted_nodes_leave_the_quarantine():
     nodes = {"n0": node_view({"metadata": {"name": "n0"}, "spec": {"taints": [{"key": plan.QUARANTINE_TAINT}]},
                               "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
