@@ -24,16 +24,22 @@ from __future__ import annotations
 PHASES = ("detect", "teardown", "schedule", "recompute")
 
 
-def account(created: float, first_progress: float | None, failures: list[dict], now: float,
-            step_seconds: float | None = None, first_progress_steps: int | None = None) -> dict:
-    step_s = step_seconds or 0.0
+def _start(created: float, first_progress: float | None, now: float, step_s: float,
+           first_progress_steps: int | None) -> tuple[dict, float]:
+    """Lost seconds before the first training step, and where the failures' timeline begins."""
     lost = dict.fromkeys(PHASES, 0.0)
     began = first_progress - (first_progress_steps or 0) * step_s if first_progress else now
     lost["schedule"] += max(0.0, began - created)
-    previous_end = began if first_progress else created  # nothing before this is a later failure's
+    return lost, began if first_progress else created
+
+
+def _walk(lost: dict, previous_end: float, failures: list[dict], after: float | None, now: float,
+          step_s: float) -> float:
+    """Add each failure's lost seconds to ``lost``; ``after``: when the failure following the
+    last one was detected (None: none yet). Returns where the timeline ends."""
     for i, f in enumerate(failures):
         detected = f.get("time", now)
-        nxt = failures[i + 1]["time"] if i + 1 < len(failures) else None
+        nxt = failures[i + 1]["time"] if i + 1 < len(failures) else after
         last_step = max(f.get("lastProgressTime") or previous_end, previous_end)
         lost["detect"] += max(0.0, detected - last_step)
         torn_down = f.get("teardownDoneTime") or nxt or now
@@ -49,6 +55,35 @@ def account(created: float, first_progress: float | None, failures: list[dict], 
         base = f["resumedStep"] if f.get("resumedStep") is not None else f.get("checkpointStep")
         if step is not None and step_s:
             lost["recompute"] += max(0, step - (base or 0)) * step_s
+    return previous_end
+
+
+def archive(previous: dict | None, created: float, first_progress: float | None, dropped: list[dict],
+            next_detected: float, now: float, step_seconds: float | None = None,
+            first_progress_steps: int | None = None) -> dict:
+    """Fold failures that leave the kept timeline (status keeps the last few) into running
+    totals, so the lost time of a dropped failure never turns into productive time. The result
+    (status.goodputArchive) is what :func:`account` starts from."""
+    step_s = step_seconds or 0.0
+    if previous:
+        lost, until = dict(previous["lostSeconds"]), previous["until"]
+    else:
+        lost, until = _start(created, first_progress, now, step_s, first_progress_steps)
+    until = _walk(lost, until, dropped, next_detected, now, step_s)
+    return {"lostSeconds": lost, "until": until, "failures": (previous or {}).get("failures", 0) + len(dropped)}
+
+
+def account(created: float, first_progress: float | None, failures: list[dict], now: float,
+            step_seconds: float | None = None, first_progress_steps: int | None = None,
+            archived: dict | None = None) -> dict:
+    """Goodput from the run's start: the archived totals (failures no longer kept) plus the
+    kept timeline."""
+    step_s = step_seconds or 0.0
+    if archived:
+        lost, previous_end = dict(archived["lostSeconds"]), archived["until"]
+    else:
+        lost, previous_end = _start(created, first_progress, now, step_s, first_progress_steps)
+    _walk(lost, previous_end, failures, None, now, step_s)
     wall = max(0.0, now - created)
     total_lost = min(wall, sum(lost.values()))
     productive = wall - total_lost

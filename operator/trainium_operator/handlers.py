@@ -101,6 +101,19 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
     return entry["value"]
 
 
+def failure_events(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Failure records new in ``new`` and records whose recovery is new, each exactly once, by
+    the record's identity (``id``; the timeline keeps only its last entries, so its length
+    stops growing)."""
+    def key(i: int, f: dict):
+        return f.get("id", ("position", i))
+    before = {key(i, f): f for i, f in enumerate(old)}
+    failed = [f for i, f in enumerate(new) if key(i, f) not in before]
+    recovered = [f for i, f in enumerate(new) if f.get("recoveredAfter") is not None
+                 and (before.get(key(i, f)) or {}).get("recoveredAfter") is None]
+    return failed, recovered
+
+
 def apply(kube: Kube, run: dict, result) -> dict:
     """Status first (it records the attempt before its pods exist), then the effects in order.
     Returns the run's status as it is after the patch."""
@@ -110,12 +123,11 @@ def apply(kube: Kube, run: dict, result) -> dict:
     merged = {**old, **changed}
     if changed:
         kube.patch_status(ns, name, changed)
-        old_failures, new_failures = old.get("failures") or [], merged.get("failures") or []
-        if len(new_failures) > len(old_failures):
-            metrics.observe_failure(new_failures[-1])
-        if new_failures and new_failures[-1].get("recoveredAfter") is not None and \
-                (not old_failures or old_failures[-1].get("recoveredAfter") is None):
-            metrics.observe_recovery(new_failures[-1]["cause"], new_failures[-1]["recoveredAfter"])
+        failed, recovered = failure_events(old.get("failures") or [], merged.get("failures") or [])
+        for record in failed:
+            metrics.observe_failure(record)
+        for record in recovered:
+            metrics.observe_recovery(record["cause"], record["recoveredAfter"])
     pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
         if eff.kind == "ensure":

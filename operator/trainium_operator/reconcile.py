@@ -218,12 +218,20 @@ def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, fai
     quarantined = list(status.get("quarantinedNodes") or [])
     ckpt_step = (checkpoint or status.get("lastCheckpoint") or {}).get("step")
     action = decide(failure, spec, history, quarantined, ckpt_step, now)
-    record = {"time": now, "cause": failure.cause, "node": failure.node, "pod": failure.pod,
+    failure_id = (status.get("failureCount") or len(history)) + 1  # identity: 1, 2, ... over the run
+    record = {"id": failure_id, "time": now, "cause": failure.cause, "node": failure.node, "pod": failure.pod,
               "message": failure.message[:500], "attempt": status.get("attempt"), "action": action.kind,
               "detectedAfter": round(now - failure.since, 3) if failure.since else None,
               "lastProgressTime": status.get("lastProgressTime"), "step": gang.step,
               "checkpointStep": ckpt_step, "stepSeconds": status.get("stepSeconds")}
-    res.status["failures"] = (history + [record])[-MAX_FAILURES_KEPT:]
+    timeline = history + [record]
+    res.status["failureCount"] = failure_id
+    if len(timeline) > MAX_FAILURES_KEPT:  # older failures leave the status; their lost time does not
+        dropped, timeline = timeline[:-MAX_FAILURES_KEPT], timeline[-MAX_FAILURES_KEPT:]
+        res.status["goodputArchive"] = goodput.archive(
+            status.get("goodputArchive"), status.get("createdTime", now), status.get("firstProgressTime"),
+            dropped, timeline[0]["time"], now, status.get("stepSeconds"), status.get("firstProgressSteps"))
+    res.status["failures"] = timeline
     grace = int(spec.fault_tolerance.teardown_grace_seconds)
     if action.kind == "fail":
         res.status.update({"phase": "Failed", "message": action.reason})
@@ -287,10 +295,11 @@ def _note_teardown_progress(res: Result, status: dict, current: list[PodView]) -
 
 
 def _account(upd: dict, status: dict, now: float) -> None:
-    created = status.get("createdTime") or upd.get("createdTime")
-    if created:
+    created = status.get("createdTime", upd.get("createdTime"))
+    if created is not None:
         failures = upd.get("failures", status.get("failures") or [])
         first = upd.get("firstProgressTime", status.get("firstProgressTime"))
         upd["goodput"] = goodput.account(created, first, failures, now,
                                          upd.get("stepSeconds", status.get("stepSeconds")),
-                                         upd.get("firstProgressSteps", status.get("firstProgressSteps")))
+                                         upd.get("firstProgressSteps", status.get("firstProgressSteps")),
+                                         upd.get("goodputArchive", status.get("goodputArchive")))

@@ -151,6 +151,58 @@ def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
     assert g["productiveSeconds"] == 158.0
 
 
+def _equal_failures(n: int) -> list[dict]:
+    """n identical failures, one every 100 s: 2 s to detect, 3 s teardown, 5 s to train again,
+    5 steps (1 s each) recomputed."""
+    return [{"id": k + 1, "time": 100.0 * (k + 1), "lastProgressTime": 100.0 * (k + 1) - 2,
+             "teardownDoneTime": 100.0 * (k + 1) + 3, "resumedTime": 100.0 * (k + 1) + 8, "resumedSteps": 0,
+             "step": 50 * k + 45, "resumedStep": 50 * k + 40} for k in range(n)]
+
+
+def test_goodput_stays_exact_past_the_kept_failures():
+    """60 failures, of which the status keeps 50: the 10 dropped ones are folded into running
+    totals, so the reported ratio equals the full timeline's: 910 s lost of 6,100 (0.8508; keeping only
+    the last 50 reported 0.8754)."""
+    timeline, now, kw = _equal_failures(60), 6100.0, dict(step_seconds=1.0, first_progress_steps=0)
+    full = goodput.account(0.0, 10.0, timeline, now, **kw)
+    kept = goodput.account(0.0, 10.0, timeline[-50:], now, **kw)
+    archive = goodput.archive(None, 0.0, 10.0, timeline[:10], timeline[10]["time"], now, 1.0, 0)
+    streamed = goodput.account(0.0, 10.0, timeline[-50:], now, archived=archive, **kw)
+    # archiving in several rounds, as a long run does, gives the same totals
+    rounds = goodput.archive(goodput.archive(None, 0.0, 10.0, timeline[:4], timeline[4]["time"], now, 1.0, 0),
+                             0.0, 10.0, timeline[4:10], timeline[10]["time"], now, 1.0, 0)
+    print(f"\neffective ratio: full {full['effectiveRatio']}, last 50 only {kept['effectiveRatio']}, "
+          f"archived + last 50 {streamed['effectiveRatio']}")
+    assert streamed == full == goodput.account(0.0, 10.0, timeline[-50:], now, archived=rounds, **kw)
+    assert full["effectiveRatio"] == 0.8508 and kept["effectiveRatio"] > full["effectiveRatio"]
+
+
+def test_reconcile_archives_dropped_failures_and_numbers_each_failure():
+    from trainium_operator.reconcile import MAX_FAILURES_KEPT
+    history = _equal_failures(MAX_FAILURES_KEPT)
+    status = {"phase": "Running", "attempt": 51, "createdTime": 0.0, "firstProgressTime": 10.0, "firstProgressSteps": 0,
+              "stepSeconds": 1.0, "failures": history, "failureCount": 50, "gangRunningTime": 5010.0,
+              "conditions": [{"type": "Valid", "status": "True"}]}
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    pods = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, attempt=51) for i in range(4)]
+    r = reconcile({**RUN, "status": status}, pods, nodes, now=5100.0)
+    failures = r.status["failures"]
+    assert len(failures) == MAX_FAILURES_KEPT and failures[-1]["id"] == 51 and r.status["failureCount"] == 51
+    assert r.status["goodputArchive"]["failures"] == 1
+    full = goodput.account(0.0, 10.0, history + [failures[-1]], 5100.0, 1.0, 0)
+    assert r.status["goodput"] == full
+
+
+def test_each_failure_and_recovery_is_observed_once_by_identity():
+    from trainium_operator.handlers import failure_events
+    old = _equal_failures(50)
+    new = old[1:] + [{"id": 51, "time": 5100.0, "cause": "application"}]  # the timeline no longer grows
+    assert failure_events(old, new) == ([new[-1]], [])
+    recovered = new[:-1] + [dict(new[-1], recoveredAfter=1.5)]
+    assert failure_events(new, recovered) == ([], [recovered[-1]])
+    assert failure_events(recovered, recovered) == ([], [])
+
+
 def test_reconcile_creates_then_restarts_without_overlapping_attempts():
     r = reconcile(RUN, [], {}, now=0.0)
     kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
