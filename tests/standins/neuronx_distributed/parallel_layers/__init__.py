@@ -1,0 +1,1 @@
+"""STAND-IN (tests/standins/README.md)."""
