@@ -2,8 +2,8 @@
 
 Actions: restart the gang (after a backoff), optionally quarantining the node that failed;
 or fail the run with a reason. Never a loop: every restart spends a per-cause budget within a
-time window, a bounded number of nodes can be quarantined, and K restarts in a row without the
-checkpoint step advancing end the run.
+time window, a bounded number of nodes can be quarantined, and K restarts in a row for causes
+the job may be behind (application, hang) without the checkpoint step advancing end the run.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .observe import Failure
-from .spec import TrainingRunSpec
+from .spec import JOB_CAUSES, TrainingRunSpec
 
 
 @dataclass
@@ -37,12 +37,14 @@ def decide(failure: Failure, spec: TrainingRunSpec, history: list[dict], quarant
         return Action("fail", f"restart budget for {failure.cause} exhausted ({len(same_cause)} restarts in "
                       f"{ft.budget_window_minutes:g} min): {failure.message}")
     streak = 0
-    for h in reversed(history):  # consecutive restarts without checkpoint progress
+    for h in reversed(history):  # consecutive job-caused restarts without checkpoint progress
+        if h.get("cause") not in JOB_CAUSES:
+            continue  # an infrastructure failure says nothing about the job making progress
         if h.get("checkpointStep") == checkpoint_step:
             streak += 1
         else:
             break
-    if streak >= ft.no_progress_restarts:
+    if failure.cause in JOB_CAUSES and streak >= ft.no_progress_restarts:
         return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
     node = ""

@@ -33,6 +33,8 @@ CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE")
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CAUSES = ("application", "node", "neuron-device", "hang", "eviction", "scheduling")
+# Causes the job itself may be behind; the others are the infrastructure's, with their own budgets.
+JOB_CAUSES = ("application", "hang")
 
 
 @dataclass
@@ -76,7 +78,9 @@ class FaultToleranceConfig:
     max_quarantined_nodes: int = 0
     """Beyond this many quarantined nodes the run fails as 'cluster unhealthy' (0 = nodes / 4, at least 1)."""
     no_progress_restarts: int = 3
-    """Fail after this many consecutive restarts without the checkpoint step advancing."""
+    """Fail after this many consecutive restarts for application errors or hangs without the
+    checkpoint step advancing (node, Neuron device, eviction and scheduling failures are the
+    infrastructure's: they spend their own budgets and neither count nor break the streak)."""
     teardown_grace_seconds: float = 30.0
     """Grace period for a gang's pods to exit on SIGTERM before they are force-deleted."""
 

@@ -118,8 +118,14 @@ def test_policy_budgets_quarantine_and_guard():
     node = Failure("node", "NotReady", node="n2")
     assert decide(node, s, [], [], 10, now=1000).quarantine_node == "n2"
     assert decide(node, s, [], ["n1"], 10, now=1000).reason.startswith("cluster unhealthy")
-    same = [{"time": 1, "cause": "eviction", "checkpointStep": 10}] * 3
-    assert decide(Failure("eviction", "gone"), s, same, [], 10, now=1000).reason.startswith("no progress: 3 restarts")
+    same = [{"time": 1, "cause": "hang", "checkpointStep": 10}] * 3
+    assert decide(Failure("hang", "stuck"), s, same, [], 10, now=9000).reason.startswith("no progress: 3 restarts")
+    # infrastructure failures neither count towards the guard nor break a job-caused streak
+    flaps = [{"time": 1, "cause": "node", "checkpointStep": 10}] * 5
+    assert decide(Failure("node", "NotReady", node="n9"), s, flaps, [], 10, now=1000).kind == "restart"
+    mixed = same[:2] + flaps + same[2:]
+    assert decide(Failure("application", "x"), s, mixed, [], 10, now=1000 + 7200).reason.startswith("no progress: 3")
+    assert decide(Failure("eviction", "gone"), s, same, [], 10, now=1000).kind == "restart"
     assert decide(Failure("application", "x", fatal=True), s, [], [], 10, now=1000).kind == "fail"
 
 
