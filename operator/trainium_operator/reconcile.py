@@ -222,7 +222,10 @@ def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, fai
     record = {"id": failure_id, "time": now, "cause": failure.cause, "node": failure.node, "pod": failure.pod,
               "message": failure.message[:500], "attempt": status.get("attempt"), "action": action.kind,
               "detectedAfter": round(now - failure.since, 3) if failure.since else None,
-              "lastProgressTime": status.get("lastProgressTime"), "step": gang.step,
+              # the newest step end this pass saw: status.lastProgressTime is the previous pass's,
+              # stale when the failure is found in the pass that first sees the gang's last steps
+              "lastProgressTime": max(status.get("lastProgressTime") or 0.0, gang.last_progress_time or 0.0) or None,
+              "step": gang.step,
               "checkpointStep": ckpt_step, "stepSeconds": status.get("stepSeconds")}
     timeline = history + [record]
     res.status["failureCount"] = failure_id

@@ -199,6 +199,18 @@ def test_reconcile_archives_dropped_failures_and_numbers_each_failure():
     assert r.status["goodput"] == full
 
 
+def test_failure_found_with_new_progress_records_that_progress_time():
+    """A failure detected in the pass that first sees the gang's newest steps: the record's last
+    progress is that step's end, not the previous pass's (an e2e node-not-ready run lost 0.8 s
+    of goodput to the stale one)."""
+    status = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "lastProgressTime": 90.0, "lastStep": 16,
+              "gangRunningTime": 5.0, "conditions": [{"type": "Valid", "status": "True"}]}
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    pods = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, step=18) for i in range(4)]
+    record = reconcile({**RUN, "status": status}, pods, nodes, now=101.0).status["failures"][-1]
+    assert record["step"] == 18 and record["lastProgressTime"] == 100.0
+
+
 def test_each_failure_and_recovery_is_observed_once_by_identity():
     from trainium_operator.handlers import failure_events
     old = _equal_failures(50)
