@@ -54,7 +54,7 @@ class EagerRuntime:
         observe()
 
     def flush(self) -> None:
-        pass
+        """Nothing is deferred on an eager device: every step was observed when it ended."""
 
 
 class DeferredRuntime(EagerRuntime):
