@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import fsspec
 import torch
@@ -219,6 +219,15 @@ class PackedDataset:
         self.row = state["row"]
         for src, pos in zip(self.sources, state["sources"]):
             src.pos = SourcePosition(**pos)
+
+
+def heldout_batches(data: DataConfig, seq_len: int, seed: int, vocab_size: int, global_batch: int,
+                    batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``batches`` global batches of ``data.held_out``: the same ones at every
+    evaluation, in training and in ``trainer.evaluate``, so perplexities compare."""
+    held = replace(data, sources=data.held_out, held_out=[])
+    stream = PackedDataset(held, seq_len, seed, vocab_size)
+    return [stream.next_batch(global_batch) for _ in range(batches)]
 
 
 def local_batch(inputs: torch.Tensor, targets: torch.Tensor, dp_rank: int, dp: int):

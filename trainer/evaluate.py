@@ -22,15 +22,8 @@ import torch
 from . import ckpt_store, hf
 from .config import ConfigError, load
 from .convert import read_tag
-from .data import PackedDataset
+from .data import heldout_batches
 from .model import Transformer
-
-
-def heldout_batches(cfg, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    import dataclasses
-    held = dataclasses.replace(cfg.data, sources=cfg.data.held_out, held_out=[])
-    stream = PackedDataset(held, cfg.training.seq_len, cfg.training.seed, cfg.model.vocab_size)
-    return [stream.next_batch(cfg.training.global_batch_size) for _ in range(batches)]
 
 
 def perplexity(model: torch.nn.Module, batches, micro: int, device: torch.device) -> tuple[float, float]:
@@ -66,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    batches = heldout_batches(cfg, args.batches or cfg.data.eval_batches)
+    t = cfg.training
+    batches = heldout_batches(cfg.data, t.seq_len, t.seed, cfg.model.vocab_size, t.global_batch_size,
+                              args.batches or cfg.data.eval_batches)
     rows = []
     for tag in tags:
         started = time.perf_counter()

@@ -50,7 +50,7 @@ import torch.nn as nn
 
 from . import exitcodes
 from .config import Layout
-from .parallel import ParallelState, TPContext, shard_cols, shard_rows
+from .parallel import DeferredRuntime, ParallelState, TPContext, shard_cols, shard_rows
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def neuron_available() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-class XlaRuntime:
+class XlaRuntime(DeferredRuntime):
     """Step boundaries on torch-xla.
 
     ``end_step(observe)`` cuts the graph (``torch_xla.sync()``, formerly ``xm.mark_step()``),
@@ -93,23 +93,16 @@ class XlaRuntime:
     checkpoint and at the end).
     """
 
-    lazy = True
-
     def __init__(self):
+        super().__init__()
         self.xm = require("torch_xla.core.xla_model")
         self.torch_xla = require("torch_xla")
-        self._pending: Callable[[], None] | None = None
 
     def end_step(self, observe: Callable[[], None]) -> None:
         if self._pending is not None:
             self.xm.add_step_closure(self._pending)  # runs after this sync, in this thread
         self._pending = observe
         self.torch_xla.sync()
-
-    def flush(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending()
 
 
 def xla_device() -> torch.device:

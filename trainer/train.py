@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -17,7 +16,7 @@ import torch.distributed as dist
 from . import exitcodes
 from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout, to_dict
-from .data import PackedDataset, local_batch
+from .data import PackedDataset, heldout_batches, local_batch
 from .health import GradNormMonitor, finite
 from .launch import PRECOMPILE_ENV
 from .metrics import TrainerMetrics, device_peak, mfu
@@ -164,10 +163,10 @@ class Trainer:
         cfg = self.cfg
         if not cfg.data.held_out:
             return []
-        held = dataclasses.replace(cfg.data, sources=cfg.data.held_out, held_out=[])
-        stream = PackedDataset(held, cfg.training.seq_len, cfg.training.seed, cfg.model.vocab_size)
-        return [local_batch(*stream.next_batch(cfg.training.global_batch_size), self.ps.dp_rank, self.ps.dp)
-                for _ in range(cfg.data.eval_batches)]
+        t = cfg.training
+        return [local_batch(inputs, targets, self.ps.dp_rank, self.ps.dp) for inputs, targets in
+                heldout_batches(cfg.data, t.seq_len, t.seed, cfg.model.vocab_size, t.global_batch_size,
+                                cfg.data.eval_batches)]
 
     def evaluate(self) -> tuple[float, float]:
         """Mean token loss and perplexity on the held-out batches (all ranks take part)."""
