@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 
 BEGIN, DONE, META = "checkpoint", "done", "meta.json"
 _STEP_TAG = re.compile(r"^step_(\d+)$")
+# Checkpoint layouts the operator can read (spec.trainer.checkpointLayout):
+#   trainer  ours (above): step_<n> tags; newest complete = highest step
+#   nxd      NxD's save_checkpoint under --checkpoint_dir: any tag with `done`; newest complete =
+#            newest `done` by modification time, the tag nxd.load_checkpoint(tag=None) loads
+#   nxdt     NxD Training: <name>--step=<n>-consumed_samples=<m>.ckpt tags (NxD's layout inside,
+#            `done` last); newest complete = highest step (the operator pins it on resume: NxDT
+#            itself would take the newest .ckpt by mtime, complete or not)
+LAYOUTS = ("trainer", "nxd", "nxdt")
+_NXDT_TAG = re.compile(r"^.+--step=(\d+)-consumed_samples=[0-9.]+(?:-v\d+)?\.ckpt$")
 
 
 def tag_for_step(step: int) -> str:
@@ -60,7 +69,16 @@ def _mtime(info: dict) -> float | None:
     return None
 
 
-def list_tags(root: str, read_meta: bool = True) -> list[TagInfo]:
+def _tag_step(name: str, layout: str) -> tuple[bool, int | None]:
+    """(is a tag of this layout, its step from the name)."""
+    if layout == "nxdt":
+        m = _NXDT_TAG.match(name)
+        return bool(m), int(m.group(1)) if m else None
+    m = _STEP_TAG.match(name)
+    return True, int(m.group(1)) if m else None
+
+
+def list_tags(root: str, read_meta: bool = True, layout: str = "trainer") -> list[TagInfo]:
     """Every tag under root, complete or not, in ascending step order (unknown steps first)."""
     fs, base = _fs(root)
     fs.invalidate_cache()
@@ -74,6 +92,9 @@ def list_tags(root: str, read_meta: bool = True) -> list[TagInfo]:
             continue
         path = entry["name"].rstrip("/")
         name = path.rsplit("/", 1)[-1]
+        is_tag, name_step = _tag_step(name, layout)
+        if not is_tag:
+            continue
         try:
             children = {c["name"].rstrip("/").rsplit("/", 1)[-1]: c for c in fs.ls(path, detail=True)}
         except FileNotFoundError:
@@ -82,24 +103,30 @@ def list_tags(root: str, read_meta: bool = True) -> list[TagInfo]:
             continue  # not a checkpoint folder
         complete = DONE in children
         meta: dict = {}
-        if complete and read_meta and META in children:
+        if complete and read_meta and layout == "trainer" and META in children:
             try:
                 meta = json.loads(fs.cat_file(f"{path}/{META}"))
             except (OSError, ValueError) as exc:
                 log.warning("unreadable %s in %s: %s", META, path, exc)
-        m = _STEP_TAG.match(name)
-        step = meta.get("step", int(m.group(1)) if m else None)
+        step = meta.get("step", name_step)
         uri = fs.unstrip_protocol(path) if "://" in root else path
         tags.append(TagInfo(name, uri, step, complete, _mtime(children[DONE]) if complete else None, meta))
     tags.sort(key=lambda t: (t.step is not None, t.step or 0))
     return tags
 
 
-def newest_complete(root: str) -> TagInfo | None:
-    """The complete tag with the highest step, or None."""
-    complete = [t for t in list_tags(root) if t.complete and t.step is not None]
+def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
+    """The complete tag the next attempt resumes from (see LAYOUTS), or None."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown checkpoint layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    if layout == "nxd":  # NxD's own rule; a tag whose name has no step still counts
+        complete = [t for t in list_tags(root, read_meta=False, layout=layout) if t.complete]
+        return max(complete, key=lambda t: (t.done_mtime or 0.0, t.step or 0), default=None)
+    complete = [t for t in list_tags(root, layout=layout) if t.complete and t.step is not None]
     if not complete:
         return None
+    if layout == "nxdt":
+        return max(complete, key=lambda t: (t.step, t.done_mtime or 0.0))
     best = complete[-1]
     by_marker = max(complete, key=lambda t: t.done_mtime or 0.0)
     if by_marker.tag != best.tag:

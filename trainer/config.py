@@ -491,6 +491,10 @@ def _convert_field(cls: type, name: str, value: Any, where: str) -> Any:
             raise ConfigError(where, "must be a list of {uri, weight}")
         return [_build(DataSource, v if isinstance(v, Mapping) else {"uri": v}, f"{where}[{i}]")
                 for i, v in enumerate(value)]
+    if cls.__annotations__[name] == "list[str]":
+        if not isinstance(value, list):
+            raise ConfigError(where, f"must be a list of strings, got {value!r}")
+        return [_coerce(v, str, f"{where}[{i}]") for i, v in enumerate(value)]
     typ = _field_type(cls, name)
     if value is None and cls.__annotations__[name].endswith("None"):
         return None

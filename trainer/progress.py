@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -24,12 +25,19 @@ ANNOTATION = "trainium.dev/progress"
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity")
 
 
-def payload(step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
+def _rounded(value: float | None, digits: int) -> float | None:
+    """None for unknown or non-finite values (JSON has no NaN)."""
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def payload(step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
             now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None) -> str:
+    """``tokens_per_second`` and ``loss`` may be None where the writer cannot know them (a
+    script whose log has no throughput); the operator then leaves them out of the status."""
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
-                       "tokensPerSecond": round(tokens_per_second, 2), "loss": round(loss, 5),
+                       "tokensPerSecond": _rounded(tokens_per_second, 2), "loss": _rounded(loss, 5),
                        "lastCheckpointStep": last_checkpoint_step, "startStep": start_step,
-                       "evalPerplexity": None if eval_perplexity is None else round(eval_perplexity, 4)},
+                       "evalPerplexity": _rounded(eval_perplexity, 4)},
                       separators=(",", ":"))
 
 
@@ -55,6 +63,8 @@ class ProgressReporter:
         self.namespace = namespace or os.environ.get("POD_NAMESPACE", "default")
         self._api = None
         self._latest: str | None = None
+        self._unsent = False  # _latest is newer than what the pod carries
+        self._force = False
         self._sent_at = 0.0
         self._wake = threading.Event()
         self._stop = False
@@ -84,7 +94,7 @@ class ProgressReporter:
             log.warning("progress annotation off: cannot reach the API server (%s)", exc)
             return None
 
-    def report(self, step: int, tokens_per_second: float, loss: float, last_checkpoint_step: int | None,
+    def report(self, step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
                force: bool = False, step_time: float | None = None, start_step: int = 0,
                eval_perplexity: float | None = None) -> None:
         """``step_time``: when the step ended (epoch seconds; default now). The operator measures
@@ -93,16 +103,25 @@ class ProgressReporter:
             return
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
                                start_step=start_step, eval_perplexity=eval_perplexity)
-        if force or time.monotonic() - self._sent_at >= self.interval:
-            self._wake.set()
+        self._unsent = True
+        self._force = self._force or force
+        self._wake.set()  # the sender decides when: now if forced, else once the interval has passed
 
     def _loop(self) -> None:
         while not self._stop:
-            self._wake.wait()
+            # a report held back by the rate limit goes out once the interval has passed, so a
+            # writer that reports rarely (a script logging every N steps) is never a step behind
+            wait = None
+            if self._unsent:
+                wait = 0.0 if self._force else max(0.0, self.interval - (time.monotonic() - self._sent_at))
+            self._wake.wait(wait)
             self._wake.clear()
             body = self._latest
-            if body is None:
+            if self._stop or body is None or not self._unsent:
                 continue
+            if not self._force and time.monotonic() - self._sent_at < self.interval:
+                continue
+            self._unsent = self._force = False
             self._sent_at = time.monotonic()
             try:
                 self._api.patch_namespaced_pod(self.pod, self.namespace,

@@ -16,6 +16,7 @@ import textwrap
 
 import yaml
 
+from trainer import ckpt_store, watch
 from trainer import config as tcfg
 
 from . import spec as ospec
@@ -24,13 +25,18 @@ ENUMS = {
     ("ModelConfig", "preset"): list(tcfg.PRESETS), ("ModelConfig", "family"): ["llama", "neox"],
     ("ParallelConfig", "activation_checkpointing"): ["none", "selective", "full"],
     ("TrainingConfig", "precision"): list(tcfg.PRECISIONS), ("HealthConfig", "nan_policy"): ["skip", "stop"],
+    ("TrainerConfig", "kind"): list(ospec.TRAINER_KINDS),
+    # "" is the unset default (a builtin trainer has neither)
+    ("TrainerConfig", "progress_format"): ["", *watch.PROGRESS_FORMATS],
+    ("TrainerConfig", "checkpoint_layout"): ["", *ckpt_store.LAYOUTS],
 }
 MINIMUM_ONE = {("ParallelConfig", "tensor"), ("ParallelConfig", "pipeline"), ("TrainingConfig", "seq_len"),
                ("TrainingConfig", "global_batch_size"), ("TrainingConfig", "micro_batch_size"),
                ("TrainingConfig", "steps"), ("ModelConfig", "num_layers"), ("ModelConfig", "num_heads")}
 NON_NEGATIVE = {("CheckpointConfig", "interval_steps"), ("CheckpointConfig", "keep"),
                 ("CheckpointConfig", "interval_minutes"), ("TrainingConfig", "warmup_steps"),
-                ("TrainingConfig", "grad_clip"), ("TrainingConfig", "weight_decay")}
+                ("TrainingConfig", "grad_clip"), ("TrainingConfig", "weight_decay"),
+                ("TrainerConfig", "tokens_per_sample"), ("TrainerConfig", "samples_per_step")}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -48,7 +54,7 @@ def field_docs(cls: type) -> dict[str, str]:
 # Groups whose dataclass defaults the API server may fill in. Not the model (a default
 # hiddenSize would override a preset's shape) nor data sources (no meaningful default).
 DEFAULTED = {"ParallelConfig", "TrainingConfig", "CheckpointConfig", "HealthConfig", "LoggingConfig",
-             "FaultToleranceConfig", "RestartBudget", "CompileCacheConfig"}
+             "FaultToleranceConfig", "RestartBudget", "CompileCacheConfig", "TrainerConfig"}
 
 
 def _default(f: dataclasses.Field):
@@ -56,7 +62,7 @@ def _default(f: dataclasses.Field):
         return f.default
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         value = f.default_factory()  # type: ignore[misc]
-        return value if isinstance(value, list) else None
+        return value if isinstance(value, list) and value else None
     return None
 
 
@@ -76,6 +82,8 @@ def schema_for(cls: type) -> dict:
             s = {"type": "string"}
         elif ann == "list[float]":
             s = {"type": "array", "items": {"type": "number"}}
+        elif ann == "list[str]":
+            s = {"type": "array", "items": {"type": "string"}}
         elif ann == "list[DataSource]":
             s = {"type": "array", "items": schema_for(tcfg.DataSource)}
             if f.name == "sources":
@@ -105,10 +113,17 @@ def schema_for(cls: type) -> dict:
     return out
 
 
+_COMMAND = "(has(self.trainer) && has(self.trainer.kind) && self.trainer.kind == 'command')"
 RULES = [
     ("has(self.checkpoint) && has(self.checkpoint.uri) && size(self.checkpoint.uri) > 0",
      "checkpoint.uri is required: a restarted gang resumes from it", "spec.checkpoint.uri"),
-    ("(has(self.data) && has(self.data.tokenizer) && size(self.data.tokenizer) > 0) || (has(self.init) && "
+    (f"!{_COMMAND} || (has(self.trainer.command) && size(self.trainer.command) > 0)",
+     "trainer.command is required with trainer.kind command", "spec.trainer.command"),
+    (f"!{_COMMAND} || (has(self.trainer.progressFormat) && size(self.trainer.progressFormat) > 0)",
+     "trainer.progressFormat is required with trainer.kind command", "spec.trainer.progressFormat"),
+    (f"{_COMMAND} || (has(self.data) && has(self.data.sources))",
+     "data.sources is required by the builtin trainer", "spec.data.sources"),
+    (f"{_COMMAND} || (has(self.data) && has(self.data.tokenizer) && size(self.data.tokenizer) > 0) || (has(self.init) && "
      "has(self.init.from) && size(self.init.from) > 0 && !self.init.from.matches('(^|/)step_[0-9]+/?$'))",
      "data.tokenizer is required (or init.from a Hugging Face directory with a tokenizer)", "spec.data.tokenizer"),
     ("!has(self.training) || !has(self.training.globalBatchSize) || !has(self.training.microBatchSize) || "
@@ -148,10 +163,10 @@ def spec_schema() -> dict:
                        ("training", tcfg.TrainingConfig), ("data", tcfg.DataConfig),
                        ("checkpoint", tcfg.CheckpointConfig), ("health", tcfg.HealthConfig),
                        ("logging", tcfg.LoggingConfig), ("init", tcfg.InitConfig),
-                       ("faultTolerance", ospec.FaultToleranceConfig),
+                       ("trainer", ospec.TrainerConfig), ("faultTolerance", ospec.FaultToleranceConfig),
                        ("compileCache", ospec.CompileCacheConfig)):
         props[group] = schema_for(cls)
-    return {"type": "object", "required": ["image", "nodes", "data", "checkpoint"], "properties": props,
+    return {"type": "object", "required": ["image", "nodes", "checkpoint"], "properties": props,
             "x-kubernetes-validations": [{"rule": r, "message": m, "fieldPath": p.removeprefix("spec")}
                                          for r, m, p in RULES]}
 

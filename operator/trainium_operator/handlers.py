@@ -20,11 +20,14 @@ from .kube import Kube
 from .observe import node_view, pod_view
 from .plan import LABEL_RUN
 from .reconcile import reconcile
-from .spec import API_GROUP, API_VERSION, PLURAL
+from .spec import API_GROUP, API_VERSION, PLURAL, checkpoint_layout
 
 log = logging.getLogger("trainium_operator")
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 CHECKPOINT_REFRESH_SECONDS = 15.0
+# While a gang is about to start, the checkpoint it is told to resume from must be current.
+CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
+STARTING_PHASES = (None, "Restarting", "Suspended")
 
 
 def build_registry(kube_factory) -> kopf.OperatorRegistry:
@@ -82,17 +85,20 @@ def build_registry(kube_factory) -> kopf.OperatorRegistry:
 
 def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
     """The newest complete checkpoint, read from the store at most every 15 s, or at once when
-    a pod reports a newer checkpoint step or a failure decision is near."""
+    a pod reports a newer checkpoint step, or every second while a new gang is about to start
+    (it is told where to resume)."""
     uri = ((run["spec"].get("checkpoint") or {}).get("uri")) or ""
-    if not uri:
+    if not uri or not isinstance(uri, str):
         return None
     key = (run["metadata"]["namespace"], run["metadata"]["name"])
     entry = cache.get(key)
     reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
     now = time.monotonic()
-    if entry is None or now - entry["at"] > CHECKPOINT_REFRESH_SECONDS or reported > (entry["step"] or -1):
+    refresh = (CHECKPOINT_REFRESH_STARTING_SECONDS if run["status"].get("phase") in STARTING_PHASES
+               else CHECKPOINT_REFRESH_SECONDS)
+    if entry is None or now - entry["at"] > refresh or reported > (entry["step"] or -1):
         try:
-            tag = ckpt_store.newest_complete(uri)
+            tag = ckpt_store.newest_complete(uri, checkpoint_layout(run["spec"]))
         except Exception as exc:  # the store may be briefly unreachable; keep the last answer
             log.warning("cannot list checkpoints in %s: %s", uri, exc)
             return entry["value"] if entry else None

@@ -4,6 +4,10 @@ The pod contract (ARCHITECTURE 3.2): pod i of attempt a is ``<run>-a<a>-<i>``, r
 ``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.launch`` (torchrun
 with the exit-code contract) with ``processesPerNode`` ranks; the rendered trainer config is
 mounted from the ConfigMap; restarts are the operator's job (restartPolicy Never).
+
+A command trainer (spec.trainer.kind command) gets the same contract with the user's script in
+place of ``-m trainer``, under ``python -m trainer.watch``, which reads progress from its log;
+no ConfigMap. An NxDT command is told which checkpoint to resume from (resume_arguments).
 """
 
 from __future__ import annotations
@@ -75,11 +79,51 @@ def config_map(run: dict, spec: TrainingRunSpec) -> dict:
             "data": {"run.yaml": rendered_config(spec)}}
 
 
-def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str]) -> list[dict]:
-    return [pod(run, spec, attempt, i, excluded_nodes) for i in range(spec.nodes)]
+def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str],
+         checkpoint: dict | None = None) -> list[dict]:
+    """``checkpoint``: the newest complete checkpoint ({tag, step, uri, ...}) when the attempt
+    starts, or None; a command trainer's pods are told about it (resume_arguments)."""
+    return [pod(run, spec, attempt, i, excluded_nodes, checkpoint) for i in range(spec.nodes)]
 
 
-def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str]) -> dict:
+# NxD Training resumes from the newest *.ckpt by modification time without checking that it is
+# complete; these Hydra overrides pin the newest complete one, or start fresh when there is none.
+NXDT_RESUME_FROM = "exp_manager.resume_from_checkpoint"
+NXDT_RESUME_IF_EXISTS = "exp_manager.resume_if_exists"
+
+
+def resume_arguments(spec: TrainingRunSpec, checkpoint: dict | None) -> list[str]:
+    """Arguments appended to a command trainer's command so that it resumes safely."""
+    if not spec.trainer.is_command or spec.trainer.layout != "nxdt":
+        return []  # our trainer and NxD's load_checkpoint(tag=None) only ever take a tag with `done`
+    if checkpoint and checkpoint.get("uri"):
+        # quoted: the tag name has '=' in it, which Hydra's override grammar only takes quoted
+        return [f'{NXDT_RESUME_FROM}="{checkpoint["uri"]}"']
+    return [f"{NXDT_RESUME_IF_EXISTS}=false"]
+
+
+def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: dict | None) -> list[str]:
+    precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
+                  if spec.compile_cache.precompile_steps else [])
+    launch = ["python", "-m", "trainer.launch", *precompile, "--nnodes", str(spec.nodes), "--node_rank", str(index),
+              "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
+              "--master_port", str(MASTER_PORT)]
+    if not spec.trainer.is_command:
+        return [*launch, "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]
+    t = spec.trainer
+    watch = ["python", "-m", "trainer.watch", "--format", t.progress_format,
+             "--interval", str(spec.run.logging.progress_interval_seconds)]
+    if t.progress_regex:
+        watch += ["--regex", t.progress_regex]
+    if t.tokens_per_sample:
+        watch += ["--tokens-per-sample", str(t.tokens_per_sample)]
+    if checkpoint and checkpoint.get("step") is not None:
+        watch += ["--start-step", str(checkpoint["step"])]
+    return [*watch, "--", *launch, *t.command, *resume_arguments(spec, checkpoint)]
+
+
+def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
+        checkpoint: dict | None = None) -> dict:
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
     itype = INSTANCE_TYPES[spec.instance_type]
     master = f"{name}-0.{name}.{ns}.svc"
@@ -96,11 +140,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
-    precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
-                  if spec.compile_cache.precompile_steps else [])
-    command = ["python", "-m", "trainer.launch", *precompile, "--nnodes", str(spec.nodes), "--node_rank", str(index),
-               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
-               "--master_port", str(MASTER_PORT), "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]
+    command = _command(spec, index, master, checkpoint)
     resources = dict(itype["resources"])
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {LABEL_RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
@@ -117,15 +157,19 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
             "name": "trainer", "image": spec.image, "command": command, "env": env_list,
             "resources": {"limits": resources, "requests": resources} if resources else {},
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
-            "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-                             {"name": "dshm", "mountPath": "/dev/shm"},
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                              {"name": "compile-cache", "mountPath": spec.compile_cache.path}],
         }],
-        "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
                     {"name": "compile-cache", "hostPath": {"path": spec.compile_cache.path,
                                                            "type": "DirectoryOrCreate"}}],
     }
+    if not spec.trainer.is_command:  # our trainer reads its rendered config
+        spec_body["containers"][0]["volumeMounts"].insert(0, {"name": "config", "mountPath": CONFIG_MOUNT,
+                                                              "readOnly": True})
+        spec_body["volumes"].insert(0, {"name": "config", "configMap": {"name": f"{name}-config"}})
+    if spec.trainer.working_dir:
+        spec_body["containers"][0]["workingDir"] = spec.trainer.working_dir
     if itype["neuron"]:
         spec_body["nodeSelector"] = {"node.kubernetes.io/instance-type": spec.instance_type}
         spec_body["tolerations"] = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]

@@ -77,11 +77,14 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
                       "conditions": [_condition("Valid", False, "InvalidSpec", str(err), now,
                                                 status.get("conditions"))]}
         return res
-    upd: dict = {"observedGeneration": generation, "worldSize": spec.world_size,
-                 "dataParallel": spec.layout.data}
+    upd: dict = {"observedGeneration": generation, "worldSize": spec.world_size}
+    if spec.layout is not None:  # a command trainer's layout is its own
+        upd["dataParallel"] = spec.layout.data
     if not any(c.get("type") == "Valid" and c.get("status") == "True" for c in status.get("conditions") or []):
-        upd["conditions"] = [_condition("Valid", True, "SpecValid",
-                                        f"world size {spec.world_size}, data parallel {spec.layout.data}", now)]
+        shape = (f"data parallel {spec.layout.data}" if spec.layout is not None else
+                 f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "
+                 f"{spec.trainer.layout}")
+        upd["conditions"] = [_condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}", now)]
     if checkpoint and checkpoint.get("step") != (status.get("lastCheckpoint") or {}).get("step"):
         upd["lastCheckpoint"] = checkpoint
     # A node stays quarantined while it carries the taint; an admin removing it returns the node.
@@ -115,16 +118,18 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     if phase == "Suspended":  # resumed by the user: a new attempt, not a failure
         if pods:
             return res
-        return _start_attempt(res, run, spec, status, attempt + 1, now, "Resumed", "spec.suspend cleared")
+        return _start_attempt(res, run, spec, status, attempt + 1, now, "Resumed", "spec.suspend cleared", checkpoint)
     if attempt == 0:
         if spec.service_account == plan.DEFAULT_TRAINER_SA:
             res.effects += [Effect("ensure", o) for o in plan.trainer_rbac(run["metadata"]["namespace"])]
-        res.effects += [Effect("ensure", plan.service(run)), Effect("ensure", plan.config_map(run, spec))]
+        res.effects.append(Effect("ensure", plan.service(run)))
+        if not spec.trainer.is_command:
+            res.effects.append(Effect("ensure", plan.config_map(run, spec)))
         upd["createdTime"] = now
-        return _start_attempt(res, run, spec, status, 1, now, "Starting", f"starting {spec.nodes} pods")
+        return _start_attempt(res, run, spec, status, 1, now, "Starting", f"starting {spec.nodes} pods", checkpoint)
 
     if phase == "Restarting":
-        return _teardown(res, run, spec, status, current, stale, attempt, now)
+        return _teardown(res, run, spec, status, current, stale, attempt, now, checkpoint)
 
     gang = gang_state(current)
     _track_progress(upd, status, gang, spec, now)
@@ -132,7 +137,7 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     if phase == "Starting" and not first_run and len(current) < spec.nodes and not any(p.deleting for p in current):
         have = {p.index for p in current}  # an earlier operator stopped while creating the gang
         excluded = list(status.get("quarantinedNodes") or [])
-        res.effects += [Effect("ensure", plan.pod(run, spec, attempt, i, excluded))
+        res.effects += [Effect("ensure", plan.pod(run, spec, attempt, i, excluded, _resume_point(status)))
                         for i in range(spec.nodes) if i not in have]
         return res
     failure = find_failure(spec, gang, nodes, now=now, expected_pods=spec.nodes,
@@ -176,7 +181,8 @@ def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: f
     if gang.step is None:
         return
     upd["step"] = gang.step
-    upd["tokens"] = gang.step * spec.layout.tokens_per_step
+    if spec.tokens_per_step:
+        upd["tokens"] = gang.step * spec.tokens_per_step
     if gang.loss is not None:
         upd["loss"] = gang.loss
     if gang.tokens_per_second is not None:
@@ -202,14 +208,23 @@ def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: f
 
 
 def _start_attempt(res: Result, run: dict, spec: TrainingRunSpec, status: dict, attempt: int, now: float,
-                   reason: str, message: str) -> Result:
+                   reason: str, message: str, checkpoint: dict | None) -> Result:
+    """``checkpoint``: the newest complete checkpoint now, which the new gang resumes from."""
     excluded = list(status.get("quarantinedNodes") or [])
+    resume = checkpoint or status.get("lastCheckpoint") or None
     res.status.update({"phase": "Starting", "attempt": attempt, "attemptStartTime": now, "gangRunningTime": None,
-                       "lastStep": None, "lastStepTime": None, "restartNotBefore": None, "teardownStartTime": None})
+                       "lastStep": None, "lastStepTime": None, "restartNotBefore": None, "teardownStartTime": None,
+                       "resumeCheckpoint": resume})
     # Status first, then pods (the handler applies the status patch before the effects).
-    res.effects += [Effect("ensure", p) for p in plan.pods(run, spec, attempt, excluded)]
-    res.event(reason, f"attempt {attempt}: {message}")
+    res.effects += [Effect("ensure", p) for p in plan.pods(run, spec, attempt, excluded, resume)]
+    res.event(reason, f"attempt {attempt}: {message}" + (
+        f"; resuming from {resume['tag']}" if resume and resume.get("tag") and spec.trainer.is_command else ""))
     return res
+
+
+def _resume_point(status: dict) -> dict | None:
+    """The checkpoint the current attempt was started with (its pods must all say the same)."""
+    return status.get("resumeCheckpoint") or None
 
 
 def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, failure: Failure,
@@ -262,7 +277,7 @@ def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, fai
 
 
 def _teardown(res: Result, run: dict, spec: TrainingRunSpec, status: dict, current: list[PodView],
-              stale: list[PodView], attempt: int, now: float) -> Result:
+              stale: list[PodView], attempt: int, now: float, checkpoint: dict | None) -> Result:
     started = status.get("teardownStartTime") or now
     force = now - started >= spec.fault_tolerance.teardown_grace_seconds
     _note_teardown_progress(res, status, current)
@@ -280,7 +295,7 @@ def _teardown(res: Result, run: dict, spec: TrainingRunSpec, status: dict, curre
         return res
     quarantined = status.get("quarantinedNodes") or []
     return _start_attempt(res, run, spec, status, attempt + 1, now, "Restarted", "new gang created" + (
-        f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
+        f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""), checkpoint)
 
 
 def _note_teardown_progress(res: Result, status: dict, current: list[PodView]) -> None:

@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from trainer.config import ConfigError, Layout, RunConfig, _build, camel, derive_layout, from_dict
+from trainer import ckpt_store, watch
+from trainer.config import (CheckpointConfig, ConfigError, Layout, LoggingConfig, RunConfig, _build, camel,
+                            derive_layout, from_dict)
 
 API_GROUP, API_VERSION, KIND, PLURAL = "trainium.dev", "v1alpha1", "TrainingRun", "trainingruns"
 
@@ -123,6 +125,84 @@ class CompileCacheConfig:
             raise ConfigError("compileCache.precompileSteps", "must not be negative")
 
 
+TRAINER_KINDS = ("builtin", "command")
+# A command trainer's checkpoint layout follows from its progress format unless given.
+LAYOUT_OF_FORMAT = {"nxd": "nxd", "nxdt": "nxdt"}
+# With a command, the only fields of our trainer's groups the operator still reads.
+COMMAND_TRAINER_FIELDS = {"checkpoint": ("uri",), "logging": ("progressIntervalSeconds",)}
+
+
+@dataclass
+class TrainerConfig:
+    kind: str = "builtin"
+    """builtin: this project's trainer (python -m trainer), configured by the model, parallelism,
+    training, data, checkpoint, health, logging and init groups. command: your own script (e.g. an
+    NxD example or NxD Training's training_orchestrator.py) run unmodified under torchrun with the
+    same pod contract; the operator reads its progress from its log and its checkpoints from
+    checkpoint.uri."""
+    command: list[str] = field(default_factory=list)
+    """With kind command: what torchrun runs in every process, a Python script or -m module,
+    then its arguments. $(VAR) references to the pod's environment are expanded
+    (e.g. --checkpoint_dir $(CHECKPOINT_URI))."""
+    working_dir: str = ""
+    """With kind command: the container's working directory (default: the image's)."""
+    progress_format: str = ""
+    """With kind command: how progress is read from the log. nxd: NxD examples' `LOG ... (epoch,
+    step) step_loss : ...` lines; nxdt: NxD Training's progress bar (global_step=...); regex:
+    progressRegex."""
+    progress_regex: str = ""
+    """With progressFormat regex: a Python regular expression with the named group step and
+    optionally loss and throughput (samples per second), searched in every log line."""
+    checkpoint_layout: str = ""
+    """With kind command: how checkpoints under checkpoint.uri are found (trainer, nxd, nxdt;
+    default: the progress format's, nxd or nxdt). With nxdt the operator appends
+    exp_manager.resume_from_checkpoint=<newest complete checkpoint> to the command on every start."""
+    tokens_per_sample: int = 0
+    """With kind command: sequence length, so tokens per second = samples per second x this (0: not reported)."""
+    samples_per_step: int = 0
+    """With kind command: global batch size in samples, so status.tokens = step x samplesPerStep x
+    tokensPerSample (0: not reported)."""
+
+    @property
+    def is_command(self) -> bool:
+        return self.kind == "command"
+
+    @property
+    def layout(self) -> str:
+        """The checkpoint layout the operator reads."""
+        return self.checkpoint_layout or LAYOUT_OF_FORMAT.get(self.progress_format, "trainer")
+
+    def validate(self) -> None:
+        if self.kind not in TRAINER_KINDS:
+            raise ConfigError("trainer.kind", f"must be one of {', '.join(TRAINER_KINDS)}, got {self.kind!r}")
+        if self.checkpoint_layout and self.checkpoint_layout not in ckpt_store.LAYOUTS:
+            raise ConfigError("trainer.checkpointLayout",
+                              f"must be one of {', '.join(ckpt_store.LAYOUTS)}, got {self.checkpoint_layout!r}")
+        for name in ("tokens_per_sample", "samples_per_step"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"trainer.{camel(name)}", "must not be negative")
+        if not self.is_command:
+            for name in ("command", "working_dir", "progress_format", "progress_regex", "checkpoint_layout"):
+                if getattr(self, name):
+                    raise ConfigError(f"trainer.{camel(name)}", "needs trainer.kind: command")
+            return
+        if not self.command or not self.command[0].strip():
+            raise ConfigError("trainer.command", "is required with trainer.kind command: the script (or -m "
+                                                 "module) torchrun runs, then its arguments")
+        if self.progress_format not in watch.PROGRESS_FORMATS:
+            raise ConfigError("trainer.progressFormat", f"must be one of {', '.join(watch.PROGRESS_FORMATS)} "
+                                                        f"with trainer.kind command, got {self.progress_format!r}")
+        if self.progress_format == "regex":
+            why = watch.check_regex(self.progress_regex)
+            if why:
+                raise ConfigError("trainer.progressRegex", why)
+            if not self.checkpoint_layout:
+                raise ConfigError("trainer.checkpointLayout", "is required with progressFormat regex "
+                                                              f"({', '.join(ckpt_store.LAYOUTS)})")
+        elif self.progress_regex:
+            raise ConfigError("trainer.progressRegex", "needs progressFormat regex")
+
+
 @dataclass
 class TrainingRunSpec:
     image: str
@@ -134,7 +214,9 @@ class TrainingRunSpec:
     compile_cache: CompileCacheConfig
     suspend: bool
     service_account: str
-    layout: Layout
+    layout: Layout | None
+    """Our trainer's parallel layout; None with a command trainer (its layout is its own)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env: list[dict] = field(default_factory=list)
     """Extra container environment (Kubernetes EnvVar objects), after the contract's."""
 
@@ -142,13 +224,19 @@ class TrainingRunSpec:
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
 
+    @property
+    def tokens_per_step(self) -> int | None:
+        if self.layout is not None:
+            return self.layout.tokens_per_step
+        return (self.trainer.samples_per_step * self.trainer.tokens_per_sample) or None
+
     def quarantine_limit(self) -> int:
         return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)
 
 
 _TRAINER_GROUPS = ("model", "parallelism", "training", "data", "checkpoint", "health", "logging", "init")
 _OPERATOR_FIELDS = ("image", "nodes", "instanceType", "processesPerNode", "faultTolerance", "compileCache",
-                    "suspend", "serviceAccountName", "backend", "env")
+                    "suspend", "serviceAccountName", "backend", "env", "trainer")
 
 
 def _prefix(err: ConfigError) -> ConfigError:
@@ -185,14 +273,22 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.backend", f"{backend} does not run on instance type {itype}"
                                           + ("" if neuron_type else " (it has no NeuronCores)"))
     try:
-        run = from_dict({**trainer_part, "backend": backend})
-        layout = derive_layout(nodes * ppn, run.model, run.parallelism, run.training, backend, ppn)
+        trainer = _build(TrainerConfig, spec.get("trainer") or {}, "trainer")
+        trainer.validate()
+        if trainer.is_command:
+            run, layout = _command_run(trainer_part, backend), None
+        else:
+            run = from_dict({**trainer_part, "backend": backend})
+            layout = derive_layout(nodes * ppn, run.model, run.parallelism, run.training, backend, ppn)
         ft = _build(FaultToleranceConfig, _normalise_ft(spec.get("faultTolerance") or {}), "faultTolerance")
         ft.validate()
         cache = _build(CompileCacheConfig, spec.get("compileCache") or {}, "compileCache")
         cache.validate()
     except ConfigError as err:
         raise _prefix(err) from None
+    if cache.precompile_steps and trainer.is_command:
+        raise ConfigError("spec.compileCache.precompileSteps", "runs the builtin trainer's steps; with trainer.kind "
+                                                               "command run neuron_parallel_compile in your command")
     if cache.precompile_steps and backend != "neuron":
         raise ConfigError("spec.compileCache.precompileSteps", f"needs the neuron backend, got {backend}")
     if not run.checkpoint.uri:
@@ -203,7 +299,33 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     return TrainingRunSpec(image=image, nodes=nodes, instance_type=itype, processes_per_node=ppn, run=run,
                            fault_tolerance=ft, compile_cache=cache, suspend=suspend,
                            service_account=spec.get("serviceAccountName", DEFAULT_TRAINER_SA), layout=layout,
-                           env=_env(spec.get("env", [])))
+                           trainer=trainer, env=_env(spec.get("env", [])))
+
+
+def _command_run(groups: Mapping[str, Any], backend: str) -> RunConfig:
+    """A command trainer's RunConfig: only the fields the operator reads (COMMAND_TRAINER_FIELDS);
+    any other field of our trainer's groups would be silently ignored, so it is refused."""
+    for group, value in groups.items():
+        allowed = COMMAND_TRAINER_FIELDS.get(group, ())
+        if not allowed:
+            raise ConfigError(group, "is read only by the builtin trainer; with trainer.kind command, configure "
+                                     "the script in trainer.command")
+        extra = sorted(set(value or {}) - set(allowed)) if isinstance(value, Mapping) else []
+        if extra:
+            raise ConfigError(f"{group}.{extra[0]}", f"is read only by the builtin trainer; with trainer.kind "
+                                                     f"command only {', '.join(allowed)} is read here")
+    return RunConfig(checkpoint=_build(CheckpointConfig, groups.get("checkpoint") or {}, "checkpoint"),
+                     logging=_build(LoggingConfig, groups.get("logging") or {}, "logging"), backend=backend)
+
+
+def checkpoint_layout(raw_spec: Mapping[str, Any] | None) -> str:
+    """The checkpoint layout of a spec that may be invalid (the handler lists checkpoints before
+    reconcile parses): the trainer group's, else ours."""
+    try:
+        trainer = _build(TrainerConfig, (raw_spec or {}).get("trainer") or {}, "trainer")
+    except (ConfigError, TypeError, AttributeError):
+        return "trainer"
+    return trainer.layout if trainer.is_command and trainer.layout in ckpt_store.LAYOUTS else "trainer"
 
 
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")

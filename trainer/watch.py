@@ -1,0 +1,243 @@
+"""python -m trainer.watch --format nxd|nxdt|regex [options] -- COMMAND ...
+
+Runs COMMAND (an unmodified training script under torchrun), passes its stdout and stderr
+through byte for byte, reads its progress lines and writes the same progress annotation our
+trainer writes (trainer.progress), at the same bounded rate. COMMAND's exit code is this
+process's exit code (a command killed by signal N exits 128 + N, as a shell reports it).
+SIGTERM and SIGINT are forwarded to COMMAND, which decides how to stop.
+
+Built-in formats (the upstream code that prints them is named in tests/fixtures/upstream_logs.yaml):
+
+  nxd   NeuronX Distributed examples, rank 0 every --logging_interval steps:
+        ``LOG <asctime> - (<epoch>, <step>) step_loss : <loss> learning_rate : <lr> throughput : <x> seq/s``
+  nxdt  NxD Training: the Lightning progress bar's postfix (``reduced_train_loss=``, ``global_step=``,
+        ``throughput=``), its updates separated by carriage returns
+  regex a user's regular expression with the named group ``step`` and optionally ``loss`` and
+        ``throughput`` (samples per second), searched in every line
+
+No torch here: the operator imports FORMATS and check_regex to validate specs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import math
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import progress
+
+_NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
+# logger.py of NxD's tp_zero1_llama_hf_pretrain (and its siblings): the "seq/s" suffix, the
+# param_norm / grad-norm tails and a torchrun "[0]:" prefix vary between releases and launchers.
+NXD_LINE = re.compile(rf"LOG .+? - \((?P<epoch>\d+), (?P<step>\d+)\) step_loss : (?P<loss>{_NUM})\s+"
+                      rf"learning_rate : (?P<lr>{_NUM})\s+throughput : (?P<throughput>{_NUM})")
+# Lightning's progress bar postfix (NxDT's log_metrics, prog_bar=True): key=value pairs in any order.
+_NXDT_FIELD = {"step": re.compile(rf"[\s,]global_step=(?P<v>{_NUM})"),
+               "loss": re.compile(rf"[\s,]reduced_train_loss=(?P<v>{_NUM})"),
+               "throughput": re.compile(rf"[\s,]throughput=(?P<v>{_NUM})")}
+REGEX_GROUPS = ("step", "loss", "throughput")
+
+
+@dataclass
+class Sample:
+    step: int
+    loss: float | None = None
+    throughput: float | None = None  # samples (sequences) per second
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _step(text: str) -> int | None:
+    # NxDT's bar shows floats padded to 4 digits ("12.00") and tqdm's 3 significant digits
+    # once shorter ("1e+4"): exact below 100,000 steps, rounded beyond.
+    value = _number(text)
+    return None if value is None or not math.isfinite(value) else int(round(value))
+
+
+def _from_match(m: re.Match) -> Sample | None:
+    groups = m.groupdict()
+    step = _step(groups["step"]) if groups.get("step") is not None else None
+    if step is None:
+        return None
+    return Sample(step, _number(groups.get("loss")), _number(groups.get("throughput")))
+
+
+def parse_nxd(segment: str) -> Sample | None:
+    m = NXD_LINE.search(segment)
+    return _from_match(m) if m else None
+
+
+def parse_nxdt(segment: str) -> Sample | None:
+    found = {k: rx.search(" " + segment) for k, rx in _NXDT_FIELD.items()}
+    if not found["step"]:
+        return None
+    step = _step(found["step"].group("v"))
+    if step is None:
+        return None
+    return Sample(step, *(_number(found[k].group("v")) if found[k] else None for k in ("loss", "throughput")))
+
+
+FORMATS: dict[str, Callable[[str], Sample | None]] = {"nxd": parse_nxd, "nxdt": parse_nxdt}
+PROGRESS_FORMATS = (*FORMATS, "regex")
+
+
+def check_regex(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a progress regex, or None when it can."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        return f"invalid regular expression: {exc}"
+    if "step" not in rx.groupindex:
+        return "needs a named group 'step', e.g. (?P<step>\\d+)"
+    unknown = sorted(set(rx.groupindex) - set(REGEX_GROUPS))
+    if unknown:
+        return f"unknown named group {unknown[0]!r} (known: {', '.join(REGEX_GROUPS)})"
+    return None
+
+
+def parser_for(fmt: str, regex: str = "") -> Callable[[str], Sample | None]:
+    if fmt == "regex":
+        why = check_regex(regex)
+        if why:
+            raise ValueError(f"--regex: {why}")
+        rx = re.compile(regex)
+        return lambda segment: (m := rx.search(segment)) and _from_match(m) or None
+    return FORMATS[fmt]
+
+
+class Segments:
+    """Text from a byte stream, cut at newlines and carriage returns (a progress bar redraws its
+    line with a carriage return); a partial segment waits for the rest of it."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._pending + self._decoder.decode(data)
+        parts = re.split(r"[\r\n]", text)
+        self._pending = parts.pop()
+        if len(self._pending) > 1 << 16:  # a runaway line is not progress; do not hold it forever
+            self._pending = ""
+        return [p for p in parts if p]
+
+    def close(self) -> list[str]:
+        rest, self._pending = self._pending + self._decoder.decode(b"", final=True), ""
+        return [rest] if rest else []
+
+
+class Tracker:
+    """Newest step seen, reported through the progress annotation when the step advances."""
+
+    def __init__(self, parse: Callable[[str], Sample | None], reporter, tokens_per_sample: int = 0,
+                 start_step: int = 0, clock: Callable[[], float] = time.time):
+        self.parse, self.reporter, self.tokens_per_sample = parse, reporter, tokens_per_sample
+        self.start_step, self.clock = start_step, clock
+        self.step: int | None = None
+        self.samples = 0
+        self._lock = threading.Lock()
+
+    def segment(self, text: str) -> None:
+        sample = self.parse(text)
+        if sample is None:
+            return
+        with self._lock:
+            if self.step is not None and sample.step <= self.step:
+                return  # a redraw of the same step, or an older line
+            self.step = sample.step
+            self.samples += 1
+            tps = (sample.throughput * self.tokens_per_sample
+                   if sample.throughput is not None and self.tokens_per_sample else None)
+            self.reporter.report(sample.step, tps, sample.loss, None, step_time=self.clock(),
+                                 start_step=self.start_step)
+
+
+def _pump(src, dst, segments: Segments, tracker: Tracker) -> None:
+    fd = src.fileno()
+    while True:
+        data = _read(fd)
+        if not data:
+            break
+        dst.write(data)
+        dst.flush()
+        for seg in segments.feed(data):
+            tracker.segment(seg)
+    for seg in segments.close():
+        tracker.segment(seg)
+
+
+def _read(fd: int) -> bytes:
+    import os
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return b""
+
+
+def run(command: list[str], tracker: Tracker) -> int:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, Segments(), tracker), daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, Segments(), tracker), daemon=True)]
+    for t in pumps:
+        t.start()
+    code = proc.wait()
+    for t in pumps:
+        t.join(10)
+    return 128 - code if code < 0 else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print("trainer.watch: usage: python -m trainer.watch --format FORMAT [options] -- COMMAND ...", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    ours, command = argv[:split], argv[split + 1:]
+    ap = argparse.ArgumentParser(prog="python -m trainer.watch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--format", choices=PROGRESS_FORMATS, required=True)
+    ap.add_argument("--regex", default="", help="with --format regex: named groups step, loss, throughput")
+    ap.add_argument("--tokens-per-sample", type=int, default=0,
+                    help="sequence length: tokens per second = throughput (samples/s) x this (0: not reported)")
+    ap.add_argument("--start-step", type=int, default=0, help="the checkpoint step this attempt resumes from")
+    ap.add_argument("--interval", type=float, default=5.0, help="minimum seconds between progress annotations")
+    args = ap.parse_args(ours)
+    if not command:
+        ap.error("no COMMAND after --")
+    try:
+        parse = parser_for(args.format, args.regex)
+    except ValueError as exc:
+        ap.error(str(exc))
+    reporter = progress.ProgressReporter(args.interval)
+    tracker = Tracker(parse, reporter, args.tokens_per_sample, args.start_step)
+    try:
+        code = run(command, tracker)
+    except FileNotFoundError as exc:
+        print(f"trainer.watch: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        code = 127
+    reporter.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
