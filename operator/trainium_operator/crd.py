@@ -151,6 +151,15 @@ def spec_schema() -> dict:
                                "(default trainium-trainer; needs patch on its own pod for progress)."},
         "backend": {"type": "string", "enum": list(tcfg.BACKENDS),
                     "description": "Trainer backend (default: neuron on trn types, cpu otherwise)."},
+        "volumes": {"type": "array", "description": "Extra pod volumes (Kubernetes Volume objects: a name and one "
+                    "source, e.g. persistentVolumeClaim for a shared file system), mounted with volumeMounts. "
+                    f"Names {', '.join(ospec.CONTRACT_VOLUMES)} are the operator's.",
+                    "items": {"type": "object", "required": ["name"], "x-kubernetes-preserve-unknown-fields": True,
+                              "properties": {"name": {"type": "string", "minLength": 1}}}},
+        "volumeMounts": {"type": "array", "description": "Where the trainer container mounts spec.volumes.",
+                         "items": {"type": "object", "required": ["name", "mountPath"], "properties": {
+                             "name": {"type": "string"}, "mountPath": {"type": "string"},
+                             "readOnly": {"type": "boolean"}, "subPath": {"type": "string"}}}},
         "env": {"type": "array", "description": "Extra environment variables of the trainer container, e.g. "
                 "AWS_ENDPOINT_URL for an S3-compatible store or credentials from a Secret. Each has a value or "
                 f"a valueFrom ({', '.join(ospec.ENV_SOURCES)}); the pod contract's variables "

@@ -17,13 +17,13 @@ import yaml
 from trainer.config import to_dict
 from trainer.launch import PRECOMPILE_FLAG
 
-from .spec import API_GROUP, API_VERSION, DEFAULT_TRAINER_SA, INSTANCE_TYPES, KIND, TrainingRunSpec
+from .spec import API_GROUP, API_VERSION, CONTRACT_MOUNTS, DEFAULT_TRAINER_SA, INSTANCE_TYPES, KIND, TrainingRunSpec
 
 LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
 QUARANTINE_TAINT = "trainium.dev/quarantined"
 MASTER_PORT = 29500
-CONFIG_MOUNT = "/etc/trainium"
+CONFIG_MOUNT = CONTRACT_MOUNTS[0]
 METRICS_PORT = 9400
 
 NEURON_ENV = {  # NEURON.md, "Running on EKS"
@@ -168,6 +168,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         spec_body["containers"][0]["volumeMounts"].insert(0, {"name": "config", "mountPath": CONFIG_MOUNT,
                                                               "readOnly": True})
         spec_body["volumes"].insert(0, {"name": "config", "configMap": {"name": f"{name}-config"}})
+    spec_body["containers"][0]["volumeMounts"] += [dict(m) for m in spec.volume_mounts]
+    spec_body["volumes"] += [dict(v) for v in spec.volumes]
     if spec.trainer.working_dir:
         spec_body["containers"][0]["workingDir"] = spec.trainer.working_dir
     if itype["neuron"]:

@@ -219,6 +219,10 @@ class TrainingRunSpec:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env: list[dict] = field(default_factory=list)
     """Extra container environment (Kubernetes EnvVar objects), after the contract's."""
+    volumes: list[dict] = field(default_factory=list)
+    """Extra pod volumes (Kubernetes Volume objects), e.g. the shared file system a script reads."""
+    volume_mounts: list[dict] = field(default_factory=list)
+    """Where the trainer container mounts them (Kubernetes VolumeMount objects)."""
 
     @property
     def world_size(self) -> int:
@@ -236,7 +240,10 @@ class TrainingRunSpec:
 
 _TRAINER_GROUPS = ("model", "parallelism", "training", "data", "checkpoint", "health", "logging", "init")
 _OPERATOR_FIELDS = ("image", "nodes", "instanceType", "processesPerNode", "faultTolerance", "compileCache",
-                    "suspend", "serviceAccountName", "backend", "env", "trainer")
+                    "suspend", "serviceAccountName", "backend", "env", "trainer", "volumes", "volumeMounts")
+# Volumes and mount paths of the pod contract (plan.pod); spec.volumes may not reuse them.
+CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
+CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm")
 
 
 def _prefix(err: ConfigError) -> ConfigError:
@@ -299,7 +306,8 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     return TrainingRunSpec(image=image, nodes=nodes, instance_type=itype, processes_per_node=ppn, run=run,
                            fault_tolerance=ft, compile_cache=cache, suspend=suspend,
                            service_account=spec.get("serviceAccountName", DEFAULT_TRAINER_SA), layout=layout,
-                           trainer=trainer, env=_env(spec.get("env", [])))
+                           trainer=trainer, env=_env(spec.get("env", [])),
+                           **_volumes(spec.get("volumes", []), spec.get("volumeMounts", []), cache.path))
 
 
 def _command_run(groups: Mapping[str, Any], backend: str) -> RunConfig:
@@ -329,6 +337,44 @@ def checkpoint_layout(raw_spec: Mapping[str, Any] | None) -> str:
 
 
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+
+def _volumes(volumes: Any, mounts: Any, cache_path: str) -> dict:
+    """spec.volumes (each a Kubernetes Volume with a name and one source, passed through) and
+    spec.volumeMounts (name, mountPath, optional readOnly, subPath) of the trainer container."""
+    if not isinstance(volumes, list):
+        raise ConfigError("spec.volumes", "must be a list of Kubernetes volumes ({name, <source>})")
+    if not isinstance(mounts, list):
+        raise ConfigError("spec.volumeMounts", "must be a list of {name, mountPath}")
+    names: set[str] = set()
+    for i, vol in enumerate(volumes):
+        where = f"spec.volumes[{i}]"
+        name = vol.get("name") if isinstance(vol, Mapping) else None
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+            raise ConfigError(f"{where}.name", "must be a DNS label (lower case letters, digits, '-')")
+        if name in CONTRACT_VOLUMES or name in names:
+            raise ConfigError(f"{where}.name", f"{name} is " + ("the operator's" if name in CONTRACT_VOLUMES
+                                                                else "listed twice"))
+        if len(vol) != 2:
+            raise ConfigError(where, "needs exactly one volume source next to its name (e.g. persistentVolumeClaim)")
+        names.add(name)
+    reserved = (*CONTRACT_MOUNTS, cache_path)
+    paths: set[str] = set()
+    for i, mount in enumerate(mounts):
+        where = f"spec.volumeMounts[{i}]"
+        if not isinstance(mount, Mapping) or mount.get("name") not in names:
+            raise ConfigError(f"{where}.name", "must name one of spec.volumes")
+        extra = sorted(set(mount) - {"name", "mountPath", "readOnly", "subPath"})
+        if extra:
+            raise ConfigError(f"{where}.{extra[0]}", "unknown field")
+        path = mount.get("mountPath")
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ConfigError(f"{where}.mountPath", "must be an absolute path")
+        if path.rstrip("/") in reserved or path in paths:
+            raise ConfigError(f"{where}.mountPath", f"{path} is " + ("the operator's" if path.rstrip("/") in reserved
+                                                                     else "mounted twice"))
+        paths.add(path)
+    return {"volumes": [dict(v) for v in volumes], "volume_mounts": [dict(m) for m in mounts]}
 
 
 def _env(raw: Any) -> list[dict]:

@@ -71,3 +71,50 @@ def test_store_imports_no_torch():
     code = "import sys, trainer.ckpt_store, trainer.config, trainer.progress, trainer.exitcodes; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def make_nxd_tag(root, name, done_time=None, done=True):
+    """A tag as NxD's save_checkpoint leaves it (no meta.json); ``done_time`` sets its marker's mtime."""
+    d = root / name
+    (d / "model").mkdir(parents=True)
+    (d / "checkpoint").write_text("")
+    (d / "model" / ckpt_store.shard_name(0, 0)).write_bytes(b"x")
+    (d / "user_content.pt").write_bytes(b"x")
+    if done:
+        (d / "done").write_text("")
+        os.utime(d / "done", (done_time, done_time))
+    os.utime(d, (done_time or 1_800_000_000, done_time or 1_800_000_000))
+    return d
+
+
+def test_nxd_layout_takes_the_newest_done_marker_and_never_a_torn_tag(tmp_path):
+    make_nxd_tag(tmp_path, "step_100", 1_700_000_100)
+    make_nxd_tag(tmp_path, "step_200", 1_700_000_300)  # its `done` written last (async: at the next save)
+    make_nxd_tag(tmp_path, "step_300", 1_700_000_200)
+    make_nxd_tag(tmp_path, "step_400", done=False)  # torn: newest and highest, no `done`
+    make_nxd_tag(tmp_path, "pretrained_weight", done=False)
+    newest = ckpt_store.newest_complete(str(tmp_path), "nxd")
+    assert (newest.tag, newest.step) == ("step_200", 200)  # what nxd.load_checkpoint(tag=None) loads
+    make_nxd_tag(tmp_path, "my_tag", 1_700_000_400)  # a name without a step still counts, as for NxD
+    newest = ckpt_store.newest_complete(str(tmp_path), "nxd")
+    assert (newest.tag, newest.step) == ("my_tag", None)
+
+
+def test_nxdt_layout_takes_the_highest_complete_step_and_never_a_torn_checkpoint(tmp_path):
+    make_nxd_tag(tmp_path, "hf_llama--step=10-consumed_samples=10240.0.ckpt", 1_700_000_010)
+    make_nxd_tag(tmp_path, "hf_llama--step=20-consumed_samples=20480.0.ckpt", 1_700_000_020)
+    # torn: the newest .ckpt by mtime, which NxDT's own resume would pick
+    make_nxd_tag(tmp_path, "hf_llama--step=30-consumed_samples=30720.0.ckpt", done=False)
+    (tmp_path / "hf_llama--step=30-consumed_samples=30720.0.ckpt").touch()
+    make_nxd_tag(tmp_path, "step_40", 1_700_000_040)  # not an NxDT checkpoint name
+    newest = ckpt_store.newest_complete(str(tmp_path), "nxdt")
+    assert (newest.tag, newest.step) == ("hf_llama--step=20-consumed_samples=20480.0.ckpt", 20)
+    assert newest.uri == str(tmp_path / newest.tag)
+    tags = ckpt_store.list_tags(str(tmp_path), layout="nxdt")
+    assert [(t.step, t.complete) for t in tags] == [(10, True), (20, True), (30, False)]
+
+
+def test_unknown_layout_is_refused(tmp_path):
+    import pytest
+    with pytest.raises(ValueError, match="unknown checkpoint layout"):
+        ckpt_store.newest_complete(str(tmp_path), "megatron")
