@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from trainer import ckpt_store, watch
-from trainer.config import (CheckpointConfig, ConfigError, Layout, LoggingConfig, RunConfig, _build, camel,
-                            derive_layout, from_dict)
+from trainer.config import (_GROUPS, CheckpointConfig, ConfigError, Layout, LoggingConfig, RunConfig, _build,
+                            camel, derive_layout, from_dict, yaml_key)
 
 API_GROUP, API_VERSION, KIND, PLURAL = "trainium.dev", "v1alpha1", "TrainingRun", "trainingruns"
 
@@ -311,19 +311,23 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
 
 
 def _command_run(groups: Mapping[str, Any], backend: str) -> RunConfig:
-    """A command trainer's RunConfig: only the fields the operator reads (COMMAND_TRAINER_FIELDS);
-    any other field of our trainer's groups would be silently ignored, so it is refused."""
+    """A command trainer's RunConfig: only the fields the operator reads (COMMAND_TRAINER_FIELDS).
+    Any other field of our trainer's groups set to other than its default would be silently
+    ignored, so it is refused (defaults are accepted: the API server fills them in)."""
+    built = {}
     for group, value in groups.items():
+        cls = _GROUPS[group]
+        obj = built[group] = _build(cls, value or {}, group)
         allowed = COMMAND_TRAINER_FIELDS.get(group, ())
-        if not allowed:
-            raise ConfigError(group, "is read only by the builtin trainer; with trainer.kind command, configure "
-                                     "the script in trainer.command")
-        extra = sorted(set(value or {}) - set(allowed)) if isinstance(value, Mapping) else []
-        if extra:
-            raise ConfigError(f"{group}.{extra[0]}", f"is read only by the builtin trainer; with trainer.kind "
-                                                     f"command only {', '.join(allowed)} is read here")
-    return RunConfig(checkpoint=_build(CheckpointConfig, groups.get("checkpoint") or {}, "checkpoint"),
-                     logging=_build(LoggingConfig, groups.get("logging") or {}, "logging"), backend=backend)
+        default = cls()
+        for f in dataclasses.fields(cls):
+            if yaml_key(f.name) not in allowed and getattr(obj, f.name) != getattr(default, f.name):
+                where = f"{group}.{yaml_key(f.name)}" if allowed else group
+                raise ConfigError(where, "is read only by the builtin trainer; with trainer.kind command, "
+                                  + (f"only {', '.join(allowed)} is read here" if allowed
+                                     else "configure the script in trainer.command"))
+    return RunConfig(checkpoint=built.get("checkpoint", CheckpointConfig()),
+                     logging=built.get("logging", LoggingConfig()), backend=backend)
 
 
 def checkpoint_layout(raw_spec: Mapping[str, Any] | None) -> str:
