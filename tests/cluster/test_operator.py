@@ -179,6 +179,12 @@ API_REJECTS = [  # (what, patch to the valid manifest's spec, words in the API s
     ("no checkpoint uri", {"checkpoint": {"uri": ""}}, "checkpoint.uri is required"),
     ("no data sources", {"data": {"sources": [], "tokenizer": "t.json"}}, "data.sources"),
     ("unknown field", {"training": {"stepz": 5}}, "stepz"),
+    ("a command trainer without its command", {"trainer": {"kind": "command", "progressFormat": "nxd"}},
+     "trainer.command is required"),
+    ("a command trainer without a progress format", {"trainer": {"kind": "command", "command": ["train.py"]}},
+     "trainer.progressFormat is required"),
+    ("an unknown progress format", {"trainer": {"kind": "command", "command": ["train.py"], "progressFormat": "tqdm"}},
+     "trainer.progressFormat"),
 ]
 OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the operator's own checks
     ("tensor x pipeline does not divide the world", {"nodes": 1, "instanceType": "cpu", "processesPerNode": 1,
@@ -195,6 +201,14 @@ OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the oper
      "spec.parallelism.pipeline"),
     ("more processes than NeuronCores", {"processesPerNode": 64}, "spec.processesPerNode"),
     ("a backend the instance type cannot run", {"backend": "cuda"}, "spec.backend"),
+    ("a progress regex that does not compile", {"trainer": {"kind": "command", "command": ["train.py"],
+                                                            "progressFormat": "regex", "progressRegex": "(?P<step>\\d+",
+                                                            "checkpointLayout": "nxd"}},
+     "spec.trainer.progressRegex"),
+    ("a progress regex without a step group", {"trainer": {"kind": "command", "command": ["train.py"],
+                                                           "progressFormat": "regex", "progressRegex": "iter (\\d+)",
+                                                           "checkpointLayout": "nxd"}},
+     "spec.trainer.progressRegex"),
 ]
 
 
