@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import warnings
@@ -21,7 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", "8080")))
     ap.add_argument("--liveness-port", type=int, default=int(os.environ.get("LIVENESS_PORT", "8081")))
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    from .crd import field_docs
+    from .policy import DisruptionGuard
+    docs = field_docs(DisruptionGuard)
+    for f in dataclasses.fields(DisruptionGuard):  # --disruption-threshold, --disruption-min-nodes, ...
+        ap.add_argument("--disruption-" + f.name.replace("_", "-"), dest=f"disruption_{f.name}", type=type(f.default),
+                        default=f.default, help=f"{docs.get(f.name, '')} (default {f.default})")
     args = ap.parse_args(argv)
+    guard = DisruptionGuard(**{f.name: getattr(args, f"disruption_{f.name}") for f in dataclasses.fields(DisruptionGuard)})
+    try:
+        guard.validate()
+    except ValueError as exc:
+        ap.error(str(exc))
     level = getattr(logging, args.log_level.upper(), None)
     if not isinstance(level, int):
         ap.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
@@ -42,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             config.load_kube_config()
         return Kube(client.ApiClient())
 
-    registry = build_registry(kube_factory)
+    registry = build_registry(kube_factory, guard)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):

@@ -19,6 +19,7 @@ from . import metrics
 from .kube import Kube
 from .observe import node_view, pod_view
 from .plan import LABEL_RUN
+from .policy import DisruptionGuard, disruption, zone_health
 from .reconcile import reconcile
 from .spec import API_GROUP, API_VERSION, PLURAL, checkpoint_layout
 
@@ -30,10 +31,19 @@ CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
 STARTING_PHASES = (None, "Restarting", "Suspended")
 
 
-def build_registry(kube_factory) -> kopf.OperatorRegistry:
-    """A fresh registry; ``kube_factory()`` returns the Kube used for writes."""
+def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> kopf.OperatorRegistry:
+    """A fresh registry; ``kube_factory()`` returns the Kube used for writes; ``guard``: when
+    lost nodes count as a disruption rather than node failures."""
     registry = kopf.OperatorRegistry()
-    memo = {"kube": None, "checkpoints": {}}
+    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {})}
+
+    def zones(cluster_nodes: kopf.Index) -> dict:
+        """Node health per zone, over the whole cluster, computed at most once a second."""
+        at, value = memo["zones"]
+        if time.monotonic() - at > 1.0:
+            value = zone_health(next(iter(cluster_nodes[n])) for n in cluster_nodes)
+            memo["zones"] = (time.monotonic(), value)
+        return value
 
     def kube() -> Kube:
         if memo["kube"] is None:
@@ -65,7 +75,8 @@ def build_registry(kube_factory) -> kopf.OperatorRegistry:
         nodes = {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}
         try:
             checkpoint = _checkpoint(memo["checkpoints"], run, pods)
-            result = reconcile(run, pods, nodes, time.time(), checkpoint)
+            disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
+            result = reconcile(run, pods, nodes, time.time(), checkpoint, disrupted, guard)
             status = apply(kube(), run, result)
             metrics.observe_run(namespace, name, result.spec, status)
         except Exception:

@@ -15,6 +15,7 @@ from .plan import LABEL_ATTEMPT, LABEL_INDEX
 from .spec import TrainingRunSpec
 
 NEURON = "aws.amazon.com/neuron"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 def _ts(value) -> float | None:
@@ -74,6 +75,7 @@ class NodeView:
     neuron_capacity: int | None = None
     unschedulable: bool = False
     changed: float | None = None  # newest transition of Ready / NeuronHealth
+    zone: str = ""  # topology.kubernetes.io/zone: the node lifecycle controller judges disruption per zone
 
 
 def node_view(node: dict) -> NodeView:
@@ -93,7 +95,8 @@ def node_view(node: dict) -> NodeView:
     return NodeView(name=node["metadata"]["name"], ready=ready,
                     taints={t.get("key") for t in spec.get("taints") or []}, neuron_error=neuron_error,
                     neuron_allocatable=count("allocatable"), neuron_capacity=count("capacity"),
-                    unschedulable=bool(spec.get("unschedulable")), changed=changed)
+                    unschedulable=bool(spec.get("unschedulable")), changed=changed,
+                    zone=((node["metadata"].get("labels") or {}).get(ZONE_LABEL) or ""))
 
 
 @dataclass

@@ -8,10 +8,68 @@ the job may be behind (application, hang) without the checkpoint step advancing 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from typing import Iterable
 
-from .observe import Failure
+from .observe import Failure, NodeView
 from .spec import JOB_CAUSES, TrainingRunSpec
+
+
+@dataclass(frozen=True)
+class DisruptionGuard:
+    """When many nodes look lost at once, the cause is almost never the nodes: the control
+    plane, its network or the lease path blipped, and the kubelets and their pods are still
+    running. Kubernetes' node lifecycle controller stops evicting in such a zone; we stop
+    quarantining and restarting. Operator-wide (python -m trainium_operator --disruption-*)."""
+
+    threshold: float = 0.55
+    """Share of a zone's nodes (or of a run's nodes) NotReady/Unknown at which it counts as
+    disrupted (the node lifecycle controller's --unhealthy-zone-threshold)."""
+    min_nodes: int = 3
+    """...and at least this many of them: one or two lost nodes are node failures."""
+    max_hold_seconds: float = 900.0
+    """A run holds its restart at most this long; then a lost node is handled as lost."""
+    settle_seconds: float = 10.0
+    """A node Unknown (its heartbeats stopped) for less than this is not yet a failure: the
+    nodes of one disruption go Unknown within about one heartbeat interval of each other, and
+    acting on the first would quarantine it and restart before the disruption shows. A node
+    whose kubelet reports NotReady is acted on at once."""
+
+    def validate(self) -> None:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"disruption threshold must be in (0, 1], got {self.threshold}")
+        if self.min_nodes < 1 or self.max_hold_seconds < 0 or self.settle_seconds < 0:
+            raise ValueError("disruption min nodes must be at least 1, max hold and settle seconds not negative")
+
+
+# Failures a disruption can fake: a node that looks lost, a gang whose progress cannot reach us.
+DISRUPTION_CAUSES = ("node", "hang")
+
+
+def zone_health(nodes: Iterable[NodeView]) -> dict[str, tuple[int, int]]:
+    """zone -> (unhealthy nodes, nodes): Ready not True counts as unhealthy."""
+    total, bad = Counter(), Counter()
+    for n in nodes:
+        total[n.zone] += 1
+        bad[n.zone] += n.ready != "True"
+    return {z: (bad[z], total[z]) for z in total}
+
+
+def disruption(guard: DisruptionGuard, zones: dict[str, tuple[int, int]], run_nodes: Iterable[NodeView]) -> str:
+    """Why the run's nodes look lost through no fault of their own ("" when they do not): the
+    zone of one of its unhealthy nodes is disrupted, or the run's own nodes are."""
+    run_nodes = list(run_nodes)
+    lost = [n for n in run_nodes if n.ready != "True"]
+    if not lost:
+        return ""
+    for zone in sorted({n.zone for n in lost}):
+        bad, total = zones.get(zone, (0, 0))
+        if bad >= guard.min_nodes and bad >= guard.threshold * total:
+            return f"{bad} of {total} nodes{f' in zone {zone}' if zone else ''} are NotReady or Unknown"
+    if len(lost) >= guard.min_nodes and len(lost) >= guard.threshold * len(run_nodes):
+        return f"{len(lost)} of the run's {len(run_nodes)} nodes are NotReady or Unknown"
+    return ""
 
 
 @dataclass

@@ -20,7 +20,7 @@ from trainer.config import ConfigError
 
 from . import goodput, plan
 from .observe import Failure, NodeView, PodView, find_failure, gang_state
-from .policy import decide
+from .policy import DISRUPTION_CAUSES, DisruptionGuard, decide
 from .spec import TrainingRunSpec, parse
 
 MAX_FAILURES_KEPT = 50
@@ -60,8 +60,12 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, now: float, prev
 
 
 def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
-              checkpoint: dict | None = None) -> Result:
-    """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None."""
+              checkpoint: dict | None = None, disruption: str = "",
+              guard: DisruptionGuard = DisruptionGuard()) -> Result:
+    """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None.
+    ``disruption``: why the run's nodes look lost through no fault of their own (policy.disruption),
+    "" when they do not; while it lasts (at most ``guard.max_hold_seconds``) lost nodes and
+    hangs are held: no quarantine, no restart."""
     res = Result()
     if run["metadata"].get("deletionTimestamp"):
         return res  # being deleted: the garbage collector removes the children; do not restart
@@ -140,9 +144,13 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         res.effects += [Effect("ensure", plan.pod(run, spec, attempt, i, excluded, _resume_point(status)))
                         for i in range(spec.nodes) if i not in have]
         return res
+    # progress could not reach us while the cluster was disrupted: the hang clock restarts when it ends
+    last_change = max(upd.get("lastStepTime", status.get("lastStepTime")) or 0.0,
+                      status.get("disruptionEndTime") or 0.0) or None
     failure = find_failure(spec, gang, nodes, now=now, expected_pods=spec.nodes,
                            gang_running_since=first_run, step_seconds=status.get("stepSeconds"),
-                           last_step_change=upd.get("lastStepTime", status.get("lastStepTime")))
+                           last_step_change=last_change)
+    failure = _hold_during_disruption(res, status, failure, disruption, guard, nodes, now)
     if failure:
         return _on_failure(res, run, spec, status, failure, current, gang, now, checkpoint)
     if gang.succeeded == spec.nodes:
@@ -175,6 +183,47 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
                 upd["failures"] = failures
     _account(upd, status, now)
     return res
+
+
+def _set_condition(res: Result, status: dict, ctype: str, ok: bool, reason: str, message: str, now: float) -> None:
+    """Set one condition, keeping the others (a status patch replaces the whole list)."""
+    current = list(res.status.get("conditions", status.get("conditions") or []))
+    new = _condition(ctype, ok, reason, message, now, current)
+    res.status["conditions"] = [c for c in current if c.get("type") != ctype] + [new]
+
+
+def _hold_during_disruption(res: Result, status: dict, failure: Failure | None, disruption: str,
+                            guard: DisruptionGuard, nodes: dict[str, NodeView], now: float) -> Failure | None:
+    """The failure to act on: None while a disruption holds it (a lost node or a hang, for at
+    most guard.max_hold_seconds), or while a node that went Unknown may still turn out to be
+    the first of a disruption (guard.settle_seconds); records when a disruption began and ended."""
+    lost = nodes.get(failure.node) if failure and failure.cause == "node" else None
+    if lost is not None and lost.ready == "Unknown" and failure.since and now - failure.since < guard.settle_seconds:
+        failure = None
+    held = status.get("disruption")
+    if held and not disruption:
+        # nodes come back one by one: the disruption lasts until every node it took is back
+        # (a node lost after its wave is a failure of its own)
+        wave_end = held["since"] + guard.settle_seconds
+        behind = [n for n in nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end]
+        if behind:
+            disruption = f"{held['message']}; {len(behind)} of the run's nodes not back yet"
+    if not disruption:
+        if held:
+            res.status.update({"disruption": None, "disruptionEndTime": now})
+            _set_condition(res, status, "Disrupted", False, "NodesReturned", "", now)
+            res.event("DisruptionEnded", f"nodes are back after {now - held['since']:.0f}s; normal failure "
+                      "handling again")
+        return failure
+    since = held["since"] if held else now
+    if not held:
+        res.status["disruption"] = {"since": now, "message": disruption}
+        _set_condition(res, status, "Disrupted", True, "MassNodeDisruption", disruption, now)
+        res.event("Disruption", f"{disruption}: a control-plane or network disruption, not node failures; "
+                  f"no quarantine and no restart for up to {guard.max_hold_seconds:.0f}s", warning=True)
+    if failure and failure.cause in DISRUPTION_CAUSES and now - since < guard.max_hold_seconds:
+        return None
+    return failure
 
 
 def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: float) -> None:

@@ -125,6 +125,21 @@ def test_deployment_is_hardened_and_probed():
     assert "--metrics-port=9090" in c["args"] and "--log-level=DEBUG" in c["args"]
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert c["image"] == "trainium-operator:0.1.0"
+    assert not any(a.startswith("--disruption") for a in c["args"])  # the operator's own defaults
+
+
+def test_disruption_guard_values_become_operator_flags_which_it_accepts():
+    from trainium_operator.__main__ import main  # noqa: F401  (the flags exist: parsed below)
+    import subprocess
+    import sys
+    dep = one(render({"disruption": {"threshold": 0.7, "minNodes": 5, "maxHoldSeconds": 60, "settleSeconds": 5}}),
+              "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [a for a in args if a.startswith("--disruption")]
+    assert flags == ["--disruption-threshold=0.7", "--disruption-min-nodes=5", "--disruption-max-hold-seconds=60",
+                     "--disruption-settle-seconds=5"]
+    res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "--disruption-max-hold-seconds" in res.stdout
 
 
 @pytest.mark.parametrize("values,words", [
@@ -134,6 +149,7 @@ def test_deployment_is_hardened_and_probed():
     ({"prometheusRule": {"goodputTarget": 1.5}}, "/prometheusRule/goodputTarget"),
     ({"prometheusRule": {"restartWindow": "an hour"}}, "/prometheusRule/restartWindow"),
     ({"imge": {"repository": "x"}}, "'imge' not allowed"),
+    ({"disruption": {"threshold": 2}}, "/disruption/threshold"),
 ])
 def test_schema_rejects_bad_values_naming_the_field(values, words):
     res = helm("template", "t", str(CHART), "--kube-version", helpers.KUBE_VERSION, *set_args(values), check=False)

@@ -297,3 +297,80 @@ def test_user_env_follows_the_contract_which_it_cannot_override():
     assert env[-2:] == extra
     contract = {e["name"] for e in env[:-2]} - set(plan.NEURON_ENV) - {"NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS"}
     assert contract == set(spec_mod.CONTRACT_ENV)  # the reserved list is exactly what the plan sets
+
+
+def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
+    from trainium_operator.policy import DisruptionGuard, disruption, zone_health
+    guard = DisruptionGuard(threshold=0.55, min_nodes=3, max_hold_seconds=100)
+    cluster = {f"n{i}": _node(f"n{i}", ready="Unknown" if i < 6 else "True") for i in range(10)}
+    zones = zone_health(cluster.values())
+    run_nodes = {f"n{i}": cluster[f"n{i}"] for i in range(4)}
+    why = disruption(guard, zones, run_nodes.values())
+    assert why == "6 of 10 nodes are NotReady or Unknown"
+    # two lost nodes of ten: node failures, handled as such
+    few = {k: _node(k, ready="Unknown" if k in ("n0", "n1") else "True") for k in cluster}
+    assert disruption(guard, zone_health(few.values()), [few["n0"], few["n2"]]) == ""
+    # per zone: a disrupted zone holds; a healthy zone's lost node does not
+    zoned = [node_view({"metadata": {"name": f"z{i}", "labels": {"topology.kubernetes.io/zone": "a" if i < 4 else "b"}},
+                        "status": {"conditions": [{"type": "Ready", "status": "Unknown" if i < 4 or i == 9 else "True"}]}})
+             for i in range(10)]
+    assert "in zone a" in disruption(guard, zone_health(zoned), [zoned[0]])
+    assert disruption(guard, zone_health(zoned), [zoned[9], zoned[5]]) == ""
+
+    run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 20.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+    pods = [_pod(i, step=5) for i in range(4)]
+    r = reconcile(run, pods, run_nodes, now=30.0, disruption=why, guard=guard)
+    assert r.status.get("phase") is None and "failures" not in r.status
+    assert not any(e.kind in ("delete_pod", "quarantine") for e in r.effects)
+    cond = next(c for c in r.status["conditions"] if c["type"] == "Disrupted")
+    assert cond["status"] == "True" and "6 of 10" in cond["message"]
+    assert any(c["type"] == "Valid" for c in r.status["conditions"])
+    assert [e.reason for e in r.effects if e.kind == "event"] == ["Disruption"]
+    run["status"].update(r.status)
+    # still disrupted 99 s later: held (a hang would be held too); at 100 s the hold ends
+    assert reconcile(run, pods, run_nodes, now=129.0, disruption=why, guard=guard).status.get("phase") is None
+    r = reconcile(run, pods, run_nodes, now=131.0, disruption=why, guard=guard)
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "node"
+    # nodes come back one by one: one still lost from the wave keeps the hold; a node lost after it does not
+    wave = node_view({"metadata": {"name": "n3"}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": 29.0}]}})
+    late = node_view({"metadata": {"name": "n3"}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": 60.0}]}})
+    partly = {**{k: _node(k) for k in run_nodes}, "n3": wave}
+    held = {**run, "status": {**run["status"], "phase": "Running", "failures": []}}
+    r = reconcile(held, pods, partly, now=120.0, disruption="", guard=guard)
+    assert r.status.get("phase") is None and "disruptionEndTime" not in r.status
+    r = reconcile(held, pods, {**partly, "n3": late}, now=120.0, disruption="", guard=guard)
+    assert r.status["phase"] == "Restarting" and r.status["disruptionEndTime"] == 120.0
+    # nodes back: the condition flips, and the hang clock restarts from the disruption's end
+    healthy = {k: _node(k) for k in run_nodes}
+    r = reconcile(run, pods, healthy, now=140.0, disruption="", guard=guard)
+    assert r.status["disruption"] is None and r.status["disruptionEndTime"] == 140.0
+    assert next(c for c in r.status["conditions"] if c["type"] == "Disrupted")["status"] == "False"
+    run["status"].update(r.status)
+    spec = {**SPEC, "nodes": 4, "faultTolerance": {"hangTimeoutSeconds": 60}}
+    r = reconcile({**run, "spec": spec}, pods, healthy, now=190.0, guard=guard)
+    assert r.status.get("phase") is None  # 170 s since the last step, but only 50 s since the disruption ended
+    r = reconcile({**run, "spec": spec}, pods, healthy, now=201.0, guard=guard)
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"
+
+
+def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready():
+    from trainium_operator.policy import DisruptionGuard
+    guard = DisruptionGuard(settle_seconds=10)
+    run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 99.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+    pods = [_pod(i, step=5) for i in range(4)]
+
+    def nodes(ready):
+        out = {f"n{i}": _node(f"n{i}") for i in range(4)}
+        out["n0"] = node_view({"metadata": {"name": "n0"}, "status": {"conditions": [
+            {"type": "Ready", "status": ready, "lastTransitionTime": 95.0}]}})
+        return out
+    assert reconcile(run, pods, nodes("Unknown"), now=100.0, guard=guard).status.get("phase") is None
+    r = reconcile(run, pods, nodes("Unknown"), now=106.0, guard=guard)
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
+    assert reconcile(run, pods, nodes("False"), now=100.0, guard=guard).status["phase"] == "Restarting"

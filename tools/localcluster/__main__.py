@@ -11,7 +11,8 @@
                                --processes: process-backed (proc-...), their pods run for real
   logs POD [-n NS] [-f]        a process-backed pod's stdout and stderr
   fault KIND TARGET [...]      inject a fault; `recover KIND TARGET` undoes it
-      node-not-ready NODE   node-unreachable NODE   neuron-error NODE [--reason R]
+      node-not-ready NODE   node-unreachable NODE   node-partition NODE (looks lost, keeps running)
+      neuron-error NODE [--reason R]
       device-loss NODE [--remaining K]   delete-node NODE
       pod-fail POD [--namespace NS --exit-code C --reason R]   evict POD [--namespace NS]
       hang POD [--namespace NS]             SIGSTOP every process of a process-backed pod
@@ -35,6 +36,7 @@ from .nodes import INSTANCE_TYPES, create_nodes
 
 NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
                "node-unreachable": (faults.node_unreachable, faults.node_recover),
+               "node-partition": (faults.node_partition, faults.node_recover),
                "neuron-error": (faults.neuron_error, faults.neuron_healthy),
                "device-loss": (faults.device_loss, faults.device_restore),
                "delete-node": (faults.delete_node, None)}

@@ -344,7 +344,9 @@ def heal_process_nodes(core, timeout: float = 60) -> None:
                 "metadata": {"labels": {"trainium.dev/quarantined": None}}})
         if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
             faults.neuron_healthy(core, n.metadata.name)
-        if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
+        ann = n.metadata.annotations or {}
+        if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL) or ann.get(faults.PARTITIONED) or \
+                ann.get(faults.KWOK_ANNOTATION[0]) != faults.KWOK_ANNOTATION[1]:
             faults.node_recover(core, n.metadata.name)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,6 +6,8 @@
 |                  | taints node.kubernetes.io/not-ready                           |                 |
 | node_unreachable | no status posts and no Lease renewals (a dead kubelet);       | node_recover    |
 |                  | Ready=Unknown after the grace period; unreachable taint       |                 |
+| node_partition   | as node_unreachable, but the kubelet and its pods live on      | node_recover    |
+|                  | (a control-plane or network blip: the node only looks lost)   |                 |
 | neuron_error     | Node condition NeuronHealth=True, reason NeuronHasError_*      | neuron_healthy  |
 |                  | (as the Neuron node problem detector writes it; Ready stays)  |                 |
 | device_loss      | allocatable aws.amazon.com/neuron below capacity              | device_restore  |
@@ -18,14 +20,14 @@
 | kill_rank        | SIGKILL of one torchrun worker of a process-backed pod         | n/a             |
 
 On process-backed nodes (podrunner.py) the node faults are real for processes too: NotReady,
-unreachable and deleted nodes SIGKILL every process placed on them.
+unreachable and deleted nodes SIGKILL every process placed on them; a partitioned node keeps them.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from .nodes import KWOK_ANNOTATION, NEURON, NEURONCORE
+from .nodes import KWOK_ANNOTATION, NEURON, NEURONCORE, PARTITIONED
 
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
 POD_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
@@ -62,9 +64,22 @@ def node_unreachable(core, node: str) -> None:
         "renewTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
 
 
-def node_recover(core, node: str) -> None:
-    """Undo node_not_ready / node_unreachable: kwok manages the node again (a fresh Lease,
-    Ready status). The controller-manager then removes its not-ready/unreachable taints."""
+def node_partition(core, node: str) -> None:
+    """The node drops out of the control plane's view (no status, no Lease renewals: Unknown
+    after the grace period, as node_unreachable) while its kubelet and pods keep running, as in
+    a control-plane or network disruption. The pod runner reads the annotation and keeps the
+    node's processes."""
+    core.patch_node(node, {"metadata": {"annotations": {PARTITIONED: "true"}}})
+    node_unreachable(core, node)
+
+
+def node_recover(core, node: str, timeout: float = 60) -> None:
+    """Undo node_not_ready / node_unreachable / node_partition: kwok manages the node again (a
+    fresh Lease, Ready status). The controller-manager then removes its not-ready/unreachable
+    taints. A partitioned node stays marked until it is Ready again, so the pod runner never
+    sees it lost on the way back."""
+    import time
+
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -75,10 +90,19 @@ def node_recover(core, node: str) -> None:
     except ApiException as exc:
         if exc.status != 404:
             raise
+    partitioned = (core.read_node(node).metadata.annotations or {}).get(PARTITIONED)
     core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: None},
                                         "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1],
                                                         f"{NOT_READY_LABEL}/reason": None,
                                                         f"{NOT_READY_LABEL}/message": None}}})
+    if not partitioned:
+        return
+    deadline = time.monotonic() + timeout
+    while not any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or []):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {node} not Ready {timeout:.0f}s after its partition ended")
+        time.sleep(0.2)
+    core.patch_node(node, {"metadata": {"annotations": {PARTITIONED: None}}})
 
 
 def _neuron_condition(core, node: str, status: str, reason: str, message: str) -> None:

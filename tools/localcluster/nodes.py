@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 NEURON, NEURONCORE, EFA = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa"
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # the annotation kwok manages nodes by
+# A process-backed node with this annotation only looks lost (faults.node_partition): the pod
+# runner keeps its processes.
+PARTITIONED = "localcluster.trainium.dev/partitioned"
 # Nodes whose name starts with this are process-backed: kwok still manages the Node (lease,
 # heartbeat, conditions, chaos) but none of its pods; tools/localcluster/podrunner.py runs
 # those pods' containers as local processes. kwok's pod stages exclude them by this prefix.

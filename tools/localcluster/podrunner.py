@@ -58,7 +58,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import podprocs, podspec
-from .nodes import KWOK_ANNOTATION, is_process_node
+from .nodes import KWOK_ANNOTATION, PARTITIONED, is_process_node
 
 log = logging.getLogger("podrunner")
 THREADS_PER_PROCESS = 1
@@ -278,10 +278,13 @@ class Runner:
     @staticmethod
     def node_up(node: dict | None) -> bool:
         """A kubelet is alive on the node: it exists, is Ready, and is still managed (the
-        unreachable fault removes the management annotation: nobody heartbeats any more)."""
+        unreachable fault removes the management annotation: nobody heartbeats any more), or it
+        is only partitioned from the control plane (faults.node_partition: it lives on)."""
         if not node:
             return False
         ann = (node.get("metadata") or {}).get("annotations") or {}
+        if ann.get(PARTITIONED) == "true":
+            return True
         ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
                       if c.get("type") == "Ready"), None)
         return ready == "True" and ann.get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1]

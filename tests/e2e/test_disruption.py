@@ -1,0 +1,60 @@
+"""A control-plane or network disruption is not a node failure (tier e2e, pods as real
+processes): every node of the cluster drops out of the control plane's view at once (no status,
+no lease: Unknown) while the kubelets and the trainer keep running. The operator must neither
+quarantine nor restart; it says so (condition Disrupted, events), and handles failures normally
+again when the nodes return. The run trains throughout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from localcluster import faults
+from localcluster.drill import Drill
+
+from .test_faults import spec_for
+
+pytestmark = pytest.mark.e2e
+
+
+def condition(st: dict, ctype: str) -> dict:
+    return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def test_most_nodes_lost_together_hold_the_run_which_keeps_training(e2e, tiny_data, tmp_path):
+    ns = e2e.namespace("disruption")
+    body = spec_for("tiny", tiny_data, tmp_path)
+    body["spec"]["training"]["steps"] = 5000  # longer than the test: it is deleted at the end
+    # a short hang timeout: a restart, had the operator taken the lost nodes for failures, comes fast
+    body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "hangTimeoutFloorSeconds": 8}
+    d = Drill(e2e.cluster, ns, body)
+    d.create()
+    d.wait_step(5, 240)
+    for node in e2e.nodes:
+        faults.node_partition(e2e.core, node)
+    cut = time.time()
+    st = d.wait(lambda: condition(s := d.status(), "Disrupted").get("status") == "True" and s, 90,
+                "the operator to see a disruption")
+    lost = [n.metadata.name for n in e2e.core.list_node().items
+            if any(c.type == "Ready" and c.status != "True" for c in n.status.conditions or [])]
+    assert sorted(lost) == sorted(e2e.nodes), lost
+    print(f"\ndisruption: {len(lost)} of {len(e2e.nodes)} nodes Unknown +{time.time() - cut:.1f}s; "
+          f"{condition(st, 'Disrupted')['message']}")
+    before = d.trained_step()
+    time.sleep(15)  # nodes Unknown for 15 s more: long past the hang timeout's floor
+    assert d.trained_step() > before + 5, "the trainer keeps training while its nodes look lost"
+    for node in e2e.nodes:
+        faults.node_recover(e2e.core, node)
+    st = d.wait(lambda: condition(s := d.status(), "Disrupted").get("status") == "False" and s, 90,
+                "the disruption to end")
+    step = d.trained_step()
+    d.wait_step(step + 5, 60)
+    st = d.status()
+    assert st["attempt"] == 1 and not st.get("failures") and not st.get("restartCount")
+    assert not st.get("quarantinedNodes") and st["phase"] == "Running"
+    assert not any(t.key == "trainium.dev/quarantined" for n in e2e.core.list_node().items for t in n.spec.taints or [])
+    reasons = [e.reason for e in e2e.core.list_namespaced_event(ns).items]
+    assert "Disruption" in reasons and "DisruptionEnded" in reasons and "Restarting" not in reasons
+    print(f"disruption: ended +{time.time() - cut:.1f}s; run still attempt 1 at step {d.trained_step()}, no failure")
+    d.custom.delete_namespaced_custom_object("trainium.dev", "v1alpha1", ns, "trainingruns", d.name)
