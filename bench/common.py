@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import statistics
+import sys
 
 from trainer.config import from_dict
 from trainer.parallel import init_parallel
@@ -31,3 +33,13 @@ def table(headers: list[str], rows: list[list]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])])
+
+
+def stop_cleanly_on_signals() -> None:
+    """SIGTERM and SIGHUP (a `timeout`, a closed terminal, a CI job cancelled) raise SystemExit
+    like Ctrl-C raises KeyboardInterrupt, so a benchmark's `finally` stops the control plane
+    and the processes it started instead of leaving them running."""
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from bench.common import table  # noqa: E402
+from bench.common import stop_cleanly_on_signals, table  # noqa: E402
 from localcluster import drill  # noqa: E402
 from localcluster.cluster import Cluster, free_base_port  # noqa: E402
 
@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--fault-at", type=int, default=18)
     ap.add_argument("--checkpoint-every", type=int, default=5)
     args = ap.parse_args()
+    stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from trainer import tinydata
     work = Path(tempfile.mkdtemp(prefix="e2e-recovery-"))

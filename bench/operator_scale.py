@@ -1,6 +1,6 @@
 """Operator memory and reconcile latency with many concurrent runs.
 
-    python -m bench.operator_scale [--runs 50] [--nodes-per-run 2] [--seconds 30]
+    python -m bench.operator_scale [--runs 50] [--nodes-per-run 2] [--seconds 30] [--timeout 900]
 
 On its own local control plane: --runs TrainingRuns of --nodes-per-run pods each, all running
 with progress annotations. Measures the operator process's resident memory and the reconcile
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench.common import table  # noqa: E402
+from bench.common import stop_cleanly_on_signals, table  # noqa: E402
 from trainer import progress  # noqa: E402
 
 PEER = textwrap.dedent('''
@@ -74,12 +74,29 @@ def quantile(buckets, count, q):
     return float("inf")
 
 
+MICRO_BATCH = 4
+
+
+def run_body(index: int, nodes: int) -> dict:
+    """A valid tiny TrainingRun of ``nodes`` pods of one process: data parallel = nodes, so the
+    global batch is nodes x the micro batch (a fixed batch would not divide by large DPs)."""
+    return {"apiVersion": "trainium.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": f"r{index:03d}"},
+            "spec": {"image": "trainer:bench", "nodes": nodes, "instanceType": "cpu", "processesPerNode": 1,
+                     "model": {"preset": "tiny"},
+                     "training": {"seqLen": 128, "globalBatchSize": nodes * MICRO_BATCH, "microBatchSize": MICRO_BATCH},
+                     "data": {"sources": [{"uri": "/d"}], "tokenizer": "/t.json"},
+                     "checkpoint": {"uri": f"/tmp/bench-scale-{index}"}}}
+
+
 def main() -> None:
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
+    stop_cleanly_on_signals()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--nodes-per-run", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--timeout", type=float, default=900, help="give up (and clean up) if the runs are not all "
+                                                                 "Running by then")
     args = ap.parse_args()
     from kubernetes import client
     from localcluster.cluster import Cluster, free_base_port
@@ -104,15 +121,19 @@ def main() -> None:
         idle_rss = rss_mib(ours.pid)
         t0 = time.monotonic()
         for i in range(args.runs):
-            custom.create_namespaced_custom_object("trainium.dev", "v1alpha1", "default", "trainingruns", {
-                "apiVersion": "trainium.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": f"r{i:03d}"},
-                "spec": {"image": "trainer:bench", "nodes": args.nodes_per_run, "instanceType": "cpu",
-                         "processesPerNode": 1, "model": {"preset": "tiny"},
-                         "training": {"seqLen": 128, "globalBatchSize": 16, "microBatchSize": 4},
-                         "data": {"sources": [{"uri": "/d"}], "tokenizer": "/t.json"},
-                         "checkpoint": {"uri": f"/tmp/bench-scale-{i}"}}})
+            custom.create_namespaced_custom_object("trainium.dev", "v1alpha1", "default", "trainingruns",
+                                                   run_body(i, args.nodes_per_run))
         total_pods = args.runs * args.nodes_per_run
-        while sum(p.status.phase == "Running" for p in core.list_namespaced_pod("default").items) < total_pods:
+        while (running := sum(p.status.phase == "Running" for p in core.list_namespaced_pod("default").items)) < total_pods:
+            invalid = [r for r in custom.list_namespaced_custom_object("trainium.dev", "v1alpha1", "default",
+                                                                       "trainingruns")["items"]
+                       if (r.get("status") or {}).get("phase") == "Failed"]
+            if invalid:
+                raise SystemExit(f"bench.operator_scale: {len(invalid)} runs failed, e.g. {invalid[0]['metadata']['name']}: "
+                                 f"{invalid[0]['status'].get('message')}")
+            if time.monotonic() - t0 > args.timeout:
+                raise SystemExit(f"bench.operator_scale: only {running} of {total_pods} pods Running after "
+                                 f"{args.timeout:.0f} s (--timeout)")
             time.sleep(0.5)
         placed = time.monotonic() - t0
         body = progress.payload(10, 1000.0, 2.0, None)

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench.common import table  # noqa: E402
+from bench.common import stop_cleanly_on_signals, table  # noqa: E402
 from trainer import progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
@@ -215,6 +215,7 @@ def main() -> None:
     ap.add_argument("--kinds", default="crash,not-ready")
     ap.add_argument("--peer-timeout", type=float, default=30.0)
     args = ap.parse_args()
+    stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     kinds = args.kinds.split(",")
     b = Bench(args)
     rows = []
