@@ -506,9 +506,12 @@ def _convert_field(cls: type, name: str, value: Any, where: str) -> Any:
 
 
 def _apply_preset(raw: dict[str, Any]) -> dict[str, Any]:
-    model = dict(raw.get("model") or {})
+    model = raw.get("model") or {}
+    if not isinstance(model, Mapping):
+        raise ConfigError("model", f"must be a mapping, got {type(model).__name__}")
+    model = dict(model)
     preset = model.get("preset", ModelConfig.preset)
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError("model.preset", f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     merged = {camel(k): v for k, v in PRESETS[preset].items()}
     merged.update(model)

@@ -20,7 +20,7 @@ from .kube import Kube
 from .observe import node_view, pod_view
 from .plan import LABEL_RUN
 from .policy import DisruptionGuard, disruption, zone_health
-from .reconcile import reconcile
+from .reconcile import TERMINAL, reconcile
 from .spec import API_GROUP, API_VERSION, PLURAL, checkpoint_layout
 
 log = logging.getLogger("trainium_operator")
@@ -98,9 +98,10 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
     """The newest complete checkpoint, read from the store at most every 15 s, or at once when
     a pod reports a newer checkpoint step, or every second while a new gang is about to start
     (it is told where to resume)."""
-    uri = ((run["spec"].get("checkpoint") or {}).get("uri")) or ""
-    if not uri or not isinstance(uri, str):
-        return None
+    ckpt = run["spec"].get("checkpoint")
+    uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
+    if not uri or not isinstance(uri, str) or run["status"].get("phase") in TERMINAL:
+        return None  # nothing to resume: a finished run is not listed again
     key = (run["metadata"]["namespace"], run["metadata"]["name"])
     entry = cache.get(key)
     reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
@@ -112,7 +113,11 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
             tag = ckpt_store.newest_complete(uri, checkpoint_layout(run["spec"]))
         except Exception as exc:  # the store may be briefly unreachable; keep the last answer
             log.warning("cannot list checkpoints in %s: %s", uri, exc)
-            return entry["value"] if entry else None
+            # and do not ask again before the next refresh: a store that times out must not
+            # hold a reconcile worker every second
+            entry = cache[key] = {"at": now, "step": entry["step"] if entry else None,
+                                  "value": entry["value"] if entry else None}
+            return entry["value"]
         value = {"tag": tag.tag, "step": tag.step, "time": tag.done_mtime, "uri": tag.uri} if tag else None
         entry = cache[key] = {"at": now, "step": tag.step if tag else None, "value": value}
     return entry["value"]
@@ -152,6 +157,8 @@ def apply(kube: Kube, run: dict, result) -> dict:
             obj["metadata"] = {**obj["metadata"], "namespace": ns}
             if obj["kind"] == "Pod":
                 pod_calls.append((kube.ensure, (obj,)))
+            elif obj["kind"].startswith("ValidatingAdmissionPolicy"):
+                kube.ensure_cluster_policy(eff.obj)  # cluster-scoped: no namespace
             else:
                 kube.ensure(obj)
         elif eff.kind == "delete_pod":

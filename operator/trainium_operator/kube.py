@@ -20,6 +20,7 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.rbac = client.RbacAuthorizationV1Api(api_client)
+        self.admission = client.AdmissionregistrationV1Api(api_client)
 
     # -- children -------------------------------------------------------------------------
 
@@ -34,6 +35,23 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+
+    def ensure_cluster_policy(self, obj: dict) -> None:
+        """Create a cluster-scoped admission policy object if missing. Best effort: without the
+        right to create it (an older install) or on a cluster without the API (before 1.30) the
+        run still starts, with a warning; trainers are then limited by RBAC alone."""
+        create = {"ValidatingAdmissionPolicy": self.admission.create_validating_admission_policy,
+                  "ValidatingAdmissionPolicyBinding": self.admission.create_validating_admission_policy_binding}
+        try:
+            create[obj["kind"]](obj)
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            if exc.status in (403, 404):
+                log.warning("cannot create %s %s (%s %s): trainers are limited by RBAC alone", obj["kind"],
+                            obj["metadata"]["name"], exc.status, exc.reason)
+                return
+            raise
 
     def delete_pod(self, namespace: str, name: str, grace: int | None = None) -> None:
         body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")

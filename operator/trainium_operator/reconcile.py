@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from trainer.config import ConfigError
 
-from . import goodput, plan
+from . import admission, goodput, plan
 from .observe import Failure, NodeView, PodView, find_failure, gang_state
 from .policy import DISRUPTION_CAUSES, DisruptionGuard, decide
 from .spec import TrainingRunSpec, parse
@@ -126,6 +126,7 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     if attempt == 0:
         if spec.service_account == plan.DEFAULT_TRAINER_SA:
             res.effects += [Effect("ensure", o) for o in plan.trainer_rbac(run["metadata"]["namespace"])]
+            res.effects += [Effect("ensure", o) for o in admission.trainer_policy()]
         res.effects.append(Effect("ensure", plan.service(run)))
         if not spec.trainer.is_command:
             res.effects.append(Effect("ensure", plan.config_map(run, spec)))

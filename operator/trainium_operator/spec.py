@@ -265,7 +265,7 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise ConfigError("spec.nodes", f"must be an integer of at least 1, got {nodes!r}")
     itype = spec.get("instanceType", "trn1.32xlarge")
-    if itype not in INSTANCE_TYPES:
+    if not isinstance(itype, str) or itype not in INSTANCE_TYPES:
         raise ConfigError("spec.instanceType", f"must be one of {', '.join(INSTANCE_TYPES)}, got {itype!r}")
     ppn = spec.get("processesPerNode", INSTANCE_TYPES[itype]["processes"])
     if isinstance(ppn, bool) or not isinstance(ppn, int) or ppn < 1:
@@ -419,7 +419,9 @@ def _env(raw: Any) -> list[dict]:
     return out
 
 
-def _normalise_ft(raw: Mapping[str, Any]) -> dict:
+def _normalise_ft(raw: Any) -> dict:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("faultTolerance", f"must be an object, got {raw!r}")
     raw = dict(raw)
     if "restartBudget" in raw:
         budget = raw["restartBudget"]

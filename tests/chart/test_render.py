@@ -31,7 +31,10 @@ OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in traini
 ]
 CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kube.quarantine reads + patches
                  ("", "namespaces", {"list", "watch"}),  # kopf observes namespaces and CRDs
-                 ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"})]
+                 ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}),
+                 # the trainer admission policy (admission.py), created where it is missing
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"create"}),
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"create"})]
 
 
 def flatten(rules: list[dict]) -> dict[tuple[str, str], set[str]]:
@@ -61,7 +64,15 @@ def test_default_render_has_the_operator_and_nothing_optional():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-                     "Service", "ServiceAccount"]
+                     "Service", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+
+
+def test_chart_trainer_policy_is_the_generated_policy():
+    from trainium_operator import admission
+    assert (CHART / "templates" / "trainer-policy.yaml").read_text() == admission.render(), \
+        "python -m trainium_operator.admission --write"
+    docs = render()
+    assert [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")] == admission.trainer_policy()
 
 
 def test_rbac_is_least_privilege_and_has_no_wildcards():

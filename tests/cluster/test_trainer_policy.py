@@ -1,0 +1,88 @@
+"""Trainers write only their own progress (tier cluster, the real API server): with the
+admission policy the operator creates (admission.trainer_policy) and the trainer's RBAC, a
+token bound to a pod (TokenRequest with boundObjectRef, what every pod's projected token is)
+may patch that pod's progress annotation, and nothing else: not a neighbour's pod, not another
+annotation, label or field. Other identities are not affected."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainium_operator import admission, plan
+from trainium_operator.reconcile import reconcile
+
+pytestmark = pytest.mark.cluster
+ANN = "trainium.dev/progress"
+
+
+def test_the_operator_ensures_the_policy_with_the_trainer_rbac():
+    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "generation": 1}, "status": {},
+           "spec": {"image": "i", "nodes": 1, "instanceType": "cpu", "model": {"preset": "tiny"},
+                    "training": {"globalBatchSize": 4, "microBatchSize": 4, "seqLen": 128},
+                    "data": {"sources": [{"uri": "/d"}], "tokenizer": "/t"}, "checkpoint": {"uri": "/c"}}}
+    made = [e.obj for e in reconcile(run, [], {}, now=0.0).effects if e.kind == "ensure"]
+    assert admission.trainer_policy()[0] in made and admission.trainer_policy()[1] in made
+    assert plan.trainer_rbac("ns")[1] in made
+
+
+def _client_for(local_cluster, token: str):
+    from kubernetes import client
+    base = local_cluster.api_client().configuration
+    cfg = client.Configuration()
+    cfg.host, cfg.verify_ssl = base.host, False
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_api, namespace):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    adm = client.AdmissionregistrationV1Api(local_cluster.api_client())
+    for obj in admission.trainer_policy():
+        try:
+            (adm.create_validating_admission_policy if obj["kind"] == "ValidatingAdmissionPolicy"
+             else adm.create_validating_admission_policy_binding)(obj)
+        except ApiException as exc:
+            assert exc.status == 409
+    rbac = client.RbacAuthorizationV1Api(local_cluster.api_client())
+    for obj in plan.trainer_rbac(namespace):
+        {"ServiceAccount": lambda o: core_api.create_namespaced_service_account(namespace, o),
+         "Role": lambda o: rbac.create_namespaced_role(namespace, o),
+         "RoleBinding": lambda o: rbac.create_namespaced_role_binding(namespace, o)}[obj["kind"]](obj)
+    pods = {}
+    for name in ("mine", "neighbour"):
+        pods[name] = core_api.create_namespaced_pod(namespace, {
+            "metadata": {"name": name, "labels": {"app": "t"}},
+            "spec": {"serviceAccountName": plan.DEFAULT_TRAINER_SA, "restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "trainer:test"}]}})
+    token = core_api.create_namespaced_service_account_token(plan.DEFAULT_TRAINER_SA, namespace, {
+        "spec": {"expirationSeconds": 600, "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "mine",
+                                                              "uid": pods["mine"].metadata.uid}}}).status.token
+    trainer = _client_for(local_cluster, token)
+
+    def patch(pod: str, body: dict):
+        try:
+            trainer.patch_namespaced_pod(pod, namespace, body)
+            return None
+        except ApiException as exc:
+            return exc
+
+    progress = {"metadata": {"annotations": {ANN: '{"step": 3}'}}}
+    deadline = time.monotonic() + 30  # a new policy takes a moment to be enforced
+    while (err := patch("neighbour", progress)) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert err is not None and err.status in (403, 422) and "only the pod its token is bound to" in err.body, err
+    assert patch("mine", progress) is None  # its own pod's progress: allowed
+    assert core_api.read_namespaced_pod("mine", namespace).metadata.annotations[ANN] == '{"step": 3}'
+    for what, body in [("another annotation", {"metadata": {"annotations": {"other": "x"}}}),
+                       ("a label", {"metadata": {"labels": {"app": "forged"}}}),
+                       ("the progress and a label", {"metadata": {"annotations": {ANN: "{}"}, "labels": {"x": "y"}}}),
+                       ("a finalizer", {"metadata": {"finalizers": ["example.com/hold"]}})]:
+        err = patch("mine", body)
+        assert err is not None and err.status in (403, 422) and "may change only" in err.body, (what, err)
+    # the operator (an admin here) is not limited by it
+    core_api.patch_namespaced_pod("neighbour", namespace, {"metadata": {"labels": {"app": "moved"}}})
+    print("\ntrainer token: own pod's progress allowed; neighbour's pod, other annotations, labels and "
+          "finalizers refused by the admission policy")
