@@ -35,7 +35,9 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     """A fresh registry; ``kube_factory()`` returns the Kube used for writes; ``guard``: when
     lost nodes count as a disruption rather than node failures."""
     registry = kopf.OperatorRegistry()
-    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {})}
+    # api: whether our last write failed for want of the API, and when it came back. Trainers
+    # cannot write progress while the API is away, so the hang clock restarts when it returns.
+    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "api_lost": False, "api_back_at": None}
 
     def zones(cluster_nodes: kopf.Index) -> dict:
         """Node health per zone, over the whole cluster, computed at most once a second."""
@@ -76,8 +78,19 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
         try:
             checkpoint = _checkpoint(memo["checkpoints"], run, pods)
             disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
-            result = reconcile(run, pods, nodes, time.time(), checkpoint, disrupted, guard)
-            status = apply(kube(), run, result)
+            now = time.time()
+            api_back = now if memo["api_lost"] else memo["api_back_at"]
+            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_back=api_back)
+            try:
+                status = apply(kube(), run, result)
+            except Exception as exc:
+                if api_unreachable(exc) and not memo["api_lost"]:
+                    memo["api_lost"] = True
+                    log.warning("the API server is unreachable (%s); holding hang detection until it is back", exc)
+                raise
+            if memo["api_lost"]:
+                memo["api_lost"], memo["api_back_at"] = False, time.time()
+                log.info("the API server is back; every run's hang clock restarts now")
             metrics.observe_run(namespace, name, result.spec, status)
         except Exception:
             metrics.count_error(namespace, name)
@@ -121,6 +134,16 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
         value = {"tag": tag.tag, "step": tag.step, "time": tag.done_mtime, "uri": tag.uri} if tag else None
         entry = cache[key] = {"at": now, "step": tag.step if tag else None, "value": value}
     return entry["value"]
+
+
+def api_unreachable(exc: BaseException) -> bool:
+    """The API server (or its etcd) is away, as opposed to refusing this request: no HTTP
+    answer at all, or a 5xx."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+    if isinstance(exc, ApiException):
+        return exc.status == 0 or exc.status >= 500
+    return isinstance(exc, (HTTPError, ConnectionError, TimeoutError, OSError))
 
 
 def failure_events(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -61,11 +61,12 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, now: float, prev
 
 def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
               checkpoint: dict | None = None, disruption: str = "",
-              guard: DisruptionGuard = DisruptionGuard()) -> Result:
+              guard: DisruptionGuard = DisruptionGuard(), api_back: float | None = None) -> Result:
     """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None.
     ``disruption``: why the run's nodes look lost through no fault of their own (policy.disruption),
     "" when they do not; while it lasts (at most ``guard.max_hold_seconds``) lost nodes and
-    hangs are held: no quarantine, no restart."""
+    hangs are held: no quarantine, no restart. ``api_back``: when the API server came back after
+    the operator last lost it (now while it is lost): progress could not be written before."""
     res = Result()
     if run["metadata"].get("deletionTimestamp"):
         return res  # being deleted: the garbage collector removes the children; do not restart
@@ -145,9 +146,10 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         res.effects += [Effect("ensure", plan.pod(run, spec, attempt, i, excluded, _resume_point(status)))
                         for i in range(spec.nodes) if i not in have]
         return res
-    # progress could not reach us while the cluster was disrupted: the hang clock restarts when it ends
+    # progress could not reach us while the cluster was disrupted or the API away: the hang clock
+    # restarts when that ends
     last_change = max(upd.get("lastStepTime", status.get("lastStepTime")) or 0.0,
-                      status.get("disruptionEndTime") or 0.0) or None
+                      status.get("disruptionEndTime") or 0.0, api_back or 0.0) or None
     failure = find_failure(spec, gang, nodes, now=now, expected_pods=spec.nodes,
                            gang_running_since=first_run, step_seconds=status.get("stepSeconds"),
                            last_step_change=last_change)

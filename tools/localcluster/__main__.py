@@ -17,6 +17,8 @@
       pod-fail POD [--namespace NS --exit-code C --reason R]   evict POD [--namespace NS]
       hang POD [--namespace NS]             SIGSTOP every process of a process-backed pod
       kill-rank POD [RANK] [--namespace NS] SIGKILL one rank (default the pod's lowest)
+      apiserver-down SECONDS                stop kube-apiserver that long, then start it again
+      etcd-restart SECONDS                  stop etcd that long (0: a restart), then start it again
 
 Options before the command: --state-dir DIR and --base-port P (default ~/.cache/trainium-
 operator/cluster-state and 23790; TRN_CLUSTER_STATE / TRN_CLUSTER_PORT set them too), so two
@@ -42,6 +44,7 @@ NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
                "delete-node": (faults.delete_node, None)}
 POD_FAULTS = {"pod-fail": faults.pod_fail, "evict": faults.evict_pod}
 PROCESS_FAULTS = ("hang", "kill-rank")  # on the processes of process-backed pods
+CONTROL_PLANE_FAULTS = {"apiserver-down": faults.apiserver_down, "etcd-restart": faults.etcd_restart}  # TARGET: seconds
 
 
 def _core(cluster: Cluster):
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     nodes.add_argument("--processes", action="store_true", help="process-backed nodes: their pods run for real")
     for verb in ("fault", "recover"):
         f = sub.add_parser(verb)
-        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS, *PROCESS_FAULTS] if verb == "fault" else
+        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS, *PROCESS_FAULTS, *CONTROL_PLANE_FAULTS]
+                       if verb == "fault" else
                        [*(k for k, v in NODE_FAULTS.items() if v[1]), "hang"])
         f.add_argument("target")
         f.add_argument("rank", nargs="?", type=int, help="kill-rank: the global rank to kill")
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(names)} {args.type} nodes: {', '.join(names)}")
         elif args.cmd == "logs":
             return _logs(cluster, args.namespace, args.pod, args.follow)
+        elif args.cmd == "fault" and args.kind in CONTROL_PLANE_FAULTS:
+            took = CONTROL_PLANE_FAULTS[args.kind](cluster, float(args.target))
+            print(f"fault {args.kind}: {args.kind.split('-')[0]} back after {took:.1f}s")
         elif args.cmd in ("fault", "recover") and args.kind in PROCESS_FAULTS:
             if args.kind == "kill-rank":
                 rank, pid = faults.kill_rank(cluster.pods_dir, args.namespace, args.target, args.rank)

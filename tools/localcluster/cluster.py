@@ -143,6 +143,37 @@ class Cluster:
         log(f"up in {took:.1f}s: {self.server}; export KUBECONFIG={self.kubeconfig}")
         return took
 
+    def _args_of(self, name: str) -> tuple[list[str], list[str] | None]:
+        """A component's arguments and, for the pod runner, its program (as up() starts them)."""
+        args = {"etcd": self._etcd_args, "kube-apiserver": self._apiserver_args, "kube-controller-manager": self._kcm_args,
+                "kube-scheduler": self._scheduler_args, "kwok": self._kwok_args, "pod-runner": self._runner_args}[name]()
+        return args, ([sys.executable, "-m", RUNNER_MODULE] if name == "pod-runner" else None)
+
+    def stop_component(self, name: str) -> None:
+        """SIGTERM one component (SIGKILL after 10 s), as an outage of it."""
+        state = self._load_state()
+        pid = state.get("pids", {}).get(name)
+        if pid is None or not self._is_ours(pid, name, state.get("bin_dir")):
+            raise ClusterError(f"{name} is not running")
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while self._is_ours(pid, name, state.get("bin_dir")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._is_ours(pid, name, state.get("bin_dir")):
+            os.kill(pid, signal.SIGKILL)
+        log(f"stopped {name} (pid {pid})")
+
+    def start_component(self, name: str, timeout: float = 120) -> None:
+        """Start one stopped component again with its usual arguments and wait until it is ready."""
+        state = self._load_state()
+        args, program = self._args_of(name)
+        state["pids"][name] = self._spawn(name, args, program=program)
+        self._save(state)
+        if name == "etcd":
+            self._wait_http(f"http://127.0.0.1:{self.ports['etcd']}/health", timeout, "etcd")
+        elif name == "kube-apiserver":
+            self._wait_http(f"{self.server}/readyz", timeout, "kube-apiserver", token=self._token())
+
     def _prepare_state(self) -> None:
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)

@@ -18,6 +18,8 @@
 | hang_pod         | SIGSTOP of every process of a process-backed pod: Running,     | unhang_pod      |
 |                  | silent                                                         |                 |
 | kill_rank        | SIGKILL of one torchrun worker of a process-backed pod         | n/a             |
+| apiserver_down   | kube-apiserver stopped for N seconds, then started again      | (ends itself)   |
+| etcd_restart     | etcd stopped for N seconds (0: a restart), then started again | (ends itself)   |
 
 On process-backed nodes (podrunner.py) the node faults are real for processes too: NotReady,
 unreachable and deleted nodes SIGKILL every process placed on them; a partitioned node keeps them.
@@ -186,3 +188,27 @@ def kill_rank(pods_root, namespace: str, pod: str, rank: int | None = None) -> t
         raise LookupError(f"pod {namespace}/{pod} runs ranks {sorted(workers)}, not {rank}")
     os.kill(workers[rank], signal.SIGKILL)
     return rank, workers[rank]
+
+
+# -- faults of the control plane itself (the Cluster's own components) ------------------------
+
+
+def apiserver_down(cluster, seconds: float) -> float:
+    """kube-apiserver away for ``seconds``: every client (operator, trainers' progress, kubelets,
+    controllers) loses the API. Returns the seconds until it was ready again."""
+    return _component_down(cluster, "kube-apiserver", seconds)
+
+
+def etcd_restart(cluster, seconds: float = 0.0) -> float:
+    """etcd stopped for ``seconds`` (0: a plain restart) and started on the same data: the API
+    server answers errors meanwhile and its watches break."""
+    return _component_down(cluster, "etcd", seconds)
+
+
+def _component_down(cluster, name: str, seconds: float) -> float:
+    import time
+    t0 = time.monotonic()
+    cluster.stop_component(name)
+    time.sleep(seconds)
+    cluster.start_component(name)
+    return time.monotonic() - t0

@@ -277,9 +277,11 @@ class Runner:
 
     @staticmethod
     def node_up(node: dict | None) -> bool:
-        """A kubelet is alive on the node: it exists, is Ready, and is still managed (the
-        unreachable fault removes the management annotation: nobody heartbeats any more), or it
-        is only partitioned from the control plane (faults.node_partition: it lives on)."""
+        """A kubelet is alive on the node: it exists, is still managed (the unreachable fault
+        removes the management annotation: nobody heartbeats any more) and not NotReady; or it
+        is only partitioned from the control plane (faults.node_partition: it lives on). Ready
+        Unknown alone is the control plane having lost contact (an API server outage lapses
+        every lease), not a dead kubelet: the pods live on, as with a real kubelet."""
         if not node:
             return False
         ann = (node.get("metadata") or {}).get("annotations") or {}
@@ -287,7 +289,7 @@ class Runner:
             return True
         ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
                       if c.get("type") == "Ready"), None)
-        return ready == "True" and ann.get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1]
+        return ready in ("True", "Unknown") and ann.get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1]
 
     def _on_node(self, etype: str, obj) -> None:
         if etype == "SYNC":
