@@ -2,6 +2,7 @@
 
 Runs the operator against the cluster of $KUBECONFIG (or in-cluster credentials), cluster-wide
 or in the given namespaces. /metrics on --metrics-port; liveness on --liveness-port /healthz.
+Several replicas may run: one leads (a Lease, leader.py), the others stand by and take over.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import http.server
+import socket
+import threading
 import logging
 import os
 import warnings
@@ -22,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", "8080")))
     ap.add_argument("--liveness-port", type=int, default=int(os.environ.get("LIVENESS_PORT", "8081")))
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    ap.add_argument("--leader-election", choices=("on", "off"), default=os.environ.get("LEADER_ELECTION", "on"),
+                    help="on: only the holder of the Lease acts; off: this process acts alone (one replica only)")
+    ap.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                    help="namespace of the Lease (default: this pod's, else default)")
+    ap.add_argument("--leader-election-identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
+                    help="this candidate's name (default: the pod name; a restarted container leads again at once)")
     from .crd import field_docs
     from .policy import DisruptionGuard
     docs = field_docs(DisruptionGuard)
@@ -62,10 +72,63 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    asyncio.run(kopf.operator(registry=registry, clusterwide=not args.namespace, namespaces=args.namespace,
-                              liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
-                              standalone=True))
+    if args.liveness_port:
+        serve_liveness(args.liveness_port)
+
+    def operate(stop_flag: asyncio.Event | None = None):
+        return kopf.operator(registry=registry, clusterwide=not args.namespace, namespaces=args.namespace,
+                             standalone=True, stop_flag=stop_flag)
+
+    if args.leader_election == "off":
+        asyncio.run(operate())
+        return 0
+    from .leader import Elector, LeaderConfig
+    kube_factory()  # loads the credentials the elector's client uses
+    elector = Elector(client.CoordinationV1Api(), LeaderConfig(namespace=args.leader_election_namespace,
+                                                               identity=args.leader_election_identity))
+    log = logging.getLogger("trainium_operator")
+    while elector.wait_until_leader():
+        stepped_down, done = threading.Event(), threading.Event()
+
+        async def lead() -> None:
+            # kopf stops on SIGTERM/SIGINT by itself, or when we lose the lease (this flag);
+            # an asyncio flag, so that a signal leaves no thread blocked waiting on it
+            flag, loop = asyncio.Event(), asyncio.get_running_loop()
+
+            def renew() -> None:
+                elector.keep_leading(stopping=done.is_set)
+                if not done.is_set():
+                    stepped_down.set()
+                    loop.call_soon_threadsafe(flag.set)
+            threading.Thread(target=renew, name="lease", daemon=True).start()
+            log.info("leading (lease %s/%s as %s)", args.leader_election_namespace, elector.cfg.name,
+                     elector.cfg.identity)
+            try:
+                await operate(flag)
+            finally:
+                done.set()
+
+        asyncio.run(lead())
+        if not stepped_down.is_set():  # stopped by SIGTERM/SIGINT: shut down and let a standby lead
+            elector.release()
+            return 0
+        log.warning("stepped down; standing by again")
     return 0
+
+
+def serve_liveness(port: int) -> None:
+    """/healthz: 200 while this process runs, leading or standing by (a standby is healthy)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            ok = self.path.split("?")[0] == "/healthz"
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b"ok\n" if ok else b"")
+
+        def log_message(self, *_):  # probes every few seconds: not worth a log line
+            pass
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=server.serve_forever, name="liveness", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""Leader election on a coordination.k8s.io Lease: one active operator, the others on standby.
+
+Kubernetes' own controllers do it this way (client-go's leaderelection: a Lease with a holder,
+a duration and a renew time), and so do operators built on controller-runtime. kopf's peering
+was the alternative; it pauses every operator of equal priority, which two replicas of one
+Deployment are, and it needs extra CRDs. The operator keeps all state in each run's status, so
+whoever leads continues where the last leader stopped.
+
+- A candidate takes the Lease when it is free, expired (renewTime + duration in the past), or
+  already its own (a restarted container of the same pod leads again at once).
+- The leader renews every ``renew_seconds``; if it cannot renew within ``duration_seconds`` it
+  stops leading (the process exits and is restarted), so two leaders never act at once for
+  longer than the clock skew between them.
+- On a clean shutdown the leader gives the Lease up, so a standby takes over at once (helm
+  upgrade, node drain); after a crash it takes over when the Lease expires.
+Every write carries the Lease's resourceVersion, so two candidates never both win.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+log = logging.getLogger("trainium_operator.leader")
+
+
+@dataclass(frozen=True)
+class LeaderConfig:
+    namespace: str
+    name: str = "trainium-operator"
+    identity: str = ""
+    duration_seconds: float = 15.0
+    """A Lease not renewed for this long is free for another candidate (client-go's default)."""
+    renew_seconds: float = 5.0
+    retry_seconds: float = 2.0
+    """How often a standby tries to take the Lease."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Elector:
+    def __init__(self, coordination, cfg: LeaderConfig):
+        self.api, self.cfg = coordination, cfg
+
+    def _body(self, version: str | None, transitions: int, acquired: datetime | None) -> dict:
+        now = _now()
+        body = {"metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
+                "spec": {"holderIdentity": self.cfg.identity, "leaseDurationSeconds": int(self.cfg.duration_seconds),
+                         "acquireTime": (acquired or now).isoformat(), "renewTime": now.isoformat(),
+                         "leaseTransitions": transitions}}
+        if version:
+            body["metadata"]["resourceVersion"] = version
+        return body
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when we hold the Lease afterwards."""
+        from kubernetes.client.exceptions import ApiException
+        try:
+            lease = self.api.read_namespaced_lease(self.cfg.name, self.cfg.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            try:
+                self.api.create_namespaced_lease(self.cfg.namespace, self._body(None, 0, None))
+                return True
+            except ApiException as exc2:
+                if exc2.status == 409:
+                    return False  # another candidate created it first
+                raise
+        spec = lease.spec
+        mine = spec.holder_identity == self.cfg.identity
+        renewed = spec.renew_time or spec.acquire_time
+        expired = (not spec.holder_identity or renewed is None or
+                   renewed + timedelta(seconds=spec.lease_duration_seconds or self.cfg.duration_seconds) < _now())
+        if not (mine or expired):
+            return False
+        transitions = (spec.lease_transitions or 0) + (0 if mine else 1)
+        body = self._body(lease.metadata.resource_version, transitions, spec.acquire_time if mine else None)
+        try:
+            self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False  # someone else wrote it meanwhile
+            raise
+        if not mine:
+            log.info("took the lease %s/%s (previous holder %r)", self.cfg.namespace, self.cfg.name,
+                     spec.holder_identity)
+        return True
+
+    def release(self) -> None:
+        """Give the Lease up (clean shutdown): a standby leads at its next try."""
+        from kubernetes.client.exceptions import ApiException
+        try:
+            lease = self.api.read_namespaced_lease(self.cfg.name, self.cfg.namespace)
+            if lease.spec.holder_identity != self.cfg.identity:
+                return
+            body = self._body(lease.metadata.resource_version, lease.spec.lease_transitions or 0, None)
+            body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+            self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body)
+            log.info("gave up the lease %s/%s", self.cfg.namespace, self.cfg.name)
+        except Exception as exc:  # best effort: it expires anyway
+            log.warning("could not give up the lease: %s", exc)
+
+    def wait_until_leader(self, stopping=lambda: False) -> bool:
+        """Block until we lead (True), or until ``stopping()`` (False)."""
+        announced = False
+        while not stopping():
+            try:
+                if self.try_acquire_or_renew():
+                    return True
+            except Exception as exc:  # the API may be away: keep trying
+                log.warning("leader election: %s", exc)
+            if not announced:
+                log.info("standing by: another operator holds the lease %s/%s", self.cfg.namespace, self.cfg.name)
+                announced = True
+            time.sleep(self.cfg.retry_seconds)
+        return False
+
+    def keep_leading(self, stopping=lambda: False) -> None:
+        """Renew until we cannot within the lease duration (returns: stop leading) or ``stopping()``."""
+        last_ok = time.monotonic()
+        while not stopping():
+            time.sleep(self.cfg.renew_seconds)
+            try:
+                if self.try_acquire_or_renew():
+                    last_ok = time.monotonic()
+                    continue
+                log.error("lost the lease %s/%s to another operator", self.cfg.namespace, self.cfg.name)
+                return
+            except Exception as exc:
+                log.warning("could not renew the lease: %s", exc)
+            if time.monotonic() - last_ok > self.cfg.duration_seconds - self.cfg.retry_seconds:
+                log.error("could not renew the lease for %.0fs: stepping down", time.monotonic() - last_ok)
+                return
