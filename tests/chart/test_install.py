@@ -80,7 +80,7 @@ def test_helm_install_creates_crd_deployment_and_rbac(local_cluster, monitoring_
         from kubernetes import client
         apps = client.AppsV1Api(local_cluster.api_client())
         dep = apps.read_namespaced_deployment("inst-trainium-operator", namespace)
-        assert dep.spec.strategy.type == "Recreate"
+        assert dep.spec.strategy.type == "RollingUpdate" and dep.spec.replicas == 2
         assert dep.spec.template.spec.containers[0].security_context.read_only_root_filesystem is True
         rbac = client.RbacAuthorizationV1Api(local_cluster.api_client())
         for name in ("inst-trainium-operator", "inst-trainium-operator-cluster"):
@@ -92,6 +92,8 @@ def test_helm_install_creates_crd_deployment_and_rbac(local_cluster, monitoring_
         sa = f"system:serviceaccount:{namespace}:inst-trainium-operator"
         assert can_i(local_cluster, sa, "create", "pods", "-n", "default")  # cluster-wide by default
         assert can_i(local_cluster, sa, "patch", "nodes")
+        assert can_i(local_cluster, sa, "update", "leases.coordination.k8s.io", "-n", namespace)  # leader election
+        assert not can_i(local_cluster, sa, "update", "leases.coordination.k8s.io", "-n", "default")
         assert can_i(local_cluster, sa, "patch", "trainingruns.trainium.dev", "--subresource=status", "-A")
         for verb, what in (("delete", "nodes"), ("get", "secrets"), ("update", "pods"), ("create", "clusterroles"),
                            ("delete", "trainingruns.trainium.dev"), ("create", "deployments.apps")):

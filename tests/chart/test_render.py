@@ -64,7 +64,11 @@ def test_default_render_has_the_operator_and_nothing_optional():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-                     "Service", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+                     "Role", "RoleBinding", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]
+    lease_role = one(docs, "Role", "t-trainium-operator-leader-election")
+    assert lease_role["metadata"]["namespace"] == "trainium-system"
+    assert flatten(lease_role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
 
 
 def test_chart_trainer_policy_is_the_generated_policy():
@@ -73,6 +77,7 @@ def test_chart_trainer_policy_is_the_generated_policy():
         "python -m trainium_operator.admission --write"
     docs = render()
     assert [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")] == admission.trainer_policy()
+    assert not [d for d in render({"trainerPolicy": False}) if d["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
 def test_rbac_is_least_privilege_and_has_no_wildcards():
@@ -93,7 +98,7 @@ def test_rbac_is_least_privilege_and_has_no_wildcards():
 
 def test_trainer_role_is_exactly_what_the_operator_creates():
     docs = render({"trainer.namespaces": ["ml", "research"]})
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "trainium-trainer"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml", "research"]
     made_by_operator = {o["kind"]: o for o in plan.trainer_rbac("ml")}
     chart = {d["kind"]: d for d in docs if d["metadata"].get("namespace") == "ml"}
@@ -113,7 +118,7 @@ def test_watch_namespaces_binds_namespaced_rights_only_there():
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ml" in args and "--namespace=research" in args
     assert [b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == ["t-trainium-operator-cluster"]
-    bindings = by_kind(docs, "RoleBinding")
+    bindings = [b for b in by_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "research"]
     assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                 "name": "t-trainium-operator"} for b in bindings)
@@ -122,7 +127,10 @@ def test_watch_namespaces_binds_namespaced_rights_only_there():
 def test_deployment_is_hardened_and_probed():
     dep = one(render({"logLevel": "DEBUG", "metricsPort": 9090}), "Deployment")
     spec = dep["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # the new replica stands by first
+    pod_env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}
+    assert pod_env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # the election identity
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "t-trainium-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
