@@ -212,7 +212,9 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
     op_log = tmp_path / "operator.log"
     operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--namespace", namespace,
                                  "--metrics-port", str(port), "--liveness-port", str(port + 1)],
-                                env=dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1"),
+                                # in the release namespace, as in its pod: the chart grants leases there
+                                env=dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1",
+                                         POD_NAMESPACE=namespace),
                                 stdout=open(op_log, "wb"), stderr=subprocess.STDOUT)
     custom = client.CustomObjectsApi(local_cluster.api_client())
     name, broken, prom = "watched", None, None
