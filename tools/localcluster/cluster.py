@@ -155,13 +155,7 @@ class Cluster:
         pid = state.get("pids", {}).get(name)
         if pid is None or not self._is_ours(pid, name, state.get("bin_dir")):
             raise ClusterError(f"{name} is not running")
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while self._is_ours(pid, name, state.get("bin_dir")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self._is_ours(pid, name, state.get("bin_dir")):
-            os.kill(pid, signal.SIGKILL)
-        log(f"stopped {name} (pid {pid})")
+        self._terminate(pid, name, state.get("bin_dir"))
 
     def start_component(self, name: str, timeout: float = 120) -> None:
         """Start one stopped component again with its usual arguments and wait until it is ready."""
@@ -336,20 +330,22 @@ class Cluster:
         st = self.status()
         return bool(st) and set(st) == set(COMPONENTS) and all(v == "running" for v in st.values())
 
+    def _terminate(self, pid: int, name: str, bin_dir: str | None) -> None:
+        """SIGTERM, up to 10 s to exit, then SIGKILL."""
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while self._is_ours(pid, name, bin_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._is_ours(pid, name, bin_dir):
+            os.kill(pid, signal.SIGKILL)
+        log(f"stopped {name} (pid {pid})")
+
     def down(self, keep_state: bool = False) -> None:
         state = self._load_state()
         pids = state.get("pids", {})
         for name in reversed(list(pids)):  # kwok and controllers first, etcd last
-            pid = pids[name]
-            if not self._is_ours(pid, name, state.get("bin_dir")):
-                continue
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while self._is_ours(pid, name, state.get("bin_dir")) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self._is_ours(pid, name, state.get("bin_dir")):
-                os.kill(pid, signal.SIGKILL)
-            log(f"stopped {name} (pid {pid})")
+            if self._is_ours(pids[name], name, state.get("bin_dir")):
+                self._terminate(pids[name], name, state.get("bin_dir"))
         if not keep_state and self.state_dir.exists():
             shutil.rmtree(self.state_dir)
 
