@@ -21,12 +21,13 @@ import yaml
 
 from trainer.progress import ANNOTATION
 
+from .plan import MANAGED_BY
 from .spec import DEFAULT_TRAINER_SA
 
 POLICY = "trainium-trainer-own-pod-progress"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 CHART_COPY = "charts/trainium-operator/templates/trainer-policy.yaml"
-LABELS = {"app.kubernetes.io/managed-by": "trainium-operator", "app.kubernetes.io/part-of": "trainium-operator"}
+LABELS = {**MANAGED_BY, "app.kubernetes.io/part-of": "trainium-operator"}
 
 
 def _same_map(field: str, skip: str = "") -> str:
