@@ -6,7 +6,7 @@
 the CPU with ``xla`` and PJRT_DEVICE=CPU): ours through the backend's layer factory and the
 device-side optimizer step the Neuron backend trains with, each step one graph, timed to
 completion. The figure to compare a Trainium node with is NxD's published Llama 2 7B
-throughput (NEURON.md): about 24,000 tokens/s per trn1.32xlarge node (32 NeuronCores, TP 8,
+throughput (docs/neuron.md): about 24,000 tokens/s per trn1.32xlarge node (32 NeuronCores, TP 8,
 sequence 4096), printed under the table; a one-core run of these sizes is not that figure.
 
 Both sides train the same shapes on the same random tokens: forward, backward, AdamW with
@@ -36,7 +36,7 @@ SIZES = {
 
 
 LAZY = ("xla", "neuron")
-# NEURON.md, "Throughput anchors": Llama 2 7B, 16 x trn1.32xlarge, TP 8 DP 64, seq 4096, GBS 1024.
+# docs/neuron.md, "Throughput anchors": Llama 2 7B, 16 x trn1.32xlarge, TP 8 DP 64, seq 4096, GBS 1024.
 NXD_LLAMA2_7B_TOKENS_PER_NODE = 24_000
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint store contract (ARCHITECTURE 3.3): listing, selection and retention. No torch.
+"""Checkpoint store contract (docs/architecture.md 3.3): listing, selection and retention. No torch.
 
     <root>/<tag>/checkpoint        begin marker, written first
     <root>/<tag>/model/...pt       shards (dp_rank_00_tp_rank_TT_pp_rank_PP.pt)

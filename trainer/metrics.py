@@ -6,7 +6,7 @@ from .config import ModelConfig
 
 # Dense BF16 peak FLOP/s per device a rank drives (one rank per NeuronCore / GPU).
 PEAK_FLOPS = {
-    "neuron-trn1": 95e12,   # trn1.32xlarge: 3,040 TFLOPS over 32 NeuronCores (NEURON.md)
+    "neuron-trn1": 95e12,   # trn1.32xlarge: 3,040 TFLOPS over 32 NeuronCores (docs/neuron.md)
     "neuron-trn2": 83.4e12,  # trn2: about 667 TFLOPS dense BF16 per chip of 8 NeuronCores
     "cuda-H100": 989e12,
     "cuda-H200": 989e12,

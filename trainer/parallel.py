@@ -1,7 +1,7 @@
 """The backend seam: device choice, process groups, and tensor/sequence-parallel layers.
 
 Everything device- or backend-specific lives here. The PyTorch backend uses gloo on CPU and
-NCCL on CUDA. The Neuron backend (torch-neuronx + NxD, see NEURON.md) plugs in at
+NCCL on CUDA. The Neuron backend (torch-neuronx + NxD, see docs/neuron.md) plugs in at
 :func:`pick_backend`; its layers are NxD's own, whose parameter names and shard layouts these
 layers reproduce, so checkpoints interchange.
 

@@ -1,4 +1,4 @@
-"""The progress annotation (ARCHITECTURE 3.2): how the operator learns step, speed and hangs.
+"""The progress annotation (docs/architecture.md 3.2): how the operator learns step, speed and hangs.
 
 Local rank 0 of every pod patches its own pod's annotation ``trainium.dev/progress`` with
 ``{"step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity"}``

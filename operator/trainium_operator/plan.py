@@ -1,6 +1,6 @@
 """Desired children of a TrainingRun: headless Service, ConfigMap, one Pod per node. Pure.
 
-The pod contract (ARCHITECTURE 3.2): pod i of attempt a is ``<run>-a<a>-<i>``, reachable as
+The pod contract (docs/architecture.md 3.2): pod i of attempt a is ``<run>-a<a>-<i>``, reachable as
 ``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.launch`` (torchrun
 with the exit-code contract) with ``processesPerNode`` ranks; the rendered trainer config is
 mounted from the ConfigMap; restarts are the operator's job (restartPolicy Never).
@@ -26,7 +26,7 @@ MASTER_PORT = 29500
 CONFIG_MOUNT = CONTRACT_MOUNTS[0]
 METRICS_PORT = 9400
 
-NEURON_ENV = {  # NEURON.md, "Running on EKS"
+NEURON_ENV = {  # docs/neuron.md, "Running on EKS"
     "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
     "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3", "NEURON_FUSE_SOFTMAX": "1", "MALLOC_ARENA_MAX": "64",
     "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1",

@@ -30,7 +30,7 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
 }
 
 DEFAULT_TRAINER_SA = "trainium-trainer"
-# The pod contract's variables (ARCHITECTURE 3.2; plan.pod sets them): spec.env may not override them.
+# The pod contract's variables (docs/architecture.md 3.2; plan.pod sets them): spec.env may not override them.
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "ATTEMPT",
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE")
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts

@@ -1,4 +1,4 @@
-"""The real trainer, as processes under torchrun on CPU (tier `trainer` in ARCHITECTURE 6)."""
+"""The real trainer, as processes under torchrun on CPU (tier `trainer` in docs/architecture.md 6)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ def test_mfu_formula_llama2_7b():
     m = from_dict({"model": {"preset": "llama2-7b"}, "data": {"sources": ["x"], "tokenizer": "t"}}).model
     n = m.num_params() - 32000 * 4096
     assert flops_per_token(m, 4096) == 6 * n + 12 * 32 * 32 * 128 * 4096
-    # NEURON.md anchor: ~24k tokens/s per trn1.32xlarge node (32 cores) is about 37% MFU.
+    # docs/neuron.md anchor: ~24k tokens/s per trn1.32xlarge node (32 cores) is about 37% MFU.
     util = mfu(24_000 * 16, m, 4096, 16 * 32, 95e12)
     assert 0.33 < util < 0.41
     assert mfu(1.0, m, 4096, 1, None) is None
