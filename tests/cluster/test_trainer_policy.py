@@ -13,7 +13,8 @@ import pytest
 from trainium_operator import admission, plan
 from trainium_operator.reconcile import reconcile
 
-pytestmark = pytest.mark.cluster
+# the trainer's client, like every client of the local control plane, skips TLS verification
+pytestmark = [pytest.mark.cluster, pytest.mark.filterwarnings("ignore:Unverified HTTPS request")]
 ANN = "trainium.dev/progress"
 
 
