@@ -125,8 +125,8 @@ def serve_liveness(port: int) -> None:
             self.end_headers()
             self.wfile.write(b"ok\n" if ok else b"")
 
-        def log_message(self, *_):  # probes every few seconds: not worth a log line
-            pass
+        def log_message(self, *_):
+            """Probes come every few seconds: not worth a log line."""
     server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
     threading.Thread(target=server.serve_forever, name="liveness", daemon=True).start()
 

@@ -3,11 +3,16 @@
 Kubernetes' own controllers do it this way (client-go's leaderelection: a Lease with a holder,
 a duration and a renew time), and so do operators built on controller-runtime. kopf's peering
 was the alternative; it pauses every operator of equal priority, which two replicas of one
-Deployment are, and it needs extra CRDs. The operator keeps all state in each run's status, so
-whoever leads continues where the last leader stopped.
+Deployment are, and it needs extra CRDs. The Python client's own ``kubernetes.leaderelection``
+never gives the Lease up (a rolling upgrade would wait a whole lease duration) and runs its
+loop in the calling thread with the work in another, where kopf needs the main thread for its
+signal handling. The operator keeps all state in each run's status, so whoever leads
+continues where the last leader stopped.
 
-- A candidate takes the Lease when it is free, expired (renewTime + duration in the past), or
-  already its own (a restarted container of the same pod leads again at once).
+- A candidate takes the Lease when it is free, expired, or already its own (a restarted
+  container of the same pod leads again at once). Expired is judged as client-go does, on the
+  candidate's own clock: the holder's record has not changed for the lease duration since this
+  candidate first saw it, so clocks that disagree between machines cannot hand it over early.
 - The leader renews every ``renew_seconds``; if it cannot renew within ``duration_seconds`` it
   stops leading (the process exits and is restarted), so two leaders never act at once for
   longer than the clock skew between them.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 log = logging.getLogger("trainium_operator.leader")
 
@@ -43,8 +48,10 @@ def _now() -> datetime:
 
 
 class Elector:
-    def __init__(self, coordination, cfg: LeaderConfig):
-        self.api, self.cfg = coordination, cfg
+    def __init__(self, coordination, cfg: LeaderConfig, clock=time.monotonic):
+        self.api, self.cfg, self.clock = coordination, cfg, clock
+        self._seen: tuple | None = None  # (holder, renewTime) of the record last read
+        self._seen_at = 0.0  # our clock when that record was first read
 
     def _body(self, version: str | None, transitions: int, acquired: datetime | None) -> dict:
         now = _now()
@@ -73,9 +80,11 @@ class Elector:
                 raise
         spec = lease.spec
         mine = spec.holder_identity == self.cfg.identity
-        renewed = spec.renew_time or spec.acquire_time
-        expired = (not spec.holder_identity or renewed is None or
-                   renewed + timedelta(seconds=spec.lease_duration_seconds or self.cfg.duration_seconds) < _now())
+        record = (spec.holder_identity, spec.renew_time)
+        if record != self._seen:
+            self._seen, self._seen_at = record, self.clock()
+        duration = spec.lease_duration_seconds or self.cfg.duration_seconds
+        expired = not spec.holder_identity or self.clock() - self._seen_at > duration
         if not (mine or expired):
             return False
         transitions = (spec.lease_transitions or 0) + (0 if mine else 1)
