@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import math
+import os
 import re
 import signal
 import subprocess
@@ -182,7 +183,6 @@ def _pump(src, dst, segments: Segments, tracker: Tracker) -> None:
 
 
 def _read(fd: int) -> bytes:
-    import os
     try:
         return os.read(fd, 1 << 16)
     except OSError:

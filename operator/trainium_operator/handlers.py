@@ -128,8 +128,7 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
             log.warning("cannot list checkpoints in %s: %s", uri, exc)
             # and do not ask again before the next refresh: a store that times out must not
             # hold a reconcile worker every second
-            entry = cache[key] = {"at": now, "step": entry["step"] if entry else None,
-                                  "value": entry["value"] if entry else None}
+            entry = cache[key] = {"step": None, "value": None, **(entry or {}), "at": now}
             return entry["value"]
         value = {"tag": tag.tag, "step": tag.step, "time": tag.done_mtime, "uri": tag.uri} if tag else None
         entry = cache[key] = {"at": now, "step": tag.step if tag else None, "value": value}
@@ -143,7 +142,7 @@ def api_unreachable(exc: BaseException) -> bool:
     from urllib3.exceptions import HTTPError
     if isinstance(exc, ApiException):
         return exc.status == 0 or exc.status >= 500
-    return isinstance(exc, (HTTPError, ConnectionError, TimeoutError, OSError))
+    return isinstance(exc, (HTTPError, OSError))  # OSError covers refused connections and timeouts
 
 
 def failure_events(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -31,13 +31,14 @@ def crd(local_cluster):
     return res
 
 
-def start_operator(local_cluster, log_path: Path) -> subprocess.Popen:
+def start_operator(local_cluster, log_path: Path, *args: str, port_offset: int = 300) -> subprocess.Popen:
+    """``python -m trainium_operator`` with its own metrics and liveness ports, plus ``args``."""
     from localcluster.cluster import free_base_port
-    port = free_base_port(start=local_cluster.base_port + 300, span=2)
+    port = free_base_port(start=local_cluster.base_port + port_offset, span=2)
     env = dict(os.environ, KUBECONFIG=str(local_cluster.kubeconfig), PYTHONUNBUFFERED="1")
     log = open(log_path, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", str(port),
-                             "--liveness-port", str(port + 1)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--liveness-port", str(port + 1), *args], env=env, stdout=log, stderr=subprocess.STDOUT)
     proc.metrics_port = port  # type: ignore[attr-defined]
     return proc
 

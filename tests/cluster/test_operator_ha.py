@@ -6,10 +6,8 @@ standby takes over within seconds and the gang is not restarted."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -18,7 +16,7 @@ from localcluster import faults
 from tests.conftest import wait_until
 
 from .test_operator import crd, custom  # noqa: F401  (fixtures)
-from .test_operator import create, gang, manifest, report, status, wait_running_gang
+from .test_operator import create, gang, manifest, report, start_operator, status, wait_running_gang
 
 pytestmark = pytest.mark.cluster
 LEASE = "trainium-operator"
@@ -28,13 +26,9 @@ _SLOTS = iter(range(100))
 
 
 def start(local_cluster, namespace: str, identity: str, log_path) -> subprocess.Popen:
-    from localcluster.cluster import free_base_port
-    port = free_base_port(start=local_cluster.base_port + 500 + 10 * next(_SLOTS), span=2)  # each its own ports
-    env = dict(os.environ, KUBECONFIG=str(local_cluster.kubeconfig), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", str(port),
-                             "--liveness-port", str(port + 1), "--namespace", namespace,
-                             "--leader-election-namespace", namespace, "--leader-election-identity", identity],
-                            env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+    return start_operator(local_cluster, log_path, "--namespace", namespace, "--leader-election-namespace",
+                          namespace, "--leader-election-identity", identity,
+                          port_offset=500 + 10 * next(_SLOTS))  # started together: each its own ports
 
 
 def holder(coordination, namespace: str) -> str:
