@@ -35,9 +35,10 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     """A fresh registry; ``kube_factory()`` returns the Kube used for writes; ``guard``: when
     lost nodes count as a disruption rather than node failures."""
     registry = kopf.OperatorRegistry()
-    # api: whether our last write failed for want of the API, and when it came back. Trainers
-    # cannot write progress while the API is away, so the hang clock restarts when it returns.
-    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "api_lost": False, "api_back_at": None}
+    # api_outage: (when our writes began to fail for want of the API, when it answered again;
+    # None while it is away). Trainers cannot write progress and kubelets cannot renew their
+    # leases meanwhile: reconcile restarts the hang clock and holds the nodes it made look lost.
+    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "api_outage": None}
 
     def zones(cluster_nodes: kopf.Index) -> dict:
         """Node health per zone, over the whole cluster, computed at most once a second."""
@@ -79,17 +80,18 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
             checkpoint = _checkpoint(memo["checkpoints"], run, pods)
             disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
             now = time.time()
-            api_back = now if memo["api_lost"] else memo["api_back_at"]
-            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_back=api_back)
+            outage = memo["api_outage"]
+            outage = (outage[0], outage[1] or now) if outage else None
+            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=outage)
             try:
                 status = apply(kube(), run, result)
             except Exception as exc:
-                if api_unreachable(exc) and not memo["api_lost"]:
-                    memo["api_lost"] = True
+                if api_unreachable(exc) and not (memo["api_outage"] and memo["api_outage"][1] is None):
+                    memo["api_outage"] = (time.time(), None)
                     log.warning("the API server is unreachable (%s); holding hang detection until it is back", exc)
                 raise
-            if memo["api_lost"]:
-                memo["api_lost"], memo["api_back_at"] = False, time.time()
+            if memo["api_outage"] and memo["api_outage"][1] is None:
+                memo["api_outage"] = (memo["api_outage"][0], time.time())
                 log.info("the API server is back; every run's hang clock restarts now")
             metrics.observe_run(namespace, name, result.spec, status)
         except Exception:

@@ -35,12 +35,17 @@ class DisruptionGuard:
     nodes of one disruption go Unknown within about one heartbeat interval of each other, and
     acting on the first would quarantine it and restart before the disruption shows. A node
     whose kubelet reports NotReady is acted on at once."""
+    outage_grace_seconds: float = 60.0
+    """After the operator lost the API server, a node that goes Unknown up to this long after the
+    API is back is the outage's: its kubelet could not renew its lease meanwhile, and the node
+    controller marks it only after its own grace period (40-50 s by default). Held, at most
+    max_hold_seconds, until it is Ready again."""
 
     def validate(self) -> None:
         if not 0 < self.threshold <= 1:
             raise ValueError(f"disruption threshold must be in (0, 1], got {self.threshold}")
-        if self.min_nodes < 1 or self.max_hold_seconds < 0 or self.settle_seconds < 0:
-            raise ValueError("disruption min nodes must be at least 1, max hold and settle seconds not negative")
+        if self.min_nodes < 1 or min(self.max_hold_seconds, self.settle_seconds, self.outage_grace_seconds) < 0:
+            raise ValueError("disruption min nodes must be at least 1, and its seconds not negative")
 
 
 # Failures a disruption can fake: a node that looks lost, a gang whose progress cannot reach us.

@@ -61,12 +61,14 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, now: float, prev
 
 def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
               checkpoint: dict | None = None, disruption: str = "",
-              guard: DisruptionGuard = DisruptionGuard(), api_back: float | None = None) -> Result:
+              guard: DisruptionGuard = DisruptionGuard(),
+              api_outage: tuple[float, float] | None = None) -> Result:
     """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None.
     ``disruption``: why the run's nodes look lost through no fault of their own (policy.disruption),
     "" when they do not; while it lasts (at most ``guard.max_hold_seconds``) lost nodes and
-    hangs are held: no quarantine, no restart. ``api_back``: when the API server came back after
-    the operator last lost it (now while it is lost): progress could not be written before."""
+    hangs are held: no quarantine, no restart. ``api_outage``: (lost, back) of the operator's last
+    loss of the API server (back = now while it lasts): progress could not be written before
+    it came back, and leases could not be renewed, so nodes that went Unknown around it are held."""
     res = Result()
     if run["metadata"].get("deletionTimestamp"):
         return res  # being deleted: the garbage collector removes the children; do not restart
@@ -149,11 +151,11 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     # progress could not reach us while the cluster was disrupted or the API away: the hang clock
     # restarts when that ends
     last_change = max(upd.get("lastStepTime", status.get("lastStepTime")) or 0.0,
-                      status.get("disruptionEndTime") or 0.0, api_back or 0.0) or None
+                      status.get("disruptionEndTime") or 0.0, api_outage[1] if api_outage else 0.0) or None
     failure = find_failure(spec, gang, nodes, now=now, expected_pods=spec.nodes,
                            gang_running_since=first_run, step_seconds=status.get("stepSeconds"),
                            last_step_change=last_change)
-    failure = _hold_during_disruption(res, status, failure, disruption, guard, nodes, now)
+    failure = _hold_during_disruption(res, status, failure, disruption, guard, nodes, now, api_outage)
     if failure:
         return _on_failure(res, run, spec, status, failure, current, gang, now, checkpoint)
     if gang.succeeded == spec.nodes:
@@ -196,13 +198,20 @@ def _set_condition(res: Result, status: dict, ctype: str, ok: bool, reason: str,
 
 
 def _hold_during_disruption(res: Result, status: dict, failure: Failure | None, disruption: str,
-                            guard: DisruptionGuard, nodes: dict[str, NodeView], now: float) -> Failure | None:
+                            guard: DisruptionGuard, nodes: dict[str, NodeView], now: float,
+                            api_outage: tuple[float, float] | None) -> Failure | None:
     """The failure to act on: None while a disruption holds it (a lost node or a hang, for at
-    most guard.max_hold_seconds), or while a node that went Unknown may still turn out to be
-    the first of a disruption (guard.settle_seconds); records when a disruption began and ended."""
+    most guard.max_hold_seconds), while a node that went Unknown may still turn out to be the
+    first of a disruption (guard.settle_seconds), or while a node is Unknown because its lease
+    lapsed during an API server outage (it went Unknown from the outage's start to
+    guard.outage_grace_seconds after its end); records when a disruption began and ended."""
     lost = nodes.get(failure.node) if failure and failure.cause == "node" else None
-    if lost is not None and lost.ready == "Unknown" and failure.since and now - failure.since < guard.settle_seconds:
-        failure = None
+    if lost is not None and lost.ready == "Unknown" and failure.since:
+        settling = now - failure.since < guard.settle_seconds
+        outage = (api_outage is not None and api_outage[0] <= failure.since <= api_outage[1] + guard.outage_grace_seconds
+                  and now - failure.since < guard.max_hold_seconds)
+        if settling or outage:
+            failure = None
     held = status.get("disruption")
     if held and not disruption:
         # nodes come back one by one: the disruption lasts until every node it took is back

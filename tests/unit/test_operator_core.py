@@ -374,3 +374,26 @@ def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready
     r = reconcile(run, pods, nodes("Unknown"), now=106.0, guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
     assert reconcile(run, pods, nodes("False"), now=100.0, guard=guard).status["phase"] == "Restarting"
+
+
+def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later():
+    from trainium_operator.policy import DisruptionGuard
+    guard = DisruptionGuard(settle_seconds=10, outage_grace_seconds=60, max_hold_seconds=900)
+    run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 299.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+    pods = [_pod(i, step=5) for i in range(4)]
+
+    def nodes(unknown_since):
+        out = {f"n{i}": _node(f"n{i}") for i in range(4)}
+        out["n0"] = node_view({"metadata": {"name": "n0"}, "status": {"conditions": [
+            {"type": "Ready", "status": "Unknown", "lastTransitionTime": unknown_since}]}})
+        return out
+    outage = (200.0, 230.0)  # API lost at 200, back at 230
+    # its lease lapsed during the outage: Unknown at 270, long past settling, still held
+    assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard, api_outage=outage).status.get("phase") is None
+    # lost well after the outage: a node failure of its own
+    r = reconcile(run, pods, nodes(295.0 + 60), now=400.0, guard=guard, api_outage=outage)
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
+    # without an outage the same node is acted on once it has settled
+    assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard).status["phase"] == "Restarting"
