@@ -149,9 +149,10 @@ class Checkpointer:
 
     def _files(self, meta: dict) -> list[str]:
         lay = meta["layout"]
-        files = [f"model/{ckpt_store.shard_name(0, t)}" for t in range(lay["tensor"])]
+        tps, pps = range(lay["tensor"]), range(lay.get("pipeline", 1))
+        files = [f"model/{ckpt_store.shard_name(0, t, p)}" for p in pps for t in tps]
         dps = range(lay["data"]) if lay["zero1"] else [0]
-        files += [f"optim/{ckpt_store.shard_name(d, t)}" for d in dps for t in range(lay["tensor"])]
+        files += [f"optim/{ckpt_store.shard_name(d, t, p)}" for p in pps for d in dps for t in tps]
         return files + ["scheduler.pt", "user_content.pt", ckpt_store.META]
 
     def _barrier_ok(self, ok: bool) -> bool:
@@ -180,11 +181,11 @@ class Checkpointer:
         if ok:
             try:
                 if ps.dp_rank == 0:
-                    _write_torch(self.fs, f"{tag_dir}/model/{ckpt_store.shard_name(0, ps.tp_rank)}",
+                    _write_torch(self.fs, f"{tag_dir}/model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}",
                                  snapshot["model"])
                 if ps.dp_rank == 0 or snapshot["optim"].get("zero1"):
-                    _write_torch(self.fs, f"{tag_dir}/optim/{ckpt_store.shard_name(ps.dp_rank, ps.tp_rank)}",
-                                 snapshot["optim"])
+                    name = ckpt_store.shard_name(ps.dp_rank, ps.tp_rank, ps.pp_rank)
+                    _write_torch(self.fs, f"{tag_dir}/optim/{name}", snapshot["optim"])
                 if ps.rank == 0:
                     _write_torch(self.fs, f"{tag_dir}/scheduler.pt", scheduler_state)
                     _write_torch(self.fs, f"{tag_dir}/user_content.pt", user_content)
@@ -233,9 +234,11 @@ class Checkpointer:
         return choice
 
     @staticmethod
-    def read_model_shard(tag_uri: str, model, tp: int, tp_rank: int) -> dict:
+    def read_model_shard(tag_uri: str, model, tp: int, tp_rank: int, keys=None) -> dict:
         """Model weights of TP rank ``tp_rank`` from a complete tag (init.from another run's
-        checkpoint): same tensor degree and model shape required, checked before reading."""
+        checkpoint): same tensor degree and model shape required, checked before reading.
+        Any pipeline degree: the tag's stage files are read and merged, and only ``keys``
+        (this stage's parameter names; None: all) are kept."""
         fs, tag_dir = fsspec.core.url_to_fs(tag_uri.rstrip("/"))
         tag_dir = tag_dir.rstrip("/")
         if not fs.exists(f"{tag_dir}/{ckpt_store.DONE}"):
@@ -250,8 +253,12 @@ class Checkpointer:
             if key != "preset" and to_dict(model).get(key) != value:
                 raise ConfigError(f"model.{camel(key)}", f"{to_dict(model).get(key)} in this run's model config "
                                                          f"but {value} in {tag_uri}")
-        with fs.open(f"{tag_dir}/model/{ckpt_store.shard_name(0, tp_rank)}", "rb") as fh:
-            return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+        shard: dict = {}
+        for pp_rank in range(meta.get("layout", {}).get("pipeline", 1)):
+            with fs.open(f"{tag_dir}/model/{ckpt_store.shard_name(0, tp_rank, pp_rank)}", "rb") as fh:
+                part = torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+            shard.update({k: v for k, v in part.items() if keys is None or k in keys})
+        return shard
 
     def load(self, tag: ckpt_store.TagInfo, layout: dict) -> dict:
         """Read this rank's shards of ``tag``; returns model, optim, scheduler, user_content, meta."""
@@ -261,17 +268,20 @@ class Checkpointer:
             raise ConfigError("checkpoint.uri", f"{tag.uri} holds weights only (python -m trainer.convert from-hf): "
                                                 "give it as init.from, not under the run's checkpoint.uri")
         saved = meta.get("layout", {})
-        if (saved.get("tensor"), saved.get("data")) != (layout["tensor"], layout["data"]):
-            raise ConfigError("parallelism.tensor",
-                              f"checkpoint {tag.tag} was written with tensor={saved.get('tensor')} "
-                              f"data={saved.get('data')}; this run has tensor={layout['tensor']} "
-                              f"data={layout['data']} (NxD checkpoints load only with the same layout)")
+        dims = ("tensor", "pipeline", "data")
+        if any(saved.get(d, 1) != layout[d] for d in dims):
+            field = next(d for d in dims if saved.get(d, 1) != layout[d])
+            raise ConfigError(f"parallelism.{field}" if field != "data" else "nodes",
+                              f"checkpoint {tag.tag} was written with "
+                              + " ".join(f"{d}={saved.get(d, 1)}" for d in dims) + "; this run has "
+                              + " ".join(f"{d}={layout[d]}" for d in dims)
+                              + " (NxD checkpoints load only with the same layout)")
 
         def read(path):
             with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:
                 return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
 
         optim_dp = ps.dp_rank if saved.get("zero1") else 0
-        return {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank)}"),
-                "optim": read(f"optim/{ckpt_store.shard_name(optim_dp, ps.tp_rank)}"),
+        return {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
+                "optim": read(f"optim/{ckpt_store.shard_name(optim_dp, ps.tp_rank, ps.pp_rank)}"),
                 "scheduler": read("scheduler.pt"), "user_content": read("user_content.pt"), "meta": meta}

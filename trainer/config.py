@@ -89,7 +89,9 @@ class ParallelConfig:
     tensor: int = 1
     """Tensor-parallel degree (ranks that split every weight matrix)."""
     pipeline: int = 1
-    """Pipeline-parallel degree. The PyTorch backend supports 1; the Neuron backend more."""
+    """Pipeline-parallel degree: stages of contiguous layers, run on a 1F1B schedule whose
+    micro-batches are the gradient-accumulation steps (globalBatchSize / (data x microBatchSize)
+    must be at least this)."""
     sequence_parallel: bool = False
     """Shard activations outside attention/MLP along the sequence over the tensor-parallel group."""
     zero1: bool = False
@@ -352,8 +354,14 @@ def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, trai
         raise ConfigError("training.globalBatchSize",
                           f"{train.global_batch_size} is not divisible by data parallel x microBatchSize "
                           f"({dp} x {train.micro_batch_size} = {per_step})")
+    micro_batches = train.global_batch_size // per_step
+    if pp > 1 and micro_batches < pp:
+        raise ConfigError("training.globalBatchSize",
+                          f"{train.global_batch_size} gives {micro_batches} micro-batches per step "
+                          f"(globalBatchSize / (data parallel {dp} x microBatchSize {train.micro_batch_size})); "
+                          f"a {pp}-stage 1F1B schedule needs at least {pp}")
     layout = Layout(world_size=world_size, tensor=tp, pipeline=pp, data=dp,
-                    grad_accum_steps=train.global_batch_size // per_step,
+                    grad_accum_steps=micro_batches,
                     tokens_per_step=train.global_batch_size * train.seq_len)
     check_backend(backend, layout, processes_per_node)
     return layout
@@ -362,10 +370,6 @@ def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, trai
 def check_backend(backend: str, layout: Layout, processes_per_node: int | None = None) -> None:
     """What each backend cannot run, refused before any device is touched (one list for the
     trainer's fatal exit and the operator's Valid=False)."""
-    if layout.pipeline > 1:
-        # No backend pipelines yet: ranks would train full replicas and report a wrong loss.
-        raise ConfigError("parallelism.pipeline", f"pipeline parallelism is not implemented on the "
-                                                  f"{backend} backend yet; use 1")
     if backend == "xla" and layout.world_size > 1:
         raise ConfigError("backend", "xla runs one process only: torch-xla's CPU collectives do nothing "
                                      "across processes (pytorch/xla issues 5005, 9089); use neuron on "

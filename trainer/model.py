@@ -18,6 +18,12 @@ first ``rotary_pct`` of each head's dimensions (the layout of Hugging Face's GPT
 
 Weights are drawn in full from one seeded generator and then sharded, so any tensor-parallel
 degree starts from exactly the same model as a single process.
+
+Pipeline stages (``stage=(index, count)``) hold contiguous layer ranges: the embedding on the
+first stage, the final norm and LM head on the last. A stage still draws every tensor in the
+same order and keeps only its own, so every pipeline degree starts from the same model too;
+layers keep their global index in parameter names (``model.layers.12.*`` on stage 1 of 44
+layers split 4 ways), as NxD's pipeline checkpoints name them.
 """
 
 from __future__ import annotations
@@ -158,43 +164,121 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def stage_layers(num_layers: int, stage: tuple[int, int]) -> range:
+    """The global indices of the decoder layers on pipeline stage ``stage = (index, count)``:
+    contiguous and equal (derive_layout has checked that count divides num_layers)."""
+    index, count = stage
+    per = num_layers // count
+    return range(index * per, (index + 1) * per)
+
+
+class LayerStack(nn.ModuleDict):
+    """Decoder layers keyed by their global index (so names match across pipeline degrees);
+    iterates over the layers in order and indexes by int, like the ModuleList it replaces."""
+
+    def __getitem__(self, key):
+        return self._modules[str(key)]
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext, init: _Init, ckpt_mode: str):
+    def __init__(self, cfg: ModelConfig, tp: TPContext, init: _Init, ckpt_mode: str, stage: tuple[int, int]):
         super().__init__()
-        self.embed_tokens = tp.embedding(init.normal(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg, tp, init, ckpt_mode) for _ in range(cfg.num_layers))
-        self.norm = Norm(cfg.hidden_size, cfg.norm_eps, cfg.family == "neox", tp)
+        first, last = stage[0] == 0, stage[0] == stage[1] - 1
+        mine = stage_layers(cfg.num_layers, stage)
+        embed = init.normal(cfg.vocab_size, cfg.hidden_size)  # drawn on every stage: same stream
+        self.embed_tokens = tp.embedding(embed) if first else None
+        self.layers = LayerStack()
+        for n in range(cfg.num_layers):
+            if n in mine:
+                self.layers[str(n)] = DecoderLayer(cfg, tp, init, ckpt_mode)
+            else:
+                _skip_layer(cfg, init)
+        self.norm = Norm(cfg.hidden_size, cfg.norm_eps, cfg.family == "neox", tp) if last else None
+
+
+def _skip_layer(cfg: ModelConfig, init: _Init) -> None:
+    """Draw (and drop) one decoder layer's tensors, in DecoderLayer's order, so the layers of
+    later stages get the same values as in a single process."""
+    h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim()
+    init.normal(cfg.num_heads * hd + 2 * cfg.num_kv_heads * hd, h)
+    init.normal(h, h, output=True)
+    if cfg.family == "llama":
+        init.normal(2 * i, h)
+    else:
+        init.normal(i, h)
+    init.normal(h, i, output=True)
 
 
 class Transformer(nn.Module):
-    """Decoder + LM head. ``forward(ids, targets)`` returns the mean token loss."""
+    """Decoder + LM head, or one pipeline stage of it. ``forward(ids, targets)`` returns the
+    mean token loss (whole model); ``stage_forward`` runs this stage alone."""
 
     def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, seed: int = 0,
-                 activation_checkpointing: str = "none", max_seq_len: int = 4096):
+                 activation_checkpointing: str = "none", max_seq_len: int = 4096,
+                 stage: tuple[int, int] = (0, 1)):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.stage = cfg, stage
+        self.first, self.last = stage[0] == 0, stage[0] == stage[1] - 1
         self.tp = tp or TPContext()
         self.full_ckpt = activation_checkpointing == "full"
         init = _Init(cfg, seed)
-        self.model = Decoder(cfg, self.tp, init, activation_checkpointing)
-        self.lm_head = self.tp.column_linear(init.normal(cfg.vocab_size, cfg.hidden_size))
+        self.model = Decoder(cfg, self.tp, init, activation_checkpointing, stage)
+        head = init.normal(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = self.tp.column_linear(head) if self.last else None
         cos, sin = rotary_tables(cfg, max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        losses = self.tp.cross_entropy(self.logits(ids), targets)
+        return self.loss(self.logits(ids), targets)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean token loss from this rank's vocabulary shard of the logits."""
+        losses = self.tp.cross_entropy(logits, targets)
         valid = (targets != -100).sum().clamp(min=1)
         return losses.sum() / valid
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """[batch, seq, vocab / tp]: this rank's vocabulary shard of the logits."""
-        s = ids.shape[1]
+        """[batch, seq, vocab / tp]: this rank's vocabulary shard of the logits (one stage)."""
+        return self.stage_forward(ids)
+
+    def stage_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (first stage) or hidden states in; hidden states or logits (last stage) out."""
+        for piece in self.pieces():
+            x = piece(x)
+        return x
+
+    def block(self, layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+        """One decoder layer with the rotary tables for x's sequence length."""
+        s = x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]
-        x = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            if self.full_ckpt and self.training:
-                x = self.tp.checkpoint(layer, x, cos, sin)
-            else:
-                x = layer(x, cos, sin)
-        return self.lm_head(self.model.norm(x))
+        if self.full_ckpt and self.training:
+            return self.tp.checkpoint(layer, x, cos, sin)
+        return layer(x, cos, sin)
+
+    def pieces(self) -> list[nn.Module]:
+        """This stage as a list of single-input modules, in order: the embedding (first stage),
+        each decoder layer, the norm and head (last stage). NxD's manual pipeline partition
+        takes a model in this form (trainer.neuron); parameters are the model's own."""
+        if not hasattr(self, "_pieces"):
+            pieces: list[nn.Module] = [self.model.embed_tokens] if self.first else []
+            pieces += [_Block(self, layer) for layer in self.model.layers]
+            if self.last:
+                pieces.append(nn.Sequential(self.model.norm, self.lm_head))
+            object.__setattr__(self, "_pieces", pieces)  # not submodules: no second parameter names
+        return self._pieces
+
+
+class _Block(nn.Module):
+    """A decoder layer as a single-input module (the rotary tables come from the model)."""
+
+    def __init__(self, model: Transformer, layer: DecoderLayer):
+        super().__init__()
+        self.layer = layer
+        object.__setattr__(self, "_model", model)  # a back reference, not a submodule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._model.block(self.layer, x)

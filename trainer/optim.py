@@ -7,7 +7,8 @@ The optimizer works on one flat fp32 view of this rank's (tensor-parallel) param
 2. Gradients are summed over the data-parallel group and divided by the data-parallel degree,
    not the world size (NxD ``bucket_allreduce_gradients``). With ZeRO-1 each data-parallel rank
    keeps only its slice (a reduce-scatter).
-3. The global gradient norm counts replicated parameters once, across TP and DP.
+3. The global gradient norm counts replicated parameters once, across TP and DP, and sums
+   over pipeline stages (each holds its own layers).
 4. AdamW updates this rank's slice (the whole vector without ZeRO-1); the first and second
    moments live only for that slice. With ``bf16-sr`` the parameters are bf16 and the fp32
    result is stochastically rounded back, so no fp32 master copy is kept.
@@ -165,6 +166,7 @@ class ShardedAdamW:
         if self.zero1:
             all_reduce(sq, ps.dp_group)
         all_reduce(sq, ps.tp_group)
+        all_reduce(sq, ps.pp_group)  # each stage holds its own layers: the global norm sums them
         return grads, sq
 
     def step(self, grads: torch.Tensor, grad_norm: float, lr: float) -> None:
@@ -270,6 +272,7 @@ class ShardedAdamW:
                 sq -= (1.0 - 1.0 / self.ps.tp) * sum_sq(seg)
             offset += p.numel()
         all_reduce(sq, self.ps.tp_group)
+        all_reduce(sq, self.ps.pp_group)
         return sq
 
     # -- checkpoint state ------------------------------------------------------------------

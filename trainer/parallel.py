@@ -98,6 +98,8 @@ class ParallelState:
     tp_group: object | None
     dp_group: object | None
     sequence_parallel: bool
+    pp_rank: int = 0
+    pp_group: object | None = None
     runtime: object = field(default_factory=EagerRuntime)
     """Step boundaries: EagerRuntime, or neuron.XlaRuntime on the lazy XLA device."""
 
@@ -108,6 +110,19 @@ class ParallelState:
     @property
     def dp(self) -> int:
         return self.layout.data
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pipeline
+
+    @property
+    def stage(self) -> tuple[int, int]:
+        """(this rank's pipeline stage, number of stages)."""
+        return self.pp_rank, self.layout.pipeline
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.layout.pipeline - 1
 
     @property
     def is_distributed(self) -> bool:
@@ -128,9 +143,10 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
     """Initialise torch.distributed from torchrun's environment (or a single process).
 
     ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
-    Ranks are laid out tensor-parallel innermost: rank = dp_rank * tp + tp_rank, so a
-    tensor-parallel group sits on neighbouring ranks (one node on real clusters). The
-    ``neuron`` and ``xla`` kinds are set up in ``trainer.neuron``.
+    Ranks are laid out as NxD's ``parallel_state`` lays them out: a row-major [pipeline, data,
+    tensor] grid, rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so a tensor-parallel group
+    sits on neighbouring ranks (one node on real clusters) and a pipeline stage on consecutive
+    nodes. The ``neuron`` and ``xla`` kinds are set up in ``trainer.neuron``.
     """
     if backend_kind in ("neuron", "xla"):
         from .neuron import init_xla_parallel
@@ -144,26 +160,48 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    tp_group = dp_group = None
+    grid = RankGrid(layout.pipeline, layout.data, layout.tensor)
+    pp_rank, dp_rank, tp_rank = grid.coords(rank)
+    groups: dict[str, object | None] = {"tp": None, "dp": None, "pp": None}
     if world_size > 1:
         dist.init_process_group("nccl" if backend_kind == "cuda" else "gloo",
                                 timeout=datetime.timedelta(minutes=10))
-        tp = layout.tensor
-        # Every rank must create every group, in the same order.
-        for d in range(layout.data):
-            ranks = list(range(d * tp, (d + 1) * tp))
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                tp_group = g
-        for t in range(tp):
-            ranks = list(range(t, world_size, tp))
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                dp_group = g
+        for kind in ("tp", "dp", "pp"):
+            for ranks in grid.groups(kind):  # every rank creates every group, in the same order
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    groups[kind] = g
     return ParallelState(backend=backend_kind, device=device, rank=rank, world_size=world_size,
-                         local_rank=local_rank, layout=layout, tp_rank=rank % layout.tensor,
-                         dp_rank=rank // layout.tensor, tp_group=tp_group, dp_group=dp_group,
+                         local_rank=local_rank, layout=layout, tp_rank=tp_rank, dp_rank=dp_rank,
+                         tp_group=groups["tp"], dp_group=groups["dp"], pp_rank=pp_rank, pp_group=groups["pp"],
                          sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=eager_runtime())
+
+
+@dataclass(frozen=True)
+class RankGrid:
+    """NxD's rank order: a row-major [pipeline, data, tensor] grid of global ranks."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of a global rank."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def groups(self, kind: str) -> list[list[int]]:
+        """The rank lists of every ``tp``, ``dp`` or ``pp`` group, in a fixed order."""
+        sizes = {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        others = [k for k in ("pp", "dp", "tp") if k != kind]
+        out = []
+        for a in range(sizes[others[0]]):
+            for b in range(sizes[others[1]]):
+                out.append([self.rank(**{f"{others[0]}_rank": a, f"{others[1]}_rank": b, f"{kind}_rank": i})
+                            for i in range(sizes[kind])])
+        return out
 
 
 def shutdown_parallel() -> None:

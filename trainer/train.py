@@ -56,10 +56,11 @@ class Trainer:
         tp = ps.layers()  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
-                                 activation_checkpointing=cfg.parallelism.activation_checkpointing
-                                 ).to(device=ps.device, dtype=dtype)
+                                 activation_checkpointing=cfg.parallelism.activation_checkpointing,
+                                 stage=ps.stage).to(device=ps.device, dtype=dtype)
         self.autocast = (torch.autocast(ps.device.type, dtype=torch.bfloat16)
                          if tcfg.precision == "mixed" else nullcontext())
+        self.pipeline = self._pipeline()
         self.optim = ShardedAdamW(list(self.model.named_parameters()), tcfg, ps, cfg.parallelism.zero1)
         ckpt_group = dist.new_group(backend="gloo") if ps.is_distributed else None
         # Host tensors cannot travel on NCCL or XLA groups: time-based saves agree on gloo.
@@ -87,10 +88,21 @@ class Trainer:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
             self.losses_fh = open(cfg.logging.losses_file, "a")
 
+    def _pipeline(self):
+        """The stage's schedule when the model is split into pipeline stages, else None."""
+        ps = self.ps
+        if ps.pp == 1:
+            return None
+        if ps.backend == "neuron":
+            from .neuron import NxDPipeline
+            return NxDPipeline(self.model, ps, ps.layout.grad_accum_steps)
+        from .pipeline import Pipeline
+        return Pipeline(self.model, ps, ps.layout.grad_accum_steps, self.autocast)
+
     # -- state ----------------------------------------------------------------------------------
 
     def layout_meta(self) -> dict:
-        return {"tensor": self.ps.tp, "data": self.ps.dp, "pipeline": 1, "zero1": self.optim.zero1}
+        return {"tensor": self.ps.tp, "data": self.ps.dp, "pipeline": self.ps.pp, "zero1": self.optim.zero1}
 
     def resume(self) -> None:
         tag = self.ckpt.select_resume()
@@ -126,7 +138,8 @@ class Trainer:
             hf.check_matches(self.cfg.model, hf.read_config(uri), uri)
             shard = hf.read_shard(hf.SafetensorsDir(uri), self.cfg.model, ps.tp, ps.tp_rank)
         else:
-            shard = self.ckpt.read_model_shard(uri, self.cfg.model, ps.tp, ps.tp_rank)
+            shard = self.ckpt.read_model_shard(uri, self.cfg.model, ps.tp, ps.tp_rank, set(self.model.state_dict()))
+        shard = {k: v for k, v in shard.items() if k in self.model.state_dict()}  # this pipeline stage's
         missing = set(self.model.state_dict()) - set(shard)
         if missing:
             raise exitcodes.FatalError(f"init.from {uri} lacks {sorted(missing)[:3]}")
@@ -175,13 +188,16 @@ class Trainer:
         total = torch.zeros((), device=ps.device)
         with torch.no_grad():
             for inputs, targets in self.heldout:
+                if self.pipeline is not None:
+                    total += self.pipeline.evaluate(inputs, targets)
+                    continue
                 for ids, tgt in zip(inputs.chunk(accum), targets.chunk(accum)):
                     with self.autocast:
                         total += self.model(ids.to(ps.device), tgt.to(ps.device)).float() / accum
         if ps.is_distributed:
-            dist.all_reduce(total)  # every TP rank holds the same loss: divide by the world size
+            dist.all_reduce(total)  # every TP rank of the last stage holds the same loss
         self.model.train()
-        loss = total.item() / ps.world_size / len(self.heldout)
+        loss = total.item() / self.loss_holders / len(self.heldout)
         return loss, math.exp(min(loss, 80.0))
 
     def _maybe_evaluate(self) -> None:
@@ -203,20 +219,30 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------------------
 
+    @property
+    def loss_holders(self) -> int:
+        """How many ranks hold a step's loss: every tensor- and data-parallel rank of the last
+        pipeline stage (the others add zero to the world's sum)."""
+        return self.ps.world_size // self.ps.pp
+
     def _forward_backward(self) -> torch.Tensor:
         """Forward/backward over the local micro batches; returns this rank's summed loss and
         this rank's SIGTERM flag, all-reduced over the world in one collective: every TP rank
-        holds the same loss, so the world sum / world size is the mean over data-parallel ranks."""
+        of the last stage holds the same loss, so the world sum / loss_holders is the mean over
+        data-parallel ranks. With pipeline stages the micro batches run on the 1F1B schedule."""
         ps, tcfg = self.ps, self.cfg.training
         inputs, targets = self.data.next_batch(tcfg.global_batch_size)
         inputs, targets = local_batch(inputs, targets, ps.dp_rank, ps.dp)
         accum = ps.layout.grad_accum_steps
-        loss_sum = torch.zeros((), device=ps.device)
-        for ids, tgt in zip(inputs.chunk(accum), targets.chunk(accum)):
-            with self.autocast:
-                loss = self.model(ids.to(ps.device), tgt.to(ps.device)) / accum
-            loss.backward()
-            loss_sum += loss.detach().float()
+        if self.pipeline is not None:
+            loss_sum = self.pipeline.forward_backward(inputs, targets)
+        else:
+            loss_sum = torch.zeros((), device=ps.device)
+            for ids, tgt in zip(inputs.chunk(accum), targets.chunk(accum)):
+                with self.autocast:
+                    loss = self.model(ids.to(ps.device), tgt.to(ps.device)) / accum
+                loss.backward()
+                loss_sum += loss.detach().float()
         shared = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=ps.device)])
         if ps.is_distributed:
             dist.all_reduce(shared)
@@ -227,7 +253,7 @@ class Trainer:
         with the loss averaged over data-parallel ranks."""
         ps, tcfg = self.ps, self.cfg.training
         shared = self._forward_backward()
-        loss_value, stop = shared[0].item() / ps.world_size, shared[1].item() > 0
+        loss_value, stop = shared[0].item() / self.loss_holders, shared[1].item() > 0
         grads, grad_norm = self.optim.sync_and_norm()
         if finite(loss_value, grad_norm):
             self.optim.step(grads, grad_norm, lr_at(self.step, tcfg))
@@ -242,7 +268,7 @@ class Trainer:
         deferred observation reads."""
         ps, tcfg = self.ps, self.cfg.training
         shared = self._forward_backward()
-        loss = shared[0] / ps.world_size
+        loss = shared[0] / self.loss_holders
         grads, sq = self.optim.sync_and_norm_sq()
         lr = torch.tensor(lr_at(self.step, tcfg), device=ps.device)  # data, not a graph constant
         applied = self.optim.step_on_device(grads, sq, loss, lr)
@@ -288,8 +314,8 @@ class Trainer:
         self.resume()
         tokens_per_step = ps.layout.tokens_per_step
         if ps.rank == 0:
-            log.info("model %s: %.1fM parameters; layout tp=%d dp=%d accum=%d; %d tokens/step; backend %s",
-                     cfg.model.preset, cfg.model.num_params() / 1e6, ps.tp, ps.dp,
+            log.info("model %s: %.1fM parameters; layout tp=%d pp=%d dp=%d accum=%d; %d tokens/step; backend %s",
+                     cfg.model.preset, cfg.model.num_params() / 1e6, ps.tp, ps.pp, ps.dp,
                      ps.layout.grad_accum_steps, tokens_per_step, ps.backend)
         code = exitcodes.OK
         runtime = ps.runtime

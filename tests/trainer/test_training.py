@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -64,11 +65,15 @@ def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, w
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_sigkill_during_async_save_then_exact_resume(tiny_data, tmp_path):
+@pytest.mark.parametrize("layout", [
+    ["parallelism.tensor=2", "parallelism.zero1=true", "parallelism.sequenceParallel=true"],
+    ["parallelism.pipeline=2", "parallelism.zero1=true"],
+], ids=["tp2-dp2-zero1-sp", "pp2-dp2-zero1"])
+def test_sigkill_during_async_save_then_exact_resume(layout, tiny_data, tmp_path):
     """Kill every rank after step_6 is complete and while step_9 is being written; the
-    restart skips the torn tag, resumes from step_6 and reproduces every later loss bitwise."""
-    common = ["training.steps=12", "checkpoint.intervalSteps=3", "parallelism.tensor=2", "parallelism.zero1=true",
-              "parallelism.sequenceParallel=true"]
+    restart skips the torn tag, resumes from step_6 and reproduces every later loss bitwise.
+    With pipeline stages every stage's shard files (pp_rank_00, pp_rank_01) must be there."""
+    common = ["training.steps=12", "checkpoint.intervalSteps=3", *layout]
     ref = run_trainer(4, overrides(tiny_data, tmp_path, "ref", *common))
     assert ref.returncode == 0, ref.stderr[-3000:]
 
@@ -100,6 +105,11 @@ def test_sigkill_during_async_save_then_exact_resume(tiny_data, tmp_path):
         assert resumed[s]["loss"] == ref_losses[s]["loss"], f"step {s} differs"  # bitwise on CPU
         assert resumed[s]["gradNorm"] == ref_losses[s]["gradNorm"]
     assert ckpt_store.newest_complete(str(ckpt)).step == 12
+    meta = json.loads((ckpt / "step_12" / ckpt_store.META).read_text())
+    assert all((ckpt / "step_12" / f).exists() for f in meta["files"])
+    if "parallelism.pipeline=2" in layout:
+        assert "model/dp_rank_00_tp_rank_00_pp_rank_01.pt" in meta["files"]
+        assert "optim/dp_rank_01_tp_rank_00_pp_rank_01.pt" in meta["files"]  # ZeRO-1: per data rank
 
 
 def test_sigterm_finalizes_the_in_flight_checkpoint(tiny_data, tmp_path):

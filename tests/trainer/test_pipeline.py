@@ -1,0 +1,70 @@
+"""Pipeline parallelism on the PyTorch backend (trainer.pipeline): real ranks under torchrun
+on CPU, each layout against one process training the same global batch, step by step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import read_losses, run_trainer
+from tests.trainer.test_training import overrides
+from trainer import exitcodes
+
+pytestmark = pytest.mark.trainer
+
+COMMON = ["training.steps=6", "training.warmupSteps=2", "checkpoint.uri=", "data.evalIntervalSteps=3"]
+
+
+def _held_out(tiny) -> str:
+    return f"data.heldOut=[{{uri: {tiny['facts']}}}]"
+
+
+def _eval_losses(path) -> dict[int, float]:
+    records = (json.loads(line) for line in path.read_text().splitlines() if line)
+    return {r["evalStep"]: r["evalLoss"] for r in records if "evalStep" in r}
+
+
+@pytest.fixture(scope="module")
+def single_process(tiny_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pp-single")
+    res = run_trainer(1, overrides(tiny_data, tmp, "single", *COMMON, _held_out(tiny_data)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return read_losses(tmp / "single.jsonl"), _eval_losses(tmp / "single.jsonl")
+
+
+@pytest.mark.parametrize("layout", [
+    ["parallelism.pipeline=2", "parallelism.tensor=2", "parallelism.sequenceParallel=true"],
+    ["parallelism.pipeline=2", "parallelism.zero1=true"],
+], ids=["pp2-tp2-sp", "pp2-dp2-zero1"])
+def test_pipeline_matches_single_process(layout, single_process, tiny_data, tmp_path):
+    """4 ranks, two stages of two layers each, 1F1B over the accumulation micro-batches
+    (4 with tp2, 2 with dp2): losses, global gradient norms and held-out losses equal the
+    single process's within float tolerance at every step."""
+    res = run_trainer(4, overrides(tiny_data, tmp_path, "pp", *COMMON, _held_out(tiny_data), *layout))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "pp=2" in res.stderr
+    ref, ref_eval = single_process
+    got, got_eval = read_losses(tmp_path / "pp.jsonl"), _eval_losses(tmp_path / "pp.jsonl")
+    assert sorted(got) == sorted(ref) == [1, 2, 3, 4, 5, 6]
+    for s in ref:
+        print(f"step {s}: single {ref[s]['loss']:.7f} {layout[1]} {got[s]['loss']:.7f}  "
+              f"grad norm {ref[s]['gradNorm']:.6f} / {got[s]['gradNorm']:.6f}")
+        assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-4)
+        assert got[s]["gradNorm"] == pytest.approx(ref[s]["gradNorm"], rel=1e-3)
+    assert sorted(got_eval) == sorted(ref_eval) == [3, 6]
+    for s in ref_eval:
+        assert got_eval[s] == pytest.approx(ref_eval[s], rel=1e-4)
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["parallelism.pipeline=3"], "parallelism.tensor"),  # 3 does not divide the 2 ranks
+    (["parallelism.pipeline=2", "model.numLayers=3"], "parallelism.pipeline"),
+    (["parallelism.pipeline=2", "training.globalBatchSize=4", "training.microBatchSize=4"],
+     "training.globalBatchSize"),  # one micro-batch: too few for a 2-stage 1F1B
+])
+def test_bad_pipeline_settings_exit_fatal_naming_the_field(extra, field, tiny_data):
+    from tests.conftest import data_overrides
+    res = run_trainer(2, [*data_overrides(tiny_data), "checkpoint.uri=", *extra])
+    assert res.returncode == exitcodes.FATAL, res.stderr[-3000:]
+    assert f"invalid configuration: {field}:" in res.stderr
