@@ -58,6 +58,12 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def kv_replicas(self, tensor: int) -> int:
+        """Tensor-parallel ranks that hold each key/value head: 1 while the heads split over
+        the ranks, tensor / numKvHeads beyond (Llama 2 70B's 8 heads at TP 32: 4), as NxD's
+        GQA layer replicates them (kv_size_multiplier)."""
+        return max(1, tensor // self.num_kv_heads)
+
     def num_params(self) -> int:
         """Parameter count (untied embeddings), used for MFU and reports."""
         h, i, v, L = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
@@ -336,8 +342,10 @@ def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, trai
                           f"tensor x pipeline ({tp} x {pp}) does not divide the world size ({world_size})")
     if model.num_heads % tp:
         raise ConfigError("parallelism.tensor", f"{tp} does not divide model.numHeads ({model.num_heads})")
-    if model.num_kv_heads % tp:
-        raise ConfigError("parallelism.tensor", f"{tp} does not divide model.numKvHeads ({model.num_kv_heads})")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError("parallelism.tensor", f"{tp} neither divides nor is a multiple of model.numKvHeads "
+                                                f"({model.num_kv_heads}); key/value heads split over the ranks "
+                                                "or are replicated on tensor / numKvHeads of them")
     if model.intermediate_size % tp:
         raise ConfigError("parallelism.tensor",
                           f"{tp} does not divide model.intermediateSize ({model.intermediate_size})")

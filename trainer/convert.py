@@ -35,10 +35,13 @@ def _fs(uri: str):
 
 
 def _check_tensor(model: ModelConfig, tp: int) -> None:
-    for name, value in (("numHeads", model.num_heads), ("numKvHeads", model.num_kv_heads),
-                        ("intermediateSize", model.intermediate_size), ("vocabSize", model.vocab_size)):
+    for name, value in (("numHeads", model.num_heads), ("intermediateSize", model.intermediate_size),
+                        ("vocabSize", model.vocab_size)):
         if value % tp:
             raise ConfigError("--tensor", f"{tp} does not divide model.{name} ({value})")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError("--tensor", f"{tp} neither divides nor is a multiple of model.numKvHeads "
+                                      f"({model.num_kv_heads})")
 
 
 def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
@@ -94,8 +97,11 @@ def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tens
     model = _build(ModelConfig, meta["model"], "model")
     shards = []
     for rank in range(meta["layout"]["tensor"]):
-        with fs.open(f"{tag}/model/{ckpt_store.shard_name(0, rank)}", "rb") as fh:
-            shards.append(torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False))
+        shard: dict = {}  # every pipeline stage's part of this tensor-parallel rank
+        for stage in range(meta["layout"].get("pipeline", 1)):
+            with fs.open(f"{tag}/model/{ckpt_store.shard_name(0, rank, stage)}", "rb") as fh:
+                shard.update(torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False))
+        shards.append(shard)
     return meta, model, shards
 
 

@@ -214,8 +214,9 @@ def read_shard(src: SafetensorsDir, cfg: ModelConfig, tp: int, rank: int) -> dic
     for ours, s in param_map(cfg, src).items():
         if s.kind == "rows":
             t = src.read(s.names[0], _rows(src.shape(s.names[0])[0], tp, rank))
-        elif s.kind == "blocks":
-            t = torch.cat([src.read(n, _rows(src.shape(n)[0], tp, rank)) for n in s.names])
+        elif s.kind == "blocks":  # q, k, v (k, v replicated beyond numKvHeads ranks) or gate, up
+            reps = _block_replicas(cfg, ours, tp)
+            t = torch.cat([src.read(n, _rows(src.shape(n)[0], tp // r, rank // r)) for n, r in zip(s.names, reps)])
         elif s.kind == "heads":  # rank r's heads are contiguous rows of the interleaved tensor
             t = src.read(s.names[0], _rows(src.shape(s.names[0])[0], tp, rank))
             grouped = t.view(cfg.num_heads // tp, 3, cfg.head_dim(), *t.shape[1:])
@@ -236,10 +237,10 @@ def merge_to_hf(shards: list[dict[str, torch.Tensor]], cfg: ModelConfig) -> dict
         if s.kind == "rows":
             out[s.names[0]] = torch.cat(parts)
         elif s.kind == "blocks":
-            sizes = _block_sizes(cfg, ours, tp)
+            sizes, reps = _block_sizes(cfg, ours, tp), _block_replicas(cfg, ours, tp)
             per_rank = [p.split(sizes) for p in parts]
-            for i, name in enumerate(s.names):
-                out[name] = torch.cat([r[i] for r in per_rank])
+            for i, name in enumerate(s.names):  # one copy of a replicated block
+                out[name] = torch.cat([r[i] for rank, r in enumerate(per_rank) if rank % reps[i] == 0])
         elif s.kind == "heads":
             rest = parts[0].shape[1:]
             out[s.names[0]] = torch.cat([
@@ -254,9 +255,16 @@ def merge_to_hf(shards: list[dict[str, torch.Tensor]], cfg: ModelConfig) -> dict
 
 def _block_sizes(cfg: ModelConfig, ours: str, tp: int) -> list[int]:
     if ours.endswith("qkv_proj.weight"):
-        kv = cfg.num_kv_heads * cfg.head_dim() // tp
+        kv = cfg.num_kv_heads * cfg.kv_replicas(tp) * cfg.head_dim() // tp
         return [cfg.num_heads * cfg.head_dim() // tp, kv, kv]
     return [cfg.intermediate_size // tp] * 2  # gate_up
+
+
+def _block_replicas(cfg: ModelConfig, ours: str, tp: int) -> list[int]:
+    """How many ranks hold each block of a stacked weight (model.Attention's replicas)."""
+    if ours.endswith("qkv_proj.weight"):
+        return [1, cfg.kv_replicas(tp), cfg.kv_replicas(tp)]
+    return [1, 1]
 
 
 def shard_of(full: dict[str, torch.Tensor], cfg: ModelConfig, tp: int, rank: int) -> dict[str, torch.Tensor]:

@@ -100,13 +100,15 @@ class Attention(nn.Module):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim()
         self.tp, self.selective_ckpt = tp, selective_ckpt
+        kv_rep = cfg.kv_replicas(tp.size)  # > 1: each K/V head on kv_rep consecutive ranks
         self.heads = cfg.num_heads // tp.size
-        self.kv_heads = cfg.num_kv_heads // tp.size
+        self.kv_heads = cfg.num_kv_heads * kv_rep // tp.size
         self.head_dim = hd
         splits = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
         neox = cfg.family == "neox"
         qkv_w = init.normal(sum(splits), h)
-        self.qkv_proj = tp.column_linear(qkv_w, splits, torch.zeros(sum(splits)) if neox else None)
+        self.qkv_proj = tp.column_linear(qkv_w, splits, torch.zeros(sum(splits)) if neox else None,
+                                         replicas=[1, kv_rep, kv_rep])
         self.o_proj = tp.row_linear(init.normal(h, h, output=True), torch.zeros(h) if neox else None)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ import torch.nn as nn
 
 from . import exitcodes
 from .config import Layout
-from .parallel import DeferredRuntime, ParallelState, TPContext, shard_cols, shard_rows
+from .parallel import DeferredRuntime, ParallelState, TPContext, mark_kv_replicated, shard_cols, shard_rows
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def xla_device() -> torch.device:
 
 
 def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_parallel: bool,
-                      precision: str) -> ParallelState:
+                      precision: str, kv_replicas: int = 1) -> ParallelState:
     """Device, process groups and ranks for the ``neuron`` and ``xla`` kinds.
 
     ``neuron``: the ``xla`` process group from torchrun's environment
@@ -147,8 +147,17 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
                                      pipeline_model_parallel_size=layout.pipeline)
     tp_group, dp_group = ps_mod.get_tensor_model_parallel_group(), ps_mod.get_data_parallel_group()
     tp_rank, dp_rank = ps_mod.get_tensor_model_parallel_rank(), ps_mod.get_data_parallel_rank()
+    kv_group = None
+    if kv_replicas > 1:
+        # Replicated key/value heads on adjacent ranks, as our layers shard them (NxD's Trn2
+        # order; on Trn1 NxD's own GQA layer interleaves them instead): parallel_state.py,
+        # initialize_kv_group(kv_shared_group_size, sequential_ranks_in_group).
+        ps_mod.initialize_kv_group(kv_replicas, sequential_ranks_in_group=True)
+        kv_group = ps_mod.get_kv_shared_group()
+    pp_group = ps_mod.get_pipeline_model_parallel_group() if layout.pipeline > 1 else None
     return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,
                          layout=layout, tp_rank=tp_rank, dp_rank=dp_rank, tp_group=tp_group, dp_group=dp_group,
+                         pp_rank=ps_mod.get_pipeline_model_parallel_rank(), pp_group=pp_group, kv_group=kv_group,
                          sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=XlaRuntime())
 
 
@@ -185,8 +194,8 @@ class NxDLayers(TPContext):
 
     SEQ_DIM = 1
 
-    def __init__(self, size: int, rank: int, group, sequence_parallel: bool):
-        super().__init__(size, rank, group, sequence_parallel)
+    def __init__(self, size: int, rank: int, group, sequence_parallel: bool, kv_group=None):
+        super().__init__(size, rank, group, sequence_parallel, kv_group)
         self.layers = require("neuronx_distributed.parallel_layers.layers")
         self.mappings = require("neuronx_distributed.parallel_layers.mappings")
         self.loss_functions = require("neuronx_distributed.parallel_layers.loss_functions")
@@ -196,17 +205,19 @@ class NxDLayers(TPContext):
         return {"sequence_parallel_enabled": self.sequence_parallel,
                 "sequence_dimension": self.SEQ_DIM if self.sequence_parallel else None}
 
-    def column_linear(self, full_weight, splits=None, full_bias=None) -> nn.Module:
-        out_features, in_features = full_weight.shape
+    def column_linear(self, full_weight, splits=None, full_bias=None, replicas=None) -> nn.Module:
+        out_features = shard_rows(full_weight[:, :1], self, splits, replicas).shape[0] * self.size
+        in_features = full_weight.shape[1]
         # stride = number of stacked blocks (3 for qkv, 2 for gate_up), as in NxD's Llama
         # example; it is recorded on the parameter for NxD's own checkpoint conversion.
         layer = self.layers.ColumnParallelLinear(
             in_features, out_features, bias=full_bias is not None, gather_output=False,
             dtype=full_weight.dtype, stride=len(splits) if splits else 1, init_method=_keep, **self._sp())
         with torch.no_grad():
-            layer.weight.copy_(shard_rows(full_weight, self, splits))
+            layer.weight.copy_(shard_rows(full_weight, self, splits, replicas))
             if full_bias is not None:
-                layer.bias.copy_(shard_rows(full_bias, self, splits))
+                layer.bias.copy_(shard_rows(full_bias, self, splits, replicas))
+        mark_kv_replicated(layer, self, splits, replicas)
         return layer
 
     def row_linear(self, full_weight, full_bias=None) -> nn.Module:
@@ -257,7 +268,7 @@ class NxDLayers(TPContext):
 
 
 def neuron_layers(ps: ParallelState) -> TPContext:
-    return NxDLayers(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel)
+    return NxDLayers(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel, ps.kv_group)
 
 
 class XlaLayers(TPContext):
@@ -267,3 +278,62 @@ class XlaLayers(TPContext):
     def checkpoint(self, fn, *args):
         return require("torch_xla.utils.checkpoint").checkpoint(fn, *args)
 
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline parallelism: NxD's pipeline runtime over our stage
+# --------------------------------------------------------------------------------------------
+
+
+class NxDPipeline:
+    """Pipeline stages on Trainium with NxD's own schedule (``NxDPPModel``), in its manual
+    partition mode: NxD runs a list of single-input modules and we hand it this stage's
+    (``Transformer.pieces()``, built with only this stage's layers), so the parameters, the
+    optimizer and the checkpoint files stay ours, exactly as on the PyTorch backend.
+
+    Written against src/neuronx_distributed/pipeline/model.py (NxDPPModel.__init__ with
+    ``manual_pp_partition=True``, ``manual_pp_stage_partition_fn``, ``manual_pp_loss_fn``;
+    ``_create_manual_partition`` wraps the list in ``PipelineStageModule``), manual_pipe_stage.py
+    (the partition function maps every listed module to its stage) and NxD's own test
+    test/integration/parallel_layers/pipeline/manual_pp/test_training_tp_pp.py, which calls
+    ``run_train(inputs=..., labels=...)`` with CPU tensors. NxD divides each micro-batch's loss
+    by the number of micro-batches before its backward (``_bwd_step_task``), as our loop does.
+    It has never run: see README "What has not run".
+
+    Every rank hands NxD the same number of modules, so NxD's even partition would need the
+    other stages' layers; instead each rank lists ``stages`` placeholders around its own pieces
+    and the partition function maps its pieces to its stage and placeholder i to stage i.
+    ``use_zero1_optimizer=True`` tells NxD not to average gradients over data parallel ranks:
+    our optimizer does (with ZeRO-1 or not).
+    """
+
+    def __init__(self, model, ps: ParallelState, micro_batches: int):
+        pp_model_mod = require("neuronx_distributed.pipeline.model")
+        self.model, self.ps = model, ps
+        stage, stages = ps.stage
+        pieces = list(model.pieces())
+        placeholders = [nn.Identity() for _ in range(stages)]
+        own = {id(p) for p in pieces}
+
+        def partition(layers, num_stages):
+            return {layer: (stage if id(layer) in own else placeholders.index(layer)) for layer in layers}
+
+        # Placeholder i sits on stage i (never ours: that slot is taken by our pieces).
+        listed = [*placeholders[:stage], *pieces, *placeholders[stage + 1:]]
+        self.nxd = pp_model_mod.NxDPPModel(
+            module=listed, num_microbatches=micro_batches, manual_pp_partition=True,
+            manual_pp_stage_partition_fn=partition, manual_pp_loss_fn=model.loss,
+            use_zero1_optimizer=True, return_loss_on_cpu=False, broadcast_and_average_loss=False)
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The step's mean loss on the last stage (a device tensor), zero elsewhere."""
+        loss = self.nxd.run_train(inputs=inputs, labels=targets)  # CPU tensors, as NxD wants
+        if self.ps.is_last_stage and loss is not None:
+            return loss.float()
+        return torch.zeros((), device=self.ps.device)
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.nxd.run_eval(inputs=inputs, labels=targets)
+        if self.ps.is_last_stage and loss is not None:
+            return loss.float()
+        return torch.zeros((), device=self.ps.device)

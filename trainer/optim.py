@@ -78,7 +78,10 @@ class ShardedAdamW:
             self.param_buf = torch.zeros(self.total, device=dev, dtype=dtype)
             self.grad_buf = torch.zeros(self.total, device=dev, dtype=dtype)
         decay = torch.zeros(self.shard_len)
-        self.replicated: list[tuple[int, int]] = []  # ranges (within the shard) counted 1/tp in the norm
+        # Ranges (within the shard) held by n ranks, counted 1/n in the norm: (lo, hi, n).
+        self.replicated: list[tuple[int, int, int]] = []
+        # Ranges of the full flat vector holding replicated key/value heads, summed over kv_group.
+        self.kv_ranges: list[tuple[int, int]] = []
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -92,7 +95,15 @@ class ShardedAdamW:
                     if p.dim() >= 2:
                         decay[lo:hi] = 1.0  # no weight decay on norms and biases
                     if getattr(p, "tp_replicated", False) and ps.tp > 1:
-                        self.replicated.append((lo, hi))
+                        self.replicated.append((lo, hi, ps.tp))
+                kv = getattr(p, "kv_replicated", None)
+                if kv is not None:
+                    copies, ranges = kv
+                    for a, b in ranges:
+                        self.kv_ranges.append((offset + a, offset + b))
+                        lo, hi = max(offset + a, self.start) - self.start, min(offset + b, self.start + self.shard_len) - self.start
+                        if lo < hi:
+                            self.replicated.append((lo, hi, copies))
                 offset += n
         self.sequence_partial = [p for p in self.params if getattr(p, "sequence_partial", False)]
         # Runs of the shard with the same weight decay, for the fused kernel's tensor lists.
@@ -154,15 +165,16 @@ class ShardedAdamW:
             all_reduce(p.grad, ps.tp_group)
         flat = self.grads_flat()
         grads = flat if flat.dtype == torch.float32 else flat.float()
+        for lo, hi in self.kv_ranges:  # each replica saw only its own query heads' share
+            all_reduce(grads[lo:hi], ps.kv_group)
         if self.zero1:
             grads = reduce_scatter_dim(grads.unsqueeze(0), 1, ps.dp_group).squeeze(0)
         else:
             all_reduce(grads, ps.dp_group)
         grads.div_(ps.dp)
         sq = sum_sq(grads)
-        for lo, hi in self.replicated:  # held in full by every TP rank: count once
-            seg = grads[lo:hi]
-            sq -= (1.0 - 1.0 / ps.tp) * sum_sq(seg)
+        for lo, hi, copies in self.replicated:  # held by several TP ranks: count once
+            sq -= (1.0 - 1.0 / copies) * sum_sq(grads[lo:hi])
         if self.zero1:
             all_reduce(sq, ps.dp_group)
         all_reduce(sq, ps.tp_group)
@@ -270,6 +282,9 @@ class ShardedAdamW:
             if getattr(p, "tp_replicated", False) and self.ps.tp > 1:
                 seg = flat[offset:offset + p.numel()]
                 sq -= (1.0 - 1.0 / self.ps.tp) * sum_sq(seg)
+            copies, ranges = getattr(p, "kv_replicated", (1, []))
+            for a, b in ranges:
+                sq -= (1.0 - 1.0 / copies) * sum_sq(flat[offset + a:offset + b])
             offset += p.numel()
         all_reduce(sq, self.ps.tp_group)
         all_reduce(sq, self.ps.pp_group)

@@ -100,6 +100,8 @@ class ParallelState:
     sequence_parallel: bool
     pp_rank: int = 0
     pp_group: object | None = None
+    kv_group: object | None = None
+    """The ranks of this TP group that hold the same key/value heads (replicated K/V)."""
     runtime: object = field(default_factory=EagerRuntime)
     """Step boundaries: EagerRuntime, or neuron.XlaRuntime on the lazy XLA device."""
 
@@ -136,10 +138,11 @@ class ParallelState:
         if self.backend == "xla":
             from .neuron import XlaLayers
             return XlaLayers()
-        return TPContext(self.tp, self.tp_rank, self.tp_group, self.sequence_parallel)
+        return TPContext(self.tp, self.tp_rank, self.tp_group, self.sequence_parallel, self.kv_group)
 
 
-def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32") -> ParallelState:
+def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32",
+                  kv_replicas: int = 1) -> ParallelState:
     """Initialise torch.distributed from torchrun's environment (or a single process).
 
     ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
@@ -150,7 +153,7 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
     """
     if backend_kind in ("neuron", "xla"):
         from .neuron import init_xla_parallel
-        return init_xla_parallel(backend_kind, layout_fn, sequence_parallel, precision)
+        return init_xla_parallel(backend_kind, layout_fn, sequence_parallel, precision, kv_replicas)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -162,7 +165,7 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
         device = torch.device("cpu")
     grid = RankGrid(layout.pipeline, layout.data, layout.tensor)
     pp_rank, dp_rank, tp_rank = grid.coords(rank)
-    groups: dict[str, object | None] = {"tp": None, "dp": None, "pp": None}
+    groups: dict[str, object | None] = {"tp": None, "dp": None, "pp": None, "kv": None}
     if world_size > 1:
         dist.init_process_group("nccl" if backend_kind == "cuda" else "gloo",
                                 timeout=datetime.timedelta(minutes=10))
@@ -171,9 +174,16 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
                 g = dist.new_group(ranks)
                 if rank in ranks:
                     groups[kind] = g
+        if kv_replicas > 1:  # consecutive TP ranks share a key/value head
+            for tp_ranks in grid.groups("tp"):
+                for i in range(0, len(tp_ranks), kv_replicas):
+                    g = dist.new_group(tp_ranks[i:i + kv_replicas])
+                    if rank in tp_ranks[i:i + kv_replicas]:
+                        groups["kv"] = g
     return ParallelState(backend=backend_kind, device=device, rank=rank, world_size=world_size,
                          local_rank=local_rank, layout=layout, tp_rank=tp_rank, dp_rank=dp_rank,
                          tp_group=groups["tp"], dp_group=groups["dp"], pp_rank=pp_rank, pp_group=groups["pp"],
+                         kv_group=groups["kv"],
                          sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=eager_runtime())
 
 
@@ -320,16 +330,19 @@ class TPContext:
     keeps its shard.
     """
 
-    def __init__(self, size: int = 1, rank: int = 0, group=None, sequence_parallel: bool = False):
+    def __init__(self, size: int = 1, rank: int = 0, group=None, sequence_parallel: bool = False,
+                 kv_group=None):
         self.size, self.rank, self.group = size, rank, group
         self.sequence_parallel = sequence_parallel and size > 1
+        self.kv_group = kv_group
 
     # -- the factory ----------------------------------------------------------------------
 
     def column_linear(self, full_weight: torch.Tensor, splits: list[int] | None = None,
-                      full_bias: torch.Tensor | None = None) -> nn.Module:
-        """Input [b, s(/tp), h], output this rank's columns [b, s, out/tp]."""
-        return ColumnParallelLinear(full_weight, self, splits, full_bias)
+                      full_bias: torch.Tensor | None = None, replicas: list[int] | None = None) -> nn.Module:
+        """Input [b, s(/tp), h], output this rank's columns [b, s, out/tp]. ``replicas[i]``
+        ranks share block i (replicated key/value heads; see shard_rows)."""
+        return ColumnParallelLinear(full_weight, self, splits, full_bias, replicas)
 
     def row_linear(self, full_weight: torch.Tensor, full_bias: torch.Tensor | None = None) -> nn.Module:
         """Input this rank's columns, output the combined result (+ bias) [b, s(/tp), h]."""
@@ -365,12 +378,28 @@ class TPContext:
         return _ReduceFromTP.apply(x, self.group)
 
 
-def shard_rows(full: torch.Tensor, tp: TPContext, splits: list[int] | None = None) -> torch.Tensor:
+def shard_rows(full: torch.Tensor, tp: TPContext, splits: list[int] | None = None,
+               replicas: list[int] | None = None) -> torch.Tensor:
     """Rows of a column-parallel weight for this rank. With ``splits`` the full weight is
     stacked blocks of those sizes (q, k, v or gate, up) and each rank takes its slice of every
-    block, stacked: the NxD ``stride=`` layout (on TP rank r, qkv is cat(q_r, k_r, v_r))."""
+    block, stacked: the NxD ``stride=`` layout (on TP rank r, qkv is cat(q_r, k_r, v_r)).
+    A block with ``replicas[i] = n > 1`` is split n times fewer, and n consecutive ranks hold
+    the same slice (key/value heads replicated when TP exceeds their number)."""
     blocks = full.split(splits, dim=0) if splits else (full,)
-    return torch.cat([b.chunk(tp.size, dim=0)[tp.rank] for b in blocks], dim=0).contiguous()
+    reps = replicas or [1] * len(blocks)
+    return torch.cat([b.chunk(tp.size // n, dim=0)[tp.rank // n] for b, n in zip(blocks, reps)], dim=0).contiguous()
+
+
+def replicated_row_ranges(splits: list[int], replicas: list[int], tp_size: int, in_features: int
+                          ) -> list[tuple[int, int]]:
+    """Element ranges of a local column-parallel weight (flattened) that other ranks hold too."""
+    out, row = [], 0
+    for size, n in zip(splits, replicas):
+        local = size * n // tp_size
+        if n > 1:
+            out.append((row * in_features, (row + local) * in_features))
+        row += local
+    return out
 
 
 def shard_cols(full: torch.Tensor, tp: TPContext) -> torch.Tensor:
@@ -382,11 +411,12 @@ class ColumnParallelLinear(nn.Module):
     input is gathered along the sequence first with sequence parallel."""
 
     def __init__(self, full_weight: torch.Tensor, tp: TPContext, splits: list[int] | None = None,
-                 full_bias: torch.Tensor | None = None):
+                 full_bias: torch.Tensor | None = None, replicas: list[int] | None = None):
         super().__init__()
         self.tp = tp
-        self.weight = nn.Parameter(shard_rows(full_weight, tp, splits))
-        self.bias = nn.Parameter(shard_rows(full_bias, tp, splits)) if full_bias is not None else None
+        self.weight = nn.Parameter(shard_rows(full_weight, tp, splits, replicas))
+        self.bias = nn.Parameter(shard_rows(full_bias, tp, splits, replicas)) if full_bias is not None else None
+        mark_kv_replicated(self, tp, splits, replicas)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.tp.enter(x), self.weight, self.bias)
@@ -432,6 +462,20 @@ class ParallelEmbedding(nn.Module):
         if self.tp.sequence_parallel:
             return _ScatterSeq.apply(out, self.tp.group)
         return _ReduceFromTP.apply(out, self.tp.group)
+
+
+def mark_kv_replicated(layer: nn.Module, tp: TPContext, splits: list[int] | None,
+                       replicas: list[int] | None) -> None:
+    """Record on a column-parallel layer's parameters which of their elements other TP ranks
+    hold too (``kv_replicated = (replicas, element ranges)``). Each rank's gradient of those
+    elements covers only its own query heads: the optimizer sums them over ``tp.kv_group`` and
+    counts them once in the global norm."""
+    if not replicas or max(replicas) == 1:
+        return
+    n = max(replicas)
+    layer.weight.kv_replicated = (n, replicated_row_ranges(splits, replicas, tp.size, layer.weight.shape[1]))
+    if layer.bias is not None:
+        layer.bias.kv_replicated = (n, replicated_row_ranges(splits, replicas, tp.size, 1))
 
 
 def mark_replicated(module: nn.Module, tp: TPContext) -> None:

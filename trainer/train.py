@@ -46,7 +46,8 @@ class Trainer:
         local_world = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
         self.ps: ParallelState = init_parallel(
             backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend, local_world),
-            cfg.parallelism.sequence_parallel, cfg.training.precision)
+            cfg.parallelism.sequence_parallel, cfg.training.precision,
+            cfg.model.kv_replicas(cfg.parallelism.tensor))
         ps, tcfg = self.ps, cfg.training
         if backend == "cpu":
             torch.use_deterministic_algorithms(True)

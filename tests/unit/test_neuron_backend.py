@@ -60,7 +60,8 @@ def test_nxd_layers_without_nxd_fail_naming_the_package():
 
 
 LAYOUT_REFUSALS = [  # what a backend cannot run: refused by the trainer and at submission alike
-    ({"parallelism": {"tensor": 8, "pipeline": 4}}, "parallelism.pipeline", "not implemented"),
+    ({"parallelism": {"tensor": 8, "pipeline": 4}, "training": {"globalBatchSize": 32}}, "training.globalBatchSize",
+     "1F1B"),
     ({"parallelism": {"tensor": 64}, "model": {"preset": "neox-20b"}, "nodes": 4}, "parallelism.tensor",
      "processes per node"),
 ]
@@ -95,12 +96,20 @@ def test_xla_backend_is_one_process_only():
     assert parse({**body, "nodes": 1}).run.backend == "xla"
 
 
-def test_pipeline_refused_on_every_backend_by_the_trainer_too():
-    from trainer.config import derive_layout
+def test_pipeline_layouts_are_checked_alike_on_every_backend():
+    """Pipeline stages run on cpu, cuda and neuron; what no schedule can run is refused by the
+    trainer (fatal exit) and at submission alike, with the field named."""
     from trainer.config import ModelConfig, ParallelConfig, TrainingConfig, derive_layout
+    model, train = ModelConfig(num_layers=4), TrainingConfig(global_batch_size=16, micro_batch_size=4)
     for backend in ("cpu", "cuda", "neuron", "auto"):
-        with pytest.raises(ConfigError, match="pipeline parallelism is not implemented"):
-            derive_layout(2, ModelConfig(), ParallelConfig(pipeline=2), TrainingConfig(), backend)
+        layout = derive_layout(4, model, ParallelConfig(pipeline=2), train, backend)
+        assert (layout.pipeline, layout.data, layout.grad_accum_steps) == (2, 2, 2)
+        with pytest.raises(ConfigError, match="at least 2") as err:  # one micro-batch per step
+            derive_layout(8, model, ParallelConfig(pipeline=2), train, backend)
+        assert err.value.field == "training.globalBatchSize"
+        with pytest.raises(ConfigError) as err:
+            derive_layout(6, ModelConfig(num_layers=4), ParallelConfig(pipeline=3), train, backend)
+        assert err.value.field == "parallelism.pipeline"
 
 
 def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
