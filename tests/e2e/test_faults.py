@@ -76,6 +76,34 @@ def test_fault_is_survived_with_exact_resume(e2e, reference, tiny_data, tmp_path
     survive(e2e, reference, e2e.namespace(fault), body, fault)
 
 
+@pytest.fixture(scope="module")
+def pipeline_reference(e2e, tiny_data, tmp_path_factory):
+    """The pipeline spec with no fault (PP 2 x DP 2 reproduces a TP 2 x DP 2 run only within
+    float tolerance, so it gets its own bitwise reference)."""
+    d = Drill(e2e.cluster, e2e.namespace("pp-reference"),
+              pipeline_spec("ppref", tiny_data, tmp_path_factory.mktemp("pp-reference")))
+    d.create()
+    st = finish(d)
+    truth = drill.ground_truth(d.losses_path, st["createdTime"])
+    assert sorted(truth.losses) == list(range(1, STEPS + 1)) and not st.get("failures")
+    return truth
+
+
+def pipeline_spec(name: str, tiny_data, workdir):
+    """Two pipeline stages (layers 0-1 on node 0's ranks' stage, 2-3 on the other) x DP 2."""
+    body = spec_for(name, tiny_data, workdir)
+    body["spec"]["parallelism"] = {"tensor": 1, "pipeline": 2, "zero1": True}
+    return body
+
+
+def test_pipeline_run_survives_a_killed_rank_with_exact_resume(e2e, pipeline_reference, tiny_data, tmp_path):
+    """A rank of a PP 2 x DP 2 gang is SIGKILLed under the operator: the gang restarts, every
+    stage resumes from its own pp_rank shards of the newest complete checkpoint, and the run
+    reproduces its uninterrupted losses bitwise."""
+    survive(e2e, pipeline_reference, e2e.namespace("pipeline"), pipeline_spec("pp", tiny_data, tmp_path),
+            "kill-rank")
+
+
 @pytest.mark.s3
 def test_checkpoints_on_s3_with_credentials_from_a_secret(e2e, reference, tiny_data, tmp_path):
     """The same drill with checkpoints on the loopback S3 server: the pods get the endpoint

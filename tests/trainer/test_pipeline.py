@@ -71,3 +71,43 @@ def test_bad_pipeline_settings_exit_fatal_naming_the_field(extra, field, tiny_da
     res = run_trainer(2, [*data_overrides(tiny_data), "checkpoint.uri=", *extra])
     assert res.returncode == exitcodes.FATAL, res.stderr[-3000:]
     assert f"invalid configuration: {field}:" in res.stderr
+
+
+def test_pipeline_checkpoint_merges_into_hugging_face_weights(tiny_data, tmp_path):
+    """A PP 2 x TP 2 checkpoint (four model shard files) read back whole (convert.read_tag,
+    which trainer.convert and trainer.evaluate use) equals one process's, tensor for tensor.
+    A learning rate of 1e-30 (below float32 resolution of the weights) keeps them at their
+    identical initial values, so the comparison is exact: it checks the shard layout, not float agreement (the loss tests do that)."""
+    import torch
+
+    from trainer import convert, hf
+    steps = ["training.steps=3", "training.warmupSteps=1", "checkpoint.intervalSteps=3", "training.lr=1.0e-30",
+             "training.minLr=1.0e-30"]
+    single = run_trainer(1, overrides(tiny_data, tmp_path, "one", *steps))
+    assert single.returncode == 0, single.stderr[-3000:]
+    staged = run_trainer(4, overrides(tiny_data, tmp_path, "pp", *steps, "parallelism.pipeline=2",
+                                      "parallelism.tensor=2"))
+    assert staged.returncode == 0, staged.stderr[-3000:]
+    meta, cfg, shards = convert.read_tag(str(tmp_path / "pp-ckpt" / "step_3"))
+    assert meta["layout"]["pipeline"] == 2 and len(meta["files"]) == 2 * 4 + 3
+    got = hf.merge_to_hf(shards, cfg)
+    _, _, one = convert.read_tag(str(tmp_path / "one-ckpt" / "step_3"))
+    want = hf.merge_to_hf(one, cfg)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_bubble_benchmark_runs(tmp_path):
+    """bench.pipeline_bubble end to end on its smallest configuration (figures in bench/README.md;
+    nothing about speed is asserted here)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    res = subprocess.run([sys.executable, "-m", "bench.pipeline_bubble", "--configs", "2x2", "--forward-ms", "5",
+                          "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = next(line for line in res.stdout.splitlines() if line.startswith("|      2 |"))
+    bubble, bound = (float(row.split("|")[i]) for i in (5, 6))
+    assert bound == pytest.approx(1 / 3, abs=1e-3) and 0 < bubble < 1
