@@ -531,6 +531,18 @@ def _apply_preset(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "model": merged}
 
 
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``3e-4`` is a number (YAML 1.1, and so
+    PyYAML, read it as a string unless written ``3.0e-4``), as kubectl and the API server read
+    the same manifest."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$"),
+    list("-+0123456789"))
+
+
 def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = raw
@@ -549,7 +561,7 @@ def from_dict(raw: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = (
             raise ConfigError(item, "override must look like group.field=value")
         key, text = item.split("=", 1)
         key = ".".join(camel(p) if "_" in p else p for p in key.strip().split("."))
-        _set_path(raw, key, yaml.safe_load(text) if text.strip() else "")
+        _set_path(raw, key, yaml.load(text, Loader=YamlLoader) if text.strip() else "")
     cfg = _build(RunConfig, _apply_preset(raw), "")
     cfg.validate()
     if not cfg.data.tokenizer and cfg.init.is_hf():  # the model's own tokenizer
@@ -563,7 +575,7 @@ def load(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
 
     try:
         with fsspec.open(path, "r") as fh:
-            raw = yaml.safe_load(fh) or {}
+            raw = yaml.load(fh, Loader=YamlLoader) or {}
     except FileNotFoundError:
         raise ConfigError("--config", f"file not found: {path}") from None
     except yaml.YAMLError as exc:

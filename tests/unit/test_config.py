@@ -81,3 +81,17 @@ def test_roundtrip_and_digest(tmp_path):
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="--config: file not found"):
         load(str(tmp_path / "absent.yaml"))
+
+
+def test_exponent_floats_read_as_numbers_as_kubectl_reads_them(tmp_path):
+    """`lr: 3e-4` is a float in YAML 1.2 (kubectl, the API server); PyYAML's 1.1 rules would
+    make it the string '3e-4' and the run would be refused."""
+    import yaml
+    raw = yaml.safe_load(yaml.safe_dump(to_dict(cfg())))
+    text = yaml.safe_dump(raw).replace("lr: 0.003", "lr: 3e-3").replace("minLr: 0.0003", "minLr: 3e-4")
+    assert "lr: 3e-3" in text
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    loaded = load(str(path))
+    assert loaded.training.lr == 3e-3 and loaded.training.min_lr == 3e-4
+    assert load(str(path), ["training.lr=1e-2"]).training.lr == 1e-2
