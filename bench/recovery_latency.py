@@ -1,19 +1,28 @@
-"""Failure detection and recovery latency: the operator against an Indexed Job, same cluster.
+"""Failure detection and recovery latency: the operator against JobSet and an Indexed Job, same cluster.
 
-    python -m bench.recovery_latency [--nodes 16,128] [--faults 20] [--kinds crash,not-ready]
+    python -m bench.recovery_latency [--nodes 16,128] [--faults 20] [--kinds crash,not-ready,neuron-health]
+                                     [--peers jobset,job]
 
 Starts its own local control plane (tools/localcluster) with nodes + 4 spare trn1.32xlarge
 nodes, then for each gang size:
   ours  a TrainingRun; progress written as the trainer writes it; each fault is injected into
         the running gang; detect = the run's status records the failure; recover = every pod of
         the next attempt is Running.
-  peer  an Indexed Job (completions = parallelism = nodes) with a podFailurePolicy (FailJob on
+  jobset  JobSet v0.12.0 (bench/jobset.py: built from its Go module, its controller run out of
+        cluster like ours), one Job of ``nodes`` pods with backoffLimit 0 and failurePolicy
+        Recreate: any failed rank restarts the whole gang, as Kubeflow Trainer v2 runs it;
+        detect = status.restarts counts the restart; recover = every pod of the new attempt
+        (label jobset.sigs.k8s.io/restart-attempt) is Running.
+  job   an Indexed Job (completions = parallelism = nodes) with a podFailurePolicy (FailJob on
         the fatal exit code 78, Ignore on DisruptionTarget), as a user would run torchrun
         without the operator; detect = the Job controller creates a replacement pod; recover =
         the replacement is Running. The Job replaces only the failed index (a torchrun gang
         does not survive that) and leaves pods on NotReady nodes until taint-based eviction
         (300 s by default); waits are capped at --peer-timeout.
-Prints p50/p95 per gang size, method and fault kind, and the ratio peer / ours.
+Faults: crash (a rank's container exits 1), not-ready (the node's kubelet reports NotReady),
+neuron-health (the Neuron node problem detector's NeuronHealth condition turns True). Peers
+that never react to a fault show ">cap" (--peer-timeout). Prints p50/p95 per gang size, method
+and fault kind, and the ratios peer / ours for detection and for recovery.
 """
 
 from __future__ import annotations
@@ -74,8 +83,11 @@ class Bench:
         self.operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", "0",
                                           "--liveness-port", str(free_base_port(26000))], env=env,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.jobset_controller = None
 
     def close(self):
+        if self.jobset_controller is not None:
+            self.jobset_controller.close()
         self.operator.terminate()
         self.operator.wait(20)
         self.cluster.down()
@@ -99,6 +111,7 @@ class Bench:
     def heal(self, node):
         from localcluster import faults
         faults.node_recover(self.core, node)
+        faults.neuron_healthy(self.core, node)
         n = self.core.read_node(node)
         taints = [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []
                   if t.key != "trainium.dev/quarantined"]
@@ -129,7 +142,7 @@ class Bench:
                 raise RuntimeError(f"attempt {attempt} did not come up")
             if i:
                 results[kind][1].append(time.monotonic() - t_detect)
-                if kind == "not-ready":
+                if kind != "crash":
                     self.heal(bad)
             if i == self.args.faults:
                 break
@@ -142,10 +155,7 @@ class Bench:
             victim = gang[i % n]
             bad = victim.spec.node_name
             seen = len(self._status(ns, name).get("failures") or [])
-            if kind == "crash":
-                faults.pod_fail(self.core, ns, victim.metadata.name, 1)
-            else:
-                faults.node_not_ready(self.core, bad)
+            inject(self.core, kind, ns, victim)
             d = wait(lambda: len(self._status(ns, name).get("failures") or []) > seen, 120, 0.02)
             t_detect = time.monotonic()
             results[kind][0].append(d)
@@ -160,7 +170,6 @@ class Bench:
 
     def job(self, n, ns, kinds):
         from localcluster import faults
-        limits = {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"}
         body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "torchrun"}, "spec": {
             # backoffLimitPerIndex: each index gets its own failure backoff (10 s, doubling), the
             # Job's best configuration for replacing single ranks.
@@ -168,12 +177,7 @@ class Bench:
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [78]}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
-            "template": {"metadata": {"labels": {"trainium.dev/keep-running": "true", "bench": "job"}}, "spec": {
-                "restartPolicy": "Never",
-                "nodeSelector": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
-                "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}],
-                "containers": [{"name": "trainer", "image": "trainer:bench",
-                                "resources": {"limits": limits, "requests": limits}}]}}}}
+            "template": self.pod_template("job")}}
         self.batch.create_namespaced_job(ns, body)
         results = {k: ([], []) for k in kinds}
         cap = self.args.peer_timeout
@@ -185,10 +189,7 @@ class Bench:
             victim = gang[i % n]
             index = victim.metadata.labels.get("batch.kubernetes.io/job-completion-index")
             before = {p.metadata.name for p in self.core.list_namespaced_pod(ns, label_selector="bench=job").items}
-            if kind == "crash":
-                faults.pod_fail(self.core, ns, victim.metadata.name, 1)
-            else:
-                faults.node_not_ready(self.core, victim.spec.node_name)
+            inject(self.core, kind, ns, victim)
 
             def replacement():
                 return next((p for p in self.pods(ns, f"bench=job,batch.kubernetes.io/job-completion-index={index}")
@@ -199,55 +200,149 @@ class Bench:
             results[kind][1].append(r)
             print(f"  job  n={n} fault {i + 1}/{self.args.faults} {kind}: replacement "
                   f"{fmt(d, cap)}s, running {fmt(r, cap)}s later", flush=True)
-            if kind == "not-ready":
+            if kind != "crash":
                 self.heal(victim.spec.node_name)
                 if d is None:  # the Job never reacted: clean the stuck index so the next fault starts clean
                     self.core.delete_namespaced_pod(victim.metadata.name, ns, grace_period_seconds=0)
         self.batch.delete_namespaced_job("torchrun", ns, propagation_policy="Background")
         return results
 
+    # -- peer: JobSet -----------------------------------------------------------------------
+
+    def jobset(self, n, ns, kinds):
+        from bench import jobset as js
+        if self.jobset_controller is None:
+            self.cluster.kubectl("apply", "--server-side", "-f", str(js.crd_path()))
+            if wait(lambda: self._established("jobsets.jobset.x-k8s.io"), 60) is None:
+                raise RuntimeError("the JobSet CRD did not become Established")
+            self.jobset_controller = js.Controller(self.cluster.kubeconfig, Path(tempfile.mkdtemp(prefix="bench-jobset-")))
+        self.custom.create_namespaced_custom_object(js.GROUP, js.API_VERSION, ns, js.PLURAL,
+                                                    js.gang("torchrun", n, self.pod_template("jobset")))
+        results = {k: ([], []) for k in kinds}
+        cap = self.args.peer_timeout
+
+        def restarts():
+            st = self.custom.get_namespaced_custom_object(js.GROUP, js.API_VERSION, ns, js.PLURAL, "torchrun")
+            return (st.get("status") or {}).get("restarts") or 0
+
+        def gang_running(attempt):
+            pods = self.pods(ns, f"bench=jobset,jobset.sigs.k8s.io/restart-attempt={attempt}")
+            return len(pods) == n and all(p.status.phase == "Running" for p in pods)
+        for i in range(self.args.faults):
+            before = restarts()
+            if wait(lambda: gang_running(before), 300) is None:
+                raise RuntimeError(f"JobSet attempt {before} did not come up")
+            kind = kinds[i % len(kinds)]
+            gang = sorted(self.pods(ns, f"bench=jobset,jobset.sigs.k8s.io/restart-attempt={before}"),
+                          key=lambda p: p.metadata.name)
+            victim = gang[i % n]
+            inject(self.core, kind, ns, victim)
+            d = wait(lambda: restarts() > before, cap, 0.02)
+            r = wait(lambda: gang_running(before + 1), cap) if d else None
+            results[kind][0].append(d)
+            results[kind][1].append(r)
+            print(f"  jobset n={n} fault {i + 1}/{self.args.faults} {kind}: restart {fmt(d, cap)}s, "
+                  f"new gang running {fmt(r, cap)}s later", flush=True)
+            if kind != "crash":
+                self.heal(victim.spec.node_name)
+        self.custom.delete_namespaced_custom_object(js.GROUP, js.API_VERSION, ns, js.PLURAL, "torchrun")
+        return results
+
+    def _established(self, crd):
+        from kubernetes import client
+        try:
+            obj = client.ApiextensionsV1Api(self.core.api_client).read_custom_resource_definition(crd)
+        except Exception:
+            return False
+        return any(c.type == "Established" and c.status == "True" for c in obj.status.conditions or [])
+
+    def pod_template(self, label):
+        limits = {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"}
+        return {"metadata": {"labels": {"trainium.dev/keep-running": "true", "bench": label}}, "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+            "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "trainer", "image": "trainer:bench",
+                            "resources": {"limits": limits, "requests": limits}}]}}
+
+
+def inject(core, kind, ns, victim):
+    """One fault into a running pod of a gang: crash, not-ready or neuron-health."""
+    from localcluster import faults
+    if kind == "crash":
+        faults.pod_fail(core, ns, victim.metadata.name, 1)
+    elif kind == "not-ready":
+        faults.node_not_ready(core, victim.spec.node_name)
+    elif kind == "neuron-health":
+        faults.neuron_error(core, victim.spec.node_name)
+    else:
+        raise SystemExit(f"unknown fault kind {kind!r} (crash, not-ready, neuron-health)")
+
+
+PEERS = {"jobset": "jobset", "job": "indexed-job"}
+
 
 def main() -> None:
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="16")
-    ap.add_argument("--faults", type=int, default=20)
-    ap.add_argument("--kinds", default="crash,not-ready")
+    ap.add_argument("--faults", type=int, default=20, help="faults per method and gang size")
+    ap.add_argument("--kinds", default="crash,not-ready,neuron-health")
+    ap.add_argument("--peers", default="jobset,job", help="comma-separated: jobset, job (Indexed Job)")
     ap.add_argument("--peer-timeout", type=float, default=30.0)
     args = ap.parse_args()
     stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
-    kinds = args.kinds.split(",")
+    kinds, peers = args.kinds.split(","), [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"unknown peer(s) {sorted(unknown)}: choose from {', '.join(PEERS)}")
+    if "jobset" in peers:
+        from bench import jobset
+        jobset.build()  # before the control plane starts: a first build takes minutes
     b = Bench(args)
     rows = []
     try:
         from localcluster.nodes import create_nodes
         for n in [int(x) for x in args.nodes.split(",")]:
             create_nodes(b.core, n + 4, "trn1.32xlarge", f"b{n}-")
-            for method in ("ours", "job"):
+            for method in ("ours", *peers):
                 ns = f"bench-{method}-{n}"
                 b.namespace(ns)
-                res = (b.ours if method == "ours" else b.job)(n, ns, kinds)
+                res = getattr(b, method)(n, ns, kinds)
                 for kind, (det, rec) in res.items():
                     rows.append((n, method, kind, det, rec))
             for node in b.core.list_node(label_selector="type=kwok").items:
                 b.core.delete_node(node.metadata.name)
     finally:
         b.close()
+    print("\nDetection and recovery latency (seconds; recover = from detection until every pod of the new gang "
+          "is Running; for the Indexed Job, until its one replacement pod is)")
+    print(table(["nodes", "method", "fault", "n", "detect p50", "detect p95", "recover p50", "recover p95"],
+                result_rows(rows, kinds, peers, args.peer_timeout)))
+
+
+def result_rows(rows, kinds, peers, cap):
+    """The table: per gang size and fault, the operator, each peer, and peer / operator ratios
+    of the p50s (a peer that never reacted counts as the cap, marked +)."""
     out = []
     for n in sorted({r[0] for r in rows}):
         for kind in kinds:
             ours = next(r for r in rows if r[0] == n and r[1] == "ours" and r[2] == kind)
-            peer = next(r for r in rows if r[0] == n and r[1] == "job" and r[2] == kind)
-            for method, r in (("operator", ours), ("indexed-job", peer)):
-                cap = args.peer_timeout if method == "indexed-job" else None
-                out.append([n, method, kind, len(r[3]), fmt(pct(r[3], .5), cap), fmt(pct(r[3], .95), cap),
+            out.append([n, "operator", kind, len(ours[3]), fmt(pct(ours[3], .5)), fmt(pct(ours[3], .95)),
+                        fmt(pct(ours[4], .5)), fmt(pct(ours[4], .95))])
+            for peer in peers:
+                r = next(r for r in rows if r[0] == n and r[1] == peer and r[2] == kind)
+                out.append([n, PEERS[peer], kind, len(r[3]), fmt(pct(r[3], .5), cap), fmt(pct(r[3], .95), cap),
                             fmt(pct(r[4], .5), cap), fmt(pct(r[4], .95), cap)])
-            o50, p50 = pct(ours[3], .5), pct(peer[3], .5)
-            ratio = f"{(p50 or args.peer_timeout) / o50:.1f}x" + ("+" if p50 is None else "") if o50 else "n/a"
-            out.append([n, "ratio job/operator (detect p50)", kind, "", ratio, "", "", ""])
-    print("\nDetection and recovery latency (seconds; recover = after detection for the operator, "
-          "after the replacement appeared for the Job)")
-    print(table(["nodes", "method", "fault", "n", "detect p50", "detect p95", "recover p50", "recover p95"], out))
+                out.append([n, f"ratio {PEERS[peer]}/operator", kind, "", _ratio(pct(r[3], .5), pct(ours[3], .5), cap),
+                            "", _ratio(pct(r[4], .5), pct(ours[4], .5), cap), ""])
+    return out
+
+
+def _ratio(peer, ours, cap):
+    if not ours:
+        return "n/a"
+    return f"{(peer or cap) / ours:.2f}x" + ("+" if peer is None else "")
 
 
 if __name__ == "__main__":

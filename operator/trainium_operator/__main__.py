@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(level, int):
         ap.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level > logging.DEBUG:  # kopf logs every successful timer tick and event handler at INFO: once a second per run
+    if level > logging.DEBUG:  # kopf logs every successful handler call at INFO: every pod change
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from kubernetes import client, config

@@ -1,12 +1,14 @@
 """kopf registration: thin handlers over the pure core (spec, plan, observe, policy, goodput).
 
 Two indices (pods of TrainingRuns, nodes) are kept current by kopf's watches, so a reconcile
-pass makes no API reads; a 1-second timer per TrainingRun runs reconcile.reconcile and applies
-its effects. State lives in the run's status: the operator can be killed and started again.
+pass makes no API reads; a loop per TrainingRun (a kopf daemon) runs reconcile.reconcile every
+second, and at once when one of its pods changes shape, and applies its effects. State lives in
+the run's status: the operator can be killed and started again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +27,9 @@ from .spec import API_GROUP, API_VERSION, PLURAL, checkpoint_layout
 
 log = logging.getLogger("trainium_operator")
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
+RECONCILE_INTERVAL = 1.0  # seconds between passes when nothing wakes a run's loop sooner
+ERROR_BACKOFF = 2.0
+OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
 CHECKPOINT_REFRESH_SECONDS = 15.0
 # While a gang is about to start, the checkpoint it is told to resume from must be current.
 CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
@@ -39,6 +44,9 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     # None while it is away). Trainers cannot write progress and kubelets cannot renew their
     # leases meanwhile: reconcile restarts the hang clock and holds the nodes it made look lost.
     memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "api_outage": None}
+    wake: dict[tuple[str, str], asyncio.Event] = {}  # per run: a pod changed, pass now
+    pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
+    node_shapes: dict[str, tuple | None] = {}  # the same for nodes
 
     def zones(cluster_nodes: kopf.Index) -> dict:
         """Node health per zone, over the whole cluster, computed at most once a second."""
@@ -67,9 +75,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     def cluster_nodes(name, body, **_):
         return {name: node_view(dict(body))}
 
-    @kopf.timer(API_GROUP, API_VERSION, PLURAL, id="reconcile", interval=1.0, sharp=False, backoff=2.0,
-                registry=registry)
-    def tick(body, name, namespace, run_pods: kopf.Index, cluster_nodes: kopf.Index, **_):
+    def reconcile_pass(body, name: str, namespace: str, run_pods: kopf.Index, cluster_nodes: kopf.Index) -> bool:
+        """One reconcile pass and its effects; returns whether the run's status was patched."""
         t0 = time.perf_counter()
         run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
                "status": dict(body.get("status") or {})}
@@ -94,11 +101,73 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
                 memo["api_outage"] = (memo["api_outage"][0], time.time())
                 log.info("the API server is back; every run's hang clock restarts now")
             metrics.observe_run(namespace, name, result.spec, status)
+            return status != run["status"]
         except Exception:
             metrics.count_error(namespace, name)
             raise
         finally:
             metrics.reconcile_seconds.observe(time.perf_counter() - t0)
+
+    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=5.0, registry=registry)
+    async def reconcile_loop(stopped, body, name, namespace, run_pods: kopf.Index, cluster_nodes: kopf.Index, **_):
+        """A pass every RECONCILE_INTERVAL seconds, and at once when one of the run's pods
+        changes phase, readiness, node or is deleted (``wake``): a restart then moves from
+        teardown to the new gang, and from scheduled to Running, without waiting for a tick.
+        After a pass that patched the status, the next one waits until the run's watch has
+        delivered that patch (its resourceVersion moved), so no pass decides on a status older
+        than its own last write (a failure is never recorded twice)."""
+        key = (namespace, name)
+        event = wake.setdefault(key, asyncio.Event())
+        try:
+            while not stopped:
+                event.clear()
+                before = body.get("metadata", {}).get("resourceVersion")
+                try:
+                    wrote = await asyncio.to_thread(reconcile_pass, body, name, namespace, run_pods, cluster_nodes)
+                except Exception as exc:
+                    if api_unreachable(exc):  # logged once per outage in reconcile_pass
+                        log.debug("%s/%s: reconcile pass failed: %s", namespace, name, exc)
+                    else:
+                        log.exception("%s/%s: reconcile pass failed; retrying in %.0fs", namespace, name,
+                                      ERROR_BACKOFF)
+                    await _sleep_unless(stopped, ERROR_BACKOFF)
+                    continue
+                if wrote:
+                    await _until_observed(body, before, stopped)
+                try:
+                    await asyncio.wait_for(event.wait(), RECONCILE_INTERVAL)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            wake.pop(key, None)
+
+    @kopf.on.event("pods", id="wake_on_pod_change", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
+    async def wake_on_pod_change(event, namespace, labels, name, body, **_):
+        """Wakes the run's reconcile loop when a pod's shape changes (not on progress reports,
+        which arrive every few seconds from every pod and are read at the next pass)."""
+        key = (namespace, labels[LABEL_RUN])
+        view = pod_view(dict(body))
+        shape = None if event.get("type") == "DELETED" else (view.phase, view.deleting, view.node, view.exit_code, view.unschedulable)
+        if pod_shapes.get((namespace, name)) != shape:
+            pod_shapes[(namespace, name)] = shape
+            if shape is None:
+                pod_shapes.pop((namespace, name), None)
+            if key in wake:
+                wake[key].set()
+
+    @kopf.on.event("nodes", id="wake_on_node_change", registry=registry)
+    async def wake_on_node_change(event, name, body, run_pods: kopf.Index, **_):
+        """Wakes the loops of runs with pods on a node whose health changed (Ready, NeuronHealth,
+        Neuron devices, deleted); not on the kubelet's periodic heartbeats."""
+        view = node_view(dict(body))
+        shape = None if event.get("type") == "DELETED" else (view.ready, view.neuron_error, view.neuron_allocatable)
+        if node_shapes.get(name, shape) == shape:
+            node_shapes[name] = shape
+            return
+        node_shapes[name] = shape
+        for key in list(run_pods):
+            if key in wake and any(p.node == name for p in run_pods.get(key, [])):
+                wake[key].set()
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, id="forget_deleted", registry=registry)
     def forget_deleted(event, namespace, name, **_):
@@ -107,6 +176,20 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
             memo["checkpoints"].pop((namespace, name), None)
 
     return registry
+
+
+async def _sleep_unless(stopped, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not stopped and time.monotonic() < deadline:
+        await asyncio.sleep(min(0.1, seconds))
+
+
+async def _until_observed(body, before: str | None, stopped) -> None:
+    """Wait until the live ``body`` (kopf updates it from the watch) has a resourceVersion
+    other than ``before``, at most OBSERVE_WRITE_TIMEOUT seconds."""
+    deadline = time.monotonic() + OBSERVE_WRITE_TIMEOUT
+    while not stopped and time.monotonic() < deadline and body.get("metadata", {}).get("resourceVersion") == before:
+        await asyncio.sleep(0.01)
 
 
 def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
