@@ -49,14 +49,17 @@ def test_standby_takes_over_mid_restart_and_on_upgrade(local_cluster, core_api, 
         leader, _ = wait_until(lambda: holder(coordination, namespace), timeout=30, what="a leader")
         standby = next(n for n in procs if n != leader)
         name = "ha"
-        create(custom, namespace, manifest(name, nodes=2))
+        # a 4 s backoff holds the run in Restarting long enough to kill the leader there (the
+        # restart itself takes well under a second)
+        create(custom, namespace, manifest(name, nodes=2, backoffSeconds=4))
         wait_running_gang(core_api, custom, namespace, name, 1, nodes=2)
         report(core_api, namespace, name, 1, 5)
         wait_until(lambda: status(custom, namespace, name).get("phase") == "Running", what="phase Running")
 
         # 1. the leader SIGKILLed while it restarts a gang after a crash
         faults.pod_fail(core_api, namespace, gang(core_api, namespace, name, 1)[0].metadata.name)
-        wait_until(lambda: status(custom, namespace, name).get("phase") == "Restarting", what="the restart to begin")
+        wait_until(lambda: status(custom, namespace, name).get("phase") == "Restarting", what="the restart to begin",
+                   interval=0.02)
         procs[leader].kill()
         killed = time.monotonic()
         new, took = wait_until(lambda: holder(coordination, namespace) == standby and standby, timeout=60,
