@@ -40,6 +40,10 @@ def stop_cleanly_on_signals() -> None:
     like Ctrl-C raises KeyboardInterrupt, so a benchmark's `finally` stops the control plane
     and the processes it started instead of leaving them running."""
     def stop(signum, _frame):
+        # once: a second signal (`timeout` forwarding the one `pkill` also sent) must not
+        # interrupt the cleanup the first one started
+        for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(other, signal.SIG_IGN)
         raise SystemExit(128 + signum)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)

@@ -74,6 +74,7 @@ class Gang:
         self.step_end = time.time()
         self.stopped = threading.Event()
         self.pending: list[tuple[float, int]] = []  # (completes at, step) of in-flight saves
+        self.inflight: list = []  # the current round of progress writes
 
     def train_until(self, deadline: float) -> None:
         """Train (and report) until wall time ``deadline`` or until stopped."""
@@ -98,10 +99,14 @@ class Gang:
                 next_report = time.time() + d.args.report_seconds
 
     def report(self) -> None:
+        """Every pod's annotation, written in the background as the trainer's reporter writes
+        (training never waits for the API); a round still in flight is not overtaken."""
+        if any(not f.done() for f in self.inflight):
+            return
         payload = progress.payload(self.step, 4096 * 1024 / STEP_SECONDS, 2.0, self.last_ckpt, now=self.step_end,
                                    start_step=self.start_step)
         patch = {"metadata": {"annotations": {progress.ANNOTATION: payload}}}
-        list(self.d.pool.map(lambda p: self.d.patch_pod(p, patch), self.pods))
+        self.inflight = [self.d.pool.submit(self.d.patch_pod, p, patch) for p in self.pods]
 
 
 class Drill:
@@ -198,27 +203,13 @@ class Drill:
         raise RuntimeError(f"attempt {attempt}'s gang did not run within {timeout:.0f}s")
 
     def inject(self, kind: str, gang: Gang) -> str | None:
+        """Returns the node to return to service once the run has restarted, if any."""
         from localcluster import faults
         victim = self.rng.choice(gang.pods)
-        node = victim.spec.node_name
         gang.stopped.set()  # a broken gang trains no further (its collectives stall)
-        if kind == "crash":
-            faults.pod_fail(self.core, self.ns, victim.metadata.name, 1)
-        elif kind == "not-ready":
-            faults.node_not_ready(self.core, node)
-        elif kind == "neuron-health":
-            faults.neuron_error(self.core, node)
-        # hang: nothing changes but progress
-        return node if kind in ("not-ready", "neuron-health") else None
-
-    def heal(self, node: str) -> None:
-        from localcluster import faults
-        faults.node_recover(self.core, node)
-        faults.neuron_healthy(self.core, node)
-        n = self.core.read_node(node)
-        taints = [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []
-                  if t.key != "trainium.dev/quarantined"]
-        self.core.patch_node(node, {"spec": {"taints": taints}})
+        if kind != "hang":  # a hang changes nothing but progress
+            faults.inject(self.core, kind, self.ns, victim)
+        return victim.spec.node_name if kind in ("not-ready", "neuron-health") else None
 
     def run(self) -> dict:
         args, c = self.args, self.args.compression
@@ -263,7 +254,8 @@ class Drill:
                     time.sleep(0.05)
                 attempt = int(self.status().get("attempt") or attempt)
             if node:
-                self.heal(node)
+                from localcluster import faults
+                faults.return_node(self.core, node)
             if injected % 10 == 0 or injected == args.faults:
                 st = self.status()
                 print(f"[drill] {injected}/{args.faults} faults ({time.time() - t_start:.0f}s): step {gang.step}, "

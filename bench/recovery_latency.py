@@ -110,12 +110,7 @@ class Bench:
 
     def heal(self, node):
         from localcluster import faults
-        faults.node_recover(self.core, node)
-        faults.neuron_healthy(self.core, node)
-        n = self.core.read_node(node)
-        taints = [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []
-                  if t.key != "trainium.dev/quarantined"]
-        self.core.patch_node(node, {"spec": {"taints": taints}})
+        faults.return_node(self.core, node)
         wait(lambda: all(t.key not in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
                          for t in self.core.read_node(node).spec.taints or []), 60)
 
@@ -267,16 +262,11 @@ class Bench:
 
 
 def inject(core, kind, ns, victim):
-    """One fault into a running pod of a gang: crash, not-ready or neuron-health."""
     from localcluster import faults
-    if kind == "crash":
-        faults.pod_fail(core, ns, victim.metadata.name, 1)
-    elif kind == "not-ready":
-        faults.node_not_ready(core, victim.spec.node_name)
-    elif kind == "neuron-health":
-        faults.neuron_error(core, victim.spec.node_name)
-    else:
-        raise SystemExit(f"unknown fault kind {kind!r} (crash, not-ready, neuron-health)")
+    try:
+        faults.inject(core, kind, ns, victim)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 PEERS = {"jobset": "jobset", "job": "indexed-job"}

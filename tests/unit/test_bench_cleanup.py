@@ -39,3 +39,21 @@ def test_sigterm_runs_the_benchmarks_finally(tmp_path):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.read_text() == "control plane stopped"
+
+
+def test_a_second_signal_does_not_cut_the_cleanup_short(tmp_path):
+    """`pkill -f` of a benchmark run under `timeout` signals it twice (once directly, once
+    forwarded): the cleanup the first SIGTERM started still finishes."""
+    marker = tmp_path / "cleaned"
+    script = (f"import time\nfrom bench.common import stop_cleanly_on_signals\nstop_cleanly_on_signals()\n"
+              f"try:\n    print('started', flush=True)\n    time.sleep(60)\n"
+              f"finally:\n    print('cleaning', flush=True)\n    time.sleep(1)\n"
+              f"    open({str(marker)!r}, 'w').write('control plane stopped')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline() == b"started\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() == b"cleaning\n"
+    proc.send_signal(signal.SIGTERM)  # the second one, during the cleanup
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert marker.read_text() == "control plane stopped"

@@ -134,6 +134,30 @@ def device_restore(core, node: str) -> None:
     core.patch_node_status(node, {"status": {"allocatable": {NEURON: cap[NEURON], NEURONCORE: cap[NEURONCORE]}}})
 
 
+def return_node(core, node: str) -> None:
+    """Undo a node fault and the quarantine that followed, as an admin returning a repaired node
+    would: Ready again, NeuronHealth cleared, the operator's quarantine taint removed."""
+    node_recover(core, node)
+    neuron_healthy(core, node)
+    n = core.read_node(node)
+    taints = [core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []
+              if t.key != "trainium.dev/quarantined"]
+    core.patch_node(node, {"spec": {"taints": taints}})
+
+
+def inject(core, kind: str, namespace: str, pod) -> None:
+    """One benchmark fault into a running pod (a V1Pod) of a gang: ``crash`` (its container exits
+    1), ``not-ready`` (its node's kubelet) or ``neuron-health`` (its node's NeuronHealth)."""
+    if kind == "crash":
+        pod_fail(core, namespace, pod.metadata.name, 1)
+    elif kind == "not-ready":
+        node_not_ready(core, pod.spec.node_name)
+    elif kind == "neuron-health":
+        neuron_error(core, pod.spec.node_name)
+    else:
+        raise ValueError(f"unknown fault kind {kind!r} (crash, not-ready, neuron-health)")
+
+
 def delete_node(core, node: str) -> None:
     core.delete_node(node)
 
