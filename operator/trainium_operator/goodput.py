@@ -13,7 +13,9 @@ end of teardown:
              earlier. A failure that never resumed is closed by the next failure.
   recompute  steps trained after the checkpoint the new attempt resumed from (``resumedStep``;
              before it resumed, the newest complete checkpoint), lost and trained again:
-             (failed attempt's last step - resumed step) x step time
+             (failed attempt's last step - resumed step) x step time. When that checkpoint is
+             past the last reported step (reports are rate-limited), the attempt's last step
+             is taken to be at least the checkpoint's, (resumed - reported) step times later.
 The initial start (creation -> training) counts as schedule time. Productive time is wall time
 minus all of it; the effective training ratio is productive / wall. A finished run's wall ends
 at its last step, so writing the final checkpoint and exiting is not counted as training.
@@ -41,6 +43,13 @@ def _walk(lost: dict, previous_end: float, failures: list[dict], after: float | 
         detected = f.get("time", now)
         nxt = failures[i + 1]["time"] if i + 1 < len(failures) else after
         last_step = max(f.get("lastProgressTime") or previous_end, previous_end)
+        step = f.get("step")
+        base = f["resumedStep"] if f.get("resumedStep") is not None else f.get("checkpointStep")
+        if step is not None and base is not None and base > step and step_s:
+            # the attempt wrote a complete checkpoint past its last report, so it trained at
+            # least that far: those steps survive and are not lost (progress reports are
+            # rate-limited; the newest one can be behind the checkpoint)
+            last_step = min(detected, last_step + (base - step) * step_s)
         lost["detect"] += max(0.0, detected - last_step)
         torn_down = f.get("teardownDoneTime") or nxt or now
         lost["teardown"] += max(0.0, torn_down - max(detected, last_step))
@@ -51,8 +60,6 @@ def _walk(lost: dict, previous_end: float, failures: list[dict], after: float | 
         if f.get("teardownDoneTime"):
             lost["schedule"] += max(0.0, resumed - max(f["teardownDoneTime"], last_step))
         previous_end = max(resumed, torn_down)
-        step = f.get("step")
-        base = f["resumedStep"] if f.get("resumedStep") is not None else f.get("checkpointStep")
         if step is not None and step_s:
             lost["recompute"] += max(0, step - (base or 0)) * step_s
     return previous_end
