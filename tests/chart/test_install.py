@@ -243,11 +243,12 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
         assert st["restarts"] == {"node": 1} and st["quarantinedNodes"] == [broken]
 
         sel = f'namespace="{namespace}", run="{name}"'
+        # the restart and attempt 2's first report can reach Prometheus in different scrapes
         wait_until(lambda: prom.value(f'trainium_run_restarts{{{sel}, cause="node"}}') == 1 and
-                   (prom.value('sum(trainium_failure_recovery_seconds_count{cause="node"})') or 0) >= 1,
-                   timeout=30, what="Prometheus scraped the restart")
+                   (prom.value('sum(trainium_failure_recovery_seconds_count{cause="node"})') or 0) >= 1 and
+                   prom.value(f"trainium_run_step{{{sel}}}") == 14,
+                   timeout=30, what="Prometheus scraped the restart and step 14")
         assert prom.value(f"trainium_run_quarantined_nodes{{{sel}}}") == 1
-        assert prom.value(f"trainium_run_step{{{sel}}}") == 14
         assert prom.value(f"trainium_run_last_checkpoint_step{{{sel}}}") == 10
         assert prom.value(f"trainium_run_loss{{{sel}}}") == 2.0
         ratio = prom.value(f"trainium_run_effective_training_ratio{{{sel}}}")
