@@ -25,14 +25,20 @@ def test_operator_scale_runs_are_valid_at_every_size(nodes):
     assert spec.layout.data == nodes and spec.world_size == nodes
 
 
-def test_sigterm_runs_the_benchmarks_finally(tmp_path):
-    marker = tmp_path / "cleaned"
+def _benchmark(marker: Path, cleanup: str = "") -> subprocess.Popen:
+    """A stand-in benchmark: sleeps in a try whose finally runs ``cleanup`` then writes ``marker``."""
     script = (f"import time\nfrom bench.common import stop_cleanly_on_signals\nstop_cleanly_on_signals()\n"
               f"try:\n    print('started', flush=True)\n    time.sleep(60)\n"
-              f"finally:\n    open({str(marker)!r}, 'w').write('control plane stopped')\n")
+              f"finally:\n{cleanup}    open({str(marker)!r}, 'w').write('control plane stopped')\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.readline() == b"started\n"
+    return proc
+
+
+def test_sigterm_runs_the_benchmarks_finally(tmp_path):
+    marker = tmp_path / "cleaned"
+    proc = _benchmark(marker)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
     deadline = time.monotonic() + 5
@@ -45,13 +51,7 @@ def test_a_second_signal_does_not_cut_the_cleanup_short(tmp_path):
     """`pkill -f` of a benchmark run under `timeout` signals it twice (once directly, once
     forwarded): the cleanup the first SIGTERM started still finishes."""
     marker = tmp_path / "cleaned"
-    script = (f"import time\nfrom bench.common import stop_cleanly_on_signals\nstop_cleanly_on_signals()\n"
-              f"try:\n    print('started', flush=True)\n    time.sleep(60)\n"
-              f"finally:\n    print('cleaning', flush=True)\n    time.sleep(1)\n"
-              f"    open({str(marker)!r}, 'w').write('control plane stopped')\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.stdout.readline() == b"started\n"
+    proc = _benchmark(marker, "    print('cleaning', flush=True)\n    time.sleep(1)\n")
     proc.send_signal(signal.SIGTERM)
     assert proc.stdout.readline() == b"cleaning\n"
     proc.send_signal(signal.SIGTERM)  # the second one, during the cleanup
