@@ -36,6 +36,7 @@ same wall time: the difference in points, and the operator's lost seconds per fa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -165,10 +166,8 @@ class Drill:
         return tag.step if tag else None
 
     def patch_pod(self, pod, patch) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a pod being torn down: the trainer's reporter never raises either
             self.core.patch_namespaced_pod(pod.metadata.name, self.ns, patch)
-        except Exception:
-            pass  # a pod being torn down: the trainer's reporter never raises either
 
     # -- the run --------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ the run's status: the operator can be killed and started again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -134,10 +135,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
                     continue
                 if wrote:
                     await _until_observed(body, before, stopped)
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):  # the interval passed with no wake-up
                     await asyncio.wait_for(event.wait(), RECONCILE_INTERVAL)
-                except asyncio.TimeoutError:
-                    pass
         finally:
             wake.pop(key, None)
 
