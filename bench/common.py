@@ -47,3 +47,21 @@ def stop_cleanly_on_signals() -> None:
         raise SystemExit(128 + signum)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process(proc, timeout: float = 20) -> None:
+    """SIGTERM a benchmark's subprocess (an operator, a controller); SIGKILL if it lingers."""
+    import subprocess
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -54,7 +54,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench.common import stop_cleanly_on_signals, table  # noqa: E402
+from bench.common import stop_cleanly_on_signals, stop_process, table  # noqa: E402
 from trainer import ckpt_store, progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
@@ -136,11 +136,7 @@ class Drill:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.operator.terminate()
-        try:
-            self.operator.wait(20)
-        except subprocess.TimeoutExpired:
-            self.operator.kill()
+        stop_process(self.operator)
         self.cluster.down()
         self.steps_log.close()
         self.operator_log.close()

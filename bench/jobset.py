@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.common import free_port, stop_process
 
 VERSION = "v0.12.0"
 MODULE = "sigs.k8s.io/jobset"
@@ -67,12 +68,6 @@ def crd_path() -> Path:
     return module_dir() / "config" / "components" / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _self_signed(cert_dir: Path) -> None:
     """tls.crt / tls.key for the webhook server (nothing connects to it)."""
     from datetime import datetime, timedelta, timezone
@@ -107,21 +102,17 @@ class Controller:
         config.write_text(json.dumps({  # JSON is YAML
             "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
             "internalCertManagement": {"enable": False},
-            "webhook": {"port": _free_port(), "certDir": str(cert_dir)},
+            "webhook": {"port": free_port(), "certDir": str(cert_dir)},
             "leaderElection": {"leaderElect": False},
             "clientConnection": {"qps": 500, "burst": 500}}))
         self.log = open(workdir / "jobset-controller.log", "w")
         self.proc = subprocess.Popen(
             [str(build()), f"--config={config}", "--metrics-bind-address=0",
-             f"--health-probe-bind-address=127.0.0.1:{_free_port()}", "--zap-log-level=error"],
+             f"--health-probe-bind-address=127.0.0.1:{free_port()}", "--zap-log-level=error"],
             env=dict(os.environ, KUBECONFIG=str(kubeconfig)), stdout=self.log, stderr=subprocess.STDOUT)
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
         self.log.close()
 
 

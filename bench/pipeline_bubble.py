@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 
@@ -33,7 +32,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.pipelining import ScheduleGPipe
 
-from bench.common import table
+from bench.common import free_port, table
 from trainer.pipeline import _Stage
 
 HIDDEN = 64
@@ -97,16 +96,10 @@ def _worker(rank: int, world: int, port: int, micro: int, seconds: float, steps:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(stages: int, micro: int, seconds: float, steps: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(_worker, args=(stages, _free_port(), micro, seconds, steps, out), nprocs=stages,
+    mp.start_processes(_worker, args=(stages, free_port(), micro, seconds, steps, out), nprocs=stages,
                        join=True, start_method="spawn")
     return out.get(timeout=60)
 

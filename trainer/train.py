@@ -134,14 +134,15 @@ class Trainer:
         """First start only: weights (not optimizer or data state) from a Hugging Face directory
         or one of our checkpoint tags. Shapes are checked before any weight is read."""
         ps, started = self.ps, time.perf_counter()
+        own = set(self.model.state_dict())  # this stage's parameter names
         if self.cfg.init.is_hf():
             from . import hf
             hf.check_matches(self.cfg.model, hf.read_config(uri), uri)
             shard = hf.read_shard(hf.SafetensorsDir(uri), self.cfg.model, ps.tp, ps.tp_rank)
         else:
-            shard = self.ckpt.read_model_shard(uri, self.cfg.model, ps.tp, ps.tp_rank, set(self.model.state_dict()))
-        shard = {k: v for k, v in shard.items() if k in self.model.state_dict()}  # this pipeline stage's
-        missing = set(self.model.state_dict()) - set(shard)
+            shard = self.ckpt.read_model_shard(uri, self.cfg.model, ps.tp, ps.tp_rank, own)
+        shard = {k: v for k, v in shard.items() if k in own}  # this pipeline stage's
+        missing = own - set(shard)
         if missing:
             raise exitcodes.FatalError(f"init.from {uri} lacks {sorted(missing)[:3]}")
         self.model.load_state_dict(shard)
