@@ -15,6 +15,7 @@ FROM ${PYTHON_IMAGE} AS source
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY tools/constraints.txt tools/constraints.txt
+COPY api api
 COPY trainer trainer
 COPY operator operator
 

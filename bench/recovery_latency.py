@@ -71,6 +71,7 @@ def fmt(x, cap=None):
 class Bench:
     def __init__(self, args):
         from kubernetes import client
+
         from localcluster.cluster import Cluster, free_base_port
         self.args = args
         self.cluster = Cluster(state_dir=Path(tempfile.mkdtemp(prefix="bench-cluster-")), base_port=free_base_port(25000))
@@ -117,7 +118,6 @@ class Bench:
     # -- ours -----------------------------------------------------------------------------
 
     def ours(self, n, ns, kinds):
-        from localcluster import faults
         name = "run"
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun", "metadata": {"name": name}, "spec": {
             "image": "trainer:bench", "nodes": n, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
@@ -149,9 +149,9 @@ class Bench:
             kind = kinds[i % len(kinds)]
             victim = gang[i % n]
             bad = victim.spec.node_name
-            seen = len(self._status(ns, name).get("failures") or [])
+            seen = self._status(ns, name).get("failureCount") or 0  # status keeps only the newest failures
             inject(self.core, kind, ns, victim)
-            d = wait(lambda: len(self._status(ns, name).get("failures") or []) > seen, 120, 0.02)
+            d = wait(lambda: (self._status(ns, name).get("failureCount") or 0) > seen, 120, 0.02)
             t_detect = time.monotonic()
             results[kind][0].append(d)
             print(f"  ours n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s", flush=True)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from trainium_api.spec import LAYOUTS
+
 log = logging.getLogger(__name__)
 
 BEGIN, DONE, META = "checkpoint", "done", "meta.json"
@@ -33,7 +35,6 @@ _STEP_TAG = re.compile(r"^step_(\d+)$")
 #   nxdt     NxD Training: <name>--step=<n>-consumed_samples=<m>.ckpt tags (NxD's layout inside,
 #            `done` last); newest complete = highest step (the operator pins it on resume: NxDT
 #            itself would take the newest .ckpt by mtime, complete or not)
-LAYOUTS = ("trainer", "nxd", "nxdt")
 _NXDT_TAG = re.compile(r"^.+--step=(\d+)-consumed_samples=[0-9.]+(?:-v\d+)?\.ckpt$")
 
 

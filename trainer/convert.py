@@ -23,8 +23,10 @@ import time
 import fsspec
 import torch
 
+from trainium_api.load import build
+
 from . import ckpt_store, hf
-from .config import ConfigError, ModelConfig, _build, to_dict
+from .config import ConfigError, ModelConfig, to_dict
 
 SHARD_BYTES = 4 << 30
 
@@ -94,7 +96,7 @@ def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tens
     if not meta.get("model"):
         raise ConfigError("CHECKPOINT", f"{tag_uri}/meta.json has no model config (written before this "
                                         "release); re-save it with a current trainer")
-    model = _build(ModelConfig, meta["model"], "model")
+    model = build(ModelConfig, meta["model"], "model")
     shards = []
     for rank in range(meta["layout"]["tensor"]):
         shard: dict = {}  # every pipeline stage's part of this tensor-parallel rank

@@ -15,7 +15,8 @@ Built-in formats (the upstream code that prints them is named in tests/fixtures/
   regex a user's regular expression with the named group ``step`` and optionally ``loss`` and
         ``throughput`` (samples per second), searched in every line
 
-No torch here: the operator imports FORMATS and check_regex to validate specs.
+No torch here. The formats and the regex rules are the API's (trainium_api.spec: PROGRESS_FORMATS,
+check_regex); this module has a parser for each.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from trainium_api.spec import PROGRESS_FORMATS, check_regex
+
 from . import progress
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
@@ -44,7 +47,6 @@ NXD_LINE = re.compile(rf"LOG .+? - \((?P<epoch>\d+), (?P<step>\d+)\) step_loss :
 _NXDT_FIELD = {"step": re.compile(rf"[\s,]global_step=(?P<v>{_NUM})"),
                "loss": re.compile(rf"[\s,]reduced_train_loss=(?P<v>{_NUM})"),
                "throughput": re.compile(rf"[\s,]throughput=(?P<v>{_NUM})")}
-REGEX_GROUPS = ("step", "loss", "throughput")
 
 
 @dataclass
@@ -94,21 +96,7 @@ def parse_nxdt(segment: str) -> Sample | None:
 
 
 FORMATS: dict[str, Callable[[str], Sample | None]] = {"nxd": parse_nxd, "nxdt": parse_nxdt}
-PROGRESS_FORMATS = (*FORMATS, "regex")
-
-
-def check_regex(pattern: str) -> str | None:
-    """Why ``pattern`` cannot be a progress regex, or None when it can."""
-    try:
-        rx = re.compile(pattern)
-    except re.error as exc:
-        return f"invalid regular expression: {exc}"
-    if "step" not in rx.groupindex:
-        return "needs a named group 'step', e.g. (?P<step>\\d+)"
-    unknown = sorted(set(rx.groupindex) - set(REGEX_GROUPS))
-    if unknown:
-        return f"unknown named group {unknown[0]!r} (known: {', '.join(REGEX_GROUPS)})"
-    return None
+assert set(PROGRESS_FORMATS) == {*FORMATS, "regex"}, "a progress format of the API without a parser"
 
 
 def parser_for(fmt: str, regex: str = "") -> Callable[[str], Sample | None]:

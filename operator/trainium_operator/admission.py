@@ -20,9 +20,9 @@ import sys
 import yaml
 
 from trainer.progress import ANNOTATION
+from trainium_api.spec import DEFAULT_TRAINER_SA
 
 from .plan import MANAGED_BY
-from .spec import DEFAULT_TRAINER_SA
 
 POLICY = "trainium-trainer-own-pod-progress"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"

@@ -23,77 +23,79 @@ at its last step, so writing the final checkpoint and exiting is not counted as 
 
 from __future__ import annotations
 
-PHASES = ("detect", "teardown", "schedule", "recompute")
+import dataclasses
+
+from trainium_api.status import FailureRecord, Goodput, GoodputArchive, LostSeconds
+
+PHASES = tuple(f.name for f in dataclasses.fields(LostSeconds))
 
 
 def _start(created: float, first_progress: float | None, now: float, step_s: float,
-           first_progress_steps: int | None) -> tuple[dict, float]:
+           first_progress_steps: int | None) -> tuple[LostSeconds, float]:
     """Lost seconds before the first training step, and where the failures' timeline begins."""
-    lost = dict.fromkeys(PHASES, 0.0)
     began = first_progress - (first_progress_steps or 0) * step_s if first_progress else now
-    lost["schedule"] += max(0.0, began - created)
-    return lost, began if first_progress else created
+    return LostSeconds(schedule=max(0.0, began - created)), began if first_progress else created
 
 
-def _walk(lost: dict, previous_end: float, failures: list[dict], after: float | None, now: float,
+def _walk(lost: LostSeconds, previous_end: float, failures: list[FailureRecord], after: float | None, now: float,
           step_s: float) -> float:
     """Add each failure's lost seconds to ``lost``; ``after``: when the failure following the
     last one was detected (None: none yet). Returns where the timeline ends."""
     for i, f in enumerate(failures):
-        detected = f.get("time", now)
-        nxt = failures[i + 1]["time"] if i + 1 < len(failures) else after
-        last_step = max(f.get("lastProgressTime") or previous_end, previous_end)
-        step = f.get("step")
-        base = f["resumedStep"] if f.get("resumedStep") is not None else f.get("checkpointStep")
+        detected = f.time
+        nxt = failures[i + 1].time if i + 1 < len(failures) else after
+        last_step = max(f.last_progress_time or previous_end, previous_end)
+        step = f.step
+        base = f.resumed_step if f.resumed_step is not None else f.checkpoint_step
         if step is not None and base is not None and base > step and step_s:
             # the attempt wrote a complete checkpoint past its last report, so it trained at
             # least that far: those steps survive and are not lost (progress reports are
             # rate-limited; the newest one can be behind the checkpoint)
             last_step = min(detected, last_step + (base - step) * step_s)
-        lost["detect"] += max(0.0, detected - last_step)
-        torn_down = f.get("teardownDoneTime") or nxt or now
-        lost["teardown"] += max(0.0, torn_down - max(detected, last_step))
-        if f.get("resumedTime"):
-            resumed = f["resumedTime"] - (f.get("resumedSteps") or 0) * step_s
+        lost.detect += max(0.0, detected - last_step)
+        torn_down = f.teardown_done_time or nxt or now
+        lost.teardown += max(0.0, torn_down - max(detected, last_step))
+        if f.resumed_time:
+            resumed = f.resumed_time - (f.resumed_steps or 0) * step_s
         else:
             resumed = nxt or now
-        if f.get("teardownDoneTime"):
-            lost["schedule"] += max(0.0, resumed - max(f["teardownDoneTime"], last_step))
+        if f.teardown_done_time:
+            lost.schedule += max(0.0, resumed - max(f.teardown_done_time, last_step))
         previous_end = max(resumed, torn_down)
         if step is not None and step_s:
-            lost["recompute"] += max(0, step - (base or 0)) * step_s
+            lost.recompute += max(0, step - (base or 0)) * step_s
     return previous_end
 
 
-def archive(previous: dict | None, created: float, first_progress: float | None, dropped: list[dict],
-            next_detected: float, now: float, step_seconds: float | None = None,
-            first_progress_steps: int | None = None) -> dict:
+def archive(previous: GoodputArchive | None, created: float, first_progress: float | None,
+            dropped: list[FailureRecord], next_detected: float, now: float, step_seconds: float | None = None,
+            first_progress_steps: int | None = None) -> GoodputArchive:
     """Fold failures that leave the kept timeline (status keeps the last few) into running
     totals, so the lost time of a dropped failure never turns into productive time. The result
     (status.goodputArchive) is what :func:`account` starts from."""
     step_s = step_seconds or 0.0
     if previous:
-        lost, until = dict(previous["lostSeconds"]), previous["until"]
+        lost, until = dataclasses.replace(previous.lost_seconds), previous.until
     else:
         lost, until = _start(created, first_progress, now, step_s, first_progress_steps)
     until = _walk(lost, until, dropped, next_detected, now, step_s)
-    return {"lostSeconds": lost, "until": until, "failures": (previous or {}).get("failures", 0) + len(dropped)}
+    return GoodputArchive(lost_seconds=lost, until=until, failures=(previous.failures if previous else 0) + len(dropped))
 
 
-def account(created: float, first_progress: float | None, failures: list[dict], now: float,
+def account(created: float, first_progress: float | None, failures: list[FailureRecord], now: float,
             step_seconds: float | None = None, first_progress_steps: int | None = None,
-            archived: dict | None = None) -> dict:
+            archived: GoodputArchive | None = None) -> Goodput:
     """Goodput from the run's start: the archived totals (failures no longer kept) plus the
     kept timeline."""
     step_s = step_seconds or 0.0
     if archived:
-        lost, previous_end = dict(archived["lostSeconds"]), archived["until"]
+        lost, previous_end = dataclasses.replace(archived.lost_seconds), archived.until
     else:
         lost, previous_end = _start(created, first_progress, now, step_s, first_progress_steps)
     _walk(lost, previous_end, failures, None, now, step_s)
     wall = max(0.0, now - created)
-    total_lost = min(wall, sum(lost.values()))
+    total_lost = min(wall, sum(getattr(lost, p) for p in PHASES))
     productive = wall - total_lost
-    return {"wallSeconds": round(wall, 1), "productiveSeconds": round(productive, 1),
-            "lostSeconds": {k: round(v, 1) for k, v in lost.items()},
-            "effectiveRatio": round(productive / wall, 4) if wall > 0 else None}
+    return Goodput(wall_seconds=round(wall, 1), productive_seconds=round(productive, 1),
+                   lost_seconds=LostSeconds(**{p: round(getattr(lost, p), 1) for p in PHASES}),
+                   effective_ratio=round(productive / wall, 4) if wall > 0 else None)

@@ -17,14 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 import kopf
 
 from trainer import ckpt_store
+from trainium_api import API_GROUP, API_VERSION, PLURAL
+from trainium_api.status import CheckpointRef
 
 from . import metrics
 from .kube import Kube
 from .observe import node_view, pod_view
 from .plan import LABEL_RUN
 from .policy import DisruptionGuard, disruption, zone_health
-from .reconcile import TERMINAL, reconcile
-from .spec import API_GROUP, API_VERSION, PLURAL, checkpoint_layout
+from .reconcile import TERMINAL, read_status, reconcile
+from .spec import checkpoint_layout
 
 log = logging.getLogger("trainium_operator")
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
@@ -82,7 +84,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
         run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
                "status": dict(body.get("status") or {})}
         pods = list(run_pods.get((namespace, name), []))
-        wanted = {p.node for p in pods if p.node} | set(run["status"].get("quarantinedNodes") or [])
+        wanted = {p.node for p in pods if p.node} | set(read_status(run["status"]).quarantined_nodes)
         nodes = {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}
         try:
             checkpoint = _checkpoint(memo["checkpoints"], run, pods)
@@ -101,7 +103,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
             if memo["api_outage"] and memo["api_outage"][1] is None:
                 memo["api_outage"] = (memo["api_outage"][0], time.time())
                 log.info("the API server is back; every run's hang clock restarts now")
-            metrics.observe_run(namespace, name, result.spec, status)
+            metrics.observe_run(namespace, name, result.spec, result.after)
             return status != run["status"]
         except Exception:
             metrics.count_error(namespace, name)
@@ -191,19 +193,20 @@ async def _until_observed(body, before: str | None, stopped) -> None:
         await asyncio.sleep(0.01)
 
 
-def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
+def _checkpoint(cache: dict, run: dict, pods) -> CheckpointRef | None:
     """The newest complete checkpoint, read from the store at most every 15 s, or at once when
     a pod reports a newer checkpoint step, or every second while a new gang is about to start
     (it is told where to resume)."""
     ckpt = run["spec"].get("checkpoint")
     uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
-    if not uri or not isinstance(uri, str) or run["status"].get("phase") in TERMINAL:
+    phase = read_status(run["status"]).phase
+    if not uri or not isinstance(uri, str) or phase in TERMINAL:
         return None  # nothing to resume: a finished run is not listed again
     key = (run["metadata"]["namespace"], run["metadata"]["name"])
     entry = cache.get(key)
     reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
     now = time.monotonic()
-    refresh = (CHECKPOINT_REFRESH_STARTING_SECONDS if run["status"].get("phase") in STARTING_PHASES
+    refresh = (CHECKPOINT_REFRESH_STARTING_SECONDS if phase in STARTING_PHASES
                else CHECKPOINT_REFRESH_SECONDS)
     if entry is None or now - entry["at"] > refresh or reported > (entry["step"] or -1):
         try:
@@ -214,7 +217,7 @@ def _checkpoint(cache: dict, run: dict, pods) -> dict | None:
             # hold a reconcile worker every second
             entry = cache[key] = {"step": None, "value": None, **(entry or {}), "at": now}
             return entry["value"]
-        value = {"tag": tag.tag, "step": tag.step, "time": tag.done_mtime, "uri": tag.uri} if tag else None
+        value = CheckpointRef(tag=tag.tag, step=tag.step, time=tag.done_mtime, uri=tag.uri) if tag else None
         entry = cache[key] = {"at": now, "step": tag.step if tag else None, "value": value}
     return entry["value"]
 
@@ -229,19 +232,6 @@ def api_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (HTTPError, OSError))  # OSError covers refused connections and timeouts
 
 
-def failure_events(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Failure records new in ``new`` and records whose recovery is new, each exactly once, by
-    the record's identity (``id``; the timeline keeps only its last entries, so its length
-    stops growing)."""
-    def key(i: int, f: dict):
-        return f.get("id", ("position", i))
-    before = {key(i, f): f for i, f in enumerate(old)}
-    failed = [f for i, f in enumerate(new) if key(i, f) not in before]
-    recovered = [f for i, f in enumerate(new) if f.get("recoveredAfter") is not None
-                 and (before.get(key(i, f)) or {}).get("recoveredAfter") is None]
-    return failed, recovered
-
-
 def apply(kube: Kube, run: dict, result) -> dict:
     """Status first (it records the attempt before its pods exist), then the effects in order.
     Returns the run's status as it is after the patch."""
@@ -251,11 +241,6 @@ def apply(kube: Kube, run: dict, result) -> dict:
     merged = {**old, **changed}
     if changed:
         kube.patch_status(ns, name, changed)
-        failed, recovered = failure_events(old.get("failures") or [], merged.get("failures") or [])
-        for record in failed:
-            metrics.observe_failure(record)
-        for record in recovered:
-            metrics.observe_recovery(record["cause"], record["recoveredAfter"])
     pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
         if eff.kind == "ensure":
@@ -274,6 +259,10 @@ def apply(kube: Kube, run: dict, result) -> dict:
         elif eff.kind == "event":
             kube.event(run, eff.reason, eff.message, eff.warning)
             log.info("%s/%s %s: %s", ns, name, eff.reason, eff.message)
+        elif eff.kind == "observe_failure":
+            metrics.observe_failure(eff.failure)
+        elif eff.kind == "observe_recovery":
+            metrics.observe_recovery(eff.failure)
     if pod_calls:
         futures = [_POOL.submit(fn, *args) for fn, args in pod_calls]
         for f in futures:

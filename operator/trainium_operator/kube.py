@@ -9,8 +9,9 @@ from datetime import datetime, timezone
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from trainium_api import API_GROUP, API_VERSION, PLURAL
+
 from .plan import QUARANTINE_TAINT
-from .spec import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
 

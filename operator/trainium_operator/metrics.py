@@ -13,13 +13,16 @@ from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from trainium_api.spec import CAUSES, TrainingRunSpec
+from trainium_api.status import PHASES as PHASES_OF_RUN
+from trainium_api.status import FailureRecord, TrainingRunStatus
+
 from .goodput import PHASES
 from .observe import hang_timeout
-from .spec import CAUSES, TrainingRunSpec
 
 REGISTRY = CollectorRegistry()
 RUN = ["namespace", "run"]
-PHASE_NAMES = ("Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+PHASE_NAMES = ("Pending", *PHASES_OF_RUN)  # Pending: created, not yet reconciled
 
 
 def _run_gauge(name: str, doc: str, extra: list[str] | None = None) -> Gauge:
@@ -88,42 +91,43 @@ def _set(gauge, labels: tuple, value) -> None:
         gauge.labels(*labels).set(value)
 
 
-def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: dict) -> None:
+def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: TrainingRunStatus) -> None:
     """Export one run's state (its status after this pass)."""
     labels = (namespace, run)
     for p in PHASE_NAMES:
-        phase.labels(*labels, p).set(1 if status.get("phase") == p else 0)
-    counts = status.get("restarts") or {}
+        phase.labels(*labels, p).set(1 if (status.phase or "Pending") == p else 0)
     for cause in CAUSES:
-        restarts.labels(*labels, cause).set(counts.get(cause, 0))
-    gp = status.get("goodput") or {}
-    _set(goodput_ratio, labels, gp.get("effectiveRatio"))
+        restarts.labels(*labels, cause).set(status.restarts.get(cause, 0))
+    gp = status.goodput
+    _set(goodput_ratio, labels, gp.effective_ratio if gp else None)
     for p in PHASES:
-        lost.labels(*labels, p).set((gp.get("lostSeconds") or {}).get(p, 0.0))
-    _set(step, labels, status.get("step"))
-    if status.get("lastStepTime"):  # cleared at a new attempt's start; keep the previous value until then
-        last_step_time.labels(*labels).set(status["lastStepTime"])
-    _set(tokens_per_second, labels, status.get("tokensPerSecond"))
-    _set(loss, labels, status.get("loss"))
-    _set(eval_perplexity, labels, status.get("evalPerplexity"))
-    ck = status.get("lastCheckpoint") or {}
-    _set(checkpoint_step, labels, ck.get("step"))
-    _set(checkpoint_time, labels, ck.get("time"))
-    _set(created_time, labels, status.get("createdTime"))
-    quarantined.labels(*labels).set(len(status.get("quarantinedNodes") or []))
+        lost.labels(*labels, p).set(getattr(gp.lost_seconds, p) if gp else 0.0)
+    _set(step, labels, status.step)
+    if status.last_step_time:  # cleared at a new attempt's start; keep the previous value until then
+        last_step_time.labels(*labels).set(status.last_step_time)
+    _set(tokens_per_second, labels, status.tokens_per_second)
+    _set(loss, labels, status.loss)
+    _set(eval_perplexity, labels, status.eval_perplexity)
+    ck = status.last_checkpoint
+    _set(checkpoint_step, labels, ck.step if ck else None)
+    _set(checkpoint_time, labels, ck.time if ck else None)
+    _set(created_time, labels, status.created_time)
+    quarantined.labels(*labels).set(len(status.quarantined_nodes))
     if spec is not None:
-        _set(checkpoint_interval, labels, expected_checkpoint_interval(spec, status.get("stepSeconds")))
-        _set(hang_timeout_seconds, labels, hang_timeout(spec, status.get("stepSeconds")))
+        _set(checkpoint_interval, labels, expected_checkpoint_interval(spec, status.step_seconds))
+        _set(hang_timeout_seconds, labels, hang_timeout(spec, status.step_seconds))
 
 
-def observe_failure(failure: dict) -> None:
-    """A failure record newly appended to status.failures."""
-    if failure.get("detectedAfter") is not None:
-        detection.labels(failure["cause"]).observe(failure["detectedAfter"])
+def observe_failure(failure: FailureRecord) -> None:
+    """A failure newly recorded in status.failures (once per record: reconcile's effect)."""
+    if failure.detected_after is not None:
+        detection.labels(failure.cause).observe(failure.detected_after)
 
 
-def observe_recovery(cause: str, seconds: float) -> None:
-    recovery.labels(cause).observe(seconds)
+def observe_recovery(failure: FailureRecord) -> None:
+    """A failure whose new gang is now all Running (once per record)."""
+    if failure.recovered_after is not None:
+        recovery.labels(failure.cause).observe(failure.recovered_after)
 
 
 def count_error(namespace: str, run: str) -> None:

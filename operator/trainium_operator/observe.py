@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainer import exitcodes, progress
+from trainium_api.spec import TrainingRunSpec
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
-from .spec import TrainingRunSpec
 
 NEURON = "aws.amazon.com/neuron"
 ZONE_LABEL = "topology.kubernetes.io/zone"

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import yaml
 
-from trainer.config import to_dict
 from trainer.launch import PRECOMPILE_FLAG
-
-from .spec import API_GROUP, API_VERSION, CONTRACT_MOUNTS, DEFAULT_TRAINER_SA, INSTANCE_TYPES, KIND, TrainingRunSpec
+from trainium_api import API_GROUP, API_VERSION, KIND
+from trainium_api.load import to_dict
+from trainium_api.spec import CONTRACT_MOUNTS, DEFAULT_TRAINER_SA, INSTANCE_TYPES, TrainingRunSpec
+from trainium_api.status import CheckpointRef
 
 LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
@@ -80,7 +81,7 @@ def config_map(run: dict, spec: TrainingRunSpec) -> dict:
 
 
 def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str],
-         checkpoint: dict | None = None) -> list[dict]:
+         checkpoint: CheckpointRef | None = None) -> list[dict]:
     """``checkpoint``: the newest complete checkpoint ({tag, step, uri, ...}) when the attempt
     starts, or None; a command trainer's pods are told about it (resume_arguments)."""
     return [pod(run, spec, attempt, i, excluded_nodes, checkpoint) for i in range(spec.nodes)]
@@ -92,17 +93,17 @@ NXDT_RESUME_FROM = "exp_manager.resume_from_checkpoint"
 NXDT_RESUME_IF_EXISTS = "exp_manager.resume_if_exists"
 
 
-def resume_arguments(spec: TrainingRunSpec, checkpoint: dict | None) -> list[str]:
+def resume_arguments(spec: TrainingRunSpec, checkpoint: CheckpointRef | None) -> list[str]:
     """Arguments appended to a command trainer's command so that it resumes safely."""
     if not spec.trainer.is_command or spec.trainer.layout != "nxdt":
         return []  # our trainer and NxD's load_checkpoint(tag=None) only ever take a tag with `done`
-    if checkpoint and checkpoint.get("uri"):
+    if checkpoint and checkpoint.uri:
         # quoted: the tag name has '=' in it, which Hydra's override grammar only takes quoted
-        return [f'{NXDT_RESUME_FROM}="{checkpoint["uri"]}"']
+        return [f'{NXDT_RESUME_FROM}="{checkpoint.uri}"']
     return [f"{NXDT_RESUME_IF_EXISTS}=false"]
 
 
-def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: dict | None) -> list[str]:
+def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: CheckpointRef | None) -> list[str]:
     precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
                   if spec.compile_cache.precompile_steps else [])
     launch = ["python", "-m", "trainer.launch", *precompile, "--nnodes", str(spec.nodes), "--node_rank", str(index),
@@ -117,13 +118,13 @@ def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: dict | 
         watch += ["--regex", t.progress_regex]
     if t.tokens_per_sample:
         watch += ["--tokens-per-sample", str(t.tokens_per_sample)]
-    if checkpoint and checkpoint.get("step") is not None:
-        watch += ["--start-step", str(checkpoint["step"])]
+    if checkpoint and checkpoint.step is not None:
+        watch += ["--start-step", str(checkpoint.step)]
     return [*watch, "--", *launch, *t.command, *resume_arguments(spec, checkpoint)]
 
 
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
-        checkpoint: dict | None = None) -> dict:
+        checkpoint: CheckpointRef | None = None) -> dict:
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
     itype = INSTANCE_TYPES[spec.instance_type]
     master = f"{name}-0.{name}.{ns}.svc"
@@ -150,7 +151,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
                                    "values": sorted(excluded_nodes)}]}]}}
     spec_body: dict = {
         "restartPolicy": "Never", "hostname": f"{name}-{index}", "subdomain": name,
-        "serviceAccountName": spec.service_account,
+        "serviceAccountName": spec.service_account_name,
         "terminationGracePeriodSeconds": int(spec.fault_tolerance.teardown_grace_seconds),
         "affinity": affinity,
         "containers": [{

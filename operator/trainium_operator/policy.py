@@ -12,8 +12,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
+from trainium_api.status import FailureAction, FailureRecord
+
 from .observe import Failure, NodeView
-from .spec import JOB_CAUSES, TrainingRunSpec
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,13 @@ def disruption(guard: DisruptionGuard, zones: dict[str, tuple[int, int]], run_no
 
 @dataclass
 class Action:
-    kind: str  # "restart" or "fail"
+    kind: FailureAction
     reason: str
     quarantine_node: str = ""
     delay_seconds: float = 0.0
 
 
-def decide(failure: Failure, spec: TrainingRunSpec, history: list[dict], quarantined: list[str],
+def decide(failure: Failure, spec: TrainingRunSpec, history: list[FailureRecord], quarantined: list[str],
            checkpoint_step: int | None, now: float) -> Action:
     """``history``: earlier failures of this run as recorded in status.failures (time, cause,
     checkpointStep); ``quarantined``: nodes already quarantined for this run."""
@@ -93,17 +95,17 @@ def decide(failure: Failure, spec: TrainingRunSpec, history: list[dict], quarant
     if failure.fatal:
         return Action("fail", f"fatal error, not retried: {failure.message}")
     window = ft.budget_window_minutes * 60
-    recent = [h for h in history if now - h.get("time", 0) <= window]
-    same_cause = [h for h in recent if h.get("cause") == failure.cause]
+    recent = [h for h in history if now - h.time <= window]
+    same_cause = [h for h in recent if h.cause == failure.cause]
     budget = ft.restart_budget.for_cause(failure.cause)
     if len(same_cause) >= budget:
         return Action("fail", f"restart budget for {failure.cause} exhausted ({len(same_cause)} restarts in "
                       f"{ft.budget_window_minutes:g} min): {failure.message}")
     streak = 0
     for h in reversed(history):  # consecutive job-caused restarts without checkpoint progress
-        if h.get("cause") not in JOB_CAUSES:
+        if h.cause not in JOB_CAUSES:
             continue  # an infrastructure failure says nothing about the job making progress
-        if h.get("checkpointStep") == checkpoint_step:
+        if h.checkpoint_step == checkpoint_step:
             streak += 1
         else:
             break

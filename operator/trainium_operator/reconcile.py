@@ -1,66 +1,152 @@
 """One level-based pass over a TrainingRun: observed state in, status patch and effects out. Pure.
 
-The handler calls :func:`reconcile` every tick with the run, its pods and the nodes they use,
-and executes the returned effects in order. All memory lives in the run's status, so an
-operator that was killed and started again continues where it was:
+The handler calls :func:`reconcile` with the run, its pods and the nodes they use, and executes
+the returned effects in order. All memory lives in the run's status (trainium_api.status),
+read into typed fields at the start of the pass and written back as the fields that changed,
+so an operator that was killed and started again continues where it was:
 
   (new) -> Starting -> Running -> Succeeded
               ^  \\         |
               |   `---> Restarting (teardown, backoff) --> Failed (fatal / budget / guard)
               `----------------'
-Invariants: a new attempt's pods are created only after status records the attempt and after
-every pod of other attempts is gone, so two attempts never run at once.
+
+A pass is small steps: every pass records the spec's shape, the newest checkpoint and the
+quarantine (:func:`_observe`), then exactly one phase step decides (:func:`_phase_step`):
+  _finished    Succeeded/Failed: stop what still runs
+  _suspend     spec.suspend: stop the gang;  _resume: start a new attempt once it is gone
+  _create      the first pass: children, then attempt 1
+  _teardown    Restarting: delete the failed attempt, wait for it to be gone and the backoff
+               to pass, then start the next attempt
+  _supervise   Starting/Running: progress, recreate missing pods, detect failures, succeed
+Invariants: a new attempt's pods are created only after status records the attempt (the
+handler writes the status before it runs the effects) and after every pod of other attempts is
+gone, so two attempts never run at once.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Literal
 
-from trainer.config import ConfigError
+from trainium_api.fields import ConfigError
+from trainium_api.load import changed_fields, lenient
+from trainium_api.spec import TrainingRunSpec
+from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, CheckpointRef, Condition, Disruption, FailureRecord,
+                                 TrainingRunStatus)
 
 from . import admission, goodput, plan
-from .observe import Failure, NodeView, PodView, find_failure, gang_state
+from .observe import Failure, GangState, NodeView, PodView, find_failure, gang_state
 from .policy import DISRUPTION_CAUSES, DisruptionGuard, decide
-from .spec import TrainingRunSpec, parse
+from .spec import parse
 
-MAX_FAILURES_KEPT = 50
-TERMINAL = ("Succeeded", "Failed")
+__all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "read_status"]
+
+EffectKind = Literal["ensure", "delete_pod", "quarantine", "event", "observe_failure", "observe_recovery"]
 
 
 @dataclass
 class Effect:
-    kind: str  # ensure | delete_pod | quarantine | event
+    """One thing the handler does after writing the status, in order:
+      ensure            create ``obj`` unless it exists
+      delete_pod        delete pod ``name`` with ``grace`` seconds
+      quarantine        taint and label node ``name`` (``reason``)
+      event             a Kubernetes Event (``reason``, ``message``, ``warning``)
+      observe_failure   the latency histograms observe ``failure`` (new: detection)
+      observe_recovery  ... or its recovery; each record once, since the status that recorded
+                        it was written before"""
+    kind: EffectKind
     obj: dict | None = None
     name: str = ""
     grace: int | None = None
     reason: str = ""
     message: str = ""
     warning: bool = False
+    failure: FailureRecord | None = None
 
 
 @dataclass
 class Result:
-    status: dict = field(default_factory=dict)  # merge patch for .status
+    status: dict = field(default_factory=dict)
+    """Merge patch for .status: the fields this pass changed."""
     effects: list[Effect] = field(default_factory=list)
-    spec: TrainingRunSpec | None = None  # the parsed spec, None while it is invalid
+    spec: TrainingRunSpec | None = None
+    """The parsed spec, None while it is invalid."""
+    after: TrainingRunStatus = field(default_factory=TrainingRunStatus)
+    """The status as it is once the patch is written."""
+
+    @property
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.effects]
+
+
+def read_status(raw: dict | None) -> TrainingRunStatus:
+    """The run's status, typed; a field that does not load (edited by hand) takes its default."""
+    return lenient(TrainingRunStatus, raw or {})
+
+
+@dataclass
+class Pass:
+    """What one pass sees (the run, its pods and nodes, the status as read: ``old``) and what it
+    decides (``new``: the status to write, and the effects)."""
+    run: dict
+    spec: TrainingRunSpec
+    old: TrainingRunStatus
+    new: TrainingRunStatus
+    pods: list[PodView]
+    nodes: dict[str, NodeView]
+    now: float
+    checkpoint: CheckpointRef | None
+    disruption: str
+    guard: DisruptionGuard
+    api_outage: tuple[float, float] | None
+    effects: list[Effect] = field(default_factory=list)
+
+    @property
+    def current(self) -> list[PodView]:
+        return [p for p in self.pods if p.attempt == self.old.attempt]
+
+    @property
+    def stale(self) -> list[PodView]:
+        return [p for p in self.pods if p.attempt != self.old.attempt]
+
+    @property
+    def grace(self) -> int:
+        return int(self.spec.fault_tolerance.teardown_grace_seconds)
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.effects.append(Effect("event", reason=reason, message=message, warning=warning))
 
+    def delete(self, pods: list[PodView], grace: int | None = None) -> None:
+        self.effects += [Effect("delete_pod", name=p.name, grace=self.grace if grace is None else grace)
+                         for p in pods if not p.deleting]
 
-def _condition(ctype: str, ok: bool, reason: str, message: str, now: float, previous: list | None = None) -> dict:
+    def condition(self, ctype: str, ok: bool, reason: str, message: str) -> None:
+        """Set one condition, keeping the others."""
+        new = condition(ctype, ok, reason, message, self.now, self.new.conditions)
+        self.new.conditions = [c for c in self.new.conditions if c.type != ctype] + [new]
+
+
+def condition(ctype: str, ok: bool, reason: str, message: str, now: float,
+              previous: list[Condition] | None = None) -> Condition:
     """A status condition. ``lastTransitionTime`` moves only when the status flips: an earlier
     condition of the same type and status (from ``previous``) keeps its time."""
-    from datetime import datetime, timezone
     state = "True" if ok else "False"
-    kept = next((c.get("lastTransitionTime") for c in previous or []
-                 if c.get("type") == ctype and c.get("status") == state and c.get("lastTransitionTime")), None)
-    return {"type": ctype, "status": state, "reason": reason, "message": message[:1000],
-            "lastTransitionTime": kept or datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    kept = next((c.last_transition_time for c in previous or []
+                 if c.type == ctype and c.status == state and c.last_transition_time), None)
+    return Condition(type=ctype, status=state, reason=reason, message=message[:1000],
+                     last_transition_time=kept or datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _checkpoint_ref(value: dict | CheckpointRef | None) -> CheckpointRef | None:
+    if value is None or isinstance(value, CheckpointRef):
+        return value
+    return lenient(CheckpointRef, value)
 
 
 def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
-              checkpoint: dict | None = None, disruption: str = "",
+              checkpoint: dict | CheckpointRef | None = None, disruption: str = "",
               guard: DisruptionGuard = DisruptionGuard(),
               api_outage: tuple[float, float] | None = None) -> Result:
     """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None.
@@ -69,316 +155,323 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     hangs are held: no quarantine, no restart. ``api_outage``: (lost, back) of the operator's last
     loss of the API server (back = now while it lasts): progress could not be written before
     it came back, and leases could not be renewed, so nodes that went Unknown around it are held."""
-    res = Result()
     if run["metadata"].get("deletionTimestamp"):
-        return res  # being deleted: the garbage collector removes the children; do not restart
-    status = dict(run.get("status") or {})
-    generation = run["metadata"].get("generation")
+        return Result()  # being deleted: the garbage collector removes the children; do not restart
+    old = read_status(run.get("status"))
+    new = copy.deepcopy(old)
     try:
-        spec = res.spec = parse(run.get("spec"))
+        spec = parse(run.get("spec"))
     except ConfigError as err:
-        if status.get("message") != str(err):
-            res.event("InvalidSpec", str(err), warning=True)
-        res.status = {"phase": "Failed" if status.get("attempt") in (None, 0) else status.get("phase"),
-                      "message": str(err), "observedGeneration": generation,
-                      "conditions": [_condition("Valid", False, "InvalidSpec", str(err), now,
-                                                status.get("conditions"))]}
-        return res
-    upd: dict = {"observedGeneration": generation, "worldSize": spec.world_size}
+        effects = _invalid_spec(old, new, err, run["metadata"].get("generation"), now)
+        return Result(changed_fields(old, new), effects, None, new)
+    p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage)
+    _observe(p)
+    _phase_step(p)(p)
+    return Result(changed_fields(old, new), p.effects, spec, new)
+
+
+def _invalid_spec(old: TrainingRunStatus, new: TrainingRunStatus, err: ConfigError, generation: int | None,
+                  now: float) -> list[Effect]:
+    """Refuse the spec with the field named; a run that already started keeps its phase (its
+    pods keep running on the spec they were started with)."""
+    new.phase = "Failed" if not old.attempt else old.phase
+    new.message, new.observed_generation = str(err), generation
+    new.conditions = [condition("Valid", False, "InvalidSpec", str(err), now, old.conditions)]
+    if old.message == str(err):
+        return []
+    return [Effect("event", reason="InvalidSpec", message=str(err), warning=True)]
+
+
+def _observe(p: Pass) -> None:
+    """Every pass: the spec's shape, the newest checkpoint, and which nodes are still quarantined
+    (a node stays quarantined while it carries the taint; an admin removing it returns the node)."""
+    spec, new = p.spec, p.new
+    new.observed_generation = p.run["metadata"].get("generation")
+    new.world_size = spec.world_size
     if spec.layout is not None:  # a command trainer's layout is its own
-        upd["dataParallel"] = spec.layout.data
-    if not any(c.get("type") == "Valid" and c.get("status") == "True" for c in status.get("conditions") or []):
+        new.data_parallel = spec.layout.data
+    if not any(c.type == "Valid" and c.status == "True" for c in p.old.conditions):
         shape = (f"data parallel {spec.layout.data}" if spec.layout is not None else
                  f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "
                  f"{spec.trainer.layout}")
-        upd["conditions"] = [_condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}", now)]
-    if checkpoint and checkpoint.get("step") != (status.get("lastCheckpoint") or {}).get("step"):
-        upd["lastCheckpoint"] = checkpoint
-    # A node stays quarantined while it carries the taint; an admin removing it returns the node.
-    recorded = list(status.get("quarantinedNodes") or [])
-    active = [n for n in recorded if n in nodes and plan.QUARANTINE_TAINT in nodes[n].taints]
-    if active != recorded:
-        upd["quarantinedNodes"] = active
-    status["quarantinedNodes"] = active
-    res.status = upd
-    phase = status.get("phase")
-    attempt = int(status.get("attempt") or 0)
-    current = [p for p in pods if p.attempt == attempt]
-    stale = [p for p in pods if p.attempt != attempt]
-    for p in stale:  # left over from an attempt whose teardown an earlier operator did not finish
-        if not p.deleting:
-            res.effects.append(Effect("delete_pod", name=p.name, grace=0))
+        new.conditions = [condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}", p.now)]
+    if p.checkpoint and p.checkpoint.step != (p.old.last_checkpoint.step if p.old.last_checkpoint else None):
+        new.last_checkpoint = p.checkpoint
+    new.quarantined_nodes = [n for n in p.old.quarantined_nodes
+                             if n in p.nodes and plan.QUARANTINE_TAINT in p.nodes[n].taints]
+    # left over from an attempt whose teardown an earlier operator did not finish
+    p.delete(p.stale, grace=0)
 
+
+def _phase_step(p: Pass) -> Callable[[Pass], None]:
+    phase = p.old.phase
     if phase in TERMINAL:
-        for p in current:
-            if not p.deleting and p.phase not in ("Succeeded", "Failed"):
-                res.effects.append(Effect("delete_pod", name=p.name, grace=int(spec.fault_tolerance.teardown_grace_seconds)))
-        return res
-    if spec.suspend:
-        for p in current:
-            if not p.deleting:
-                res.effects.append(Effect("delete_pod", name=p.name, grace=int(spec.fault_tolerance.teardown_grace_seconds)))
-        if phase != "Suspended":
-            upd["phase"] = "Suspended"
-            res.event("Suspended", "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
-        return res
-    if phase == "Suspended":  # resumed by the user: a new attempt, not a failure
-        if pods:
-            return res
-        return _start_attempt(res, run, spec, status, attempt + 1, now, "Resumed", "spec.suspend cleared", checkpoint)
-    if attempt == 0:
-        if spec.service_account == plan.DEFAULT_TRAINER_SA:
-            res.effects += [Effect("ensure", o) for o in plan.trainer_rbac(run["metadata"]["namespace"])]
-            res.effects += [Effect("ensure", o) for o in admission.trainer_policy()]
-        res.effects.append(Effect("ensure", plan.service(run)))
-        if not spec.trainer.is_command:
-            res.effects.append(Effect("ensure", plan.config_map(run, spec)))
-        upd["createdTime"] = now
-        return _start_attempt(res, run, spec, status, 1, now, "Starting", f"starting {spec.nodes} pods", checkpoint)
-
+        return _finished
+    if p.spec.suspend:
+        return _suspend
+    if phase == "Suspended":
+        return _resume
+    if p.old.attempt == 0:
+        return _create
     if phase == "Restarting":
-        return _teardown(res, run, spec, status, current, stale, attempt, now, checkpoint)
+        return _teardown
+    return _supervise
 
-    gang = gang_state(current)
-    _track_progress(upd, status, gang, spec, now)
-    first_run = status.get("gangRunningTime")
-    if phase == "Starting" and not first_run and len(current) < spec.nodes and not any(p.deleting for p in current):
-        have = {p.index for p in current}  # an earlier operator stopped while creating the gang
-        excluded = list(status.get("quarantinedNodes") or [])
-        res.effects += [Effect("ensure", plan.pod(run, spec, attempt, i, excluded, _resume_point(status)))
-                        for i in range(spec.nodes) if i not in have]
-        return res
-    # progress could not reach us while the cluster was disrupted or the API away: the hang clock
-    # restarts when that ends
-    last_change = max(upd.get("lastStepTime", status.get("lastStepTime")) or 0.0,
-                      status.get("disruptionEndTime") or 0.0, api_outage[1] if api_outage else 0.0) or None
-    failure = find_failure(spec, gang, nodes, now=now, expected_pods=spec.nodes,
-                           gang_running_since=first_run, step_seconds=status.get("stepSeconds"),
-                           last_step_change=last_change)
-    failure = _hold_during_disruption(res, status, failure, disruption, guard, nodes, now, api_outage)
+
+def _finished(p: Pass) -> None:
+    p.delete([x for x in p.current if x.phase not in ("Succeeded", "Failed")])
+
+
+def _suspend(p: Pass) -> None:
+    p.delete(p.current)
+    if p.old.phase != "Suspended":
+        p.new.phase = "Suspended"
+        p.event("Suspended", "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
+
+
+def _resume(p: Pass) -> None:
+    """Resumed by the user: a new attempt (not a failure) once the suspended gang is gone."""
+    if not p.pods:
+        _start_attempt(p, p.old.attempt + 1, "Resumed", "spec.suspend cleared")
+
+
+def _create(p: Pass) -> None:
+    spec, namespace = p.spec, p.run["metadata"]["namespace"]
+    if spec.service_account_name == plan.DEFAULT_TRAINER_SA:
+        p.effects += [Effect("ensure", o) for o in plan.trainer_rbac(namespace)]
+        p.effects += [Effect("ensure", o) for o in admission.trainer_policy()]
+    p.effects.append(Effect("ensure", plan.service(p.run)))
+    if not spec.trainer.is_command:
+        p.effects.append(Effect("ensure", plan.config_map(p.run, spec)))
+    p.new.created_time = p.now
+    _start_attempt(p, 1, "Starting", f"starting {spec.nodes} pods")
+
+
+def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
+    """Status first, then pods (the handler writes the status before the effects). The new
+    gang resumes from the newest complete checkpoint now."""
+    new = p.new
+    resume = p.checkpoint or p.old.last_checkpoint
+    new.phase, new.attempt, new.attempt_start_time, new.resume_checkpoint = "Starting", attempt, p.now, resume
+    new.gang_running_time = new.last_step = new.last_step_time = None
+    new.restart_not_before = new.teardown_start_time = None
+    p.effects += [Effect("ensure", pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume)]
+    p.event(reason, f"attempt {attempt}: {message}" + (
+        f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
+
+
+def _teardown(p: Pass) -> None:
+    """Delete the failed attempt (force after the grace period), then start the next one once
+    every pod of every attempt is gone and the backoff has passed."""
+    started = p.old.teardown_start_time or p.now
+    force = p.now - started >= p.spec.fault_tolerance.teardown_grace_seconds
+    _note_teardown_progress(p)
+    for pod in p.current:
+        if force or not pod.deleting:
+            p.effects.append(Effect("delete_pod", name=pod.name, grace=0 if force else p.grace))
+    if p.current or p.stale:
+        return
+    last = p.new.failures[-1] if p.new.failures else None
+    if last and not last.teardown_done_time:
+        last.teardown_done_time = p.now
+    if p.now < (p.old.restart_not_before or 0):
+        return
+    quarantined = p.new.quarantined_nodes
+    _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
+        f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
+
+
+def _note_teardown_progress(p: Pass) -> None:
+    """A gang stopped by SIGTERM finishes its step and checkpoint first: keep the failed
+    attempt's newest step and its time on the failure record, so goodput counts that work."""
+    gang = gang_state(p.current)
+    last = p.new.failures[-1] if p.new.failures else None
+    if last is None or last.teardown_done_time or gang.step is None:
+        return
+    if gang.step > (last.step if last.step is not None else -1) or \
+            (gang.last_progress_time or 0) > (last.last_progress_time or 0):
+        last.step = max(gang.step, last.step or 0)
+        last.last_progress_time = max(gang.last_progress_time or 0, last.last_progress_time or 0)
+
+
+def _supervise(p: Pass) -> None:
+    """Starting or Running: track progress, recreate pods an earlier operator did not create,
+    detect failures, and see the gang through to Running and Succeeded."""
+    spec, old, new = p.spec, p.old, p.new
+    gang = gang_state(p.current)
+    _track_progress(p, gang)
+    if old.phase == "Starting" and not old.gang_running_time and len(p.current) < spec.nodes \
+            and not any(x.deleting for x in p.current):
+        have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang
+        p.effects += [Effect("ensure", plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
+                                                old.resume_checkpoint))
+                      for i in range(spec.nodes) if i not in have]
+        return
+    failure = _detect(p, gang)
     if failure:
-        return _on_failure(res, run, spec, status, failure, current, gang, now, checkpoint)
+        _on_failure(p, failure, gang)
+        return
     if gang.succeeded == spec.nodes:
-        upd["phase"] = "Succeeded"
-        upd["message"] = f"all {spec.nodes} pods finished at step {gang.step}"  # not the last restart's reason
-        res.event("Succeeded", upd["message"])
+        new.phase = "Succeeded"
+        new.message = f"all {spec.nodes} pods finished at step {gang.step}"  # not the last restart's reason
+        p.event("Succeeded", new.message)
         # the run's wall time ends with its last step (the trainer's clock), not with detection
-        _account(upd, status, min(now, gang.last_progress_time or now))
-        return res
-    elif gang.running == spec.nodes:
-        if not first_run:
-            upd["gangRunningTime"] = now
-            failures = list(status.get("failures") or [])
-            if failures and not failures[-1].get("recoveredTime"):
-                failures[-1] = dict(failures[-1], recoveredTime=now,
-                                    recoveredAfter=round(now - failures[-1]["time"], 3))
-                upd["failures"] = failures
-                res.event("Recovered", f"attempt {attempt}: all {spec.nodes} pods running "
-                          f"{failures[-1]['recoveredAfter']:.1f}s after the failure was detected")
-        if gang.step is not None and phase != "Running":
-            upd["phase"] = "Running"
-            res.event("Running", f"attempt {attempt} reports progress at step {gang.step}")
-            failures = list(upd.get("failures", status.get("failures") or []))
-            if failures and failures[-1].get("recoveredTime") and not failures[-1].get("resumedTime"):
-                # training again: the restart's schedule phase ends where the new attempt's
-                # training began; it resumed at startStep (its checkpoint)
-                failures[-1] = dict(failures[-1], resumedTime=gang.last_progress_time or now,
-                                    resumedStep=gang.start_step,
-                                    resumedSteps=gang.step - (gang.start_step or 0))
-                upd["failures"] = failures
-    _account(upd, status, now)
-    return res
+        _account(p, min(p.now, gang.last_progress_time or p.now))
+        return
+    if gang.running == spec.nodes:
+        _gang_running(p, gang)
+    _account(p, p.now)
 
 
-def _set_condition(res: Result, status: dict, ctype: str, ok: bool, reason: str, message: str, now: float) -> None:
-    """Set one condition, keeping the others (a status patch replaces the whole list)."""
-    current = list(res.status.get("conditions", status.get("conditions") or []))
-    new = _condition(ctype, ok, reason, message, now, current)
-    res.status["conditions"] = [c for c in current if c.get("type") != ctype] + [new]
+def _detect(p: Pass, gang: GangState) -> Failure | None:
+    """The failure to act on now, if any. Progress could not reach us while the cluster was
+    disrupted or the API away: the hang clock restarts when that ends."""
+    last_change = max(p.new.last_step_time or 0.0, p.old.disruption_end_time or 0.0,
+                      p.api_outage[1] if p.api_outage else 0.0) or None
+    failure = find_failure(p.spec, gang, p.nodes, now=p.now, expected_pods=p.spec.nodes,
+                           gang_running_since=p.old.gang_running_time, step_seconds=p.old.step_seconds,
+                           last_step_change=last_change)
+    return _hold_during_disruption(p, failure)
 
 
-def _hold_during_disruption(res: Result, status: dict, failure: Failure | None, disruption: str,
-                            guard: DisruptionGuard, nodes: dict[str, NodeView], now: float,
-                            api_outage: tuple[float, float] | None) -> Failure | None:
+def _gang_running(p: Pass, gang: GangState) -> None:
+    """Every pod Running: the restart's recovery ends here, and its resume at the first report."""
+    old, new, last = p.old, p.new, (p.new.failures[-1] if p.new.failures else None)
+    if not old.gang_running_time:
+        new.gang_running_time = p.now
+        if last and not last.recovered_time:
+            last.recovered_time, last.recovered_after = p.now, round(p.now - last.time, 3)
+            p.effects.append(Effect("observe_recovery", failure=copy.copy(last)))
+            p.event("Recovered", f"attempt {old.attempt}: all {p.spec.nodes} pods running "
+                    f"{last.recovered_after:.1f}s after the failure was detected")
+    if gang.step is not None and old.phase != "Running":
+        new.phase = "Running"
+        p.event("Running", f"attempt {old.attempt} reports progress at step {gang.step}")
+        if last and last.recovered_time and not last.resumed_time:
+            # training again: the restart's schedule phase ends where the new attempt's
+            # training began; it resumed at startStep (its checkpoint)
+            last.resumed_time = gang.last_progress_time or p.now
+            last.resumed_step = gang.start_step
+            last.resumed_steps = gang.step - (gang.start_step or 0)
+
+
+def _hold_during_disruption(p: Pass, failure: Failure | None) -> Failure | None:
     """The failure to act on: None while a disruption holds it (a lost node or a hang, for at
     most guard.max_hold_seconds), while a node that went Unknown may still turn out to be the
     first of a disruption (guard.settle_seconds), or while a node is Unknown because its lease
     lapsed during an API server outage (it went Unknown from the outage's start to
     guard.outage_grace_seconds after its end); records when a disruption began and ended."""
-    lost = nodes.get(failure.node) if failure and failure.cause == "node" else None
+    guard, now, disruption, api_outage = p.guard, p.now, p.disruption, p.api_outage
+    lost = p.nodes.get(failure.node) if failure and failure.cause == "node" else None
     if lost is not None and lost.ready == "Unknown" and failure.since:
         settling = now - failure.since < guard.settle_seconds
         outage = (api_outage is not None and api_outage[0] <= failure.since <= api_outage[1] + guard.outage_grace_seconds
                   and now - failure.since < guard.max_hold_seconds)
         if settling or outage:
             failure = None
-    held = status.get("disruption")
+    held = p.old.disruption
     if held and not disruption:
         # nodes come back one by one: the disruption lasts until every node it took is back
         # (a node lost after its wave is a failure of its own)
-        wave_end = held["since"] + guard.settle_seconds
-        behind = [n for n in nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end]
+        wave_end = held.since + guard.settle_seconds
+        behind = [n for n in p.nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end]
         if behind:
-            disruption = f"{held['message']}; {len(behind)} of the run's nodes not back yet"
+            disruption = f"{held.message}; {len(behind)} of the run's nodes not back yet"
     if not disruption:
         if held:
-            res.status.update({"disruption": None, "disruptionEndTime": now})
-            _set_condition(res, status, "Disrupted", False, "NodesReturned", "", now)
-            res.event("DisruptionEnded", f"nodes are back after {now - held['since']:.0f}s; normal failure "
-                      "handling again")
+            p.new.disruption, p.new.disruption_end_time = None, now
+            p.condition("Disrupted", False, "NodesReturned", "")
+            p.event("DisruptionEnded", f"nodes are back after {now - held.since:.0f}s; normal failure handling again")
         return failure
-    since = held["since"] if held else now
+    since = held.since if held else now
     if not held:
-        res.status["disruption"] = {"since": now, "message": disruption}
-        _set_condition(res, status, "Disrupted", True, "MassNodeDisruption", disruption, now)
-        res.event("Disruption", f"{disruption}: a control-plane or network disruption, not node failures; "
-                  f"no quarantine and no restart for up to {guard.max_hold_seconds:.0f}s", warning=True)
+        p.new.disruption = Disruption(since=now, message=disruption)
+        p.condition("Disrupted", True, "MassNodeDisruption", disruption)
+        p.event("Disruption", f"{disruption}: a control-plane or network disruption, not node failures; "
+                f"no quarantine and no restart for up to {guard.max_hold_seconds:.0f}s", warning=True)
     if failure and failure.cause in DISRUPTION_CAUSES and now - since < guard.max_hold_seconds:
         return None
     return failure
 
 
-def _track_progress(upd: dict, status: dict, gang, spec: TrainingRunSpec, now: float) -> None:
+def _track_progress(p: Pass, gang: GangState) -> None:
+    old, new, now = p.old, p.new, p.now
     if gang.step is None:
         return
-    upd["step"] = gang.step
-    if spec.tokens_per_step:
-        upd["tokens"] = gang.step * spec.tokens_per_step
+    new.step = gang.step
+    if p.spec.tokens_per_step:
+        new.tokens = gang.step * p.spec.tokens_per_step
     if gang.loss is not None:
-        upd["loss"] = gang.loss
+        new.loss = gang.loss
     if gang.tokens_per_second is not None:
-        upd["tokensPerSecond"] = gang.tokens_per_second
+        new.tokens_per_second = gang.tokens_per_second
     if gang.eval_perplexity is not None:
-        upd["evalPerplexity"] = gang.eval_perplexity
-    if not status.get("firstProgressTime"):
-        upd["firstProgressTime"] = gang.last_progress_time or now  # the trainer's step end time
-        upd["firstProgressSteps"] = gang.step - (gang.start_step or 0)  # steps trained by then
-    last = status.get("lastStep")
+        new.eval_perplexity = gang.eval_perplexity
+    if not old.first_progress_time:
+        new.first_progress_time = gang.last_progress_time or now  # the trainer's step end time
+        new.first_progress_steps = gang.step - (gang.start_step or 0)  # steps trained by then
+    last = old.last_step
     if last is None or gang.step > last:
-        if last is not None and status.get("lastStepTime") and gang.step > last:
+        if last is not None and old.last_step_time and gang.step > last:
             # the trainer's step end times when both reports carry one; else when we saw them
-            prev_t, new_t = status.get("lastProgressTime"), gang.last_progress_time
+            prev_t, new_t = old.last_progress_time, gang.last_progress_time
             exact = prev_t and new_t and new_t > prev_t
-            observed = ((new_t - prev_t) if exact else (now - status["lastStepTime"])) / (gang.step - last)
-            prev = status.get("stepSeconds")
-            upd["stepSeconds"] = round(observed if prev is None else 0.7 * prev + 0.3 * observed, 3)
-        upd["lastStep"] = gang.step
-        upd["lastStepTime"] = now
+            observed = ((new_t - prev_t) if exact else (now - old.last_step_time)) / (gang.step - last)
+            prev = old.step_seconds
+            new.step_seconds = round(observed if prev is None else 0.7 * prev + 0.3 * observed, 3)
+        new.last_step, new.last_step_time = gang.step, now
     if gang.last_progress_time:
-        upd["lastProgressTime"] = gang.last_progress_time
+        new.last_progress_time = gang.last_progress_time
 
 
-def _start_attempt(res: Result, run: dict, spec: TrainingRunSpec, status: dict, attempt: int, now: float,
-                   reason: str, message: str, checkpoint: dict | None) -> Result:
-    """``checkpoint``: the newest complete checkpoint now, which the new gang resumes from."""
-    excluded = list(status.get("quarantinedNodes") or [])
-    resume = checkpoint or status.get("lastCheckpoint") or None
-    res.status.update({"phase": "Starting", "attempt": attempt, "attemptStartTime": now, "gangRunningTime": None,
-                       "lastStep": None, "lastStepTime": None, "restartNotBefore": None, "teardownStartTime": None,
-                       "resumeCheckpoint": resume})
-    # Status first, then pods (the handler applies the status patch before the effects).
-    res.effects += [Effect("ensure", p) for p in plan.pods(run, spec, attempt, excluded, resume)]
-    res.event(reason, f"attempt {attempt}: {message}" + (
-        f"; resuming from {resume['tag']}" if resume and resume.get("tag") and spec.trainer.is_command else ""))
-    return res
-
-
-def _resume_point(status: dict) -> dict | None:
-    """The checkpoint the current attempt was started with (its pods must all say the same)."""
-    return status.get("resumeCheckpoint") or None
-
-
-def _on_failure(res: Result, run: dict, spec: TrainingRunSpec, status: dict, failure: Failure,
-                current: list[PodView], gang, now: float, checkpoint: dict | None) -> Result:
-    history = list(status.get("failures") or [])
-    quarantined = list(status.get("quarantinedNodes") or [])
-    ckpt_step = (checkpoint or status.get("lastCheckpoint") or {}).get("step")
-    action = decide(failure, spec, history, quarantined, ckpt_step, now)
-    failure_id = (status.get("failureCount") or len(history)) + 1  # identity: 1, 2, ... over the run
-    record = {"id": failure_id, "time": now, "cause": failure.cause, "node": failure.node, "pod": failure.pod,
-              "message": failure.message[:500], "attempt": status.get("attempt"), "action": action.kind,
-              "detectedAfter": round(now - failure.since, 3) if failure.since else None,
-              # the newest step end this pass saw: status.lastProgressTime is the previous pass's,
-              # stale when the failure is found in the pass that first sees the gang's last steps
-              "lastProgressTime": max(status.get("lastProgressTime") or 0.0, gang.last_progress_time or 0.0) or None,
-              "step": gang.step,
-              "checkpointStep": ckpt_step, "stepSeconds": status.get("stepSeconds")}
+def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
+    """Record the failure (by identity), then fail the run or tear the gang down for a restart."""
+    spec, old, new, now = p.spec, p.old, p.new, p.now
+    history = list(new.failures)
+    ckpt = p.checkpoint or new.last_checkpoint
+    ckpt_step = ckpt.step if ckpt else None
+    action = decide(failure, spec, history, new.quarantined_nodes, ckpt_step, now)
+    record = FailureRecord(
+        id=(old.failure_count or len(history)) + 1, time=now, cause=failure.cause, action=action.kind,
+        node=failure.node, pod=failure.pod, message=failure.message[:500], attempt=old.attempt,
+        detected_after=round(now - failure.since, 3) if failure.since else None,
+        # the newest step end this pass saw: status.lastProgressTime is the previous pass's,
+        # stale when the failure is found in the pass that first sees the gang's last steps
+        last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
+        step=gang.step, checkpoint_step=ckpt_step, step_seconds=old.step_seconds)
     timeline = history + [record]
-    res.status["failureCount"] = failure_id
+    new.failure_count = record.id
     if len(timeline) > MAX_FAILURES_KEPT:  # older failures leave the status; their lost time does not
         dropped, timeline = timeline[:-MAX_FAILURES_KEPT], timeline[-MAX_FAILURES_KEPT:]
-        res.status["goodputArchive"] = goodput.archive(
-            status.get("goodputArchive"), status.get("createdTime", now), status.get("firstProgressTime"),
-            dropped, timeline[0]["time"], now, status.get("stepSeconds"), status.get("firstProgressSteps"))
-    res.status["failures"] = timeline
-    grace = int(spec.fault_tolerance.teardown_grace_seconds)
+        new.goodput_archive = goodput.archive(
+            old.goodput_archive, old.created_time if old.created_time is not None else now, old.first_progress_time,
+            dropped, timeline[0].time, now, old.step_seconds, old.first_progress_steps)
+    new.failures = timeline
+    p.effects.append(Effect("observe_failure", failure=copy.copy(record)))
     if action.kind == "fail":
-        res.status.update({"phase": "Failed", "message": action.reason})
-        res.status["conditions"] = [_condition("Valid", True, "SpecValid", "", now, status.get("conditions")),
-                                    _condition("Failed", True, "FailurePolicy", action.reason, now,
-                                               status.get("conditions"))]
-        res.event("Failed", action.reason, warning=True)
-        res.effects += [Effect("delete_pod", name=p.name, grace=grace) for p in current if not p.deleting]
-        _account(res.status, status, now)
-        return res
-    restarts = dict(status.get("restarts") or {})
-    restarts[failure.cause] = restarts.get(failure.cause, 0) + 1
-    res.status.update({"phase": "Restarting", "restarts": restarts, "restartCount": sum(restarts.values()),
-                       "teardownStartTime": now,
-                       "restartNotBefore": now + action.delay_seconds, "message": action.reason})
-    if action.quarantine_node:
-        res.effects.append(Effect("quarantine", name=action.quarantine_node, reason=failure.message))
-        res.status["quarantinedNodes"] = quarantined + [action.quarantine_node]
-        res.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
-    res.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"
-              + (f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""), warning=True)
-    res.effects += [Effect("delete_pod", name=p.name, grace=grace) for p in current if not p.deleting]
-    _account(res.status, status, now)
-    return res
-
-
-def _teardown(res: Result, run: dict, spec: TrainingRunSpec, status: dict, current: list[PodView],
-              stale: list[PodView], attempt: int, now: float, checkpoint: dict | None) -> Result:
-    started = status.get("teardownStartTime") or now
-    force = now - started >= spec.fault_tolerance.teardown_grace_seconds
-    _note_teardown_progress(res, status, current)
-    for p in current:
-        if force or not p.deleting:
-            res.effects.append(Effect("delete_pod", name=p.name, grace=0 if force else
-                                      int(spec.fault_tolerance.teardown_grace_seconds)))
-    if current or stale:
-        return res
-    failures = list(res.status.get("failures", status.get("failures") or []))
-    if failures and not failures[-1].get("teardownDoneTime"):
-        failures[-1] = dict(failures[-1], teardownDoneTime=now)
-        res.status["failures"] = failures
-    if now < (status.get("restartNotBefore") or 0):
-        return res
-    quarantined = status.get("quarantinedNodes") or []
-    return _start_attempt(res, run, spec, status, attempt + 1, now, "Restarted", "new gang created" + (
-        f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""), checkpoint)
-
-
-def _note_teardown_progress(res: Result, status: dict, current: list[PodView]) -> None:
-    """A gang stopped by SIGTERM finishes its step and checkpoint first: keep the failed
-    attempt's newest step and its time on the failure record, so goodput counts that work."""
-    failures = list(res.status.get("failures", status.get("failures") or []))
-    gang = gang_state(current)
-    if not failures or failures[-1].get("teardownDoneTime") or gang.step is None:
+        new.phase, new.message = "Failed", action.reason
+        new.conditions = [condition("Valid", True, "SpecValid", "", now, old.conditions),
+                          condition("Failed", True, "FailurePolicy", action.reason, now, old.conditions)]
+        p.event("Failed", action.reason, warning=True)
+        p.delete(p.current)
+        _account(p, now)
         return
-    f = failures[-1]
-    if gang.step > (f.get("step") or -1) or (gang.last_progress_time or 0) > (f.get("lastProgressTime") or 0):
-        failures[-1] = dict(f, step=max(gang.step, f.get("step") or 0),
-                            lastProgressTime=max(gang.last_progress_time or 0, f.get("lastProgressTime") or 0))
-        res.status["failures"] = failures
+    new.restarts = {**old.restarts, failure.cause: old.restarts.get(failure.cause, 0) + 1}
+    new.restart_count = sum(new.restarts.values())
+    new.phase, new.message = "Restarting", action.reason
+    new.teardown_start_time, new.restart_not_before = now, now + action.delay_seconds
+    if action.quarantine_node:
+        p.effects.append(Effect("quarantine", name=action.quarantine_node, reason=failure.message))
+        new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
+        p.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
+    p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"
+            + (f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""), warning=True)
+    p.delete(p.current)
+    _account(p, now)
 
 
-def _account(upd: dict, status: dict, now: float) -> None:
-    created = status.get("createdTime", upd.get("createdTime"))
-    if created is not None:
-        failures = upd.get("failures", status.get("failures") or [])
-        first = upd.get("firstProgressTime", status.get("firstProgressTime"))
-        upd["goodput"] = goodput.account(created, first, failures, now,
-                                         upd.get("stepSeconds", status.get("stepSeconds")),
-                                         upd.get("firstProgressSteps", status.get("firstProgressSteps")),
-                                         upd.get("goodputArchive", status.get("goodputArchive")))
+def _account(p: Pass, until: float) -> None:
+    new = p.new
+    if new.created_time is not None:
+        new.goodput = goodput.account(new.created_time, new.first_progress_time, new.failures, until,
+                                      new.step_seconds, new.first_progress_steps, new.goodput_archive)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from trainer.config import ConfigError
+from trainium_api.status import CheckpointRef
 from trainium_operator import plan
 from trainium_operator.reconcile import reconcile
 from trainium_operator.spec import checkpoint_layout, parse
@@ -23,6 +24,7 @@ NXDT = {"image": "img", "nodes": 2, "instanceType": "cpu", "processesPerNode": 2
 RUN = {"metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 1}, "spec": NXDT, "status": {}}
 CKPT = {"tag": "hf_llama--step=20-consumed_samples=20480.0.ckpt", "step": 20, "time": 5.0,
         "uri": "/shared/exp/checkpoints/hf_llama--step=20-consumed_samples=20480.0.ckpt"}
+REF = CheckpointRef(**CKPT)
 
 
 def _with(base: dict, **trainer) -> dict:
@@ -77,7 +79,7 @@ def test_a_command_spec_needs_none_of_the_trainer_groups():
 
 def test_pod_runs_the_script_under_the_watch_and_torchrun_with_the_resume_override():
     s = parse(NXDT)
-    pod = plan.pod(RUN, s, attempt=2, index=1, excluded_nodes=[], checkpoint=CKPT)
+    pod = plan.pod(RUN, s, attempt=2, index=1, excluded_nodes=[], checkpoint=REF)
     c = pod["spec"]["containers"][0]
     cmd = c["command"]
     split = cmd.index("--")
@@ -96,13 +98,13 @@ def test_pod_runs_the_script_under_the_watch_and_torchrun_with_the_resume_overri
     fresh = plan.pod(RUN, s, attempt=1, index=0, excluded_nodes=[], checkpoint=None)["spec"]["containers"][0]["command"]
     assert fresh[-1] == "exp_manager.resume_if_exists=false" and "--start-step" not in fresh
     # NxD scripts load only tags with `done` themselves: nothing appended
-    nxd = plan.pod(RUN, parse(_with(NXDT, progressFormat="nxd")), 2, 0, [], CKPT)["spec"]["containers"][0]["command"]
+    nxd = plan.pod(RUN, parse(_with(NXDT, progressFormat="nxd")), 2, 0, [], REF)["spec"]["containers"][0]["command"]
     assert nxd[-1] == "--config-name=hf_llama_7B_config"
 
 
 def test_the_override_quotes_the_checkpoint_for_hydra():
     # Hydra's override grammar takes '=' in a value only inside quotes; the quotes are removed
-    (arg,) = plan.resume_arguments(parse(NXDT), CKPT)
+    (arg,) = plan.resume_arguments(parse(NXDT), REF)
     key, value = arg.split("=", 1)
     assert key == "exp_manager.resume_from_checkpoint" and value == f'"{CKPT["uri"]}"'
 
@@ -111,10 +113,10 @@ def test_reconcile_starts_no_configmap_and_each_attempt_resumes_from_the_checkpo
     r = reconcile(RUN, [], {}, now=0.0, checkpoint=None)
     kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
     assert "ConfigMap" not in kinds and kinds.count("Pod") == 2
-    assert r.status["resumeCheckpoint"] is None and "dataParallel" not in r.status
+    assert r.after.resume_checkpoint is None and "dataParallel" not in r.status
     run = {**RUN, "status": {**r.status, "phase": "Restarting", "attempt": 1, "restartNotBefore": 0,
                              "conditions": [{"type": "Valid", "status": "True"}]}}
-    r = reconcile(run, [], {}, now=10.0, checkpoint=CKPT)
+    r = reconcile(run, [], {}, now=10.0, checkpoint=REF)
     pods = [e.obj for e in r.effects if e.kind == "ensure"]
     assert r.status["attempt"] == 2 and r.status["resumeCheckpoint"] == CKPT and len(pods) == 2
     assert all(p["spec"]["containers"][0]["command"][-1].endswith(f'{CKPT["uri"]}"') for p in pods)

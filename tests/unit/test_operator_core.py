@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from trainer.config import ConfigError
-from trainium_operator import crd, goodput, plan
+from trainium_api.load import lenient, to_dict
+from trainium_api.status import FailureRecord
+from trainium_operator import goodput, plan
 from trainium_operator import spec as spec_mod
 from trainium_operator.observe import Failure, find_failure, gang_state, node_view, pod_view
 from trainium_operator.policy import decide
@@ -14,19 +16,18 @@ from trainium_operator.reconcile import reconcile
 from trainium_operator.spec import parse
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _records(failures: list[dict]) -> list[FailureRecord]:
+    """Failure records as status.failures holds them (camelCase), typed; id, cause and action
+    default where a test leaves them out."""
+    return [lenient(FailureRecord, {"id": i + 1, "cause": "application", "action": "restart", **f})
+            for i, f in enumerate(failures)]
 SPEC = {"image": "img", "nodes": 4, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
         "parallelism": {"tensor": 8, "sequenceParallel": True}, "training": {"seqLen": 4096, "globalBatchSize": 64,
                                                                              "microBatchSize": 1},
         "data": {"sources": [{"uri": "s3://d/"}], "tokenizer": "s3://d/t.json"}, "checkpoint": {"uri": "s3://c/r"}}
 RUN = {"metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 1}, "spec": SPEC, "status": {}}
-
-
-def test_crd_is_generated_from_the_config_types():
-    committed = (ROOT / "crds" / "trainingruns.trainium.dev.yaml").read_text()
-    assert committed == crd.render(), "run: python -m trainium_operator.crd --write"
-    schema = yaml.safe_load(committed)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert "globalBatchSize" in schema["properties"]["training"]["properties"]
-    assert schema["properties"]["training"]["properties"]["precision"]["enum"] == ["bf16-sr", "mixed", "fp32"]
 
 
 def test_spec_derives_layout_and_names_fields():
@@ -111,26 +112,30 @@ def test_policy_budgets_quarantine_and_guard():
     a = decide(crash, s, [], [], 10, now=1000)
     assert a.kind == "restart" and a.delay_seconds == 10 and not a.quarantine_node
     hist = [{"time": 990, "cause": "application", "checkpointStep": 5}]
-    assert decide(crash, s, hist, [], 10, now=1000).delay_seconds == 20
+    assert decide(crash, s, _records(hist), [], 10, now=1000).delay_seconds == 20
     hist2 = hist + [{"time": 995, "cause": "application", "checkpointStep": 8}]
-    assert decide(crash, s, hist2, [], 10, now=1000).reason.startswith("restart budget for application exhausted")
-    assert decide(crash, s, hist2, [], 10, now=1000 + 7200).kind == "restart"  # outside the window
+    assert decide(crash, s, _records(hist2), [], 10, now=1000).reason.startswith("restart budget for application exhausted")
+    assert decide(crash, s, _records(hist2), [], 10, now=1000 + 7200).kind == "restart"  # outside the window
     node = Failure("node", "NotReady", node="n2")
     assert decide(node, s, [], [], 10, now=1000).quarantine_node == "n2"
     assert decide(node, s, [], ["n1"], 10, now=1000).reason.startswith("cluster unhealthy")
     same = [{"time": 1, "cause": "hang", "checkpointStep": 10}] * 3
-    assert decide(Failure("hang", "stuck"), s, same, [], 10, now=9000).reason.startswith("no progress: 3 restarts")
+    assert decide(Failure("hang", "stuck"), s, _records(same), [], 10, now=9000).reason.startswith("no progress: 3 restarts")
     # infrastructure failures neither count towards the guard nor break a job-caused streak
     flaps = [{"time": 1, "cause": "node", "checkpointStep": 10}] * 5
-    assert decide(Failure("node", "NotReady", node="n9"), s, flaps, [], 10, now=1000).kind == "restart"
+    assert decide(Failure("node", "NotReady", node="n9"), s, _records(flaps), [], 10, now=1000).kind == "restart"
     mixed = same[:2] + flaps + same[2:]
-    assert decide(Failure("application", "x"), s, mixed, [], 10, now=1000 + 7200).reason.startswith("no progress: 3")
-    assert decide(Failure("eviction", "gone"), s, same, [], 10, now=1000).kind == "restart"
+    assert decide(Failure("application", "x"), s, _records(mixed), [], 10, now=1000 + 7200).reason.startswith("no progress: 3")
+    assert decide(Failure("eviction", "gone"), s, _records(same), [], 10, now=1000).kind == "restart"
     assert decide(Failure("application", "x", fatal=True), s, [], [], 10, now=1000).kind == "fail"
 
 
+def _account(failures: list[dict], **kw) -> dict:
+    return to_dict(goodput.account(failures=_records(failures), **kw))
+
+
 def test_goodput_accounting():
-    g = goodput.account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
         {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 106.0,
          "resumedTime": 110.0, "resumedSteps": 1, "resumedStep": 90, "step": 95, "checkpointStep": 90}], now=200.0)
     # schedule: the first start until step 1 began (9 s), and teardown done -> the new attempt's
@@ -141,7 +146,7 @@ def test_goodput_accounting():
 
 def test_goodput_of_a_graceful_stop_counts_the_steps_it_finished():
     # a SIGTERMed gang trained past detection (to 101) and saved step 97, where it resumed
-    g = goodput.account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
         {"time": 100.0, "lastProgressTime": 101.0, "teardownDoneTime": 103.0, "resumedTime": 110.0,
          "resumedSteps": 2, "resumedStep": 97, "step": 97, "checkpointStep": 90}], now=200.0)
     assert g["lostSeconds"] == {"detect": 0.0, "teardown": 2.0, "schedule": 14.0, "recompute": 0.0}
@@ -153,14 +158,14 @@ def test_goodput_counts_steps_up_to_a_checkpoint_newer_than_the_last_report():
     # only 1 s is lost before detection and nothing is recomputed (found by bench.goodput_drill:
     # with a report every second and a checkpoint between report and fault, the operator
     # counted those surviving steps as lost, 1.37 points low over 150 faults)
-    g = goodput.account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
         {"time": 101.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "resumedTime": 110.0,
          "resumedSteps": 1, "resumedStep": 97, "step": 95, "checkpointStep": 97}], now=200.0)
     assert g["lostSeconds"] == {"detect": 1.0, "teardown": 2.0, "schedule": 15.0, "recompute": 0.0}
 
 
 def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
-    g = goodput.account(created=0.0, first_progress=10.0, failures=[
+    g = _account(created=0.0, first_progress=10.0, failures=[
         {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "recoveredTime": 106.0},
         {"time": 120.0, "lastProgressTime": 98.0, "teardownDoneTime": 121.0, "resumedTime": 130.0}], now=200.0)
     # the second failure's detection starts where the first one's recovery ended (120), not at
@@ -181,18 +186,18 @@ def test_goodput_stays_exact_past_the_kept_failures():
     """60 failures, of which the status keeps 50: the 10 dropped ones are folded into running
     totals, so the reported ratio equals the full timeline's: 910 s lost of 6,100 (0.8508; keeping only
     the last 50 reported 0.8754)."""
-    timeline, now, kw = _equal_failures(60), 6100.0, dict(step_seconds=1.0, first_progress_steps=0)
+    timeline, now, kw = _records(_equal_failures(60)), 6100.0, dict(step_seconds=1.0, first_progress_steps=0)
     full = goodput.account(0.0, 10.0, timeline, now, **kw)
     kept = goodput.account(0.0, 10.0, timeline[-50:], now, **kw)
-    archive = goodput.archive(None, 0.0, 10.0, timeline[:10], timeline[10]["time"], now, 1.0, 0)
+    archive = goodput.archive(None, 0.0, 10.0, timeline[:10], timeline[10].time, now, 1.0, 0)
     streamed = goodput.account(0.0, 10.0, timeline[-50:], now, archived=archive, **kw)
     # archiving in several rounds, as a long run does, gives the same totals
-    rounds = goodput.archive(goodput.archive(None, 0.0, 10.0, timeline[:4], timeline[4]["time"], now, 1.0, 0),
-                             0.0, 10.0, timeline[4:10], timeline[10]["time"], now, 1.0, 0)
-    print(f"\neffective ratio: full {full['effectiveRatio']}, last 50 only {kept['effectiveRatio']}, "
-          f"archived + last 50 {streamed['effectiveRatio']}")
+    rounds = goodput.archive(goodput.archive(None, 0.0, 10.0, timeline[:4], timeline[4].time, now, 1.0, 0),
+                             0.0, 10.0, timeline[4:10], timeline[10].time, now, 1.0, 0)
+    print(f"\neffective ratio: full {full.effective_ratio}, last 50 only {kept.effective_ratio}, "
+          f"archived + last 50 {streamed.effective_ratio}")
     assert streamed == full == goodput.account(0.0, 10.0, timeline[-50:], now, archived=rounds, **kw)
-    assert full["effectiveRatio"] == 0.8508 and kept["effectiveRatio"] > full["effectiveRatio"]
+    assert full.effective_ratio == 0.8508 and kept.effective_ratio > full.effective_ratio
 
 
 def test_reconcile_archives_dropped_failures_and_numbers_each_failure():
@@ -207,8 +212,8 @@ def test_reconcile_archives_dropped_failures_and_numbers_each_failure():
     failures = r.status["failures"]
     assert len(failures) == MAX_FAILURES_KEPT and failures[-1]["id"] == 51 and r.status["failureCount"] == 51
     assert r.status["goodputArchive"]["failures"] == 1
-    full = goodput.account(0.0, 10.0, history + [failures[-1]], 5100.0, 1.0, 0)
-    assert r.status["goodput"] == full
+    full = goodput.account(0.0, 10.0, _records(history + [failures[-1]]), 5100.0, 1.0, 0)
+    assert r.status["goodput"] == to_dict(full)
 
 
 def test_failure_found_with_new_progress_records_that_progress_time():
@@ -224,13 +229,28 @@ def test_failure_found_with_new_progress_records_that_progress_time():
 
 
 def test_each_failure_and_recovery_is_observed_once_by_identity():
-    from trainium_operator.handlers import failure_events
-    old = _equal_failures(50)
-    new = old[1:] + [{"id": 51, "time": 5100.0, "cause": "application"}]  # the timeline no longer grows
-    assert failure_events(old, new) == ([new[-1]], [])
-    recovered = new[:-1] + [dict(new[-1], recoveredAfter=1.5)]
-    assert failure_events(new, recovered) == ([], [recovered[-1]])
-    assert failure_events(recovered, recovered) == ([], [])
+    """The latency histograms observe a failure in the pass that records it and its recovery in
+    the pass that records that, by the record's id, also past the kept timeline (its length
+    stops growing there)."""
+    from trainium_operator.reconcile import MAX_FAILURES_KEPT
+    status = {"phase": "Running", "attempt": 51, "createdTime": 0.0, "failures": _equal_failures(MAX_FAILURES_KEPT),
+              "failureCount": 50, "gangRunningTime": 5010.0, "conditions": [{"type": "Valid", "status": "True"}]}
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    crashed = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, attempt=51) for i in range(4)]
+    r = reconcile({**RUN, "status": status}, crashed, nodes, now=5100.0)
+    observed = [e.failure for e in r.effects if e.kind == "observe_failure"]
+    assert [f.id for f in observed] == [51] and "observe_recovery" not in r.kinds
+    status = {**status, **r.status}
+    r = reconcile({**RUN, "status": status}, crashed, nodes, now=5101.0)  # still tearing down
+    assert "observe_failure" not in r.kinds and "observe_recovery" not in r.kinds
+    status = {**status, **reconcile({**RUN, "status": status}, [], nodes, now=5102.0).status}  # attempt 52
+    running = [_pod(i, attempt=52) for i in range(4)]
+    r = reconcile({**RUN, "status": status}, running, nodes, now=5104.0)
+    recovered = [e.failure for e in r.effects if e.kind == "observe_recovery"]
+    assert [(f.id, f.recovered_after) for f in recovered] == [(51, 4.0)] and "observe_failure" not in r.kinds
+    status = {**status, **r.status}
+    assert not {"observe_failure", "observe_recovery"} & set(reconcile({**RUN, "status": status}, running, nodes,
+                                                                       now=5105.0).kinds)
 
 
 def test_reconcile_creates_then_restarts_without_overlapping_attempts():
@@ -263,7 +283,9 @@ def test_reconcile_never_crashes_on_malformed_objects():
 def test_conditions_keep_their_transition_time_until_the_status_flips():
     bad = {**RUN, "spec": {"nodes": "many"}}
     first = reconcile(bad, [], {}, now=0.0).status["conditions"][0]
-    again = reconcile({**bad, "status": {"conditions": [first]}}, [], {}, now=600.0).status["conditions"][0]
+    r = reconcile({**bad, "status": {"conditions": [first]}}, [], {}, now=600.0)
+    assert "conditions" not in r.status  # unchanged: not written again
+    again = to_dict(r.after.conditions[0])
     assert again["status"] == "False" and again["lastTransitionTime"] == first["lastTransitionTime"]
     fixed = reconcile({**RUN, "status": {"conditions": [again]}}, [], {}, now=900.0).status["conditions"][0]
     assert fixed["status"] == "True" and fixed["lastTransitionTime"] != first["lastTransitionTime"]

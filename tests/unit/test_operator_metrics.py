@@ -6,6 +6,7 @@ from prometheus_client import generate_latest
 
 from tests.conftest import tiny_run_spec
 from trainium_operator import metrics
+from trainium_operator.reconcile import read_status
 
 
 def spec(**checkpoint):
@@ -28,7 +29,7 @@ STATUS = {"phase": "Running", "step": 120, "lastStepTime": 1000.0, "stepSeconds"
 
 
 def test_observe_run_exports_the_status():
-    metrics.observe_run("ml", "m1", spec(intervalSteps=50), STATUS)
+    metrics.observe_run("ml", "m1", spec(intervalSteps=50), read_status(STATUS))
     s = series("m1")
     assert s['trainium_run_phase{namespace="ml",phase="Running",run="m1"}'] == 1
     assert s['trainium_run_phase{namespace="ml",phase="Failed",run="m1"}'] == 0
@@ -45,11 +46,11 @@ def test_observe_run_exports_the_status():
 
 
 def test_unknown_values_are_absent_not_zero():
-    metrics.observe_run("ml", "m2", spec(intervalSteps=50), {"phase": "Starting", "createdTime": 5.0})
+    metrics.observe_run("ml", "m2", spec(intervalSteps=50), read_status({"phase": "Starting", "createdTime": 5.0}))
     s = series("m2")
     for name in ("step", "loss", "last_checkpoint_step", "effective_training_ratio", "checkpoint_interval_seconds"):
         assert not any(k.startswith(f"trainium_run_{name}{{") for k in s), name
-    metrics.observe_run("ml", "m2", None, {"phase": "Failed"})  # an invalid spec: no spec-derived series
+    metrics.observe_run("ml", "m2", None, read_status({"phase": "Failed"}))  # an invalid spec: no spec-derived series
     assert series("m2")['trainium_run_phase{namespace="ml",phase="Failed",run="m2"}'] == 1
 
 
@@ -62,7 +63,7 @@ def test_expected_checkpoint_interval():
 
 
 def test_forget_drops_every_series_of_a_deleted_run():
-    metrics.observe_run("ml", "gone", spec(), STATUS)
+    metrics.observe_run("ml", "gone", spec(), read_status(STATUS))
     metrics.count_error("ml", "gone")
     assert series("gone")
     metrics.forget("ml", "gone")

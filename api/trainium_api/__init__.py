@@ -1,0 +1,13 @@
+"""The TrainingRun API: one typed source for the spec and the status.
+
+  spec     every spec field: type, constraint, default, documentation (dataclasses)
+  status   every status field the operator writes (dataclasses)
+  layout   the parallel layout a spec implies, checked before anything is scheduled
+  fields   how a field is declared (Annotated markers) and the walker that reads declarations
+  load     dicts <-> dataclasses, refusing bad input with the field named
+  schema   the CRD's structural OpenAPI schema, derived from the declarations
+
+Imports no torch and no Kubernetes client: the trainer, the operator and the tests share it.
+"""
+
+API_GROUP, API_VERSION, KIND, PLURAL = "trainium.dev", "v1alpha1", "TrainingRun", "trainingruns"

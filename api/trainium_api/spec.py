@@ -1,0 +1,614 @@
+"""The TrainingRun spec: every field, its type, constraints, default and documentation.
+
+A TrainingRun spec is the trainer's run configuration (:class:`RunConfig`: the model,
+parallelism, training, data, checkpoint, health, logging and init groups, the same file
+``python -m trainer --config`` reads) plus placement and fault tolerance
+(:class:`TrainingRunSpec`). The CRD's schema (``trainium_api.schema``), the loader
+(``trainium_api.load``) and the trainer's config all read these declarations; cross-field rules
+are each group's ``validate()``. Keys are the camelCase of the field names:
+``training.globalBatchSize`` is ``TrainingConfig.global_batch_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from .fields import (
+    DERIVED,
+    ConfigError,
+    Doc,
+    IntOrString,
+    Key,
+    Min,
+    MinLen,
+    NoServerDefault,
+    Positive,
+    fields_of,
+    path_of,
+)
+from .layout import Layout
+
+# --------------------------------------------------------------------------------------------
+# Enumerations (the tuples other modules use are derived from the types)
+# --------------------------------------------------------------------------------------------
+
+Family = Literal["llama", "neox"]
+ActivationCheckpointing = Literal["none", "selective", "full"]
+Precision = Literal["bf16-sr", "mixed", "fp32"]
+Backend = Literal["auto", "neuron", "cuda", "cpu", "xla"]
+NanPolicy = Literal["skip", "stop"]
+TrainerKind = Literal["builtin", "command"]
+ProgressFormat = Literal["nxd", "nxdt", "regex"]
+CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
+Unset = Literal[""]
+"""The empty string: a field that is not set (a builtin trainer has no progress format)."""
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+TRAINER_KINDS: tuple[str, ...] = get_args(TrainerKind)
+PROGRESS_FORMATS: tuple[str, ...] = get_args(ProgressFormat)
+LAYOUTS: tuple[str, ...] = get_args(CheckpointLayout)
+
+# Named model shapes (published configurations).
+_LLAMA = dict(family="llama", rotary_pct=1.0)
+_NEOX = dict(family="neox", rotary_pct=0.25, norm_eps=1e-5, rope_theta=10000.0)
+PRESETS: dict[str, dict[str, Any]] = {
+    # A few hundred thousand parameters: trains on a laptop CPU in minutes.
+    "tiny": dict(_LLAMA, hidden_size=128, intermediate_size=352, num_layers=4, num_heads=4,
+                 num_kv_heads=2, vocab_size=512),
+    "llama2-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32,
+                      num_kv_heads=32, vocab_size=32000, norm_eps=1e-5, rope_theta=1e4),
+    "llama2-13b": dict(_LLAMA, hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40,
+                       num_kv_heads=40, vocab_size=32000, norm_eps=1e-5, rope_theta=1e4),
+    "llama2-70b": dict(_LLAMA, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                       num_kv_heads=8, vocab_size=32000, norm_eps=1e-5, rope_theta=1e4),
+    "llama3-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                      num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5),
+    "neox-20b": dict(_NEOX, hidden_size=6144, intermediate_size=24576, num_layers=44, num_heads=64,
+                     num_kv_heads=64, vocab_size=50432),
+    "pythia-6.9b": dict(_NEOX, hidden_size=4096, intermediate_size=16384, num_layers=32, num_heads=32,
+                        num_kv_heads=32, vocab_size=50432),
+}
+Preset = Literal[tuple(PRESETS)]  # type: ignore[valid-type]  # the names above, one source
+
+# Instance types: NeuronCores (= trainer processes) per node and the extended resources a pod asks for.
+INSTANCE_TYPES: dict[str, dict[str, Any]] = {
+    "trn1.32xlarge": {"processes": 32, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"},
+                      "neuron": True},
+    "trn1n.32xlarge": {"processes": 32, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"},
+                       "neuron": True},
+    "cpu": {"processes": 1, "resources": {}, "neuron": False},
+    "gpu": {"processes": 8, "resources": {"nvidia.com/gpu": "8"}, "neuron": False},
+}
+InstanceType = Literal[tuple(INSTANCE_TYPES)]  # type: ignore[valid-type]
+
+DEFAULT_TRAINER_SA = "trainium-trainer"
+# The pod contract's variables, volumes and mount paths (docs/architecture.md 3.2; the operator
+# sets them): spec.env and spec.volumes may not override them.
+CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "ATTEMPT",
+                "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE")
+ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
+CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
+CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm")
+# Named groups a progress regex may have (trainer.watch reads them).
+REGEX_GROUPS = ("step", "loss", "throughput")
+
+
+def check_regex(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a progress regex (trainer.progressRegex), or None when it can."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        return f"invalid regular expression: {exc}"
+    if "step" not in rx.groupindex:
+        return "needs a named group 'step', e.g. (?P<step>\\d+)"
+    unknown = sorted(set(rx.groupindex) - set(REGEX_GROUPS))
+    if unknown:
+        return f"unknown named group {unknown[0]!r} (known: {', '.join(REGEX_GROUPS)})"
+    return None
+
+
+AtLeastOne = Annotated[int, Min(1)]
+NonNegative = Annotated[int, Min(0)]
+NonNegativeNumber = Annotated[float, Min(0)]
+PositiveNumber = Annotated[float, Positive()]
+
+# --------------------------------------------------------------------------------------------
+# The trainer's groups
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    SERVER_DEFAULTS: ClassVar[bool] = False  # a default hiddenSize would override the preset's
+
+    preset: Preset = "tiny"
+    """Named shape (see PRESETS). Other fields given alongside it override the preset."""
+    family: Family = "llama"
+    """'llama' (RMSNorm, SwiGLU, sequential residual) or 'neox' (LayerNorm, GeLU, parallel residual)."""
+    hidden_size: AtLeastOne = 128
+    intermediate_size: AtLeastOne = 352
+    num_layers: AtLeastOne = 4
+    num_heads: AtLeastOne = 4
+    num_kv_heads: AtLeastOne = 2
+    """Key/value heads for grouped-query attention; equal to num_heads for multi-head attention."""
+    vocab_size: AtLeastOne = 512
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rotary_pct: float = 1.0
+    """Fraction of each head's dimensions that get rotary embedding (0.25 for GPT-NeoX/Pythia)."""
+    init_std: float = 0.02
+    """Std of the normal init; output projections use init_std / sqrt(2 * num_layers)."""
+
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def kv_replicas(self, tensor: int) -> int:
+        """Tensor-parallel ranks that hold each key/value head: 1 while the heads split over
+        the ranks, tensor / numKvHeads beyond (Llama 2 70B's 8 heads at TP 32: 4), as NxD's
+        GQA layer replicates them (kv_size_multiplier)."""
+        return max(1, tensor // self.num_kv_heads)
+
+    def num_params(self) -> int:
+        """Parameter count (untied embeddings), used for MFU and reports."""
+        h, i, v, L = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
+        kv = self.num_kv_heads * self.head_dim()
+        attn = h * (h + 2 * kv) + h * h
+        mlp = (2 if self.family == "llama" else 1) * h * i + i * h
+        norms = 2 * h if self.family == "llama" else 4 * h
+        biases = 0 if self.family == "llama" else (h + 2 * kv) + h + i + h
+        return 2 * v * h + L * (attn + mlp + norms + biases) + (h if self.family == "llama" else 2 * h)
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError("model.numHeads", f"{self.num_heads} does not divide model.hiddenSize ({self.hidden_size})")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("model.numKvHeads", f"{self.num_kv_heads} does not divide model.numHeads ({self.num_heads})")
+        if not 0.0 < self.rotary_pct <= 1.0:
+            raise ConfigError("model.rotaryPct", f"must be in (0, 1], got {self.rotary_pct}")
+        if int(self.head_dim() * self.rotary_pct) % 2:
+            raise ConfigError("model.rotaryPct", "rotary dimensions per head must be even")
+
+
+@dataclass
+class ParallelConfig:
+    tensor: AtLeastOne = 1
+    """Tensor-parallel degree (ranks that split every weight matrix)."""
+    pipeline: AtLeastOne = 1
+    """Pipeline-parallel degree: stages of contiguous layers, run on a 1F1B schedule whose
+    micro-batches are the gradient-accumulation steps (globalBatchSize / (data x microBatchSize)
+    must be at least this)."""
+    sequence_parallel: bool = False
+    """Shard activations outside attention/MLP along the sequence over the tensor-parallel group."""
+    zero1: bool = False
+    """Shard optimizer state (and the fp32 master weights) over the data-parallel group."""
+    activation_checkpointing: ActivationCheckpointing = "none"
+    """'none', 'selective' (recompute the attention core) or 'full' (recompute each layer)."""
+
+    def validate(self) -> None:
+        """Every rule of this group is a field constraint."""
+
+
+@dataclass
+class TrainingConfig:
+    seq_len: AtLeastOne = 128
+    global_batch_size: AtLeastOne = 16
+    """Sequences per optimizer step, over all data-parallel ranks and micro batches."""
+    micro_batch_size: AtLeastOne = 4
+    """Sequences per forward/backward pass on one data-parallel rank."""
+    steps: AtLeastOne = 200
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: NonNegative = 20
+    decay_steps: int | None = None
+    """Cosine decay length after warmup; defaults to steps - warmup_steps."""
+    weight_decay: NonNegativeNumber = 0.1
+    grad_clip: NonNegativeNumber = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    precision: Precision = "fp32"
+    """'bf16-sr' (bf16 weights, stochastic rounding in the update), 'mixed' (fp32 weights,
+    bf16 autocast), or 'fp32'."""
+    seed: int = 1234
+
+    def validate(self) -> None:
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError("training.minLr", f"need 0 <= minLr <= lr, got minLr={self.min_lr} lr={self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("training.betas", f"need two values in [0, 1), got {self.betas}")
+
+    def total_decay_steps(self) -> int:
+        return self.decay_steps if self.decay_steps is not None else max(1, self.steps - self.warmup_steps)
+
+
+@dataclass
+class DataSource:
+    SERVER_DEFAULTS: ClassVar[bool] = False
+    SHORTHAND: ClassVar[str] = "uri"  # `- s3://bucket/shards/` is `- {uri: s3://bucket/shards/}`
+
+    uri: Annotated[str, MinLen(1)]
+    """A file, a directory or a glob of .jsonl/.parquet/.arrow shards; local path or s3://."""
+    weight: PositiveNumber = 1.0
+    """Relative sampling weight when several sources are mixed."""
+
+
+@dataclass
+class DataConfig:
+    SERVER_DEFAULTS: ClassVar[bool] = False  # data sources have no meaningful default
+
+    sources: Annotated[list[DataSource], MinLen(1)] = field(default_factory=list)
+    tokenizer: str = ""
+    """Path (local or s3://) of a Hugging Face `tokenizers` JSON file. May be left out with
+    init.from a Hugging Face directory: its tokenizer.json is used."""
+    eos_token: str = "</s>"
+    """Token appended after every document; must exist in the tokenizer."""
+    text_field: str = "text"
+    packing: bool = True
+    """Pack documents back to back into full rows; if false each row is one (truncated) document."""
+    shuffle: bool = True
+    """Shuffle shard order per epoch, deterministically from training.seed."""
+    held_out: list[DataSource] = field(default_factory=list)
+    """Held-out evaluation data (sources as in data.sources, mixed by weight). Perplexity on it
+    is reported every evalIntervalSteps and at the end."""
+    eval_interval_steps: NonNegative = 100
+    """Evaluate on data.heldOut every N steps (0: only at the end). Ignored without heldOut."""
+    eval_batches: AtLeastOne = 4
+    """Global batches of held-out data per evaluation (the same batches every time)."""
+
+    def validate(self, tokenizer_optional: bool = False) -> None:
+        if not self.sources:
+            raise ConfigError("data.sources", "at least one source is required")
+        if not self.tokenizer and not tokenizer_optional:
+            raise ConfigError("data.tokenizer", "is required (or init.from a Hugging Face directory with a tokenizer)")
+
+
+@dataclass
+class InitConfig:
+    SERVER_DEFAULTS: ClassVar[bool] = False
+
+    from_: Annotated[str, Key("from")] = ""
+    """Initial weights for the first start (YAML key: from): a Hugging Face model directory
+    (config.json and safetensors, sharded or not), local or s3://, or one of our checkpoint
+    tags (<uri>/step_N, e.g. another run's). Used only when no complete checkpoint exists:
+    resume always wins. Shapes are checked against the model config before any weight moves."""
+
+    def is_hf(self) -> bool:
+        """Whether from_ names a Hugging Face directory (else it is a checkpoint tag)."""
+        return bool(self.from_) and not re.search(r"(^|/)step_\d+/?$", self.from_)
+
+
+@dataclass
+class CheckpointConfig:
+    uri: Annotated[str, NoServerDefault()] = ""
+    """Checkpoint root: a local or shared file system path, or s3://bucket/prefix. Empty = off."""
+    interval_steps: NonNegative = 0
+    """Save every N steps (0 = not by steps)."""
+    interval_minutes: NonNegativeNumber = 0.0
+    """Save when this many minutes passed since the last save (0 = not by time)."""
+    async_save: Annotated[bool, Key("async")] = True
+    """Write in the background after a host copy at the step boundary (YAML key: async)."""
+    keep: NonNegative = 3
+    """Complete checkpoints to keep (0 = all). The newest complete one is never deleted."""
+    resume: str = "auto"
+    """'auto' (newest complete tag, or start fresh), 'none', or a tag name."""
+    save_on_stop: bool = True
+    """On SIGTERM (a gang stopped for a restart, an eviction, a drained node), save the step
+    reached before exiting, so the restart recomputes nothing. The pod's grace period
+    (faultTolerance.teardownGraceSeconds) must cover a save; if it does not, the tag is never
+    completed and the previous checkpoint is used."""
+
+    def validate(self) -> None:
+        """Every rule of this group is a field constraint."""
+
+    def enabled(self) -> bool:
+        return bool(self.uri) and (self.interval_steps > 0 or self.interval_minutes > 0)
+
+
+@dataclass
+class HealthConfig:
+    spike_window: AtLeastOne = 20
+    """Steps in the running mean of the gradient norm."""
+    spike_factor: float = 3.0
+    """A step is a spike when its gradient norm exceeds spike_factor x the running mean."""
+    nan_policy: NanPolicy = "skip"
+    """On a NaN/Inf loss or gradient: 'skip' the update, or 'stop' with the fatal exit code."""
+
+    def validate(self) -> None:
+        if self.spike_factor <= 1:
+            raise ConfigError("health.spikeFactor", "must be greater than 1")
+
+
+@dataclass
+class LoggingConfig:
+    interval: AtLeastOne = 10
+    """Print a log line every N steps."""
+    metrics_port: NonNegative = 0
+    """Serve Prometheus metrics on this port from local rank 0 (0 = off)."""
+    progress_interval_seconds: NonNegativeNumber = 5.0
+    """Minimum seconds between progress annotations on the pod."""
+    losses_file: str = ""
+    """If set, rank 0 appends one JSON line per step (step, loss, grad norm, lr, end time, and the
+    step this process resumed at) here."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The trainer's configuration: the file `python -m trainer --config` reads, and the part of
+    a TrainingRun spec the operator renders into the pod's ConfigMap."""
+    SERVER_DEFAULTS: ClassVar[bool] = True
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    backend: Backend = "auto"
+    """'auto' (neuron, then cuda, then cpu), 'neuron', 'cuda', 'cpu', or 'xla' (torch-xla's
+    own device in one process: the Neuron backend's loop without Trainium, for tests)."""
+
+    def validate(self) -> None:
+        for group in (self.model, self.parallelism, self.training, self.checkpoint, self.health):
+            group.validate()
+        self.data.validate(tokenizer_optional=self.init.is_hf())
+
+    def digest(self) -> str:
+        """Hash of everything that shapes the model and the sample order (not intervals/logging)."""
+        from .load import to_dict
+        data = {k: v for k, v in to_dict(self.data).items() if k not in ("heldOut", "evalIntervalSteps", "evalBatches")}
+        relevant = {"model": to_dict(self.model), "parallelism": to_dict(self.parallelism),
+                    "data": data, "seed": self.training.seed,
+                    "seqLen": self.training.seq_len, "globalBatchSize": self.training.global_batch_size}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Groups of RunConfig, by key (model, parallelism, ...): derived from its fields.
+GROUPS: dict[str, type] = {f.key: f.type for f in fields_of(RunConfig) if dataclasses.is_dataclass(f.type)}
+
+# --------------------------------------------------------------------------------------------
+# The operator's groups
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RestartBudget:
+    application: NonNegative = 5
+    """Restarts after a rank crashed (non-fatal exit code)."""
+    node: NonNegative = 10
+    """Restarts after a node went NotReady, unreachable or away."""
+    neuron_device: NonNegative = 10
+    """Restarts after a NeuronHealth error or lost Neuron devices."""
+    hang: NonNegative = 3
+    """Restarts after no progress for the hang timeout."""
+    eviction: NonNegative = 10
+    """Restarts after a pod was evicted or deleted from outside."""
+    scheduling: NonNegative = 3
+    """Restarts after the gang could not be scheduled within the schedule timeout."""
+
+    def for_cause(self, cause: str) -> int:
+        return getattr(self, cause.replace("-", "_"))
+
+
+# Failure causes: one per restart budget (neuron_device is the cause "neuron-device").
+CAUSES: tuple[str, ...] = tuple(f.name.replace("_", "-") for f in dataclasses.fields(RestartBudget))
+# Causes the job itself may be behind; the others are the infrastructure's, with their own budgets.
+JOB_CAUSES = ("application", "hang")
+
+
+@dataclass
+class FaultToleranceConfig:
+    restart_budget: RestartBudget = field(default_factory=RestartBudget)
+    """Restarts allowed per cause within budgetWindowMinutes; one more and the run fails."""
+    budget_window_minutes: PositiveNumber = 60.0
+    backoff_seconds: NonNegativeNumber = 0.0
+    """Wait before the first restart; doubles with each restart in the window (0 = none)."""
+    max_backoff_seconds: NonNegativeNumber = 300.0
+    hang_timeout_seconds: Annotated[str, IntOrString()] = "auto"
+    """Seconds without step progress in any pod before the gang is restarted, or 'auto':
+    hangTimeoutFactor x the slowest observed step time, at least hangTimeoutFloorSeconds."""
+    hang_timeout_factor: PositiveNumber = 10.0
+    hang_timeout_floor_seconds: PositiveNumber = 600.0
+    startup_timeout_seconds: PositiveNumber = 3600.0
+    """Time from gang Running to the first progress report (compilation and loading)."""
+    schedule_timeout_seconds: PositiveNumber = 600.0
+    """Time for the whole gang to be scheduled before it counts as a scheduling failure."""
+    quarantine: bool = True
+    """Taint and label a node whose failure caused a restart, so no attempt lands there again."""
+    max_quarantined_nodes: NonNegative = 0
+    """Beyond this many quarantined nodes the run fails as 'cluster unhealthy' (0 = nodes / 4, at least 1)."""
+    no_progress_restarts: AtLeastOne = 3
+    """Fail after this many consecutive restarts for application errors or hangs without the
+    checkpoint step advancing (node, Neuron device, eviction and scheduling failures are the
+    infrastructure's: they spend their own budgets and neither count nor break the streak)."""
+    teardown_grace_seconds: NonNegativeNumber = 30.0
+    """Grace period for a gang's pods to exit on SIGTERM before they are force-deleted."""
+
+    def validate(self) -> None:
+        h = self.hang_timeout_seconds
+        if h != "auto":
+            try:
+                if float(h) <= 0:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError("faultTolerance.hangTimeoutSeconds",
+                                  f"must be 'auto' or a positive number of seconds, got {h!r}") from None
+
+
+@dataclass
+class CompileCacheConfig:
+    path: str = "/var/tmp/neuron-compile-cache"
+    """Node-local directory (a hostPath) for the Neuron persistent compile cache. Never a shared
+    file system: it chokes at scale."""
+    precompile_steps: NonNegative = 0
+    """Before each attempt trains, run neuron_parallel_compile over this many steps: it extracts
+    every graph without executing it and compiles them all in parallel into the cache (0: off;
+    Neuron backend only). Costs one graph-extraction pass per attempt; saves the serial
+    just-in-time compilation of the first steps on nodes whose cache is cold."""
+
+    def validate(self) -> None:
+        """Every rule of this group is a field constraint."""
+
+
+# A command trainer's checkpoint layout follows from its progress format unless given.
+LAYOUT_OF_FORMAT = {"nxd": "nxd", "nxdt": "nxdt"}
+# With a command, the only fields of our trainer's groups the operator still reads.
+COMMAND_TRAINER_FIELDS = {"checkpoint": ("uri",), "logging": ("progressIntervalSeconds",)}
+
+
+@dataclass
+class TrainerConfig:
+    kind: TrainerKind = "builtin"
+    """builtin: this project's trainer (python -m trainer), configured by the model, parallelism,
+    training, data, checkpoint, health, logging and init groups. command: your own script (e.g. an
+    NxD example or NxD Training's training_orchestrator.py) run unmodified under torchrun with the
+    same pod contract; the operator reads its progress from its log and its checkpoints from
+    checkpoint.uri."""
+    command: list[str] = field(default_factory=list)
+    """With kind command: what torchrun runs in every process, a Python script or -m module,
+    then its arguments. $(VAR) references to the pod's environment are expanded
+    (e.g. --checkpoint_dir $(CHECKPOINT_URI))."""
+    working_dir: str = ""
+    """With kind command: the container's working directory (default: the image's)."""
+    progress_format: Unset | ProgressFormat = ""
+    """With kind command: how progress is read from the log. nxd: NxD examples' `LOG ... (epoch,
+    step) step_loss : ...` lines; nxdt: NxD Training's progress bar (global_step=...); regex:
+    progressRegex."""
+    progress_regex: str = ""
+    """With progressFormat regex: a Python regular expression with the named group step and
+    optionally loss and throughput (samples per second), searched in every log line."""
+    checkpoint_layout: Unset | CheckpointLayout = ""
+    """With kind command: how checkpoints under checkpoint.uri are found (trainer, nxd, nxdt;
+    default: the progress format's, nxd or nxdt). With nxdt the operator appends
+    exp_manager.resume_from_checkpoint=<newest complete checkpoint> to the command on every start."""
+    tokens_per_sample: NonNegative = 0
+    """With kind command: sequence length, so tokens per second = samples per second x this (0: not reported)."""
+    samples_per_step: NonNegative = 0
+    """With kind command: global batch size in samples, so status.tokens = step x samplesPerStep x
+    tokensPerSample (0: not reported)."""
+
+    @property
+    def is_command(self) -> bool:
+        return self.kind == "command"
+
+    @property
+    def layout(self) -> str:
+        """The checkpoint layout the operator reads."""
+        return self.checkpoint_layout or LAYOUT_OF_FORMAT.get(self.progress_format, "trainer")
+
+    def validate(self) -> None:
+        if not self.is_command:
+            for name in ("command", "working_dir", "progress_format", "progress_regex", "checkpoint_layout"):
+                if getattr(self, name):
+                    raise ConfigError(path_of(TrainerConfig, name, "trainer"), "needs trainer.kind: command")
+            return
+        if not self.command or not self.command[0].strip():
+            raise ConfigError("trainer.command", "is required with trainer.kind command: the script (or -m "
+                                                 "module) torchrun runs, then its arguments")
+        if not self.progress_format:
+            raise ConfigError("trainer.progressFormat", f"must be one of {', '.join(PROGRESS_FORMATS)} "
+                                                        "with trainer.kind command")
+        if self.progress_format == "regex":
+            why = check_regex(self.progress_regex)
+            if why:
+                raise ConfigError("trainer.progressRegex", why)
+            if not self.checkpoint_layout:
+                raise ConfigError("trainer.checkpointLayout", "is required with progressFormat regex "
+                                                              f"({', '.join(LAYOUTS)})")
+        elif self.progress_regex:
+            raise ConfigError("trainer.progressRegex", "needs progressFormat regex")
+
+
+# Kubernetes objects in the spec, passed through to the pod; the fields below are the ones checked.
+
+
+@dataclass
+class EnvVar:
+    KUBE_OBJECT: ClassVar[bool] = True
+
+    name: Annotated[str, MinLen(1)]
+    value: str | None = None
+    value_from: dict | None = None
+    """One of secretKeyRef, configMapKeyRef, fieldRef."""
+
+
+@dataclass
+class Volume:
+    KUBE_OBJECT: ClassVar[bool] = True
+    OPEN: ClassVar[bool] = True  # the volume source: any of Kubernetes' kinds
+
+    name: Annotated[str, MinLen(1)]
+
+
+@dataclass
+class VolumeMount:
+    KUBE_OBJECT: ClassVar[bool] = True
+
+    name: str
+    mount_path: str
+    read_only: bool | None = None
+    sub_path: str | None = None
+
+
+@dataclass(kw_only=True)
+class TrainingRunSpec(RunConfig):
+    """A TrainingRun's spec: the trainer's run configuration (model ... init, backend) plus
+    where and how the gang runs and how failures are handled."""
+
+    image: Annotated[str, MinLen(1)]
+    """The trainer container image."""
+    nodes: AtLeastOne
+    """Nodes in the gang; one pod per node."""
+    checkpoint: CheckpointConfig
+    """Where checkpoints go (checkpoint.uri is required: a restarted gang resumes from it)."""
+    instance_type: InstanceType = "trn1.32xlarge"
+    """trn1.32xlarge (16 Neuron devices, 32 cores, 8 EFA), trn1n.32xlarge (16 EFA), or cpu/gpu for development."""
+    processes_per_node: AtLeastOne | None = None
+    """Trainer ranks per pod (default: 32 on trn1, 1 on cpu, 8 on gpu)."""
+    backend: Backend | None = None
+    """Trainer backend (default: neuron on trn types, cpu otherwise)."""
+    suspend: bool = False
+    """Stop the gang; clearing it resumes from the newest checkpoint."""
+    service_account_name: str = DEFAULT_TRAINER_SA
+    """ServiceAccount of the trainer pods (the default is created by the operator; another needs
+    patch on its own pod for progress)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    compile_cache: CompileCacheConfig = field(default_factory=CompileCacheConfig)
+    env: Annotated[list[EnvVar], Doc(
+        "Extra environment variables of the trainer container, e.g. AWS_ENDPOINT_URL for an S3-compatible "
+        f"store or credentials from a Secret. Each has a value or a valueFrom ({', '.join(ENV_SOURCES)}); the "
+        f"pod contract's variables ({', '.join(CONTRACT_ENV)}) cannot be set here.")] = field(default_factory=list)
+    volumes: Annotated[list[Volume], Doc(
+        "Extra pod volumes (Kubernetes Volume objects: a name and one source, e.g. persistentVolumeClaim for a "
+        f"shared file system), mounted with volumeMounts. Names {', '.join(CONTRACT_VOLUMES)} are the "
+        "operator's.")] = field(default_factory=list)
+    volume_mounts: list[VolumeMount] = field(default_factory=list)
+    """Where the trainer container mounts spec.volumes."""
+    layout: Layout | None = field(default=None, metadata=DERIVED)
+    """Our trainer's parallel layout (derived); None with a command trainer (its layout is its own)."""
+
+    @property
+    def run(self) -> RunConfig:
+        """The trainer's part (what the pod's ConfigMap holds)."""
+        return RunConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunConfig)})
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * (self.processes_per_node or 0)
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        if self.layout is not None:
+            return self.layout.tokens_per_step
+        return (self.trainer.samples_per_step * self.trainer.tokens_per_sample) or None
+
+    def quarantine_limit(self) -> int:
+        return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)

@@ -1,0 +1,171 @@
+"""The TrainingRun status: everything the operator remembers about a run, typed.
+
+The status is the operator's only memory (an operator killed and started again continues from
+it), so every field is declared here once; the reconcile pass reads it into these classes and
+writes back the fields it changed. Times are epoch seconds; the trainer's own step end times
+where named "progress".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, get_args
+
+Phase = Literal["Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[str, ...] = get_args(Phase)
+TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
+ConditionStatus = Literal["True", "False", "Unknown"]
+FailureAction = Literal["restart", "fail"]
+
+
+class _Written:
+    """Written by the operator only: the API server fills in no defaults."""
+    SERVER_DEFAULTS: ClassVar[bool] = False
+
+
+@dataclass
+class Condition(_Written):
+    type: str
+    """Valid (the spec), Failed (the failure policy gave up), Disrupted (a mass node disruption)."""
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+    """When status last flipped (RFC 3339); unchanged while it keeps its status."""
+
+
+@dataclass
+class CheckpointRef(_Written):
+    """A complete checkpoint in the run's store."""
+    tag: str = ""
+    step: int | None = None
+    time: float | None = None
+    """When its completion marker was written."""
+    uri: str = ""
+
+
+@dataclass
+class Disruption(_Written):
+    since: float
+    message: str = ""
+
+
+@dataclass
+class LostSeconds(_Written):
+    """Seconds lost to failures, by phase (see goodput)."""
+    detect: float = 0.0
+    """Last step of the failed attempt -> detection."""
+    teardown: float = 0.0
+    """Detection -> every pod of the attempt gone."""
+    schedule: float = 0.0
+    """Teardown done (or creation) -> the new attempt trains again."""
+    recompute: float = 0.0
+    """Steps trained after the checkpoint resumed from, trained again."""
+
+
+@dataclass
+class Goodput(_Written):
+    wall_seconds: float = 0.0
+    productive_seconds: float = 0.0
+    lost_seconds: LostSeconds = field(default_factory=LostSeconds)
+    effective_ratio: float | None = None
+    """productiveSeconds / wallSeconds."""
+
+
+@dataclass
+class GoodputArchive(_Written):
+    """Running totals of failures no longer kept in status.failures, so their lost time never
+    turns into productive time."""
+    lost_seconds: LostSeconds = field(default_factory=LostSeconds)
+    until: float = 0.0
+    """Where the archived part of the timeline ends."""
+    failures: int = 0
+    """Failures folded in."""
+
+
+@dataclass
+class FailureRecord(_Written):
+    """One failure and the restart that followed, as its phases completed."""
+    id: int
+    """1, 2, ... over the run: the failure's identity (metrics observe each once)."""
+    time: float
+    """Detection."""
+    cause: str = ""
+    """application, node, neuron-device, hang, eviction or scheduling (the restart budgets)."""
+    action: FailureAction = "restart"
+    node: str | None = None
+    pod: str | None = None
+    message: str = ""
+    attempt: int | None = None
+    detected_after: float | None = None
+    """Seconds from the failure's first sign to detection."""
+    last_progress_time: float | None = None
+    """The failed attempt's newest step end (kept current while a stopped gang finishes its step)."""
+    step: int | None = None
+    """The failed attempt's newest step."""
+    checkpoint_step: int | None = None
+    step_seconds: float | None = None
+    teardown_done_time: float | None = None
+    recovered_time: float | None = None
+    """The new gang all Running."""
+    recovered_after: float | None = None
+    resumed_time: float | None = None
+    """The new attempt's first progress report."""
+    resumed_step: int | None = None
+    """The checkpoint step the new attempt resumed from."""
+    resumed_steps: int | None = None
+    """Steps the new attempt had trained at its first report."""
+
+
+@dataclass
+class TrainingRunStatus(_Written):
+    OPEN: ClassVar[bool] = True  # kopf keeps its handler progress under status.kopf
+
+    phase: Phase | None = None
+    message: str = ""
+    observed_generation: int | None = None
+    conditions: list[Condition] = field(default_factory=list)
+    world_size: int | None = None
+    data_parallel: int | None = None
+    """Data-parallel degree of our trainer's layout (not set for a command trainer)."""
+    attempt: int = 0
+    """The current attempt; pods of other attempts are torn down before a new one starts."""
+    attempt_start_time: float | None = None
+    gang_running_time: float | None = None
+    """When every pod of the current attempt was Running."""
+    teardown_start_time: float | None = None
+    restart_not_before: float | None = None
+    """Backoff: the next attempt starts no earlier."""
+    resume_checkpoint: CheckpointRef | None = None
+    """The checkpoint the current attempt was started with."""
+    created_time: float | None = None
+    step: int | None = None
+    tokens: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    eval_perplexity: float | None = None
+    first_progress_time: float | None = None
+    first_progress_steps: int | None = None
+    """Steps trained by the first progress report (training began that many step times earlier)."""
+    last_step: int | None = None
+    last_step_time: float | None = None
+    """When the operator saw the step advance (the hang clock)."""
+    last_progress_time: float | None = None
+    step_seconds: float | None = None
+    """Smoothed seconds per step."""
+    last_checkpoint: CheckpointRef | None = None
+    restarts: dict[str, int] = field(default_factory=dict)
+    """Restarts so far by cause."""
+    restart_count: int = 0
+    quarantined_nodes: list[str] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
+    failure_count: int = 0
+    goodput_archive: GoodputArchive | None = None
+    goodput: Goodput | None = None
+    disruption: Disruption | None = None
+    """A mass node disruption in progress: lost nodes and hangs are held."""
+    disruption_end_time: float | None = None
+
+
+MAX_FAILURES_KEPT = 50

@@ -1,0 +1,93 @@
+"""The committed CRD against the API's declarations: every field of every spec and status type
+is in the schema with its type, enumeration, minimum, default and required-ness, and the schema
+has no field the API does not declare."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import get_args, get_origin
+
+import pytest
+import yaml
+
+from trainium_api.fields import IntOrString, Min, MinLen, NoServerDefault, Positive, api_fields
+from trainium_api.spec import TrainingRunSpec
+from trainium_api.status import TrainingRunStatus
+from trainium_operator import crd
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+def _committed(path: str) -> dict:
+    return yaml.safe_load((ROOT / path).read_text())
+
+
+@pytest.mark.parametrize("path", crd.COMMITTED)
+def test_committed_crd_is_the_generated_one(path):
+    assert (ROOT / path).read_text() == crd.render(), "run: python -m trainium_operator.crd --write"
+
+
+def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
+    """Compare one object schema with the declarations of ``cls``, recursively."""
+    fields = api_fields(cls)
+    props = schema.get("properties") or {}
+    assert set(props) == {f.key for f in fields}, f"{where}: schema and declarations differ"
+    assert sorted(schema.get("required", [])) == sorted(f.key for f in fields if f.required), where
+    for f in fields:
+        at, prop = f"{where}.{f.key}", props[f.key]
+        seen.append(at)
+        if f.mark(IntOrString):
+            assert prop.get("x-kubernetes-int-or-string") is True, at
+            continue
+        tp = f.type
+        if f.enum is not None:
+            assert prop == {**prop, "type": "string", "enum": list(f.enum)}, at
+        elif dataclasses.is_dataclass(tp):
+            assert prop["type"] == "object", at
+            _check(tp, prop, at, seen)
+        elif get_origin(tp) is list:
+            assert prop["type"] == "array", at
+            (item,) = get_args(tp)
+            if dataclasses.is_dataclass(item):
+                _check(item, prop["items"], f"{at}[]", seen)
+            else:
+                assert prop["items"]["type"] == JSON_TYPES[item], at
+        elif get_origin(tp) is dict:
+            assert prop["additionalProperties"]["type"] == JSON_TYPES[get_args(tp)[1]], at
+        elif tp is dict:
+            assert prop.get("x-kubernetes-preserve-unknown-fields") is True, at
+        else:
+            assert prop["type"] == JSON_TYPES[tp], at
+        minimum = f.mark(Min)
+        assert prop.get("minimum") == (minimum.bound if minimum else 0 if f.mark(Positive) else None), at
+        assert prop.get("exclusiveMinimum", False) == bool(f.mark(Positive)), at
+        min_len = f.mark(MinLen)
+        assert prop.get("minItems", prop.get("minLength")) == (min_len.length if min_len else None), at
+        assert prop.get("nullable", False) == (f.optional and f.enum is None), at
+        writes_default = (getattr(cls, "SERVER_DEFAULTS", True) and not f.mark(NoServerDefault)
+                          and not f.required and f.default not in (None, [], {})
+                          and not dataclasses.is_dataclass(f.default))
+        assert prop.get("default") == (f.default if writes_default else None), at
+        # a group's description: the field's docstring, else the class's
+        own = tp.__doc__ if dataclasses.is_dataclass(tp) and not tp.__doc__.startswith(tp.__name__ + "(") else ""
+        assert prop.get("description", "") == (f.doc or " ".join(own.split())), at
+
+
+@pytest.mark.parametrize("path", crd.COMMITTED)
+def test_every_declared_field_is_in_the_crd_as_declared(path):
+    version = _committed(path)["spec"]["versions"][0]
+    root = version["schema"]["openAPIV3Schema"]["properties"]
+    seen: list[str] = []
+    _check(TrainingRunSpec, root["spec"], "spec", seen)
+    _check(TrainingRunStatus, root["status"], "status", seen)
+    assert len(seen) > 150  # every group, nested, of both
+    # the printer columns read declared status fields
+    for col in version["additionalPrinterColumns"]:
+        parts = col["jsonPath"].lstrip(".").split(".")
+        if parts[0] == "status":
+            node = root["status"]
+            for key in parts[1:]:
+                node = node["properties"][key]
+            assert node["type"] == col["type"], col
