@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, get_args, get_origin
 
-from .fields import ConfigError, FieldInfo, IntOrString, api_fields, snake
+from .fields import ConfigError, FieldInfo, IntOrString, api_fields, camel, snake
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -21,7 +21,9 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(path or "config", f"must be a mapping, got {type(data).__name__}")
     infos = api_fields(cls)
-    by_key = {f.key: f for f in infos} | {f.name: f for f in infos} | {snake(f.key): f for f in infos}
+    # camelCase keys, and the snake_case and camelCase of the Python names (command-line overrides)
+    by_key = ({f.key: f for f in infos} | {f.name: f for f in infos} | {camel(f.name): f for f in infos}
+              | {snake(f.key): f for f in infos})
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)

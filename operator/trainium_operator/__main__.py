@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leader-election-identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
                     help="this candidate's name (default: the pod name; a restarted container leads again at once)")
     from trainium_api.fields import field_docs
+
     from .policy import DisruptionGuard
     docs = field_docs(DisruptionGuard)
     for f in dataclasses.fields(DisruptionGuard):  # --disruption-threshold, --disruption-min-nodes, ...
