@@ -378,13 +378,15 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
     assert r.status.get("phase") is None and "disruptionEndTime" not in r.status
     r = reconcile(held, pods, {**partly, "n3": late}, now=120.0, disruption="", guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["disruptionEndTime"] == 120.0
-    # nodes back: the condition flips, and the hang clock restarts from the disruption's end
+    # nodes back: the condition flips, and the hang clock restarts from the disruption's end,
+    # also in the pass that sees them back (120 s since the last step, past a 60 s hang timeout)
     healthy = {k: _node(k) for k in run_nodes}
-    r = reconcile(run, pods, healthy, now=140.0, disruption="", guard=guard)
+    spec = {**SPEC, "nodes": 4, "faultTolerance": {"hangTimeoutSeconds": 60}}
+    r = reconcile({**run, "spec": spec}, pods, healthy, now=140.0, disruption="", guard=guard)
+    assert r.status.get("phase") is None and "failures" not in r.status
     assert r.status["disruption"] is None and r.status["disruptionEndTime"] == 140.0
     assert next(c for c in r.status["conditions"] if c["type"] == "Disrupted")["status"] == "False"
     run["status"].update(r.status)
-    spec = {**SPEC, "nodes": 4, "faultTolerance": {"hangTimeoutSeconds": 60}}
     r = reconcile({**run, "spec": spec}, pods, healthy, now=190.0, guard=guard)
     assert r.status.get("phase") is None  # 170 s since the last step, but only 50 s since the disruption ended
     r = reconcile({**run, "spec": spec}, pods, healthy, now=201.0, guard=guard)
