@@ -84,17 +84,18 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
         run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
                "status": dict(body.get("status") or {})}
         pods = list(run_pods.get((namespace, name), []))
-        wanted = {p.node for p in pods if p.node} | set(read_status(run["status"]).quarantined_nodes)
+        status = read_status(run["status"])
+        wanted = {p.node for p in pods if p.node} | set(status.quarantined_nodes)
         nodes = {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}
         try:
-            checkpoint = _checkpoint(memo["checkpoints"], run, pods)
+            checkpoint = _checkpoint(memo["checkpoints"], run, status.phase, pods)
             disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
             now = time.time()
             outage = memo["api_outage"]
             outage = (outage[0], outage[1] or now) if outage else None
             result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=outage)
             try:
-                status = apply(kube(), run, result)
+                written = apply(kube(), run, result)
             except Exception as exc:
                 if api_unreachable(exc) and not (memo["api_outage"] and memo["api_outage"][1] is None):
                     memo["api_outage"] = (time.time(), None)
@@ -104,7 +105,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
                 memo["api_outage"] = (memo["api_outage"][0], time.time())
                 log.info("the API server is back; every run's hang clock restarts now")
             metrics.observe_run(namespace, name, result.spec, result.after)
-            return status != run["status"]
+            return written != run["status"]
         except Exception:
             metrics.count_error(namespace, name)
             raise
@@ -193,13 +194,12 @@ async def _until_observed(body, before: str | None, stopped) -> None:
         await asyncio.sleep(0.01)
 
 
-def _checkpoint(cache: dict, run: dict, pods) -> CheckpointRef | None:
+def _checkpoint(cache: dict, run: dict, phase: str | None, pods) -> CheckpointRef | None:
     """The newest complete checkpoint, read from the store at most every 15 s, or at once when
     a pod reports a newer checkpoint step, or every second while a new gang is about to start
     (it is told where to resume)."""
     ckpt = run["spec"].get("checkpoint")
     uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
-    phase = read_status(run["status"]).phase
     if not uri or not isinstance(uri, str) or phase in TERMINAL:
         return None  # nothing to resume: a finished run is not listed again
     key = (run["metadata"]["namespace"], run["metadata"]["name"])
