@@ -209,12 +209,7 @@ def api_fields(cls: type) -> tuple[FieldInfo, ...]:
     return tuple(f for f in fields_of(cls) if not f.derived)
 
 
-def yaml_key(cls: type, name: str) -> str:
-    """The YAML/CRD key of a field of ``cls``."""
-    return next(f.key for f in fields_of(cls) if f.name == name)
-
-
 def path_of(cls: type, name: str, group: str = "") -> str:
-    """``group.key`` of a field, for an error message that names it."""
-    key = yaml_key(cls, name)
+    """``group.key`` of a field of ``cls``, for an error message that names it."""
+    key = next(f.key for f in fields_of(cls) if f.name == name)
     return f"{group}.{key}" if group else key

@@ -50,7 +50,6 @@ Unset = Literal[""]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 BACKENDS: tuple[str, ...] = get_args(Backend)
-TRAINER_KINDS: tuple[str, ...] = get_args(TrainerKind)
 PROGRESS_FORMATS: tuple[str, ...] = get_args(ProgressFormat)
 LAYOUTS: tuple[str, ...] = get_args(CheckpointLayout)
 
@@ -190,8 +189,6 @@ class ParallelConfig:
     activation_checkpointing: ActivationCheckpointing = "none"
     """'none', 'selective' (recompute the attention core) or 'full' (recompute each layer)."""
 
-    def validate(self) -> None:
-        """Every rule of this group is a field constraint."""
 
 
 @dataclass
@@ -303,9 +300,6 @@ class CheckpointConfig:
     (faultTolerance.teardownGraceSeconds) must cover a save; if it does not, the tag is never
     completed and the previous checkpoint is used."""
 
-    def validate(self) -> None:
-        """Every rule of this group is a field constraint."""
-
     def enabled(self) -> bool:
         return bool(self.uri) and (self.interval_steps > 0 or self.interval_minutes > 0)
 
@@ -356,7 +350,7 @@ class RunConfig:
     own device in one process: the Neuron backend's loop without Trainium, for tests)."""
 
     def validate(self) -> None:
-        for group in (self.model, self.parallelism, self.training, self.checkpoint, self.health):
+        for group in (self.model, self.training, self.health):  # the others' rules are all field constraints
             group.validate()
         self.data.validate(tokenizer_optional=self.init.is_hf())
 
@@ -453,8 +447,6 @@ class CompileCacheConfig:
     Neuron backend only). Costs one graph-extraction pass per attempt; saves the serial
     just-in-time compilation of the first steps on nodes whose cache is cold."""
 
-    def validate(self) -> None:
-        """Every rule of this group is a field constraint."""
 
 
 # A command trainer's checkpoint layout follows from its progress format unless given.
