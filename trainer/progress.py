@@ -22,6 +22,10 @@ import time
 log = logging.getLogger(__name__)
 
 ANNOTATION = "trainium.dev/progress"
+# A patch the API server holds (etcd away) gives up after this long, so one stuck call cannot
+# silence the reports that follow it.
+REQUEST_TIMEOUT_SECONDS = 10.0
+RETRY_SECONDS = 1.0  # the least pause before a failed report is sent again
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity")
 
 
@@ -66,6 +70,7 @@ class ProgressReporter:
         self._unsent = False  # _latest is newer than what the pod carries
         self._force = False
         self._sent_at = 0.0
+        self._retry_at = 0.0  # monotonic time before which a failed report is not sent again
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -86,7 +91,8 @@ class ProgressReporter:
             if os.environ.get("KUBERNETES_SERVICE_HOST"):
                 config.load_incluster_config()
             elif os.environ.get("KUBECONFIG"):
-                config.load_kube_config()
+                # named here: the client read $KUBECONFIG when it was imported, maybe before it was set
+                config.load_kube_config(config_file=os.environ["KUBECONFIG"])
             else:
                 return None
             return client.CoreV1Api()
@@ -113,22 +119,32 @@ class ProgressReporter:
             # writer that reports rarely (a script logging every N steps) is never a step behind
             wait = None
             if self._unsent:
-                wait = 0.0 if self._force else max(0.0, self.interval - (time.monotonic() - self._sent_at))
+                now = time.monotonic()
+                wait = 0.0 if self._force else max(0.0, self.interval - (now - self._sent_at))
+                wait = max(wait, self._retry_at - now)
             self._wake.wait(wait)
             self._wake.clear()
             body = self._latest
             if self._stop or body is None or not self._unsent:
                 continue
-            if not self._force and time.monotonic() - self._sent_at < self.interval:
+            now = time.monotonic()
+            if (not self._force and now - self._sent_at < self.interval) or now < self._retry_at:
                 continue
             self._unsent = self._force = False
-            self._sent_at = time.monotonic()
+            self._sent_at = now
             try:
-                self._api.patch_namespaced_pod(self.pod, self.namespace,
-                                               {"metadata": {"annotations": {ANNOTATION: body}}})
+                self._send(body)
                 self.sent += 1
             except Exception as exc:
-                log.warning("progress annotation failed: %s", exc)
+                # sent again (or a newer one) after a pause, not only at the next step: a trainer
+                # with minute-long steps must not look hung after an API outage
+                pause = max(self.interval, RETRY_SECONDS)
+                self._unsent, self._retry_at = True, time.monotonic() + pause
+                log.warning("progress annotation failed (retrying in %.0fs): %s", pause, exc)
+
+    def _send(self, body: str) -> None:
+        self._api.patch_namespaced_pod(self.pod, self.namespace, {"metadata": {"annotations": {ANNOTATION: body}}},
+                                       _request_timeout=REQUEST_TIMEOUT_SECONDS)
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush the latest payload and stop."""
@@ -139,8 +155,7 @@ class ProgressReporter:
         self._thread.join(timeout)
         if self._latest is not None:
             try:
-                self._api.patch_namespaced_pod(self.pod, self.namespace,
-                                               {"metadata": {"annotations": {ANNOTATION: self._latest}}})
+                self._send(self._latest)
                 self.sent += 1
             except Exception as exc:
                 log.warning("final progress annotation failed: %s", exc)

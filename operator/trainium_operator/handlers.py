@@ -21,6 +21,7 @@ from trainium_api import API_GROUP, API_VERSION, PLURAL
 from trainium_api.status import CheckpointRef
 
 from . import metrics
+from .apihealth import ApiHealth, ApiProbe
 from .kube import Kube
 from .observe import node_view, pod_view
 from .plan import LABEL_RUN
@@ -43,10 +44,10 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     """A fresh registry; ``kube_factory()`` returns the Kube used for writes; ``guard``: when
     lost nodes count as a disruption rather than node failures."""
     registry = kopf.OperatorRegistry()
-    # api_outage: (when our writes began to fail for want of the API, when it answered again;
-    # None while it is away). Trainers cannot write progress and kubelets cannot renew their
-    # leases meanwhile: reconcile restarts the hang clock and holds the nodes it made look lost.
-    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "api_outage": None}
+    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "probe": None}
+    # when the API was away: trainers could not write progress nor kubelets renew their leases
+    # meanwhile; reconcile restarts the hang clock and holds the nodes it made look lost
+    health = ApiHealth()
     wake: dict[tuple[str, str], asyncio.Event] = {}  # per run: a pod changed, pass now
     pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
     node_shapes: dict[str, tuple | None] = {}  # the same for nodes
@@ -70,6 +71,15 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
         settings.watching.server_timeout = 60
         settings.persistence.finalizer = "trainium.dev/operator"
 
+    @kopf.on.startup(id="api_probe", registry=registry)
+    def start_api_probe(**_):
+        memo["probe"] = ApiProbe(kube().ready, health).start()
+
+    @kopf.on.cleanup(id="api_probe", registry=registry)
+    def stop_api_probe(**_):
+        if memo["probe"] is not None:
+            memo["probe"].stop()
+
     @kopf.index("pods", id="run_pods", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
     def run_pods(namespace, labels, body, **_):
         return {(namespace, labels[LABEL_RUN]): pod_view(dict(body))}
@@ -91,19 +101,14 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
             checkpoint = _checkpoint(memo["checkpoints"], run, status.phase, pods)
             disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
             now = time.time()
-            outage = memo["api_outage"]
-            outage = (outage[0], outage[1] or now) if outage else None
-            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=outage)
+            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=health.outage(now))
+            sent = time.time()
             try:
                 written = apply(kube(), run, result)
             except Exception as exc:
-                if api_unreachable(exc) and not (memo["api_outage"] and memo["api_outage"][1] is None):
-                    memo["api_outage"] = (time.time(), None)
-                    log.warning("the API server is unreachable (%s); holding hang detection until it is back", exc)
+                if api_unreachable(exc):
+                    health.failed(sent, exc)
                 raise
-            if memo["api_outage"] and memo["api_outage"][1] is None:
-                memo["api_outage"] = (memo["api_outage"][0], time.time())
-                log.info("the API server is back; every run's hang clock restarts now")
             metrics.observe_run(namespace, name, result.spec, result.after)
             return written != run["status"]
         except Exception:
@@ -129,7 +134,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
                 try:
                     wrote = await asyncio.to_thread(reconcile_pass, body, name, namespace, run_pods, cluster_nodes)
                 except Exception as exc:
-                    if api_unreachable(exc):  # logged once per outage in reconcile_pass
+                    if api_unreachable(exc):  # logged once per outage by ApiHealth
                         log.debug("%s/%s: reconcile pass failed: %s", namespace, name, exc)
                     else:
                         log.exception("%s/%s: reconcile pass failed; retrying in %.0fs", namespace, name,

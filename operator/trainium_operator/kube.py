@@ -97,6 +97,21 @@ class Kube:
                     raise
                 log.info("node %s changed while quarantining it; reading it again", node)
 
+    # -- the API server itself ------------------------------------------------------------
+
+    def ready(self, timeout: float) -> None:
+        """Raises unless the API server answers /readyz (its etcd included) with 200 within
+        ``timeout`` seconds. Through the client's own connection pool (its TLS and credentials);
+        the generated ApiClient's call_api changed shape between client releases."""
+        api = self.core.api_client
+        cfg = api.configuration
+        headers = {a["key"]: a["value"] for a in cfg.auth_settings().values()
+                   if a.get("in") == "header" and a.get("value")}
+        resp = api.rest_client.pool_manager.request("GET", cfg.host.rstrip("/") + "/readyz", headers=headers,
+                                                    timeout=timeout, retries=False)
+        if resp.status != 200:
+            raise ApiException(status=resp.status, reason=f"/readyz: {resp.data[:200]!r}")
+
     # -- the TrainingRun ------------------------------------------------------------------
 
     def patch_status(self, namespace: str, name: str, status: dict) -> None:

@@ -5,6 +5,7 @@ healthy gang, no failure in the status, goodput within 2 points of the trainer's
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -41,7 +42,8 @@ def test_apiserver_down_and_etcd_restart_are_ridden_out(e2e, tiny_data, tmp_path
     print(f"etcd restarted (API answering again after {took:.1f}s)")
     st = d.wait(lambda: (s := d.status()).get("phase") in ("Succeeded", "Failed") and s, 400, "the run to end")
     assert st["phase"] == "Succeeded", st.get("message")
-    assert st["attempt"] == 1 and not st.get("failures") and not st.get("restartCount"), st.get("failures")
+    assert st["attempt"] == 1 and not st.get("failures") and not st.get("restartCount"), \
+        "a restart of the healthy gang: " + json.dumps(st.get("failures"))  # all of it, not pytest's abridged repr
     truth = drill.ground_truth(d.losses_path, st["createdTime"])
     assert sorted(truth.losses) == list(range(1, STEPS + 1)) and truth.executions == STEPS
     gp = st["goodput"]

@@ -1,0 +1,79 @@
+"""When the operator could not see the cluster (apihealth), and what reconcile does with it: a
+quiet gang is not called hung while the API is away, nor until the API has been back for the
+hang timeout."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from trainium_operator.apihealth import ApiHealth, ApiProbe
+from trainium_operator.reconcile import reconcile
+
+from .test_operator_core import RUN, SPEC, _node, _pod
+
+
+def test_an_outage_runs_from_the_first_failure_to_the_next_answer():
+    h = ApiHealth(stale_after=4.0)
+    assert h.outage(10.0) is None
+    h.answered(10.0)
+    h.failed(12.0, "refused")
+    h.failed(13.0, "refused")  # the same outage: it began at the first failure
+    assert h.outage(20.0) == (12.0, 20.0)  # under way: it lasts until now
+    h.answered(21.0)
+    assert h.outage(22.0) == (12.0, 21.0)
+    h.answered(23.0)  # answers after the end change nothing
+    assert h.outage(24.0) == (12.0, 21.0)
+
+
+def test_a_probe_overdue_counts_as_an_outage_from_its_last_answer():
+    h = ApiHealth(stale_after=4.0)
+    h.answered(100.0)
+    assert h.outage(103.0) is None
+    assert h.outage(105.0) == (100.0, 105.0)  # unconfirmed for 5 s: we may not have heard
+    h.answered(106.0)  # the probe got through again: that stretch is recorded
+    assert h.outage(107.0) == (100.0, 106.0)
+
+
+def test_the_probe_thread_reports_refusals_and_answers(caplog):
+    """The probe's ready() here is a plain function: the first two calls fail as a refused
+    connection does, the rest answer (the probe against a real API server is in the cluster tier)."""
+    import threading
+    calls, done = [], threading.Event()
+
+    def ready(timeout: float) -> None:
+        calls.append(timeout)
+        if len(calls) <= 2:
+            raise ConnectionRefusedError(111, "Connection refused")
+        if len(calls) >= 4:
+            done.set()
+
+    h = ApiHealth()
+    with caplog.at_level(logging.INFO, logger="trainium_operator"):
+        probe = ApiProbe(ready, h, interval=0.01, timeout=1.5).start()
+        assert done.wait(5)
+        probe.stop()
+    now = time.time()
+    began, ended = h.outage(now)
+    assert began < ended < now and calls[0] == 1.5
+    assert "unreachable (ConnectionRefusedError" in caplog.text and "is back after" in caplog.text
+
+
+def _quiet_run(hang_timeout: float) -> dict:
+    spec = {**SPEC, "nodes": 4, "faultTolerance": {"hangTimeoutSeconds": hang_timeout}}
+    return {**RUN, "spec": spec, "status": {
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 20.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+
+
+def test_no_hang_is_called_while_the_api_is_away_or_until_it_was_back_for_the_timeout():
+    run, pods = _quiet_run(8), [_pod(i, step=5) for i in range(4)]
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    # the last step was seen at 20; the API went away at 25 and is still away at 40
+    assert reconcile(run, pods, nodes, now=40.0, api_outage=(25.0, 40.0)).status.get("phase") is None
+    # back at 41: the hang clock restarts there, not at 20
+    assert reconcile(run, pods, nodes, now=48.0, api_outage=(25.0, 41.0)).status.get("phase") is None
+    r = reconcile(run, pods, nodes, now=49.5, api_outage=(25.0, 41.0))
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"
+    # without an outage the same silence is a hang at once
+    assert reconcile(run, pods, nodes, now=40.0).status["phase"] == "Restarting"
