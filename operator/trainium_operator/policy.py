@@ -42,11 +42,16 @@ class DisruptionGuard:
     API is back is the outage's: its kubelet could not renew its lease meanwhile, and the node
     controller marks it only after its own grace period (40-50 s by default). Held, at most
     max_hold_seconds, until it is Ready again."""
+    outage_min_seconds: float = 10.0
+    """...if the outage lasted at least this long. A shorter one cannot make a lease lapse (the
+    kubelet renews every 10 s against a 40-50 s grace period), and the API probe sees blips of
+    a few seconds on a busy operator: those must not hold a node that is really lost."""
 
     def validate(self) -> None:
         if not 0 < self.threshold <= 1:
             raise ValueError(f"disruption threshold must be in (0, 1], got {self.threshold}")
-        if self.min_nodes < 1 or min(self.max_hold_seconds, self.settle_seconds, self.outage_grace_seconds) < 0:
+        if self.min_nodes < 1 or min(self.max_hold_seconds, self.settle_seconds, self.outage_grace_seconds,
+                                         self.outage_min_seconds) < 0:
             raise ValueError("disruption min nodes must be at least 1, and its seconds not negative")
 
 

@@ -359,13 +359,15 @@ def _hold_during_disruption(p: Pass, failure: Failure | None) -> Failure | None:
     """The failure to act on: None while a disruption holds it (a lost node or a hang, for at
     most guard.max_hold_seconds), while a node that went Unknown may still turn out to be the
     first of a disruption (guard.settle_seconds), or while a node is Unknown because its lease
-    lapsed during an API server outage (it went Unknown from the outage's start to
-    guard.outage_grace_seconds after its end); records when a disruption began and ended."""
+    lapsed during an API server outage (one of at least guard.outage_min_seconds, and it went
+    Unknown from the outage's start to guard.outage_grace_seconds after its end); records when
+    a disruption began and ended."""
     guard, now, disruption, api_outage = p.guard, p.now, p.disruption, p.api_outage
     lost = p.nodes.get(failure.node) if failure and failure.cause == "node" else None
     if lost is not None and lost.ready == "Unknown" and failure.since:
         settling = now - failure.since < guard.settle_seconds
-        outage = (api_outage is not None and api_outage[0] <= failure.since <= api_outage[1] + guard.outage_grace_seconds
+        outage = (api_outage is not None and api_outage[1] - api_outage[0] >= guard.outage_min_seconds
+                  and api_outage[0] <= failure.since <= api_outage[1] + guard.outage_grace_seconds
                   and now - failure.since < guard.max_hold_seconds)
         if settling or outage:
             failure = None

@@ -433,3 +433,6 @@ def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
     # without an outage the same node is acted on once it has settled
     assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard).status["phase"] == "Restarting"
+    # nor does a blip of the operator's probe (3 s) hold it: too short to make a lease lapse
+    blip = (265.0, 268.0)
+    assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard, api_outage=blip).status["phase"] == "Restarting"
