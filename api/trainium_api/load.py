@@ -5,9 +5,10 @@ unknown keys. Cross-field rules are each group's ``validate()``."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, get_args, get_origin
+import functools
+from typing import Any, Callable, Mapping, get_args, get_origin
 
-from .fields import ConfigError, FieldInfo, IntOrString, api_fields, camel, snake
+from .fields import ConfigError, FieldInfo, IntOrString, api_fields, camel, literal_values, snake
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -20,21 +21,19 @@ def build(cls: type, data: Any, path: str = "") -> Any:
         data = {shorthand: data}
     if not isinstance(data, Mapping):
         raise ConfigError(path or "config", f"must be a mapping, got {type(data).__name__}")
-    infos = api_fields(cls)
-    # camelCase keys, and the snake_case and camelCase of the Python names (command-line overrides)
-    by_key = ({f.key: f for f in infos} | {f.name: f for f in infos} | {camel(f.name): f for f in infos}
-              | {snake(f.key): f for f in infos})
+    by_key = _keys(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
-        info = by_key.get(str(key))
-        if info is None:
+        known = by_key.get(str(key))
+        if known is None:
             if getattr(cls, "OPEN", False):
                 continue
-            known = ", ".join(sorted(f.key for f in infos))
-            raise ConfigError(where, f"unknown field (known: {known})")
-        kwargs[info.name] = convert(info, value, where)
-    for info in infos:
+            names = ", ".join(sorted(f.key for f in api_fields(cls)))
+            raise ConfigError(where, f"unknown field (known: {names})")
+        info, conv = known
+        kwargs[info.name] = conv(value, where)
+    for info in api_fields(cls):
         if info.required and info.name not in kwargs:
             raise ConfigError(f"{path}.{info.key}" if path else info.key, "is required")
     if getattr(cls, "KUBE_OBJECT", False):
@@ -42,50 +41,94 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     return cls(**kwargs)
 
 
-def convert(info: FieldInfo, value: Any, where: str) -> Any:
-    if value is None and info.optional:
-        return None
-    if info.mark(IntOrString):
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(where, f"must be a number or a string, got {value!r}")
-        out = value if isinstance(value, str) else str(value)
-    else:
-        out = _value(info.type, value, where)
-    for mark in info.marks:
-        refuses = getattr(mark, "refuses", None)
-        why = refuses(out) if refuses else None
-        if why:
-            raise ConfigError(where, why)
+@functools.cache
+def _keys(cls: type) -> dict[str, tuple[FieldInfo, Callable[[Any, str], Any]]]:
+    """Every key a field of ``cls`` answers to, with its converter: the camelCase key, and the
+    snake_case and camelCase of the Python name (command-line overrides)."""
+    out: dict[str, tuple[FieldInfo, Callable[[Any, str], Any]]] = {}
+    for f in api_fields(cls):
+        entry = (f, _field_converter(f))
+        for key in (snake(f.key), camel(f.name), f.name, f.key):
+            out[key] = entry
     return out
 
 
+def convert(info: FieldInfo, value: Any, where: str) -> Any:
+    """One field's value, checked against its declaration."""
+    return _field_converter(info)(value, where)
+
+
+def _field_converter(info: FieldInfo) -> Callable[[Any, str], Any]:
+    """The converter of one field: its type's, then its constraints; None where it is optional."""
+    checks = tuple(m.refuses for m in info.marks if hasattr(m, "refuses"))
+    if info.mark(IntOrString):
+        def base(value: Any, where: str) -> Any:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ConfigError(where, f"must be a number or a string, got {value!r}")
+            return value if isinstance(value, str) else str(value)
+    else:
+        base = _converter(info.type)
+    if not checks and not info.optional:
+        return base
+    optional = info.optional
+
+    def checked(value: Any, where: str) -> Any:
+        if value is None and optional:
+            return None
+        out = base(value, where)
+        for check in checks:
+            why = check(out)
+            if why:
+                raise ConfigError(where, why)
+        return out
+    return checked
+
+
 def _value(tp: Any, value: Any, where: str) -> Any:
-    from .fields import literal_values
+    return _converter(tp)(value, where)
+
+
+@functools.cache
+def _converter(tp: Any) -> Callable[[Any, str], Any]:
+    """The function that checks and converts a value of type ``tp``, decided once per type (the
+    operator reads every run's status on every pass)."""
     enum = literal_values(tp)
     if enum is not None:
-        if not isinstance(value, str) or value not in enum:
-            shown = ", ".join(repr(v) if v == "" else v for v in enum)
-            raise ConfigError(where, f"must be one of {shown}, got {value!r}")
-        return value
+        allowed, shown = frozenset(enum), ", ".join(repr(v) if v == "" else v for v in enum)
+
+        def one_of(value: Any, where: str) -> Any:
+            if not isinstance(value, str) or value not in allowed:
+                raise ConfigError(where, f"must be one of {shown}, got {value!r}")
+            return value
+        return one_of
     if dataclasses.is_dataclass(tp):
-        return build(tp, {} if value is None else value, where)
+        return lambda value, where: build(tp, {} if value is None else value, where)
     if get_origin(tp) is list:
         (item,) = get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(where, f"must be a list of {_plural(item)}, got {value!r}")
-        return [_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        each, plural = _converter(item), _plural(item)
+
+        def list_of(value: Any, where: str) -> Any:
+            if not isinstance(value, list):
+                raise ConfigError(where, f"must be a list of {plural}, got {value!r}")
+            return [each(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return list_of
     if get_origin(tp) is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(where, f"must be an object, got {value!r}")
-        item = get_args(tp)[1]
-        return {str(k): _value(item, v, f"{where}.{k}") for k, v in value.items()}
+        each = _converter(get_args(tp)[1])
+
+        def map_of(value: Any, where: str) -> Any:
+            if not isinstance(value, Mapping):
+                raise ConfigError(where, f"must be an object, got {value!r}")
+            return {str(k): each(v, f"{where}.{k}") for k, v in value.items()}
+        return map_of
     if tp is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(where, f"must be an object, got {value!r}")
-        return dict(value)
+        def free_object(value: Any, where: str) -> Any:
+            if not isinstance(value, Mapping):
+                raise ConfigError(where, f"must be an object, got {value!r}")
+            return dict(value)
+        return free_object
     if tp in _SCALARS:
-        return _scalar(tp, value, where)
-    raise TypeError(f"{where}: the API has no loader for type {tp!r}")  # a declaration error, not input
+        return lambda value, where: _scalar(tp, value, where)
+    raise TypeError(f"the API has no loader for type {tp!r}")  # a declaration error, not input
 
 
 def _plural(tp: Any) -> str:
@@ -125,24 +168,37 @@ def lenient(cls: type, data: Any) -> Any:
     if not isinstance(data, Mapping):
         data = {}
     kwargs: dict[str, Any] = {}
-    for info in api_fields(cls):
-        if info.key not in data:
+    for info, conv, items_of, nested in _lenient_plan(cls):
+        value = data.get(info.key, _ABSENT)
+        if value is _ABSENT:
             continue
-        value = data[info.key]
-        item = get_args(info.type)[0] if get_origin(info.type) is list else None
         try:
-            if item is not None and dataclasses.is_dataclass(item) and isinstance(value, list):
-                kwargs[info.name] = [x for x in (_try(lenient, item, v) for v in value) if x is not None]
-            elif dataclasses.is_dataclass(info.type) and isinstance(value, Mapping):
+            if items_of is not None and isinstance(value, list):
+                kwargs[info.name] = [x for x in (_try(lenient, items_of, v) for v in value) if x is not None]
+            elif nested and isinstance(value, Mapping):
                 kwargs[info.name] = lenient(info.type, value)
             else:
-                kwargs[info.name] = convert(info, value, info.key)
+                kwargs[info.name] = conv(value, info.key)
         except ConfigError:
             continue
     try:
         return cls(**kwargs)
     except TypeError:  # a required field is missing
         raise ConfigError(cls.__name__, "required fields missing") from None
+
+
+_ABSENT = object()
+
+
+@functools.cache
+def _lenient_plan(cls: type) -> tuple[tuple[FieldInfo, Callable[[Any, str], Any], type | None, bool], ...]:
+    """Each field with its converter, the dataclass of its list items when it is a list of
+    them, and whether it is itself a dataclass (decided once per class)."""
+    def items_of(tp: Any) -> type | None:
+        item = get_args(tp)[0] if get_origin(tp) is list else None
+        return item if item is not None and dataclasses.is_dataclass(item) else None
+    return tuple((info, _field_converter(info), items_of(info.type), dataclasses.is_dataclass(info.type))
+                 for info in api_fields(cls))
 
 
 def _try(fn, *args):
