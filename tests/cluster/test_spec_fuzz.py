@@ -53,9 +53,11 @@ def test_fuzzed_specs_are_planned_or_refused_naming_the_field(local_cluster, cor
         # status records the attempt before its pods are created: wait for the planned pods
         want = {name: (0 if spec.get("suspend") is True else spec["nodes"]) for name, spec in batch
                 if next(c for c in decided[name]["conditions"] if c["type"] == "Valid")["status"] == "True"}
-        while any((by_run := pods_by_run()).get(n, 0) != k for n, k in want.items()):
+        by_run = pods_by_run()  # read once even when the whole batch was refused (want is empty)
+        while any(by_run.get(n, 0) != k for n, k in want.items()):
             assert time.monotonic() < deadline, {n: (by_run.get(n, 0), k) for n, k in want.items()}
             time.sleep(0.2)
+            by_run = pods_by_run()
         refused_versions = {}
         for name, spec in batch:
             st = decided[name]
