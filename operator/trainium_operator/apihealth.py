@@ -68,6 +68,12 @@ class ApiHealth:
         if took is not None:
             log.info("the API server is back after %.1fs; every run's hang clock restarts now", took)
 
+    def unwatched(self) -> None:
+        """The probe stopped (this replica stopped leading): the time until it runs again is not
+        an outage of the API, and must not hold a node lost meanwhile."""
+        with self._lock:
+            self._ready_at = None
+
     def outage(self, now: float) -> tuple[float, float] | None:
         """(began, ended) of the newest outage; ended is ``now`` while it lasts; None if none."""
         with self._lock:
@@ -94,6 +100,7 @@ class ApiProbe:
 
     def stop(self) -> None:
         self._stop.set()
+        self.health.unwatched()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -101,8 +108,11 @@ class ApiProbe:
             try:
                 self.ready(self.timeout)
             except Exception as exc:  # any failure, refused connection to HTTP 500, is "not ready"
-                self.health.failed(sent, _short(exc))
+                if not self._stop.is_set():
+                    self.health.failed(sent, _short(exc))
             else:
+                if self._stop.is_set():  # stopped while asking: the answer belongs to no term
+                    break
                 done = time.time()
                 if done - sent > self.timeout:  # answered, but later than a probe may take
                     self.health.failed(sent, f"/readyz took {done - sent:.1f}s")

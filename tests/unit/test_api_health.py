@@ -33,6 +33,10 @@ def test_a_probe_overdue_counts_as_an_outage_from_its_last_answer():
     assert h.outage(105.0) == (100.0, 105.0)  # unconfirmed for 5 s: we may not have heard
     h.answered(106.0)  # the probe got through again: that stretch is recorded
     assert h.outage(107.0) == (100.0, 106.0)
+    h.unwatched()  # the probe stopped (this replica stands by): no stretch runs until it answers again
+    assert h.outage(200.0) == (100.0, 106.0)
+    h.answered(201.0)
+    assert h.outage(202.0) == (100.0, 106.0)
 
 
 def test_the_probe_thread_reports_refusals_and_answers(caplog):
