@@ -31,15 +31,15 @@ def test_most_nodes_lost_together_hold_the_run_which_keeps_training(e2e, tiny_da
     d = Drill(e2e.cluster, ns, body)
     d.create()
     d.wait_step(5, 240)
-    for node in e2e.nodes:
-        faults.node_partition(e2e.core, node)
+    drained = faults.partition_together(e2e.core, e2e.nodes)  # Ready until kwok's last heartbeat fired
     cut = time.time()
     st = d.wait(lambda: condition(s := d.status(), "Disrupted").get("status") == "True" and s, 90,
                 "the operator to see a disruption")
     lost = [n.metadata.name for n in e2e.core.list_node().items
             if any(c.type == "Ready" and c.status != "True" for c in n.status.conditions or [])]
     assert sorted(lost) == sorted(e2e.nodes), lost
-    print(f"\ndisruption: {len(lost)} of {len(e2e.nodes)} nodes Unknown +{time.time() - cut:.1f}s; "
+    print(f"\ndisruption: {len(lost)} of {len(e2e.nodes)} nodes Unknown +{time.time() - cut:.1f}s after "
+          f"{drained:.0f}s of draining kwok's heartbeats; "
           f"{condition(st, 'Disrupted')['message']}")
     before = d.trained_step()
     time.sleep(15)  # nodes Unknown for 15 s more: long past the hang timeout's floor

@@ -7,7 +7,8 @@
 | node_unreachable | no status posts and no Lease renewals (a dead kubelet);       | node_recover    |
 |                  | Ready=Unknown after the grace period; unreachable taint       |                 |
 | node_partition   | as node_unreachable, but the kubelet and its pods live on      | node_recover    |
-|                  | (a control-plane or network blip: the node only looks lost)   |                 |
+|                  | (a control-plane or network blip: the node only looks lost);  |                 |
+|                  | partition_together: many nodes, Unknown at once, no flapping  |                 |
 | neuron_error     | Node condition NeuronHealth=True, reason NeuronHasError_*      | neuron_healthy  |
 |                  | (as the Neuron node problem detector writes it; Ready stays)  |                 |
 | device_loss      | allocatable aws.amazon.com/neuron below capacity              | device_restore  |
@@ -73,6 +74,45 @@ def node_partition(core, node: str) -> None:
     node's processes."""
     core.patch_node(node, {"metadata": {"annotations": {PARTITIONED: "true"}}})
     node_unreachable(core, node)
+
+
+def kwok_heartbeat_max_seconds() -> float:
+    """The longest kwok waits between a node's heartbeats (stages.yaml, node-heartbeat: delay
+    plus jitter)."""
+    from pathlib import Path
+
+    import yaml
+    for stage in yaml.safe_load_all((Path(__file__).parent / "stages.yaml").read_text()):
+        if stage and stage["metadata"]["name"] == "node-heartbeat":
+            delay = stage["spec"]["delay"]
+            return (delay["durationMilliseconds"] + delay.get("jitterDurationMilliseconds", 0)) / 1000
+    raise LookupError("stages.yaml has no node-heartbeat stage")
+
+
+def partition_together(core, nodes: list[str], margin: float = 3.0) -> float:
+    """node_partition of every node, so that they go Unknown together and stay Unknown; returns
+    when the last heartbeat kwok had scheduled has fired (about 50 s), the nodes still Ready.
+
+    kwok filters its node watch by the management annotation, so taking the annotation away
+    reaches it as no event at all: a heartbeat it had already scheduled (up to
+    kwok_heartbeat_max_seconds ahead) still fires and posts Ready=True. Fired after the node
+    went Unknown, it brings the node back for one grace period (a disruption that flaps, seen
+    in a CI rehearsal). So the fault keeps renewing the nodes' Leases itself until every such
+    heartbeat has fired, then stops: the node controller marks them all Unknown one grace
+    period later, and nothing posts for them again until node_recover."""
+    import time
+
+    from kubernetes import client
+    leases = client.CoordinationV1Api(core.api_client)
+    for node in nodes:
+        node_partition(core, node)
+    until = time.monotonic() + kwok_heartbeat_max_seconds() + margin
+    while time.monotonic() < until:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        for node in nodes:
+            leases.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": stamp}})
+        time.sleep(min(2.0, max(0.0, until - time.monotonic())))
+    return kwok_heartbeat_max_seconds() + margin
 
 
 def node_recover(core, node: str, timeout: float = 60) -> None:
