@@ -37,8 +37,11 @@ class ApiHealth:
     an outage from its last answer too: silence is judged only while the operator can confirm
     it would have heard (a probe thread starved of CPU, a probe that hangs)."""
 
-    def __init__(self, stale_after: float = PROBE_INTERVAL_SECONDS + PROBE_TIMEOUT_SECONDS + 1.0) -> None:
+    def __init__(self, stale_after: float = PROBE_INTERVAL_SECONDS + PROBE_TIMEOUT_SECONDS + 1.0,
+                 on_change: Callable[[bool], None] | None = None) -> None:
+        """``on_change(away)``: told when an outage begins (True) and ends (False)."""
         self.stale_after = stale_after
+        self.on_change = on_change or (lambda away: None)
         self._lock = threading.Lock()
         self._began: float | None = None
         self._ended: float | None = None
@@ -51,6 +54,7 @@ class ApiHealth:
             if self._began is not None and self._ended is None:
                 return
             self._began, self._ended = at, None
+        self.on_change(True)
         log.warning("the API server is unreachable (%s); holding hang and lost-node detection until it is back", why)
 
     def answered(self, at: float) -> None:
@@ -66,6 +70,7 @@ class ApiHealth:
             self._ready_at = at
             took = (self._ended - self._began) if ongoing else None
         if took is not None:
+            self.on_change(False)
             log.info("the API server is back after %.1fs; every run's hang clock restarts now", took)
 
     def unwatched(self) -> None:

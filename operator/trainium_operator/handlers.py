@@ -47,7 +47,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "probe": None}
     # when the API was away: trainers could not write progress nor kubelets renew their leases
     # meanwhile; reconcile restarts the hang clock and holds the nodes it made look lost
-    health = ApiHealth()
+    health = ApiHealth(on_change=lambda away: metrics.api_unreachable.set(1 if away else 0))
     wake: dict[tuple[str, str], asyncio.Event] = {}  # per run: a pod changed, pass now
     pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
     node_shapes: dict[str, tuple | None] = {}  # the same for nodes

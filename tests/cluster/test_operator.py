@@ -382,6 +382,7 @@ def test_metrics_endpoint(operator):
     body = urllib.request.urlopen(f"http://127.0.0.1:{operator['proc'].metrics_port}/metrics", timeout=5).read().decode()
     for series in ("trainium_run_phase", "trainium_reconcile_seconds", "trainium_run_effective_training_ratio"):
         assert series in body
+    assert "\ntrainium_operator_api_unreachable 0.0\n" in body  # its probe reaches the local API server
 
 
 def test_quarantine_keeps_a_taint_another_controller_adds_between_read_and_write(local_cluster, core_api):

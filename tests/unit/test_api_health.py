@@ -14,7 +14,8 @@ from .test_operator_core import RUN, SPEC, _node, _pod
 
 
 def test_an_outage_runs_from_the_first_failure_to_the_next_answer():
-    h = ApiHealth(stale_after=4.0)
+    told = []
+    h = ApiHealth(stale_after=4.0, on_change=told.append)
     assert h.outage(10.0) is None
     h.answered(10.0)
     h.failed(12.0, "refused")
@@ -24,6 +25,7 @@ def test_an_outage_runs_from_the_first_failure_to_the_next_answer():
     assert h.outage(22.0) == (12.0, 21.0)
     h.answered(23.0)  # answers after the end change nothing
     assert h.outage(24.0) == (12.0, 21.0)
+    assert told == [True, False]  # once when it began, once when it ended (the metric)
 
 
 def test_a_probe_overdue_counts_as_an_outage_from_its_last_answer():
