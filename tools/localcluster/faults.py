@@ -44,6 +44,11 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _lease_now() -> str:
+    """Now as a Lease's renewTime (MicroTime: microseconds)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def node_not_ready(core, node: str, reason: str = "KubeletNotReady", message: str = "simulated node failure") -> None:
     core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: "true"},
                                         "annotations": {f"{NOT_READY_LABEL}/reason": reason,
@@ -64,7 +69,7 @@ def node_unreachable(core, node: str) -> None:
     core.patch_node(node, {"metadata": {"annotations": {KWOK_ANNOTATION[0]: None}}})
     client.CoordinationV1Api(core.api_client).patch_namespaced_lease(node, "kube-node-lease", {"spec": {
         "holderIdentity": FAULT_HOLDER, "leaseDurationSeconds": 86400,
-        "renewTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+        "renewTime": _lease_now()}})
 
 
 def node_partition(core, node: str) -> None:
@@ -106,13 +111,14 @@ def partition_together(core, nodes: list[str], margin: float = 3.0) -> float:
     leases = client.CoordinationV1Api(core.api_client)
     for node in nodes:
         node_partition(core, node)
-    until = time.monotonic() + kwok_heartbeat_max_seconds() + margin
+    drain = kwok_heartbeat_max_seconds() + margin
+    until = time.monotonic() + drain
     while time.monotonic() < until:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        stamp = _lease_now()
         for node in nodes:
             leases.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": stamp}})
         time.sleep(min(2.0, max(0.0, until - time.monotonic())))
-    return kwok_heartbeat_max_seconds() + margin
+    return drain
 
 
 def node_recover(core, node: str, timeout: float = 60) -> None:
