@@ -48,7 +48,7 @@ def _check_tensor(model: ModelConfig, tp: int) -> None:
 
 def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
     """Write OUT_ROOT/step_0 from a Hugging Face directory; returns the tag's URI."""
-    model = ModelConfig(preset="from-hf", **hf.model_fields(hf.read_config(hf_dir)))
+    model = ModelConfig(**hf.model_fields(hf.read_config(hf_dir)))
     model.validate()
     _check_tensor(model, tensor)
     src = hf.SafetensorsDir(hf_dir)
@@ -70,7 +70,9 @@ def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
         fs.pipe_file(f"{tag}/{hf.TOKENIZER}", src_fs.cat_file(f"{src_root}/{hf.TOKENIZER}"))
         tokenizer = fs.unstrip_protocol(f"{tag}/{hf.TOKENIZER}") if "://" in out_root else f"{tag}/{hf.TOKENIZER}"
         files.append(hf.TOKENIZER)
-    meta = {"step": 0, "tokens": 0, "weightsOnly": True, "source": hf_dir, "model": to_dict(model),
+    # The shape is complete without a preset name (none fits a converted model): leave it out.
+    shape = {k: v for k, v in to_dict(model).items() if k != "preset"}
+    meta = {"step": 0, "tokens": 0, "weightsOnly": True, "source": hf_dir, "model": shape,
             "tokenizer": tokenizer, "layout": {"tensor": tensor, "data": 1, "pipeline": 1, "zero1": False},
             "files": files + [ckpt_store.META], "time": time.time()}
     fs.pipe_file(f"{tag}/{ckpt_store.META}", json.dumps(meta, indent=1).encode())
@@ -96,7 +98,9 @@ def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tens
     if not meta.get("model"):
         raise ConfigError("CHECKPOINT", f"{tag_uri}/meta.json has no model config (written before this "
                                         "release); re-save it with a current trainer")
-    model = build(ModelConfig, meta["model"], "model")
+    # A checkpoint records the complete shape; its preset is only a label (from-hf wrote
+    # "from-hf" before this release, which is no preset), so it is not read.
+    model = build(ModelConfig, {k: v for k, v in meta["model"].items() if k != "preset"}, "model")
     shards = []
     for rank in range(meta["layout"]["tensor"]):
         shard: dict = {}  # every pipeline stage's part of this tensor-parallel rank

@@ -106,10 +106,17 @@ def _converter(tp: Any) -> Callable[[Any, str], Any]:
     if get_origin(tp) is list:
         (item,) = get_args(tp)
         each, plural = _converter(item), _plural(item)
+        shorthand = getattr(item, "SHORTHAND", None)
+        if shorthand:  # one plain string is a list of one item: `heldOut: s3://bucket/eval/`
+            expected = f"a {shorthand}, a list of them, or a list of {plural}"
+        else:
+            expected = f"a list of {plural}"
 
         def list_of(value: Any, where: str) -> Any:
+            if shorthand and isinstance(value, str):
+                value = [value]
             if not isinstance(value, list):
-                raise ConfigError(where, f"must be a list of {plural}, got {value!r}")
+                raise ConfigError(where, f"must be {expected}, got {value!r}")
             return [each(v, f"{where}[{i}]") for i, v in enumerate(value)]
         return list_of
     if get_origin(tp) is dict:

@@ -21,7 +21,10 @@ def type_schema(tp: Any) -> dict:
     if dataclasses.is_dataclass(tp):
         return schema_for(tp)
     if get_origin(tp) is list:
-        return {"type": "array", "items": type_schema(get_args(tp)[0])}
+        item = get_args(tp)[0]
+        if getattr(item, "SHORTHAND", None):
+            return _shorthand_list_schema(item, 0)
+        return {"type": "array", "items": type_schema(item)}
     if get_origin(tp) is dict:
         return {"type": "object", "additionalProperties": type_schema(get_args(tp)[1])}
     if tp is dict:
@@ -29,9 +32,26 @@ def type_schema(tp: Any) -> dict:
     return {"type": _TYPES[tp]}
 
 
+def _shorthand_list_schema(item: type, min_items: int) -> dict:
+    """A list of ``item`` whose one string stands for ``[{SHORTHAND: string}]`` and whose items
+    may be strings too (``heldOut: s3://bucket/eval/``). A structural schema gives a node one
+    type, so this node keeps what it is given (its shape is checked by the CEL rule here and,
+    field by field, by the operator's loader) and the loader normalises it."""
+    key = item.SHORTHAND
+    names = ", ".join(f.key for f in api_fields(item))
+    is_item = f"type(x) == string || (type(x) == map && has(x.{key}) && type(x.{key}) == string)"
+    enough = f"size(self) >= {min_items} && " if min_items else ""
+    return {"x-kubernetes-preserve-unknown-fields": True, "x-kubernetes-validations": [{
+        "rule": f"type(self) == string ? size(self) > 0 : (type(self) == list && {enough}self.all(x, {is_item}))",
+        "message": f"must be a {key}, a list of them, or a list of {{{names}}}"
+                   + (f", with at least {min_items}" if min_items else "")}]}
+
+
 def field_schema(cls: type, f: FieldInfo) -> dict:
     if f.mark(IntOrString):
         s: dict = {"x-kubernetes-int-or-string": True}
+    elif get_origin(f.type) is list and getattr(get_args(f.type)[0], "SHORTHAND", None):
+        s = _shorthand_list_schema(get_args(f.type)[0], f.mark(MinLen).length if f.mark(MinLen) else 0)
     else:
         s = type_schema(f.type)
     if f.optional and f.enum is None:
@@ -41,8 +61,8 @@ def field_schema(cls: type, f: FieldInfo) -> dict:
             s["minimum"] = mark.bound if isinstance(mark.bound, float) and not mark.bound.is_integer() else int(mark.bound)
         elif isinstance(mark, Positive):
             s.update(minimum=0, exclusiveMinimum=True)
-        elif isinstance(mark, MinLen):
-            s["minItems" if s.get("type") == "array" else "minLength"] = mark.length
+        elif isinstance(mark, MinLen) and "type" in s:
+            s["minItems" if s["type"] == "array" else "minLength"] = mark.length
     if f.doc:
         s["description"] = f.doc
     if getattr(cls, "SERVER_DEFAULTS", True) and not f.mark(NoServerDefault) and _plain_default(f.default):

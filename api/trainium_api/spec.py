@@ -240,6 +240,7 @@ class DataConfig:
     SERVER_DEFAULTS: ClassVar[bool] = False  # data sources have no meaningful default
 
     sources: Annotated[list[DataSource], MinLen(1)] = field(default_factory=list)
+    """Training data: one URI, a list of URIs, or a list of {uri, weight} (mixed by weight)."""
     tokenizer: str = ""
     """Path (local or s3://) of a Hugging Face `tokenizers` JSON file. May be left out with
     init.from a Hugging Face directory: its tokenizer.json is used."""
@@ -251,8 +252,8 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle shard order per epoch, deterministically from training.seed."""
     held_out: list[DataSource] = field(default_factory=list)
-    """Held-out evaluation data (sources as in data.sources, mixed by weight). Perplexity on it
-    is reported every evalIntervalSteps and at the end."""
+    """Held-out evaluation data, written as data.sources is (one URI, a list of URIs, or a list
+    of {uri, weight}). Perplexity on it is reported every evalIntervalSteps and at the end."""
     eval_interval_steps: NonNegative = 100
     """Evaluate on data.heldOut every N steps (0: only at the end). Ignored without heldOut."""
     eval_batches: AtLeastOne = 4

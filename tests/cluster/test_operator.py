@@ -179,6 +179,8 @@ API_REJECTS = [  # (what, patch to the valid manifest's spec, words in the API s
      "parallelism.tensor must divide"),
     ("no checkpoint uri", {"checkpoint": {"uri": ""}}, "checkpoint.uri is required"),
     ("no data sources", {"data": {"sources": [], "tokenizer": "t.json"}}, "data.sources"),
+    ("held-out data that is no URI", {"data": {"heldOut": 5}}, "data.heldOut: Invalid value"),
+    ("a held-out item without a uri", {"data": {"heldOut": [{"weight": 2}]}}, "data.heldOut: Invalid value"),
     ("unknown field", {"training": {"stepz": 5}}, "stepz"),
     ("a command trainer without its command", {"trainer": {"kind": "command", "progressFormat": "nxd"}},
      "trainer.command is required"),

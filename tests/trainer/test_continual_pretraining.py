@@ -6,6 +6,8 @@ loading the result."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -102,7 +104,7 @@ def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs
     ckpt = tmp_path / "ckpt"
     common = _overrides(tiny_data, tmp_path, "run", family, f"init.from={tag}", "parallelism.tensor=2",
                         f"data.tokenizer={tag / 'tokenizer.json'}", "training.steps=30", "training.lr=3.0e-3",
-                        f"data.heldOut=[{{uri: {tiny_data['stories']}}}]", "data.evalIntervalSteps=10",
+                        f"data.heldOut={tiny_data['stories']}", "data.evalIntervalSteps=10",  # one URI
                         "data.evalBatches=2", f"checkpoint.uri={ckpt}", "checkpoint.intervalSteps=10",
                         "checkpoint.keep=0")
     res = run_trainer(2, common)
@@ -152,6 +154,33 @@ def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs
     for step in (10, 20, 30):  # the same batches and micro batches as in training
         assert rows[step] == pytest.approx(ppl[step], rel=1e-4)
     assert (tmp_path / "ppl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _readme_commands(prefix: str) -> list[str]:
+    """The README's command lines that start with ``prefix``, as written (comments cut)."""
+    return [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith(prefix)]
+
+
+def test_documented_convert_round_trip_runs_as_written(hf_dirs, tmp_path):
+    """The README's two convert commands, one after the other, with its placeholders filled in
+    the way a user would (to-hf reads what from-hf wrote: OUT_ROOT/step_0) and the optional
+    arguments left out: transformers loads the result and its logits equal the original's."""
+    from_hf, to_hf = _readme_commands("python -m trainer.convert ")
+    assert " from-hf " in from_hf and " to-hf " in to_hf, (from_hf, to_hf)
+    out_root, back = tmp_path / "ours", tmp_path / "back"
+    filled = {"HF_DIR": hf_dirs["llama"], "OUT_ROOT": out_root, "CHECKPOINT": out_root / "step_0", "OUT_DIR": back}
+    for line in (from_hf, to_hf):
+        words = [str(filled.get(w, w)) for w in shlex.split(re.sub(r"\[[^]]*\]", "", line))]
+        assert words[:3] == ["python", "-m", "trainer.convert"]
+        res = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        print(" ".join(words), "->", res.stdout.strip())
+        assert res.returncode == 0, f"{' '.join(words)}: {res.stderr}"
+    original = transformers.AutoModelForCausalLM.from_pretrained(hf_dirs["llama"], dtype=torch.float32)
+    converted = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32)
+    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(back).encode("Once upon a time")])
+    with torch.no_grad():
+        assert torch.equal(original(input_ids=ids).logits, converted(input_ids=ids).logits)
 
 
 def test_shape_mismatch_is_refused_naming_the_field(hf_dirs, tiny_data, tmp_path):

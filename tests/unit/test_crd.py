@@ -47,6 +47,12 @@ def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
         elif dataclasses.is_dataclass(tp):
             assert prop["type"] == "object", at
             _check(tp, prop, at, seen)
+        elif get_origin(tp) is list and getattr(get_args(tp)[0], "SHORTHAND", None):
+            # a string or a list (of strings or items): one type is more than a structural
+            # schema says, so the node keeps what it is given and a CEL rule checks its shape
+            assert prop.get("x-kubernetes-preserve-unknown-fields") is True and "type" not in prop, at
+            assert "self.all(x" in prop["x-kubernetes-validations"][0]["rule"], at
+            seen += [f"{at}[].{i.key}" for i in api_fields(get_args(tp)[0])]
         elif get_origin(tp) is list:
             assert prop["type"] == "array", at
             (item,) = get_args(tp)
@@ -63,7 +69,7 @@ def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
         minimum = f.mark(Min)
         assert prop.get("minimum") == (minimum.bound if minimum else 0 if f.mark(Positive) else None), at
         assert prop.get("exclusiveMinimum", False) == bool(f.mark(Positive)), at
-        min_len = f.mark(MinLen)
+        min_len = f.mark(MinLen) if "type" in prop else None  # the loader checks an untyped node's
         assert prop.get("minItems", prop.get("minLength")) == (min_len.length if min_len else None), at
         assert prop.get("nullable", False) == (f.optional and f.enum is None), at
         writes_default = (getattr(cls, "SERVER_DEFAULTS", True) and not f.mark(NoServerDefault)
