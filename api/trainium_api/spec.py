@@ -387,6 +387,10 @@ class RestartBudget:
     """Restarts after a pod was evicted or deleted from outside."""
     scheduling: NonNegative = 3
     """Restarts after the gang could not be scheduled within the schedule timeout."""
+    startup: NonNegative = 3
+    """Restarts after a pod placed on a node did not start its container within
+    startupTimeoutSeconds (image pull errors, a missing Secret or ConfigMap key, a volume that
+    never mounts)."""
 
     def for_cause(self, cause: str) -> int:
         return getattr(self, cause.replace("-", "_"))
@@ -412,7 +416,8 @@ class FaultToleranceConfig:
     hang_timeout_factor: PositiveNumber = 10.0
     hang_timeout_floor_seconds: PositiveNumber = 600.0
     startup_timeout_seconds: PositiveNumber = 3600.0
-    """Time from gang Running to the first progress report (compilation and loading)."""
+    """Time from gang Running to the first progress report (compilation and loading); also the
+    longest a pod placed on a node may wait to start its container (cause startup)."""
     schedule_timeout_seconds: PositiveNumber = 600.0
     """Time for the whole gang to be scheduled before it counts as a scheduling failure."""
     quarantine: bool = True

@@ -16,6 +16,12 @@ PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
 ConditionStatus = Literal["True", "False", "Unknown"]
 FailureAction = Literal["restart", "fail"]
+ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted"]
+"""Valid: the spec passed the operator's checks. Failed: the failure policy gave up.
+Disrupted: a mass node disruption holds failures. ChildrenCreated: the attempt's Service,
+ConfigMap and trainer RBAC exist (False: why a create failed; retried every pass). PodsStarted:
+every pod of the attempt placed on a node has started its container (False: which pod waits,
+and the kubelet's reason, e.g. ImagePullBackOff or CreateContainerConfigError)."""
 
 
 class _Written:
@@ -25,8 +31,8 @@ class _Written:
 
 @dataclass
 class Condition(_Written):
-    type: str
-    """Valid (the spec), Failed (the failure policy gave up), Disrupted (a mass node disruption)."""
+    type: ConditionType
+    """Valid, Failed, Disrupted, ChildrenCreated or PodsStarted (see ConditionType)."""
     status: ConditionStatus
     reason: str = ""
     message: str = ""
@@ -91,7 +97,7 @@ class FailureRecord(_Written):
     time: float
     """Detection."""
     cause: str = ""
-    """application, node, neuron-device, hang, eviction or scheduling (the restart budgets)."""
+    """One of trainium_api.spec.CAUSES (a restart budget each)."""
     action: FailureAction = "restart"
     node: str | None = None
     pod: str | None = None

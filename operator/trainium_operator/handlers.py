@@ -32,7 +32,8 @@ from .spec import checkpoint_layout
 log = logging.getLogger("trainium_operator")
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 RECONCILE_INTERVAL = 1.0  # seconds between passes when nothing wakes a run's loop sooner
-ERROR_BACKOFF = 2.0
+ERROR_BACKOFF = 2.0  # after a pass that raised; doubling while the run's passes keep failing
+MAX_ERROR_BACKOFF = 30.0
 OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
 CHECKPOINT_REFRESH_SECONDS = 15.0
 # While a gang is about to start, the checkpoint it is told to resume from must be current.
@@ -45,6 +46,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
     lost nodes count as a disruption rather than node failures."""
     registry = kopf.OperatorRegistry()
     memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "probe": None}
+    children = ChildCache()  # which children were made sure of, and when; the last create error
     # when the API was away: trainers could not write progress nor kubelets renew their leases
     # meanwhile; reconcile restarts the hang clock and holds the nodes it made look lost
     health = ApiHealth(on_change=lambda away: metrics.api_unreachable.set(1 if away else 0))
@@ -101,10 +103,11 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
             checkpoint = _checkpoint(memo["checkpoints"], run, status.phase, pods)
             disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
             now = time.time()
-            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=health.outage(now))
+            result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=health.outage(now),
+                               children_error=children.error(namespace, name))
             sent = time.time()
             try:
-                written = apply(kube(), run, result)
+                written = apply(kube(), run, result, children)
             except Exception as exc:
                 if api_unreachable(exc):
                     health.failed(sent, exc)
@@ -127,19 +130,26 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
         than its own last write (a failure is never recorded twice)."""
         key = (namespace, name)
         event = wake.setdefault(key, asyncio.Event())
+        failures = 0  # passes in a row that raised
         try:
             while not stopped:
                 event.clear()
                 before = body.get("metadata", {}).get("resourceVersion")
                 try:
                     wrote = await asyncio.to_thread(reconcile_pass, body, name, namespace, run_pods, cluster_nodes)
+                    failures = 0
                 except Exception as exc:
+                    # kopf's TemporaryError model: retry the whole pass (it is idempotent) after
+                    # a backoff that grows while the same run keeps failing
+                    delay = min(MAX_ERROR_BACKOFF, ERROR_BACKOFF * 2 ** failures)
+                    failures += 1
                     if api_unreachable(exc):  # logged once per outage by ApiHealth
                         log.debug("%s/%s: reconcile pass failed: %s", namespace, name, exc)
+                    elif isinstance(exc, ChildError):  # the next pass writes it into the status
+                        log.warning("%s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
                     else:
-                        log.exception("%s/%s: reconcile pass failed; retrying in %.0fs", namespace, name,
-                                      ERROR_BACKOFF)
-                    await _sleep_unless(stopped, ERROR_BACKOFF)
+                        log.exception("%s/%s: reconcile pass failed; retrying in %.0fs", namespace, name, delay)
+                    await _sleep_unless(stopped, delay)
                     continue
                 if wrote:
                     await _until_observed(body, before, stopped)
@@ -181,6 +191,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
         if event.get("type") == "DELETED":
             metrics.forget(namespace, name)
             memo["checkpoints"].pop((namespace, name), None)
+            children.forget(namespace, name)
 
     return registry
 
@@ -227,6 +238,44 @@ def _checkpoint(cache: dict, run: dict, phase: str | None, pods) -> CheckpointRe
     return entry["value"]
 
 
+def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache) -> str:
+    """Create the children that are due a check (see ChildCache); every one is tried (a quota
+    on Services must not stop the RBAC). Returns why some could not be created, "" if all were."""
+    errors = []
+    for obj in objs:
+        if obj["kind"].startswith("ValidatingAdmissionPolicy"):
+            target = obj  # cluster-scoped: no namespace
+        else:
+            target = {**obj, "metadata": {**obj["metadata"], "namespace": run[0]}}
+        if not children.due(run, target):
+            continue
+        try:
+            if target is obj:
+                kube.ensure_cluster_policy(obj)
+            else:
+                kube.ensure(target)
+            children.done(run, target)
+        except Exception as exc:
+            if api_unreachable(exc):
+                raise  # the API server is away: ApiHealth reports that, not the run
+            errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
+    children.set_error(run, "; ".join(errors))
+    return "; ".join(errors)
+
+
+def _reason(exc: BaseException) -> str:
+    """An API error's own message (the API server's Status), else the exception."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+    if isinstance(exc, ApiException):
+        try:
+            return json.loads(exc.body).get("message") or f"{exc.status} {exc.reason}"
+        except (TypeError, ValueError, AttributeError):
+            return f"{exc.status} {exc.reason}"
+    return str(exc)
+
+
 def api_unreachable(exc: BaseException) -> bool:
     """The API server (or its etcd) is away, as opposed to refusing this request: no HTTP
     answer at all, or a 5xx."""
@@ -237,26 +286,66 @@ def api_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (HTTPError, OSError))  # OSError covers refused connections and timeouts
 
 
-def apply(kube: Kube, run: dict, result) -> dict:
-    """Status first (it records the attempt before its pods exist), then the effects in order.
-    Returns the run's status as it is after the patch."""
+class ChildError(RuntimeError):
+    """A child other than a pod could not be created; the attempt's pods wait for it."""
+
+
+class ChildCache:
+    """Which children (Service, ConfigMap, RBAC, policy) each run's passes made sure of, and
+    when, so a pass asks the API server for them at most every CHILD_RECHECK_SECONDS (a child
+    deleted behind our back comes back within that); and each run's last create error."""
+
+    def __init__(self):
+        self._at: dict[tuple, float] = {}
+        self._errors: dict[tuple[str, str], str] = {}
+
+    def due(self, run: tuple[str, str], obj: dict) -> bool:
+        return time.monotonic() - self._at.get(self._key(run, obj), -CHILD_RECHECK_SECONDS) >= CHILD_RECHECK_SECONDS
+
+    def done(self, run: tuple[str, str], obj: dict) -> None:
+        self._at[self._key(run, obj)] = time.monotonic()
+
+    def error(self, namespace: str, name: str) -> str:
+        return self._errors.get((namespace, name), "")
+
+    def set_error(self, run: tuple[str, str], message: str) -> None:
+        if message:
+            self._errors[run] = message
+        else:
+            self._errors.pop(run, None)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._errors.pop((namespace, name), None)
+        for key in [k for k in self._at if k[:2] == (namespace, name)]:
+            del self._at[key]
+
+    @staticmethod
+    def _key(run: tuple[str, str], obj: dict) -> tuple:
+        return (*run, obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+
+
+CHILD_RECHECK_SECONDS = 30.0
+
+
+def apply(kube: Kube, run: dict, result, children: ChildCache | None = None) -> dict:
+    """Status first (it records the attempt before its pods exist), then the children, then the
+    other effects in order. A child that cannot be created raises ChildError before any pod is
+    created (pods need their Service and ConfigMap); ``children`` keeps the error for the next
+    pass's status. Returns the run's status as it is after the patch."""
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    children = children or ChildCache()
     old = run.get("status") or {}
     changed = {k: v for k, v in result.status.items() if old.get(k) != v}
     merged = {**old, **changed}
     if changed:
         kube.patch_status(ns, name, changed)
+    missing = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
+                                                  if e.kind == "ensure" and e.obj["kind"] != "Pod"], children)
     pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
         if eff.kind == "ensure":
-            obj = dict(eff.obj)
-            obj["metadata"] = {**obj["metadata"], "namespace": ns}
-            if obj["kind"] == "Pod":
-                pod_calls.append((kube.ensure, (obj,)))
-            elif obj["kind"].startswith("ValidatingAdmissionPolicy"):
-                kube.ensure_cluster_policy(eff.obj)  # cluster-scoped: no namespace
-            else:
-                kube.ensure(obj)
+            if eff.obj["kind"] == "Pod" and not missing:  # a pod without its Service or ConfigMap
+                pod_calls.append((kube.ensure, ({**eff.obj, "metadata": {**eff.obj["metadata"], "namespace": ns}},)))
         elif eff.kind == "delete_pod":
             pod_calls.append((kube.delete_pod, (ns, eff.name, eff.grace)))
         elif eff.kind == "quarantine":
@@ -272,4 +361,6 @@ def apply(kube: Kube, run: dict, result) -> dict:
         futures = [_POOL.submit(fn, *args) for fn, args in pod_calls]
         for f in futures:
             f.result()  # re-raise the first error; the next tick retries idempotently
+    if missing:
+        raise ChildError(missing)
     return merged

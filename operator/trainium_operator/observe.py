@@ -15,6 +15,14 @@ from trainium_api.spec import TrainingRunSpec
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
 
 NEURON = "aws.amazon.com/neuron"
+# The kubelet's waiting reasons of a container that is starting as it should; any other
+# (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...) is shown in status at once.
+STARTING_REASONS = ("ContainerCreating", "PodInitializing")
+
+
+def waiting_reason(pod: "PodView") -> str:
+    """The kubelet's reason why ``pod``'s container waits ("" when it does not)."""
+    return pod.waiting.split(":")[0]
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
@@ -41,28 +49,41 @@ class PodView:
     created: float | None = None
     unschedulable: str = ""
     finished: float | None = None  # when its container terminated
+    scheduled: float | None = None  # when it was bound to its node (PodScheduled True)
+    waiting: str = ""  # a container that has not started: the kubelet's reason and message
 
 
 def pod_view(pod: dict) -> PodView:
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     labels = meta.get("labels") or {}
     exit_code, reason, message = None, status.get("reason") or "", status.get("message") or ""
-    finished = None
+    finished, waiting = None, ""
     for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
+        state = cs.get("state") or {}
+        term = state.get("terminated")
         if term:
             exit_code = term.get("exitCode")
             reason = term.get("reason") or reason
             message = term.get("message") or message
             finished = _ts(term.get("finishedAt"))
-    unschedulable = next((c.get("message", "") for c in status.get("conditions") or []
+        wait = state.get("waiting")
+        if wait and not waiting:
+            waiting = f"{wait.get('reason') or 'Waiting'}: {wait.get('message') or ''}".strip().rstrip(":")
+    conditions = status.get("conditions") or []
+    unschedulable = next((c.get("message", "") for c in conditions
                           if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"), "")
+    node = (pod.get("spec") or {}).get("nodeName")
+    scheduled = next((_ts(c.get("lastTransitionTime")) for c in conditions
+                      if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+    if node and scheduled is None:  # bound without the condition (created with a nodeName)
+        scheduled = _ts(meta.get("creationTimestamp"))
     return PodView(name=meta.get("name", ""), attempt=int(labels.get(LABEL_ATTEMPT, 0)),
                    index=int(labels.get(LABEL_INDEX, 0)), phase=status.get("phase") or "Pending",
-                   node=(pod.get("spec") or {}).get("nodeName"), deleting=bool(meta.get("deletionTimestamp")),
+                   node=node, deleting=bool(meta.get("deletionTimestamp")),
                    exit_code=exit_code, reason=reason, message=message,
                    progress=progress.parse((meta.get("annotations") or {}).get(progress.ANNOTATION)),
-                   created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished)
+                   created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
+                   scheduled=scheduled, waiting=waiting[:500])
 
 
 @dataclass
@@ -152,6 +173,12 @@ def _succeeded(p: PodView) -> bool:
     return p.phase == "Succeeded" or (p.phase == "Failed" and p.exit_code == 0)
 
 
+def not_started(pods: list[PodView]) -> list[PodView]:
+    """Pods placed on a node whose container has not started (phase Pending), oldest first."""
+    return sorted((p for p in pods if p.node and p.phase == "Pending" and not p.deleting and p.scheduled),
+                  key=lambda p: p.scheduled)
+
+
 def hang_timeout(spec: TrainingRunSpec, step_seconds: float | None) -> float:
     ft = spec.fault_tolerance
     if ft.hang_timeout_seconds != "auto":
@@ -208,6 +235,13 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
             if now - since > limit:
                 return Failure("hang", f"no step progress for {now - since:.0f}s (timeout {limit:.0f}s) at step "
                                f"{gang.step}")
+    stuck = next((p for p in not_started(gang.pods) if now - p.scheduled > spec.fault_tolerance.startup_timeout_seconds),
+                 None)
+    if stuck:  # one pod that never starts holds every other node of the gang: act on it
+        return Failure("startup", f"pod {stuck.name} on node {stuck.node} has not started "
+                       f"{now - stuck.scheduled:.0f}s after it was placed: {stuck.waiting or 'no reason given'}",
+                       node=stuck.node or "", pod=stuck.name,
+                       since=stuck.scheduled + spec.fault_tolerance.startup_timeout_seconds)
     pending = [p for p in gang.pods if not p.node and p.created]
     if pending and now - min(p.created for p in pending) > spec.fault_tolerance.schedule_timeout_seconds:
         why = next((p.unschedulable for p in pending if p.unschedulable), "not scheduled")

@@ -37,7 +37,8 @@ from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, CheckpointRef, Con
                                  TrainingRunStatus)
 
 from . import admission, goodput, plan
-from .observe import Failure, GangState, NodeView, PodView, find_failure, gang_state
+from .observe import (STARTING_REASONS, Failure, GangState, NodeView, PodView, find_failure, gang_state, not_started,
+                      waiting_reason)
 from .policy import DISRUPTION_CAUSES, DisruptionGuard, decide
 from .spec import parse
 
@@ -79,6 +80,10 @@ class Result:
     @property
     def kinds(self) -> list[str]:
         return [e.kind for e in self.effects]
+
+    def ensured(self, kind: str = "Pod") -> list[dict]:
+        """The objects of ``kind`` this pass makes sure of (children are ensured every pass)."""
+        return [e.obj for e in self.effects if e.kind == "ensure" and e.obj["kind"] == kind]
 
 
 def read_status(raw: dict | None) -> TrainingRunStatus:
@@ -148,13 +153,15 @@ def _checkpoint_ref(value: dict | CheckpointRef | None) -> CheckpointRef | None:
 def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
               checkpoint: dict | CheckpointRef | None = None, disruption: str = "",
               guard: DisruptionGuard = DisruptionGuard(),
-              api_outage: tuple[float, float] | None = None) -> Result:
+              api_outage: tuple[float, float] | None = None, children_error: str = "") -> Result:
     """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None.
     ``disruption``: why the run's nodes look lost through no fault of their own (policy.disruption),
     "" when they do not; while it lasts (at most ``guard.max_hold_seconds``) lost nodes and
     hangs are held: no quarantine, no restart. ``api_outage``: (lost, back) of the operator's last
     loss of the API server (back = now while it lasts): progress could not be written before
-    it came back, and leases could not be renewed, so nodes that went Unknown around it are held."""
+    it came back, and leases could not be renewed, so nodes that went Unknown around it are held.
+    ``children_error``: why the last pass could not create a child (Service, ConfigMap, RBAC),
+    "" when they were all created; shown as the ChildrenCreated condition."""
     if run["metadata"].get("deletionTimestamp"):
         return Result()  # being deleted: the garbage collector removes the children; do not restart
     old = read_status(run.get("status"))
@@ -166,6 +173,8 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         return Result(changed_fields(old, new), effects, None, new)
     p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage)
     _observe(p)
+    if old.phase not in TERMINAL:
+        _children(p, children_error)
     _phase_step(p)(p)
     return Result(changed_fields(old, new), p.effects, spec, new)
 
@@ -212,6 +221,27 @@ def _observe(p: Pass) -> None:
     p.delete(p.stale, grace=0)
 
 
+def _children(p: Pass, error: str) -> None:
+    """Every pass of a live run, suspended included: the children its pods need (the headless
+    Service, the ConfigMap, the trainer's ServiceAccount and RBAC, the admission policy), so a
+    create that failed, or a child someone deleted, is made again. The handler's applier
+    creates what is missing; the effects come before any pod's."""
+    spec, namespace = p.spec, p.run["metadata"]["namespace"]
+    if spec.service_account_name == plan.DEFAULT_TRAINER_SA:
+        p.effects += [Effect("ensure", o) for o in plan.trainer_rbac(namespace)]
+        p.effects += [Effect("ensure", o) for o in admission.trainer_policy()]
+    p.effects.append(Effect("ensure", plan.service(p.run)))
+    if not spec.trainer.is_command:
+        p.effects.append(Effect("ensure", plan.config_map(p.run, spec)))
+    was = next((c for c in p.old.conditions if c.type == "ChildrenCreated"), None)
+    if error:
+        p.condition("ChildrenCreated", False, "CreateFailed", error)
+        if was is None or was.status != "False":
+            p.event("CreateFailed", f"{error}; retrying", warning=True)
+    elif was is not None and was.status != "True":
+        p.condition("ChildrenCreated", True, "Created", "")
+
+
 def _phase_step(p: Pass) -> Callable[[Pass], None]:
     phase = p.old.phase
     if phase in TERMINAL:
@@ -239,21 +269,18 @@ def _suspend(p: Pass) -> None:
 
 
 def _resume(p: Pass) -> None:
-    """Resumed by the user: a new attempt (not a failure) once the suspended gang is gone."""
-    if not p.pods:
+    """Resumed by the user: a new attempt (not a failure) once the suspended gang is gone; a
+    run created suspended starts its first attempt."""
+    if p.old.attempt == 0:
+        _create(p)
+    elif not p.pods:
         _start_attempt(p, p.old.attempt + 1, "Resumed", "spec.suspend cleared")
 
 
 def _create(p: Pass) -> None:
-    spec, namespace = p.spec, p.run["metadata"]["namespace"]
-    if spec.service_account_name == plan.DEFAULT_TRAINER_SA:
-        p.effects += [Effect("ensure", o) for o in plan.trainer_rbac(namespace)]
-        p.effects += [Effect("ensure", o) for o in admission.trainer_policy()]
-    p.effects.append(Effect("ensure", plan.service(p.run)))
-    if not spec.trainer.is_command:
-        p.effects.append(Effect("ensure", plan.config_map(p.run, spec)))
+    """The first attempt (its children are ensured by every pass, before its pods)."""
     p.new.created_time = p.now
-    _start_attempt(p, 1, "Starting", f"starting {spec.nodes} pods")
+    _start_attempt(p, 1, "Starting", f"starting {p.spec.nodes} pods")
 
 
 def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
@@ -316,6 +343,7 @@ def _supervise(p: Pass) -> None:
                                                 old.resume_checkpoint))
                       for i in range(spec.nodes) if i not in have]
         return
+    _report_startup(p)
     failure = _detect(p, gang)
     if failure:
         _on_failure(p, failure, gang)
@@ -330,6 +358,28 @@ def _supervise(p: Pass) -> None:
     if gang.running == spec.nodes:
         _gang_running(p, gang)
     _account(p, p.now)
+
+
+def _report_startup(p: Pass) -> None:
+    """PodsStarted: False, naming the pod and the kubelet's reason, as soon as a placed pod
+    waits for anything but its container's creation (a pull error, a missing Secret); the
+    failure itself comes after startupTimeoutSeconds (observe.find_failure, cause startup)."""
+    waiting = [x for x in not_started(p.current) if x.waiting and waiting_reason(x) not in STARTING_REASONS]
+    was = next((c for c in p.old.conditions if c.type == "PodsStarted"), None)
+    if waiting:
+        first = waiting[0]
+        reason = waiting_reason(first)
+        message = (f"pod {first.name} on node {first.node}: {first.waiting}"
+                   + (f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""))
+        p.condition("PodsStarted", False, reason, message)
+        p.new.message = f"waiting for pods to start: {message}"
+        if was is None or was.status != "False" or was.reason != reason:
+            p.event("PodNotStarting", f"{message}; the run acts after "
+                    f"{p.spec.fault_tolerance.startup_timeout_seconds:.0f}s", warning=True)
+    elif was is not None and was.status == "False" and not not_started(p.current):
+        p.condition("PodsStarted", True, "Started", "")
+        if p.old.message.startswith("waiting for pods to start"):
+            p.new.message = ""
 
 
 def _detect(p: Pass, gang: GangState) -> Failure | None:

@@ -117,7 +117,7 @@ def test_reconcile_starts_no_configmap_and_each_attempt_resumes_from_the_checkpo
     run = {**RUN, "status": {**r.status, "phase": "Restarting", "attempt": 1, "restartNotBefore": 0,
                              "conditions": [{"type": "Valid", "status": "True"}]}}
     r = reconcile(run, [], {}, now=10.0, checkpoint=REF)
-    pods = [e.obj for e in r.effects if e.kind == "ensure"]
+    pods = r.ensured("Pod")
     assert r.status["attempt"] == 2 and r.status["resumeCheckpoint"] == CKPT and len(pods) == 2
     assert all(p["spec"]["containers"][0]["command"][-1].endswith(f'{CKPT["uri"]}"') for p in pods)
     assert any(e.kind == "event" and CKPT["tag"] in e.message for e in r.effects)

@@ -269,9 +269,10 @@ def test_reconcile_creates_then_restarts_without_overlapping_attempts():
         {f"r-a1-{i}" for i in range(4)}
     run["status"].update(r.status)
     r = reconcile(run, pods, nodes, now=7.0)  # old pods still there: no new attempt yet
-    assert "attempt" not in r.status and not any(e.kind == "ensure" for e in r.effects)
+    assert "attempt" not in r.status and not r.ensured("Pod")
+    assert {o["kind"] for o in r.ensured("Service") + r.ensured("ConfigMap")} == {"Service", "ConfigMap"}  # every pass
     r = reconcile(run, [], nodes, now=8.0)
-    assert r.status["attempt"] == 2 and sum(e.kind == "ensure" for e in r.effects) == 4
+    assert r.status["attempt"] == 2 and len(r.ensured("Pod")) == 4
 
 
 def test_reconcile_never_crashes_on_malformed_objects():
@@ -299,7 +300,7 @@ def test_untainted_nodes_leave_the_quarantine():
                              "conditions": [{"type": "Valid", "status": "True"}]}}
     r = reconcile(run, [], nodes, now=10.0)
     assert r.status["quarantinedNodes"] == ["n0"]  # n1's taint was removed by an admin
-    pod = next(e.obj for e in r.effects if e.kind == "ensure")
+    pod = r.ensured("Pod")[0]
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["n0"]
 

@@ -1,0 +1,137 @@
+"""The control loop's level-triggered parts (issue 22): children made sure of every pass, a run
+created suspended, a create that failed shown in status, and pods placed on a node that never
+start their container. Pure: reconcile over plain objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_operator_core import RUN, SPEC, _node
+from trainium_api.load import lenient, to_dict
+from trainium_api.status import TrainingRunStatus
+from trainium_operator.observe import find_failure, gang_state, pod_view
+from trainium_operator.reconcile import reconcile
+from trainium_operator.spec import parse
+
+CHILDREN = {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+            "Service", "ConfigMap"}
+
+
+def _kinds(result) -> set[str]:
+    return {e.obj["kind"] for e in result.effects if e.kind == "ensure"} - {"Pod"}
+
+
+def _run(status: dict | None = None, **spec) -> dict:
+    return {**RUN, "spec": {**SPEC, **spec}, "status": {"conditions": [{"type": "Valid", "status": "True"}],
+                                                       **(status or {})}}
+
+
+def _after(result, run: dict) -> dict:
+    return {**run, "status": {**run["status"], **result.status}}
+
+
+@pytest.mark.parametrize("phase, attempt", [("Starting", 1), ("Running", 1), ("Restarting", 2), ("Suspended", 1)])
+def test_every_live_pass_ensures_every_child(phase, attempt):
+    """Not only the pass that starts attempt 1: a create that failed then, or a child deleted
+    later, is made again by whichever pass comes next."""
+    r = reconcile(_run({"phase": phase, "attempt": attempt, "createdTime": 0.0}, suspend=phase == "Suspended"),
+                  [], {}, now=10.0)
+    assert _kinds(r) == CHILDREN
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_run_ensures_nothing(phase):
+    assert not _kinds(reconcile(_run({"phase": phase, "attempt": 1}), [], {}, now=10.0))
+
+
+def test_a_run_created_suspended_starts_fully_when_resumed():
+    run = _run(suspend=True)
+    r = reconcile(run, [], {}, now=5.0)
+    assert r.status["phase"] == "Suspended" and r.after.attempt == 0 and not r.ensured("Pod")
+    assert _kinds(r) == CHILDREN and r.after.created_time is None  # suspended time is not the run's
+    run = _after(r, run)
+    run["spec"] = {**SPEC, "suspend": False}
+    r = reconcile(run, [], {}, now=100.0)
+    assert r.status["phase"] == "Starting" and r.status["attempt"] == 1 and len(r.ensured("Pod")) == SPEC["nodes"]
+    assert r.status["createdTime"] == 100.0 and _kinds(r) == CHILDREN
+
+
+def test_a_failed_create_is_in_status_until_a_pass_succeeds():
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0})
+    why = 'cannot create Service r: services "r" is forbidden: exceeded quota: no-services'
+    r = reconcile(run, [], {}, now=1.0, children_error=why)
+    cond = next(c for c in r.after.conditions if c.type == "ChildrenCreated")
+    assert (cond.status, cond.reason, cond.message) == ("False", "CreateFailed", why)
+    assert [e.reason for e in r.effects if e.kind == "event"] == ["CreateFailed"]
+    run = _after(r, run)
+    again = reconcile(run, [], {}, now=2.0, children_error=why)
+    assert "conditions" not in again.status and not [e for e in again.effects if e.kind == "event"]  # said once
+    fixed = reconcile(run, [], {}, now=3.0)
+    assert next(c for c in fixed.after.conditions if c.type == "ChildrenCreated").status == "True"
+
+
+def _waiting(i: int, reason: str, message: str = "", scheduled: str = "2026-01-01T00:00:00Z", phase="Pending"):
+    return pod_view({"metadata": {"name": f"r-a1-{i}", "creationTimestamp": scheduled,
+                                  "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)}},
+                     "spec": {"nodeName": f"n{i}"},
+                     "status": {"phase": phase,
+                                "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}],
+                                "containerStatuses": [{"state": {"waiting": {"reason": reason, "message": message}}}]
+                                if reason else []}})
+
+
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z, when the pods were placed
+TIMEOUT = 600.0
+
+
+@pytest.mark.parametrize("reason, seconds, shown, failure", [
+    ("ContainerCreating", 30, False, False),           # starting as it should
+    ("ContainerCreating", TIMEOUT + 1, False, True),   # a volume that never mounts
+    ("ImagePullBackOff", 3, True, False),              # shown at once, acted on later
+    ("ImagePullBackOff", TIMEOUT + 1, True, True),
+    ("CreateContainerConfigError", 1, True, False),    # a missing Secret or ConfigMap key
+    ("CreateContainerConfigError", TIMEOUT + 1, True, True),
+    ("", TIMEOUT + 1, False, True),                     # Pending on its node with no word at all
+])
+def test_a_placed_pod_that_never_starts(reason, seconds, shown, failure):
+    spec = {**SPEC, "faultTolerance": {"startupTimeoutSeconds": TIMEOUT}}
+    pods = [_waiting(0, reason, "secret \"hf-token\" not found"), *[_waiting(i, "", phase="Running") for i in (1, 2, 3)]]
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": T0 - 5}, faultTolerance={"startupTimeoutSeconds": TIMEOUT})
+    r = reconcile(run, pods, nodes, now=T0 + seconds)
+    cond = next((c for c in r.after.conditions if c.type == "PodsStarted"), None)
+    assert (cond is not None and cond.status == "False") == shown, cond
+    if shown:
+        assert cond.reason == reason and "r-a1-0 on node n0" in cond.message and "hf-token" in cond.message
+        assert r.after.message.startswith("pod r-a1-0 on node n0 has not started" if failure
+                                          else "waiting for pods to start: pod r-a1-0"), r.after.message
+    found = find_failure(parse(spec), gang_state(pods), nodes, now=T0 + seconds, expected_pods=4,
+                         gang_running_since=None, step_seconds=None, last_step_change=None)
+    assert (found is not None and found.cause == "startup") == failure, found
+    if failure:
+        assert r.after.phase == "Restarting" and r.after.failures[-1].cause == "startup"
+        assert (reason or "no reason given") in found.message and found.pod == "r-a1-0"
+
+
+def test_startup_failures_spend_their_own_budget_then_fail_naming_the_reason():
+    spec = {"faultTolerance": {"startupTimeoutSeconds": TIMEOUT, "restartBudget": {"startup": 1}}}
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    pods = [_waiting(i, "CreateContainerConfigError", 'secret "hf-token" not found') for i in range(4)]
+    status = {"phase": "Starting", "attempt": 1, "createdTime": T0,
+              "failures": [{"id": 1, "time": T0 + 100, "cause": "startup", "action": "restart", "attempt": 0}],
+              "failureCount": 1}
+    r = reconcile(_run(status, **spec), pods, nodes, now=T0 + TIMEOUT + 5)
+    assert r.after.phase == "Failed" and "startup exhausted" in r.after.message
+    assert 'secret "hf-token" not found' in r.after.message and r.after.restarts.get("startup") is None
+
+
+def test_the_started_condition_flips_back_once_every_pod_runs():
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": T0})
+    r = reconcile(run, [_waiting(0, "ErrImagePull")] + [_waiting(i, "", phase="Running") for i in (1, 2, 3)],
+                  nodes, now=T0 + 5)
+    run = _after(r, run)
+    r = reconcile(run, [_waiting(i, "", phase="Running") for i in range(4)], nodes, now=T0 + 9)
+    cond = next(c for c in r.after.conditions if c.type == "PodsStarted")
+    assert cond.status == "True" and r.after.message == ""
+    assert lenient(TrainingRunStatus, to_dict(r.after)).conditions == r.after.conditions  # the types load back
