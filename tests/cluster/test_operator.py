@@ -417,3 +417,43 @@ def test_quarantine_keeps_a_taint_another_controller_adds_between_read_and_write
         assert len(reads) == 2  # the first write was refused with 409 and retried
     finally:
         core_api.delete_node(node)
+
+
+def test_a_child_the_api_server_refuses_is_in_status_and_made_once_allowed(core_api, custom, namespace, operator):
+    """A ResourceQuota of zero Services makes the real API server refuse the run's headless
+    Service (403). The run must say so in its status, create no pod without it, and start once
+    the quota is lifted: the children are ensured by every pass, not only the first."""
+    core_api.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-services"},
+                                                          "spec": {"hard": {"services": "0"}}})
+    wait_until(lambda: core_api.read_namespaced_resource_quota("no-services", namespace).status.hard,
+               what="the quota in force")
+    create(custom, namespace, manifest("quota", nodes=2))
+
+    def refused():
+        cond = next((c for c in status(custom, namespace, "quota").get("conditions") or []
+                     if c["type"] == "ChildrenCreated"), None)
+        return cond if cond and cond["status"] == "False" else None
+    cond, took = wait_until(refused, timeout=30, what="ChildrenCreated=False")
+    print(f"\nrefused child in status after {took:.1f}s: {cond['message']}")
+    assert "Service quota" in cond["message"] and "exceeded quota" in cond["message"]
+    assert not gang(core_api, namespace, "quota")  # no pod without its Service
+    assert core_api.list_namespaced_config_map(namespace, label_selector="trainium.dev/run=quota").items
+    core_api.delete_namespaced_resource_quota("no-services", namespace)
+    wait_running_gang(core_api, custom, namespace, "quota", 1, nodes=2)
+    core_api.read_namespaced_service("quota", namespace)
+    wait_until(lambda: next(c for c in status(custom, namespace, "quota")["conditions"]
+                            if c["type"] == "ChildrenCreated")["status"] == "True", what="ChildrenCreated=True")
+
+
+def test_a_run_created_suspended_starts_fully_when_resumed(core_api, custom, namespace, operator):
+    body = manifest("later", nodes=2)
+    body["spec"]["suspend"] = True
+    create(custom, namespace, body)
+    wait_until(lambda: status(custom, namespace, "later").get("phase") == "Suspended", what="phase Suspended")
+    assert not gang(core_api, namespace, "later") and not status(custom, namespace, "later").get("createdTime")
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "later", {"spec": {"suspend": False}})
+    wait_running_gang(core_api, custom, namespace, "later", 1, nodes=2)
+    core_api.read_namespaced_service("later", namespace)
+    core_api.read_namespaced_config_map("later-config", namespace)
+    core_api.read_namespaced_service_account("trainium-trainer", namespace)
+    assert status(custom, namespace, "later")["attempt"] == 1
