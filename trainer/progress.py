@@ -45,17 +45,53 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
                       separators=(",", ":"))
 
 
+# What each field may hold. The annotation is written by user code (a command trainer's log
+# is parsed by trainer.watch, and anything in the pod can patch it), so the operator checks every
+# field for type and range and drops one that does not fit rather than compute with it.
+_STEP = (int, 0, 2 ** 53)
+_LIMITS: dict[str, tuple[type, float, float]] = {
+    "step": _STEP, "time": (float, 0.0, 1e11), "tokensPerSecond": (float, 0.0, 1e15),
+    "loss": (float, -1e9, 1e9), "lastCheckpointStep": _STEP, "startStep": _STEP, "evalPerplexity": (float, 0.0, 1e30)}
+MAX_LENGTH = 4096  # a report is about 150 bytes; a larger annotation is not parsed at all
+
+
 def parse(text: str | None) -> dict | None:
     """The operator's side: a progress dict, or None when absent or malformed."""
+    return parse_report(text)[0]
+
+
+def parse_report(text: str | None) -> tuple[dict | None, list[str]]:
+    """The progress dict (every field of FIELDS; one that does not fit its type and range is
+    None) and what was wrong, field by field. No report (None) without a valid ``step``. Never
+    raises."""
     if not text:
-        return None
+        return None, []
+    if len(text) > MAX_LENGTH:
+        return None, [f"longer than {MAX_LENGTH} characters"]
     try:
         data = json.loads(text)
-        if not isinstance(data, dict) or not isinstance(data.get("step"), int):
-            return None
-        return {k: data.get(k) for k in FIELDS}
-    except (ValueError, TypeError):
-        return None
+    except (ValueError, RecursionError):
+        return None, ["not JSON"]
+    if not isinstance(data, dict):
+        return None, ["not a JSON object"]
+    out, errors = {}, []
+    for key in FIELDS:
+        value, why = _checked(key, data.get(key))
+        out[key] = value
+        if why:
+            errors.append(f"{key}: {why}")
+    return (out if out["step"] is not None else None), errors
+
+
+def _checked(key: str, value) -> tuple[int | float | None, str]:
+    kind, low, high = _LIMITS[key]
+    if value is None:
+        return None, "missing" if key == "step" else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        return None, f"must be {'an integer' if kind is int else 'a number'}, got {str(value)[:40]!r}"
+    if not (low <= value <= high):  # NaN fails this too
+        return None, f"{value!r} is out of range [{low:g}, {high:g}]"
+    return kind(value), ""
 
 
 class ProgressReporter:

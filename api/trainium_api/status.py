@@ -16,12 +16,14 @@ PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
 ConditionStatus = Literal["True", "False", "Unknown"]
 FailureAction = Literal["restart", "fail"]
-ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted"]
+ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted", "ProgressValid"]
 """Valid: the spec passed the operator's checks. Failed: the failure policy gave up.
 Disrupted: a mass node disruption holds failures. ChildrenCreated: the attempt's Service,
 ConfigMap and trainer RBAC exist (False: why a create failed; retried every pass). PodsStarted:
 every pod of the attempt placed on a node has started its container (False: which pod waits,
-and the kubelet's reason, e.g. ImagePullBackOff or CreateContainerConfigError)."""
+and the kubelet's reason, e.g. ImagePullBackOff or CreateContainerConfigError). ProgressValid:
+the pods' progress annotations parse (False: which pod wrote which field wrong; that field is
+dropped, the rest of the report is used)."""
 
 
 class _Written:
@@ -32,7 +34,7 @@ class _Written:
 @dataclass
 class Condition(_Written):
     type: ConditionType
-    """Valid, Failed, Disrupted, ChildrenCreated or PodsStarted (see ConditionType)."""
+    """Valid, Failed, Disrupted, ChildrenCreated, PodsStarted or ProgressValid (see ConditionType)."""
     status: ConditionStatus
     reason: str = ""
     message: str = ""

@@ -51,6 +51,7 @@ class PodView:
     finished: float | None = None  # when its container terminated
     scheduled: float | None = None  # when it was bound to its node (PodScheduled True)
     waiting: str = ""  # a container that has not started: the kubelet's reason and message
+    progress_errors: list[str] = field(default_factory=list)  # fields of its annotation dropped
 
 
 def pod_view(pod: dict) -> PodView:
@@ -77,13 +78,20 @@ def pod_view(pod: dict) -> PodView:
                       if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
     if node and scheduled is None:  # bound without the condition (created with a nodeName)
         scheduled = _ts(meta.get("creationTimestamp"))
-    return PodView(name=meta.get("name", ""), attempt=int(labels.get(LABEL_ATTEMPT, 0)),
-                   index=int(labels.get(LABEL_INDEX, 0)), phase=status.get("phase") or "Pending",
+    report, report_errors = progress.parse_report((meta.get("annotations") or {}).get(progress.ANNOTATION))
+    return PodView(name=meta.get("name", ""), attempt=_label_int(labels, LABEL_ATTEMPT),
+                   index=_label_int(labels, LABEL_INDEX), phase=status.get("phase") or "Pending",
                    node=node, deleting=bool(meta.get("deletionTimestamp")),
                    exit_code=exit_code, reason=reason, message=message,
-                   progress=progress.parse((meta.get("annotations") or {}).get(progress.ANNOTATION)),
+                   progress=report, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500])
+
+
+def _label_int(labels: dict, key: str) -> int:
+    """A number label of ours; -1 when someone wrote something else (a pod of no attempt)."""
+    value = labels.get(key, "0")
+    return int(value) if isinstance(value, str) and value.isdigit() else -1
 
 
 @dataclass

@@ -344,6 +344,7 @@ def _supervise(p: Pass) -> None:
                       for i in range(spec.nodes) if i not in have]
         return
     _report_startup(p)
+    _report_bad_progress(p)
     failure = _detect(p, gang)
     if failure:
         _on_failure(p, failure, gang)
@@ -380,6 +381,20 @@ def _report_startup(p: Pass) -> None:
         p.condition("PodsStarted", True, "Started", "")
         if p.old.message.startswith("waiting for pods to start"):
             p.new.message = ""
+
+
+def _report_bad_progress(p: Pass) -> None:
+    """ProgressValid: False, naming the pod and the fields its annotation got wrong (they were
+    dropped, observe.pod_view); an event when that first shows or changes."""
+    bad = [x for x in p.current if x.progress_errors]
+    was = next((c for c in p.old.conditions if c.type == "ProgressValid"), None)
+    if bad:
+        message = f"pod {bad[0].name}: {'; '.join(bad[0].progress_errors)}"[:500]
+        p.condition("ProgressValid", False, "MalformedProgress", message)
+        if was is None or was.status != "False" or was.message != message:
+            p.event("MalformedProgress", f"{message}; the field is ignored", warning=True)
+    elif was is not None and was.status == "False":
+        p.condition("ProgressValid", True, "Parsed", "")
 
 
 def _detect(p: Pass, gang: GangState) -> Failure | None:

@@ -135,3 +135,43 @@ def test_the_started_condition_flips_back_once_every_pod_runs():
     cond = next(c for c in r.after.conditions if c.type == "PodsStarted")
     assert cond.status == "True" and r.after.message == ""
     assert lenient(TrainingRunStatus, to_dict(r.after)).conditions == r.after.conditions  # the types load back
+
+
+@pytest.mark.parametrize("annotation, step, dropped", [
+    ('{"step": 7, "time": 100.5, "loss": 2.5}', 7, []),
+    ('{"step": 7, "time": "soon"}', 7, ["time"]),
+    ('{"step": 7, "lastCheckpointStep": "5"}', 7, ["lastCheckpointStep"]),
+    ('{"step": 7, "tokensPerSecond": -3}', 7, ["tokensPerSecond"]),
+    ('{"step": 7, "loss": 1e400}', 7, ["loss"]),          # inf after JSON
+    ('{"step": 7, "startStep": 2.5}', 7, ["startStep"]),
+    ('{"step": true}', None, ["step"]),
+    ('{"step": -1}', None, ["step"]),
+    ('{"step": 99999999999999999999}', None, ["step"]),
+    ('[1, 2]', None, []),
+    ('{"step": ' * 5000, None, []),                     # too long, never parsed
+    ("not json", None, []),
+])
+def test_a_malformed_progress_field_is_dropped_and_named_never_raised(annotation, step, dropped):
+    view = pod_view({"metadata": {"name": "r-a1-0", "annotations": {"trainium.dev/progress": annotation},
+                                  "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": "0"}},
+                     "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}})
+    assert (view.progress or {}).get("step") == step
+    assert all(any(e.startswith(d + ":") for e in view.progress_errors) for d in dropped), view.progress_errors
+    if step is None and not dropped:
+        assert view.progress is None and view.progress_errors  # a whole report refused, and why
+    others = [pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
+                                                                    "trainium.dev/index": str(i)},
+                                     "annotations": {"trainium.dev/progress": '{"step": 6, "time": 90.0}'}},
+                        "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in (1, 2, 3)]
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 50.0, "lastStep": 5,
+                "lastStepTime": 80.0, "lastProgressTime": 80.0})
+    r = reconcile(run, [view, *others], nodes, now=120.0)  # never raises
+    cond = next((c for c in r.after.conditions if c.type == "ProgressValid"), None)
+    assert (cond is not None and cond.status == "False") == bool(view.progress_errors)
+    assert r.after.step == max(step or 0, 6)
+
+
+def test_a_pod_labelled_with_no_attempt_is_no_attempts_pod():
+    view = pod_view({"metadata": {"name": "x", "labels": {"trainium.dev/attempt": "one", "trainium.dev/index": "-2"}}})
+    assert (view.attempt, view.index) == (-1, -1)
