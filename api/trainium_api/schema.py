@@ -123,6 +123,13 @@ def spec_schema() -> dict:
     return out
 
 
+def root_rules() -> list[dict]:
+    """Rules on the whole object (CEL sees metadata.name at the root): the run's name."""
+    from .spec import RUN_NAME_MAX, RUN_NAME_PATTERN, RUN_NAME_RULE
+    return [{"rule": f"size(self.metadata.name) <= {RUN_NAME_MAX} && self.metadata.name.matches('{RUN_NAME_PATTERN}')",
+             "message": RUN_NAME_RULE}]
+
+
 def status_schema() -> dict:
     from .status import TrainingRunStatus
     return schema_for(TrainingRunStatus)

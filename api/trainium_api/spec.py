@@ -97,6 +97,21 @@ CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm")
 # Named groups a progress regex may have (trainer.watch reads them).
 REGEX_GROUPS = ("step", "loss", "throughput")
 
+# A run's name names its headless Service (a DNS-1035 label) and its pods' host names
+# "<name>-<index>" (DNS labels of at most 63 characters): 56 leaves room for 9,999,999 nodes.
+RUN_NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+RUN_NAME_MAX = 56
+RUN_NAME_RULE = ("metadata.name must be a DNS-1035 label of at most 56 characters (lowercase letters, digits "
+                 "and '-', starting with a letter and ending with a letter or digit): it names the run's "
+                 "headless Service and its pods' host names <name>-<index>")
+
+
+def check_run_name(name: str) -> str | None:
+    """Why ``name`` cannot name a TrainingRun, or None when it can."""
+    if not isinstance(name, str) or len(name) > RUN_NAME_MAX or not re.fullmatch(RUN_NAME_PATTERN, name):
+        return RUN_NAME_RULE
+    return None
+
 
 def check_regex(pattern: str) -> str | None:
     """Why ``pattern`` cannot be a progress regex (trainer.progressRegex), or None when it can."""

@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from trainium_api import API_GROUP, API_VERSION, KIND, PLURAL
-from trainium_api.schema import spec_schema, status_schema
+from trainium_api.schema import root_rules, spec_schema, status_schema
 
 
 def crd() -> dict:
@@ -32,10 +32,12 @@ def crd() -> dict:
                  "versions": [{"name": API_VERSION, "served": True, "storage": True,
                                "subresources": {"status": {}},
                                "additionalPrinterColumns": [{"name": n, "type": t, "jsonPath": p} for n, t, p in cols],
-                               "schema": {"openAPIV3Schema": {"type": "object", "required": ["spec"], "properties": {
-                                   "apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                   "metadata": {"type": "object"}, "spec": spec_schema(),
-                                   "status": status_schema()}}}}]},
+                               "schema": {"openAPIV3Schema": {
+                                   "type": "object", "required": ["spec"], "properties": {
+                                       "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                       "metadata": {"type": "object"}, "spec": spec_schema(),
+                                       "status": status_schema()},
+                                   "x-kubernetes-validations": root_rules()}}}]},
     }
 
 

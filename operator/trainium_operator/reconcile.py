@@ -32,7 +32,7 @@ from typing import Callable, Literal
 
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, lenient
-from trainium_api.spec import TrainingRunSpec
+from trainium_api.spec import TrainingRunSpec, check_run_name
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, CheckpointRef, Condition, Disruption, FailureRecord,
                                  TrainingRunStatus)
 
@@ -167,6 +167,9 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
     old = read_status(run.get("status"))
     new = _working_copy(old)
     try:
+        bad_name = check_run_name(run["metadata"].get("name"))
+        if bad_name:  # made before the CRD's rule existed: it can never get its Service
+            raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
         spec = parse(run.get("spec"))
     except ConfigError as err:
         effects = _invalid_spec(old, new, err, run["metadata"].get("generation"), now)

@@ -239,6 +239,13 @@ def test_invalid_specs_are_refused_naming_the_field(local_cluster, operator, cus
         res = local_cluster.kubectl("apply", "-n", namespace, "-f", str(f), check=False)
         assert res.returncode != 0 and words in res.stderr, f"{what}: {res.stderr}"
         refused += 1
+    for bad_name in ("run.v2", "r" * 57):  # valid object names, but no Service or host name
+        body = manifest(bad_name)
+        f = tmp_path / "bad-name.yaml"
+        f.write_text(yaml.safe_dump(body))
+        res = local_cluster.kubectl("apply", "-n", namespace, "-f", str(f), check=False)
+        assert res.returncode != 0 and "metadata.name must be a DNS-1035 label" in res.stderr, res.stderr
+        refused += 1
     for i, (what, patch, field) in enumerate(OPERATOR_REJECTS):
         body = manifest(f"bad-op-{i}")
         body["spec"] = _merge(body["spec"], patch)
@@ -248,7 +255,7 @@ def test_invalid_specs_are_refused_naming_the_field(local_cluster, operator, cus
         assert valid["status"] == "False" and valid["message"].startswith(field + ":"), (what, valid)
         assert status(custom, namespace, f"bad-op-{i}")["phase"] == "Failed"
         refused += 1
-    print(f"\n{refused} invalid specs refused ({len(API_REJECTS)} by the API server, "
+    print(f"\n{refused} invalid specs refused ({len(API_REJECTS) + 2} by the API server, "
           f"{len(OPERATOR_REJECTS)} by the operator)")
     assert operator["proc"].poll() is None, "the operator must survive malformed objects"
     # ... and still runs a good one

@@ -175,3 +175,13 @@ def test_a_malformed_progress_field_is_dropped_and_named_never_raised(annotation
 def test_a_pod_labelled_with_no_attempt_is_no_attempts_pod():
     view = pod_view({"metadata": {"name": "x", "labels": {"trainium.dev/attempt": "one", "trainium.dev/index": "-2"}}})
     assert (view.attempt, view.index) == (-1, -1)
+
+
+@pytest.mark.parametrize("name, ok", [("llama-7b", True), ("r" * 56, True), ("r" * 57, False), ("run.v2", False),
+                                      ("7b-run", False), ("run-", False), ("Run", False)])
+def test_a_run_name_that_cannot_name_its_service_is_refused_with_the_reason(name, ok):
+    r = reconcile({**_run(), "metadata": {**RUN["metadata"], "name": name}}, [], {}, now=1.0)
+    valid = next(c for c in r.after.conditions if c.type == "Valid")
+    assert (valid.status == "True") == ok, valid
+    if not ok:
+        assert valid.message.startswith("metadata.name: must be a DNS-1035 label") and not r.ensured("Pod")
