@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             config.load_kube_config()
         return Kube(client.ApiClient())
 
-    registry = build_registry(kube_factory, guard)
+    elector = None  # with leader election: passes write only while its lease is current
+
+    def may_write() -> bool:
+        return elector is None or elector.holds()
+
+    registry = build_registry(kube_factory, guard, may_write)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):

@@ -41,9 +41,11 @@ CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
 STARTING_PHASES = (None, "Restarting", "Suspended")
 
 
-def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> kopf.OperatorRegistry:
+def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
+                   may_write=lambda: True) -> kopf.OperatorRegistry:
     """A fresh registry; ``kube_factory()`` returns the Kube used for writes; ``guard``: when
-    lost nodes count as a disruption rather than node failures."""
+    lost nodes count as a disruption rather than node failures; ``may_write()``: whether this
+    replica still holds the leader lease (a pass checks it before it writes anything)."""
     registry = kopf.OperatorRegistry()
     memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "probe": None}
     children = ChildCache()  # which children were made sure of, and when; the last create error
@@ -106,6 +108,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
             result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=health.outage(now),
                                children_error=children.error(namespace, name))
             sent = time.time()
+            if not may_write():
+                raise NotLeading("this replica no longer holds the leader lease: nothing applied")
             try:
                 written = apply(kube(), run, result, children)
             except Exception as exc:
@@ -139,11 +143,17 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard()) -> 
                     wrote = await asyncio.to_thread(reconcile_pass, body, name, namespace, run_pods, cluster_nodes)
                     failures = 0
                 except Exception as exc:
+                    if conflict(exc):  # the run changed since this pass read it: decide again
+                        log.debug("%s/%s: the run changed under the pass; passing again", namespace, name)
+                        await _until_observed(body, before, stopped)
+                        continue
                     # kopf's TemporaryError model: retry the whole pass (it is idempotent) after
                     # a backoff that grows while the same run keeps failing
                     delay = min(MAX_ERROR_BACKOFF, ERROR_BACKOFF * 2 ** failures)
                     failures += 1
-                    if api_unreachable(exc):  # logged once per outage by ApiHealth
+                    if isinstance(exc, NotLeading):
+                        log.warning("%s/%s: %s", namespace, name, exc)
+                    elif api_unreachable(exc):  # logged once per outage by ApiHealth
                         log.debug("%s/%s: reconcile pass failed: %s", namespace, name, exc)
                     elif isinstance(exc, ChildError):  # the next pass writes it into the status
                         log.warning("%s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
@@ -286,6 +296,16 @@ def api_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (HTTPError, OSError))  # OSError covers refused connections and timeouts
 
 
+class NotLeading(RuntimeError):
+    """The lease was lost (or not renewed in time): this replica must not write."""
+
+
+def conflict(exc: BaseException) -> bool:
+    """409 on a write fenced by a resourceVersion: someone wrote the run after this pass read it."""
+    from kubernetes.client.exceptions import ApiException
+    return isinstance(exc, ApiException) and exc.status == 409
+
+
 class ChildError(RuntimeError):
     """A child other than a pod could not be created; the attempt's pods wait for it."""
 
@@ -338,7 +358,7 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None) -> 
     changed = {k: v for k, v in result.status.items() if old.get(k) != v}
     merged = {**old, **changed}
     if changed:
-        kube.patch_status(ns, name, changed)
+        kube.patch_status(ns, name, changed, run["metadata"].get("resourceVersion"))
     missing = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
                                                   if e.kind == "ensure" and e.obj["kind"] != "Pod"], children)
     pod_calls = []  # pod creations and deletions are independent: send them concurrently

@@ -114,9 +114,14 @@ class Kube:
 
     # -- the TrainingRun ------------------------------------------------------------------
 
-    def patch_status(self, namespace: str, name: str, status: dict) -> None:
-        self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                                          {"status": status})
+    def patch_status(self, namespace: str, name: str, status: dict, resource_version: str | None = None) -> None:
+        """A merge patch of the status. With ``resource_version`` (the version the status was
+        computed from) the API server applies it only to that version and answers 409 Conflict
+        otherwise: a pass that decided on an old status writes nothing."""
+        body: dict = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name, body)
 
     def event(self, run: dict, reason: str, message: str, warning: bool = False) -> None:
         meta = run["metadata"]

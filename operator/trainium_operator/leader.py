@@ -41,6 +41,9 @@ class LeaderConfig:
     renew_seconds: float = 5.0
     retry_seconds: float = 2.0
     """How often a standby tries to take the Lease."""
+    request_timeout_seconds: float = 4.0
+    """Each Lease call gives up after this long: a call the API server holds (etcd away) must
+    not outlast the lease, or the replica would go on leading after another one took over."""
 
 
 def _now() -> datetime:
@@ -52,6 +55,14 @@ class Elector:
         self.api, self.cfg, self.clock = coordination, cfg, clock
         self._seen: tuple | None = None  # (holder, renewTime) of the record last read
         self._seen_at = 0.0  # our clock when that record was first read
+        self._renewed_at: float | None = None  # our clock before the last successful acquire/renew
+
+    def holds(self) -> bool:
+        """Whether this replica may still act as the leader: its last successful renewal began
+        less than the lease duration minus the retry interval ago (so it stops writing before
+        a standby on a skewed clock could take the lease)."""
+        at = self._renewed_at
+        return at is not None and self.clock() - at < self.cfg.duration_seconds - self.cfg.retry_seconds
 
     def _body(self, version: str | None, transitions: int, acquired: datetime | None) -> dict:
         now = _now()
@@ -65,14 +76,23 @@ class Elector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we hold the Lease afterwards."""
+        started = self.clock()  # the lease counts from before the call: it may have been slow
+        if self._try(self.cfg.request_timeout_seconds):
+            self._renewed_at = started
+            return True
+        self._renewed_at = None
+        return False
+
+    def _try(self, timeout: float) -> bool:
         from kubernetes.client.exceptions import ApiException
         try:
-            lease = self.api.read_namespaced_lease(self.cfg.name, self.cfg.namespace)
+            lease = self.api.read_namespaced_lease(self.cfg.name, self.cfg.namespace, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             try:
-                self.api.create_namespaced_lease(self.cfg.namespace, self._body(None, 0, None))
+                self.api.create_namespaced_lease(self.cfg.namespace, self._body(None, 0, None),
+                                                 _request_timeout=timeout)
                 return True
             except ApiException as exc2:
                 if exc2.status == 409:
@@ -90,7 +110,7 @@ class Elector:
         transitions = (spec.lease_transitions or 0) + (0 if mine else 1)
         body = self._body(lease.metadata.resource_version, transitions, spec.acquire_time if mine else None)
         try:
-            self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body)
+            self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == 409:
                 return False  # someone else wrote it meanwhile
@@ -103,13 +123,15 @@ class Elector:
     def release(self) -> None:
         """Give the Lease up (clean shutdown): a standby leads at its next try."""
         from kubernetes.client.exceptions import ApiException
+        self._renewed_at = None
+        timeout = self.cfg.request_timeout_seconds
         try:
-            lease = self.api.read_namespaced_lease(self.cfg.name, self.cfg.namespace)
+            lease = self.api.read_namespaced_lease(self.cfg.name, self.cfg.namespace, _request_timeout=timeout)
             if lease.spec.holder_identity != self.cfg.identity:
                 return
             body = self._body(lease.metadata.resource_version, lease.spec.lease_transitions or 0, None)
             body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
-            self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body)
+            self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body, _request_timeout=timeout)
             log.info("gave up the lease %s/%s", self.cfg.namespace, self.cfg.name)
         except Exception as exc:  # best effort: it expires anyway
             log.warning("could not give up the lease: %s", exc)

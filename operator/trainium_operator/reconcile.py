@@ -86,6 +86,9 @@ class Result:
         return [e.obj for e in self.effects if e.kind == "ensure" and e.obj["kind"] == kind]
 
 
+NEWER_ATTEMPT_GRACE_SECONDS = 60.0
+
+
 def read_status(raw: dict | None) -> TrainingRunStatus:
     """The run's status, typed; a field that does not load (edited by hand) takes its default."""
     return lenient(TrainingRunStatus, raw or {})
@@ -114,7 +117,15 @@ class Pass:
 
     @property
     def stale(self) -> list[PodView]:
-        return [p for p in self.pods if p.attempt != self.old.attempt]
+        """Pods of other attempts. One of a newer attempt than the status read means this pass
+        read the status before the write that started that attempt reached the watch: it is
+        not stale unless it has lived for NEWER_ATTEMPT_GRACE_SECONDS (a status reset by hand)."""
+        return [p for p in self.pods if p.attempt < self.old.attempt or (
+            p.attempt > self.old.attempt and self.now - (p.created or self.now) > NEWER_ATTEMPT_GRACE_SECONDS)]
+
+    @property
+    def newer(self) -> list[PodView]:
+        return [p for p in self.pods if p.attempt > self.old.attempt and p not in self.stale]
 
     @property
     def grace(self) -> int:
@@ -175,6 +186,8 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         effects = _invalid_spec(old, new, err, run["metadata"].get("generation"), now)
         return Result(changed_fields(old, new), effects, None, new)
     p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage)
+    if p.newer:  # this pass read a status older than the one that started them: decide nothing
+        return Result({}, [], spec, old)
     _observe(p)
     if old.phase not in TERMINAL:
         _children(p, children_error)

@@ -464,3 +464,26 @@ def test_a_run_created_suspended_starts_fully_when_resumed(core_api, custom, nam
     core_api.read_namespaced_config_map("later-config", namespace)
     core_api.read_namespaced_service_account("trainium-trainer", namespace)
     assert status(custom, namespace, "later")["attempt"] == 1
+
+
+def test_a_status_write_computed_from_an_old_version_is_refused(local_cluster, custom, namespace, crd):
+    """The fence the reconcile pass relies on, against the real API server: a status merge patch
+    that carries the resourceVersion it was computed from is applied to that version only."""
+    from kubernetes.client.exceptions import ApiException
+
+    from trainium_operator.handlers import conflict
+    from trainium_operator.kube import Kube
+    body = manifest("fenced", nodes=2)
+    body["spec"]["suspend"] = True
+    create(custom, namespace, body)
+    read = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fenced")
+    kube = Kube(local_cluster.api_client())
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fenced",
+                                          {"metadata": {"labels": {"edited": "yes"}}})  # someone writes
+    with pytest.raises(ApiException) as err:
+        kube.patch_status(namespace, "fenced", {"message": "decided on the old version"},
+                          read["metadata"]["resourceVersion"])
+    assert conflict(err.value)
+    now = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fenced")
+    kube.patch_status(namespace, "fenced", {"message": "decided on the current one"}, now["metadata"]["resourceVersion"])
+    assert status(custom, namespace, "fenced")["message"] == "decided on the current one"

@@ -185,3 +185,18 @@ def test_a_run_name_that_cannot_name_its_service_is_refused_with_the_reason(name
     assert (valid.status == "True") == ok, valid
     if not ok:
         assert valid.message.startswith("metadata.name: must be a DNS-1035 label") and not r.ensured("Pod")
+
+
+def test_a_pass_that_read_an_older_status_never_deletes_the_newer_attempts_pods():
+    """The status written with attempt 2 has not reached the watch yet, but attempt 2's pods
+    have: the pass decides nothing. Pods of a newer attempt that live on for a minute without
+    such a status (someone reset it) are stale after all."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    newer = [pod_view({"metadata": {"name": f"r-a2-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
+                                    "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": str(i)}},
+                       "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Pending"}}) for i in range(4)]
+    run = _run({"phase": "Restarting", "attempt": 1, "createdTime": 0.0, "teardownStartTime": T0 - 10})
+    r = reconcile(run, newer, nodes, now=T0 + 1)
+    assert not r.status and not r.effects
+    r = reconcile(run, newer, nodes, now=T0 + 61)
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {f"r-a2-{i}" for i in range(4)}

@@ -25,17 +25,17 @@ class LeaseStore:
             acquire_time=parse(spec["acquireTime"]), renew_time=parse(spec["renewTime"]),
             lease_transitions=spec["leaseTransitions"]))
 
-    def read_namespaced_lease(self, name, namespace):
+    def read_namespaced_lease(self, name, namespace, **_):
         if self.obj is None:
             raise ApiException(status=404)
         return self._view()
 
-    def create_namespaced_lease(self, namespace, body):
+    def create_namespaced_lease(self, namespace, body, **_):
         if self.obj is not None:
             raise ApiException(status=409)
         self.obj, self.version = body, self.version + 1
 
-    def replace_namespaced_lease(self, name, namespace, body):
+    def replace_namespaced_lease(self, name, namespace, body, **_):
         if body["metadata"].get("resourceVersion") != str(self.version):
             raise ApiException(status=409)
         self.obj, self.version = body, self.version + 1
@@ -91,3 +91,24 @@ def test_the_same_identity_leads_again_at_once():
     assert Elector(store, LeaderConfig("ns", identity="pod-1"), clock=Clock()).try_acquire_or_renew()
     restarted = Elector(store, LeaderConfig("ns", identity="pod-1"), clock=Clock())
     assert restarted.try_acquire_or_renew()
+
+
+def test_a_replica_stops_writing_before_its_lease_could_pass_to_another():
+    """holds() is what every reconcile pass asks before it applies anything: true after a
+    renewal, false once the lease duration minus the retry interval has passed without one, and
+    false at once after losing the lease or releasing it."""
+    store, ca, cb = LeaseStore(), Clock(), Clock()
+    a = Elector(store, LeaderConfig("ns", identity="a", duration_seconds=15, retry_seconds=2), clock=ca)
+    b = Elector(store, LeaderConfig("ns", identity="b", duration_seconds=15, retry_seconds=2), clock=cb)
+    assert not a.holds() and a.try_acquire_or_renew() and a.holds()
+    ca.t += 12.9
+    assert a.holds()
+    ca.t += 0.2  # 13.1 s since the renewal began: a standby may take it 15 s after it last saw it
+    assert not a.holds()
+    cb.t += 1
+    assert not b.try_acquire_or_renew()  # b first sees the record now ...
+    cb.t += 16
+    assert b.try_acquire_or_renew() and b.holds()  # ... and takes it 16 s later
+    assert not a.try_acquire_or_renew() and not a.holds()
+    b.release()
+    assert not b.holds()
