@@ -466,7 +466,7 @@ def test_a_run_created_suspended_starts_fully_when_resumed(core_api, custom, nam
     assert status(custom, namespace, "later")["attempt"] == 1
 
 
-def test_a_status_write_computed_from_an_old_version_is_refused(local_cluster, custom, namespace, crd):
+def test_a_status_write_computed_from_an_old_version_is_refused(local_cluster, custom, namespace, operator):
     """The fence the reconcile pass relies on, against the real API server: a status merge patch
     that carries the resourceVersion it was computed from is applied to that version only."""
     from kubernetes.client.exceptions import ApiException
@@ -476,6 +476,8 @@ def test_a_status_write_computed_from_an_old_version_is_refused(local_cluster, c
     body = manifest("fenced", nodes=2)
     body["spec"]["suspend"] = True
     create(custom, namespace, body)
+    wait_until(lambda: status(custom, namespace, "fenced").get("phase") == "Suspended", what="phase Suspended")
+    time.sleep(1)  # the operator has written what it writes for a suspended run; it stays quiet now
     read = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fenced")
     kube = Kube(local_cluster.api_client())
     custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fenced",
