@@ -81,6 +81,13 @@ class IntOrString:
 
 
 @dataclass(frozen=True)
+class OneOrList:
+    """A list field whose value may also be one item, or one string where the item has a
+    SHORTHAND (``heldOut: s3://bucket/eval/``). A structural schema gives a node one type, so
+    the CRD keeps this node as it is given and the operator's loader checks it, naming the field."""
+
+
+@dataclass(frozen=True)
 class Doc:
     """The field's description when it is computed (from other facts), not a docstring."""
     text: str

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any, Callable, Mapping, get_args, get_origin
 
-from .fields import ConfigError, FieldInfo, IntOrString, api_fields, camel, literal_values, snake
+from .fields import ConfigError, FieldInfo, IntOrString, OneOrList, api_fields, camel, literal_values, snake
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -66,6 +66,18 @@ def _field_converter(info: FieldInfo) -> Callable[[Any, str], Any]:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ConfigError(where, f"must be a number or a string, got {value!r}")
             return value if isinstance(value, str) else str(value)
+    elif info.mark(OneOrList):
+        listed, item = _converter(info.type), get_args(info.type)[0]
+        shorthand = getattr(item, "SHORTHAND", None)
+        one = f"a {shorthand}, a list of them, or a list of {_plural(item)}" if shorthand else \
+            f"one of {_plural(item)} or a list of them"
+
+        def base(value: Any, where: str) -> Any:
+            if isinstance(value, (str, Mapping)):  # one item: `heldOut: s3://bucket/eval/`
+                value = [value]
+            if not isinstance(value, list):
+                raise ConfigError(where, f"must be {one}, got {value!r}")
+            return listed(value, where)
     else:
         base = _converter(info.type)
     if not checks and not info.optional:
@@ -106,17 +118,10 @@ def _converter(tp: Any) -> Callable[[Any, str], Any]:
     if get_origin(tp) is list:
         (item,) = get_args(tp)
         each, plural = _converter(item), _plural(item)
-        shorthand = getattr(item, "SHORTHAND", None)
-        if shorthand:  # one plain string is a list of one item: `heldOut: s3://bucket/eval/`
-            expected = f"a {shorthand}, a list of them, or a list of {plural}"
-        else:
-            expected = f"a list of {plural}"
 
         def list_of(value: Any, where: str) -> Any:
-            if shorthand and isinstance(value, str):
-                value = [value]
             if not isinstance(value, list):
-                raise ConfigError(where, f"must be {expected}, got {value!r}")
+                raise ConfigError(where, f"must be a list of {plural}, got {value!r}")
             return [each(v, f"{where}[{i}]") for i, v in enumerate(value)]
         return list_of
     if get_origin(tp) is dict:

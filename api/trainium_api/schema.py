@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, get_args, get_origin
 
-from .fields import FieldInfo, IntOrString, Min, MinLen, NoServerDefault, Positive, api_fields
+from .fields import FieldInfo, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
 
 _TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
@@ -21,10 +21,7 @@ def type_schema(tp: Any) -> dict:
     if dataclasses.is_dataclass(tp):
         return schema_for(tp)
     if get_origin(tp) is list:
-        item = get_args(tp)[0]
-        if getattr(item, "SHORTHAND", None):
-            return _shorthand_list_schema(item, 0)
-        return {"type": "array", "items": type_schema(item)}
+        return {"type": "array", "items": type_schema(get_args(tp)[0])}
     if get_origin(tp) is dict:
         return {"type": "object", "additionalProperties": type_schema(get_args(tp)[1])}
     if tp is dict:
@@ -32,26 +29,11 @@ def type_schema(tp: Any) -> dict:
     return {"type": _TYPES[tp]}
 
 
-def _shorthand_list_schema(item: type, min_items: int) -> dict:
-    """A list of ``item`` whose one string stands for ``[{SHORTHAND: string}]`` and whose items
-    may be strings too (``heldOut: s3://bucket/eval/``). A structural schema gives a node one
-    type, so this node keeps what it is given (its shape is checked by the CEL rule here and,
-    field by field, by the operator's loader) and the loader normalises it."""
-    key = item.SHORTHAND
-    names = ", ".join(f.key for f in api_fields(item))
-    is_item = f"type(x) == string || (type(x) == map && has(x.{key}) && type(x.{key}) == string)"
-    enough = f"size(self) >= {min_items} && " if min_items else ""
-    return {"x-kubernetes-preserve-unknown-fields": True, "x-kubernetes-validations": [{
-        "rule": f"type(self) == string ? size(self) > 0 : (type(self) == list && {enough}self.all(x, {is_item}))",
-        "message": f"must be a {key}, a list of them, or a list of {{{names}}}"
-                   + (f", with at least {min_items}" if min_items else "")}]}
-
-
 def field_schema(cls: type, f: FieldInfo) -> dict:
     if f.mark(IntOrString):
         s: dict = {"x-kubernetes-int-or-string": True}
-    elif get_origin(f.type) is list and getattr(get_args(f.type)[0], "SHORTHAND", None):
-        s = _shorthand_list_schema(get_args(f.type)[0], f.mark(MinLen).length if f.mark(MinLen) else 0)
+    elif f.mark(OneOrList):  # one type per node: the operator's loader checks the shape
+        s = {"x-kubernetes-preserve-unknown-fields": True}
     else:
         s = type_schema(f.type)
     if f.optional and f.enum is None:
@@ -115,11 +97,27 @@ RULES = [
 ]
 
 
+IMMUTABLE = ("is immutable while the run exists (only {mutable} may change; delete and re-create the run "
+             "to change it)")
+
+
 def spec_schema() -> dict:
     from .spec import TrainingRunSpec
     out = schema_for(TrainingRunSpec)
+    mutable = {f.key for f in api_fields(TrainingRunSpec) if f.name in TrainingRunSpec.MUTABLE}
+    why = IMMUTABLE.format(mutable=" and ".join(sorted(mutable)))
+    transitions = []
+    for f in api_fields(TrainingRunSpec):
+        if f.key in mutable:
+            continue
+        # CEL transition rules: evaluated on updates, where the field is in both versions ...
+        out["properties"][f.key].setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": why})
+        if not f.required:  # ... so adding or removing it is caught one level up
+            transitions.append({"rule": f"has(self.{f.key}) == has(oldSelf.{f.key})",
+                                "message": f"spec.{f.key} {why}", "fieldPath": f".{f.key}"})
     out["x-kubernetes-validations"] = [{"rule": r, "message": m, "fieldPath": p.removeprefix("spec")}
-                                       for r, m, p in RULES]
+                                       for r, m, p in RULES] + transitions
     return out
 
 

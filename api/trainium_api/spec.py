@@ -27,6 +27,7 @@ from .fields import (
     Min,
     MinLen,
     NoServerDefault,
+    OneOrList,
     Positive,
     fields_of,
     path_of,
@@ -255,7 +256,7 @@ class DataConfig:
     SERVER_DEFAULTS: ClassVar[bool] = False  # data sources have no meaningful default
 
     sources: Annotated[list[DataSource], MinLen(1)] = field(default_factory=list)
-    """Training data: one URI, a list of URIs, or a list of {uri, weight} (mixed by weight)."""
+    """Training data: a list of {uri, weight} (mixed by weight) or of URIs (weight 1)."""
     tokenizer: str = ""
     """Path (local or s3://) of a Hugging Face `tokenizers` JSON file. May be left out with
     init.from a Hugging Face directory: its tokenizer.json is used."""
@@ -266,7 +267,7 @@ class DataConfig:
     """Pack documents back to back into full rows; if false each row is one (truncated) document."""
     shuffle: bool = True
     """Shuffle shard order per epoch, deterministically from training.seed."""
-    held_out: list[DataSource] = field(default_factory=list)
+    held_out: Annotated[list[DataSource], OneOrList()] = field(default_factory=list)
     """Held-out evaluation data, written as data.sources is (one URI, a list of URIs, or a list
     of {uri, weight}). Perplexity on it is reported every evalIntervalSteps and at the end."""
     eval_interval_steps: NonNegative = 100
@@ -574,6 +575,10 @@ class VolumeMount:
 class TrainingRunSpec(RunConfig):
     """A TrainingRun's spec: the trainer's run configuration (model ... init, backend) plus
     where and how the gang runs and how failures are handled."""
+    MUTABLE: ClassVar[tuple[str, ...]] = ("suspend", "fault_tolerance")
+    """The fields a live run's spec may change (the API server refuses edits of the others):
+    what the operator itself reads each pass. Every other field shapes the pods, the data and
+    the checkpoints, which a running gang cannot follow."""
 
     image: Annotated[str, MinLen(1)]
     """The trainer container image."""

@@ -174,6 +174,9 @@ class TrainingRunStatus(_Written):
     disruption: Disruption | None = None
     """A mass node disruption in progress: lost nodes and hangs are held."""
     disruption_end_time: float | None = None
+    fault_tolerance_in_force: dict | None = None
+    """spec.faultTolerance as last accepted (the only group a live run may edit besides suspend):
+    an edit the operator refuses leaves the run supervised with this, and Valid=False."""
 
 
 MAX_FAILURES_KEPT = 50

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from typing import Callable, Literal
 
 from trainium_api.fields import ConfigError
-from trainium_api.load import changed_fields, lenient
+from trainium_api.load import changed_fields, lenient, to_dict
 from trainium_api.spec import TrainingRunSpec, check_run_name
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, CheckpointRef, Condition, Disruption, FailureRecord,
                                  TrainingRunStatus)
@@ -109,6 +109,8 @@ class Pass:
     disruption: str
     guard: DisruptionGuard
     api_outage: tuple[float, float] | None
+    refused: ConfigError | None = None
+    """An edit of the live run the operator's rules refuse: it goes on with the spec in force."""
     effects: list[Effect] = field(default_factory=list)
 
     @property
@@ -177,15 +179,20 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         return Result()  # being deleted: the garbage collector removes the children; do not restart
     old = read_status(run.get("status"))
     new = _working_copy(old)
+    refused = None  # an edit of a live run that the operator's rules refuse
     try:
         bad_name = check_run_name(run["metadata"].get("name"))
         if bad_name:  # made before the CRD's rule existed: it can never get its Service
             raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
         spec = parse(run.get("spec"))
     except ConfigError as err:
-        effects = _invalid_spec(old, new, err, run["metadata"].get("generation"), now)
-        return Result(changed_fields(old, new), effects, None, new)
-    p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage)
+        spec = _spec_in_force(run, old)
+        if spec is None:
+            effects = _invalid_spec(old, new, err, run["metadata"].get("generation"), now)
+            return Result(changed_fields(old, new), effects, None, new)
+        refused = err
+    p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage,
+             refused)
     if p.newer:  # this pass read a status older than the one that started them: decide nothing
         return Result({}, [], spec, old)
     _observe(p)
@@ -216,6 +223,27 @@ def _invalid_spec(old: TrainingRunStatus, new: TrainingRunStatus, err: ConfigErr
     return [Effect("event", reason="InvalidSpec", message=str(err), warning=True)]
 
 
+def _spec_in_force(run: dict, old: TrainingRunStatus) -> TrainingRunSpec | None:
+    """For a run that has started: its spec with the fault tolerance last accepted, when that is
+    what the operator refuses (the API server lets only faultTolerance and suspend change);
+    None otherwise."""
+    if not old.attempt or old.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
+        return None
+    try:
+        return parse({**run["spec"], "faultTolerance": old.fault_tolerance_in_force})
+    except ConfigError:
+        return None
+
+
+def _refused_edit(p: Pass, err: ConfigError) -> None:
+    """Valid=False naming the field; the run goes on with the spec in force."""
+    message = f"{err}; the run goes on with the last valid spec.faultTolerance"
+    was = next((c for c in p.old.conditions if c.type == "Valid"), None)
+    p.condition("Valid", False, "InvalidEdit", message)
+    if was is None or was.message != message:
+        p.event("InvalidEdit", message, warning=True)
+
+
 def _observe(p: Pass) -> None:
     """Every pass: the spec's shape, the newest checkpoint, and which nodes are still quarantined
     (a node stays quarantined while it carries the taint; an admin removing it returns the node)."""
@@ -224,11 +252,15 @@ def _observe(p: Pass) -> None:
     new.world_size = spec.world_size
     if spec.layout is not None:  # a command trainer's layout is its own
         new.data_parallel = spec.layout.data
-    if not any(c.type == "Valid" and c.status == "True" for c in p.old.conditions):
-        shape = (f"data parallel {spec.layout.data}" if spec.layout is not None else
-                 f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "
-                 f"{spec.trainer.layout}")
-        new.conditions = [condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}", p.now)]
+    if p.refused is not None:
+        _refused_edit(p, p.refused)
+    else:
+        new.fault_tolerance_in_force = to_dict(spec.fault_tolerance)
+        if not any(c.type == "Valid" and c.status == "True" for c in p.old.conditions):
+            shape = (f"data parallel {spec.layout.data}" if spec.layout is not None else
+                     f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "
+                     f"{spec.trainer.layout}")
+            p.condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}")
     if p.checkpoint and p.checkpoint.step != (p.old.last_checkpoint.step if p.old.last_checkpoint else None):
         new.last_checkpoint = p.checkpoint
     new.quarantined_nodes = [n for n in p.old.quarantined_nodes

@@ -21,9 +21,10 @@ from trainium_operator.reconcile import read_status, reconcile
     (api.CheckpointConfig, {"keep": -1}, "checkpoint.keep", "must not be negative"),
     (api.FaultToleranceConfig, {"budgetWindowMinutes": 0}, "faultTolerance.budgetWindowMinutes", "must be positive"),
     (api.FaultToleranceConfig, {"hangTimeoutSeconds": True}, "faultTolerance.hangTimeoutSeconds", "number or a string"),
-    (api.DataConfig, {"sources": 3}, "data.sources", "must be a uri, a list of them, or a list of {uri, weight}"),
-    (api.DataConfig, {"heldOut": {"uri": "x"}}, "data.heldOut", "must be a uri, a list of them"),
+    (api.DataConfig, {"sources": "s3://x"}, "data.sources", "must be a list of {uri, weight}"),
+    (api.DataConfig, {"heldOut": 3}, "data.heldOut", "must be a uri, a list of them, or a list of {uri, weight}"),
     (api.DataConfig, {"heldOut": [7]}, "data.heldOut[0]", "must be a mapping"),
+    (api.DataConfig, {"heldOut": {"weight": 2}}, "data.heldOut[0].uri", "is required"),
     (api.DataConfig, {"sources": [{"weight": 1}]}, "data.sources[0].uri", "is required"),
     (api.DataConfig, {"sources": [{"uri": "x", "weight": 0}]}, "data.sources[0].weight", "must be positive"),
     (api.TrainerConfig, {"progressFormat": "json"}, "trainer.progressFormat", "must be one of '', nxd, nxdt, regex"),
@@ -43,12 +44,12 @@ def test_keys_are_camel_case_with_the_declared_exceptions_and_overrides_may_use_
     assert build(api.DataConfig, {"sources": ["s3://b/p"]}).sources == [api.DataSource(uri="s3://b/p")]
 
 
-@pytest.mark.parametrize("written", ["s3://b/eval/", ["s3://b/eval/"], [{"uri": "s3://b/eval/"}],
-                                     [{"uri": "s3://b/eval/", "weight": 1.0}]])
-def test_one_uri_is_shorthand_for_one_unweighted_source(written):
-    """`heldOut: s3://bucket/prefix/` (how a user writes one evaluation set), a list of URIs and
-    the long form all load to the same sources."""
-    data = build(api.DataConfig, {"sources": written, "heldOut": written}, "data")
+@pytest.mark.parametrize("written", ["s3://b/eval/", {"uri": "s3://b/eval/"}, ["s3://b/eval/"],
+                                     [{"uri": "s3://b/eval/"}], [{"uri": "s3://b/eval/", "weight": 1.0}]])
+def test_one_uri_is_shorthand_for_one_unweighted_held_out_source(written):
+    """`heldOut: s3://bucket/prefix/` (how a user writes one evaluation set), one source, a list
+    of URIs and the long form all load to the same sources."""
+    data = build(api.DataConfig, {"sources": ["s3://b/eval/"], "heldOut": written}, "data")
     assert data.sources == data.held_out == [api.DataSource(uri="s3://b/eval/", weight=1.0)]
 
 

@@ -200,3 +200,28 @@ def test_a_pass_that_read_an_older_status_never_deletes_the_newer_attempts_pods(
     assert not r.status and not r.effects
     r = reconcile(run, newer, nodes, now=T0 + 61)
     assert {e.name for e in r.effects if e.kind == "delete_pod"} == {f"r-a2-{i}" for i in range(4)}
+
+
+def test_an_edit_the_operator_refuses_leaves_the_run_supervised_with_the_spec_in_force():
+    """The API server lets faultTolerance change on a live run; a value only the operator can
+    judge (hangTimeoutSeconds: soon) used to make every later pass return early, so a crash
+    was never acted on while the phase said Running."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0})
+    r = reconcile(run, [], nodes, now=1.0)
+    assert r.after.fault_tolerance_in_force["hangTimeoutSeconds"] == "auto"
+    run = _after(r, run)
+    run["spec"] = {**SPEC, "faultTolerance": {"hangTimeoutSeconds": "soon"}}
+    crashed = [pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
+                                                                     "trainium.dev/index": str(i)}},
+                         "spec": {"nodeName": f"n{i}"},
+                         "status": {"phase": "Failed" if i == 0 else "Running", "containerStatuses": [
+                             {"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}] if i == 0 else []}})
+               for i in range(4)]
+    r = reconcile(run, crashed, nodes, now=2.0)
+    valid = next(c for c in r.after.conditions if c.type == "Valid")
+    assert valid.status == "False" and valid.message.startswith("spec.faultTolerance.hangTimeoutSeconds")
+    assert r.after.phase == "Restarting" and r.after.failures[-1].cause == "application"
+    assert r.after.fault_tolerance_in_force["hangTimeoutSeconds"] == "auto"  # kept
+    again = reconcile(_after(r, run), [], nodes, now=3.0)
+    assert "conditions" not in again.status and "InvalidEdit" not in [e.reason for e in again.effects]
