@@ -5,14 +5,16 @@ renew their leases, so a reconcile pass that judged the silence afterwards would
 healthy gang for a hang, or quarantine a healthy node. Reconcile holds both judgements across
 an outage (reconcile._detect, _hold_during_disruption); this module says when one was.
 
-Two signals mark an outage, whichever comes first:
+One signal marks an outage:
 - a probe of ``/readyz`` every PROBE_INTERVAL_SECONDS, failed or unanswered within
   PROBE_TIMEOUT_SECONDS. It is what notices an outage while the operator has nothing to write
   (a gang training quietly between reports: found by the control-plane e2e test, where etcd
   restarted while no pass wrote and the gang was restarted for a hang once it was back);
   ``/readyz`` includes the API server's etcd check, and every identity may read it
   (system:public-info-viewer).
-- a write of the operator's own that failed for want of the API (handlers.api_unreachable).
+A write of the operator's own that failed is not one: it is that run's to retry (a 5xx on one
+request, a webhook's refusal), and must not restart every run's hang clock. An outage shorter
+than DisruptionGuard.outage_min_seconds holds the hang clock only while it lasts.
 The outage ends when the probe is next answered in time (a write may succeed while etcd is
 still settling; readiness is the server's own word that it is back).
 """

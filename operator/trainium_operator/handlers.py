@@ -103,19 +103,17 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         nodes = {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}
         try:
             checkpoint = _checkpoint(memo["checkpoints"], run, status.phase, pods)
-            disrupted = disruption(guard, zones(cluster_nodes), nodes.values()) if nodes else ""
+            # a node this run quarantined is lost on purpose: it must not open or hold a disruption
+            own = [n for name, n in nodes.items() if name not in status.quarantined_nodes]
+            disrupted = disruption(guard, zones(cluster_nodes), own) if own else ""
             now = time.time()
             result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=health.outage(now),
                                children_error=children.error(namespace, name))
-            sent = time.time()
             if not may_write():
                 raise NotLeading("this replica no longer holds the leader lease: nothing applied")
-            try:
-                written = apply(kube(), run, result, children)
-            except Exception as exc:
-                if api_unreachable(exc):
-                    health.failed(sent, exc)
-                raise
+            # a write that fails is this run's to retry: only the /readyz probe says the API
+            # server is away (one run's 5xx must not restart every run's hang clock)
+            written = apply(kube(), run, result, children)
             metrics.observe_run(namespace, name, result.spec, result.after)
             return written != run["status"]
         except Exception:

@@ -50,8 +50,8 @@ hang_timeout_seconds = _run_gauge("trainium_run_hang_timeout_seconds",
 created_time = _run_gauge("trainium_run_created_timestamp_seconds", "When the operator started the run")
 quarantined = _run_gauge("trainium_run_quarantined_nodes", "Nodes the run quarantined that are still tainted")
 api_unreachable = Gauge("trainium_operator_api_unreachable",
-                        "1 while this operator cannot reach the API server (its /readyz probe fails or is slow, "
-                        "or a write failed for want of it): hang and lost-node detection are held", registry=REGISTRY)
+                        "1 while this operator cannot reach the API server (its /readyz probe fails or is "
+                        "slow): hang and lost-node detection are held", registry=REGISTRY)
 reconcile_errors = Counter("trainium_reconcile_errors", "Reconcile passes that raised", RUN, registry=REGISTRY)
 detection = Histogram("trainium_failure_detection_seconds", "Failure signal to detection", ["cause"],
                       buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=REGISTRY)

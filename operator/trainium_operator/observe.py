@@ -18,6 +18,9 @@ NEURON = "aws.amazon.com/neuron"
 # The kubelet's waiting reasons of a container that is starting as it should; any other
 # (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...) is shown in status at once.
 STARTING_REASONS = ("ContainerCreating", "PodInitializing")
+# A pod's own reason when the node or the cluster stopped it (not its program): it wins over its
+# container's exit reason (an evicted pod's container also ends with Error or exit 137).
+EVICTION_REASONS = ("Evicted", "Preempting", "Terminated", "NodeShutdown", "NodeLost", "DeadlineExceeded")
 
 
 def waiting_reason(pod: "PodView") -> str:
@@ -64,7 +67,7 @@ def pod_view(pod: dict) -> PodView:
         term = state.get("terminated")
         if term:
             exit_code = term.get("exitCode")
-            reason = term.get("reason") or reason
+            reason = reason if reason in EVICTION_REASONS else (term.get("reason") or reason)
             message = term.get("message") or message
             finished = _ts(term.get("finishedAt"))
         wait = state.get("waiting")
@@ -224,7 +227,7 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
             return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed)
     for p in gang.pods:
         if p.phase == "Failed" and not _succeeded(p):
-            cause = "eviction" if p.reason in ("Evicted", "Preempting", "Terminated", "NodeShutdown") else "application"
+            cause = "eviction" if p.reason in EVICTION_REASONS else "application"
             return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip(),
                            node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished)
     deleting = [p for p in gang.pods if p.deleting]

@@ -448,12 +448,21 @@ def _report_bad_progress(p: Pass) -> None:
 def _detect(p: Pass, gang: GangState) -> Failure | None:
     """The failure to act on now, if any. Progress could not reach us while the cluster was
     disrupted or the API away: the hang clock restarts when that ends."""
-    last_change = max(p.new.last_step_time or 0.0, p.old.disruption_end_time or 0.0,
-                      p.api_outage[1] if p.api_outage else 0.0) or None
+    last_change = max(p.new.last_step_time or 0.0, p.old.disruption_end_time or 0.0, _outage_end(p)) or None
     failure = find_failure(p.spec, gang, p.nodes, now=p.now, expected_pods=p.spec.nodes,
                            gang_running_since=p.old.gang_running_time, step_seconds=p.old.step_seconds,
                            last_step_change=last_change)
     return _hold_during_disruption(p, failure)
+
+
+def _outage_end(p: Pass) -> float:
+    """When the API outage that holds the hang clock ended (now while it lasts); 0 when there
+    was none, or when it was a blip shorter than guard.outage_min_seconds (progress reports that
+    failed in it are sent again within a second or two)."""
+    if p.api_outage is None:
+        return 0.0
+    began, ended = p.api_outage
+    return ended if ended >= p.now or ended - began >= p.guard.outage_min_seconds else 0.0
 
 
 def _gang_running(p: Pass, gang: GangState) -> None:
@@ -498,7 +507,8 @@ def _hold_during_disruption(p: Pass, failure: Failure | None) -> Failure | None:
         # nodes come back one by one: the disruption lasts until every node it took is back
         # (a node lost after its wave is a failure of its own)
         wave_end = held.since + guard.settle_seconds
-        behind = [n for n in p.nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end]
+        behind = [n for n in p.nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end
+                  and n.name not in p.new.quarantined_nodes]  # a quarantined node is not coming back
         if behind:
             disruption = f"{held.message}; {len(behind)} of the run's nodes not back yet"
     if not disruption:

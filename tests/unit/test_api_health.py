@@ -83,3 +83,13 @@ def test_no_hang_is_called_while_the_api_is_away_or_until_it_was_back_for_the_ti
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"
     # without an outage the same silence is a hang at once
     assert reconcile(run, pods, nodes, now=40.0).status["phase"] == "Restarting"
+
+
+def test_a_blip_shorter_than_the_outage_minimum_does_not_restart_the_hang_clock():
+    """A two-second blip while the gang is silent holds the judgement while it lasts, but the
+    hang clock keeps its start: a blip every few minutes must not hide a real hang for ever."""
+    run, pods = _quiet_run(8), [_pod(i, step=5) for i in range(4)]
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    assert reconcile(run, pods, nodes, now=40.0, api_outage=(38.0, 40.0)).status.get("phase") is None  # under way
+    r = reconcile(run, pods, nodes, now=41.0, api_outage=(38.0, 40.0))  # over after 2 s (minimum 10 s)
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"

@@ -9,7 +9,7 @@ import pytest
 from tests.unit.test_operator_core import RUN, SPEC, _node
 from trainium_api.load import lenient, to_dict
 from trainium_api.status import TrainingRunStatus
-from trainium_operator.observe import find_failure, gang_state, pod_view
+from trainium_operator.observe import find_failure, gang_state, node_view, pod_view
 from trainium_operator.reconcile import reconcile
 from trainium_operator.spec import parse
 
@@ -225,3 +225,30 @@ def test_an_edit_the_operator_refuses_leaves_the_run_supervised_with_the_spec_in
     assert r.after.fault_tolerance_in_force["hangTimeoutSeconds"] == "auto"  # kept
     again = reconcile(_after(r, run), [], nodes, now=3.0)
     assert "conditions" not in again.status and "InvalidEdit" not in [e.reason for e in again.effects]
+
+
+def test_an_evicted_pod_is_an_eviction_whatever_its_container_said():
+    view = pod_view({"metadata": {"name": "r-a1-0", "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": "0"}},
+                     "spec": {"nodeName": "n0"},
+                     "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory.",
+                                "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}})
+    others = [pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
+                                                                    "trainium.dev/index": str(i)}},
+                        "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in (1, 2, 3)]
+    found = find_failure(parse(SPEC), gang_state([view, *others]), {f"n{i}": _node(f"n{i}") for i in range(4)},
+                         now=1.0, expected_pods=4, gang_running_since=None, step_seconds=None, last_step_change=None)
+    assert found.cause == "eviction" and "Evicted" in found.message
+
+
+def test_a_quarantined_node_that_stays_down_does_not_keep_a_disruption_open():
+    from trainium_operator.policy import DisruptionGuard
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    nodes["bad"] = node_view({"metadata": {"name": "bad"}, "spec": {"taints": [{"key": "trainium.dev/quarantined"}]},
+                              "status": {"conditions": [{"type": "Ready", "status": "False"}]}})  # never back
+    running = [pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
+                                                                     "trainium.dev/index": str(i)}},
+                         "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in range(4)]
+    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "quarantinedNodes": ["bad"],
+                "disruption": {"since": 100.0, "message": "5 of 8 nodes are NotReady or Unknown"}})
+    r = reconcile(run, running, nodes, now=200.0, disruption="", guard=DisruptionGuard())
+    assert r.after.disruption is None and r.after.disruption_end_time == 200.0
