@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,6 +39,7 @@ OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show it
 CHECKPOINT_REFRESH_SECONDS = 15.0
 # While a gang is about to start, the checkpoint it is told to resume from must be current.
 CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
+CHECKPOINT_WAIT_STARTING_SECONDS = 0.5  # the longest such a pass waits for a listing under way
 STARTING_PHASES = (None, "Restarting", "Suspended")
 
 
@@ -47,7 +49,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     lost nodes count as a disruption rather than node failures; ``may_write()``: whether this
     replica still holds the leader lease (a pass checks it before it writes anything)."""
     registry = kopf.OperatorRegistry()
-    memo = {"kube": None, "checkpoints": {}, "zones": (0.0, {}), "probe": None}
+    memo = {"kube": None, "zones": (0.0, {}), "probe": None}
+    checkpoints = CheckpointLister()
     children = ChildCache()  # which children were made sure of, and when; the last create error
     # when the API was away: trainers could not write progress nor kubelets renew their leases
     # meanwhile; reconcile restarts the hang clock and holds the nodes it made look lost
@@ -102,7 +105,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         wanted = {p.node for p in pods if p.node} | set(status.quarantined_nodes)
         nodes = {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}
         try:
-            checkpoint = _checkpoint(memo["checkpoints"], run, status.phase, pods)
+            checkpoint = checkpoints.newest(run, status.phase, pods)
             # a node this run quarantined is lost on purpose: it must not open or hold a disruption
             own = [n for name, n in nodes.items() if name not in status.quarantined_nodes]
             disrupted = disruption(guard, zones(cluster_nodes), own) if own else ""
@@ -198,7 +201,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     def forget_deleted(event, namespace, name, **_):
         if event.get("type") == "DELETED":
             metrics.forget(namespace, name)
-            memo["checkpoints"].pop((namespace, name), None)
+            checkpoints.forget(namespace, name)
             children.forget(namespace, name)
 
     return registry
@@ -218,32 +221,78 @@ async def _until_observed(body, before: str | None, stopped) -> None:
         await asyncio.sleep(0.01)
 
 
-def _checkpoint(cache: dict, run: dict, phase: str | None, pods) -> CheckpointRef | None:
-    """The newest complete checkpoint, read from the store at most every 15 s, or at once when
-    a pod reports a newer checkpoint step, or every second while a new gang is about to start
-    (it is told where to resume)."""
-    ckpt = run["spec"].get("checkpoint")
-    uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
-    if not uri or not isinstance(uri, str) or phase in TERMINAL:
-        return None  # nothing to resume: a finished run is not listed again
-    key = (run["metadata"]["namespace"], run["metadata"]["name"])
-    entry = cache.get(key)
-    reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
-    now = time.monotonic()
-    refresh = (CHECKPOINT_REFRESH_STARTING_SECONDS if phase in STARTING_PHASES
-               else CHECKPOINT_REFRESH_SECONDS)
-    if entry is None or now - entry["at"] > refresh or reported > (entry["step"] or -1):
+class CheckpointLister:
+    """Each run's newest complete checkpoint, listed off the reconcile pass: a pass takes the
+    newest answer at once and, when one is due, starts a listing in the background (one per
+    run at a time, on LIST_WORKERS threads), so a slow or hung store never holds a pass.
+
+    Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
+    gang is about to start (it is told where to resume), or at once when a pod reports a newer
+    checkpoint step. A listing that fails keeps the last answer; one that has not answered in
+    LIST_TIMEOUT_SECONDS is given up (its result is dropped) and another may start."""
+
+    LIST_WORKERS = 4
+    LIST_TIMEOUT_SECONDS = 30.0
+
+    def __init__(self, list_newest=None):
+        self._list = list_newest or ckpt_store.newest_complete
+        self._pool = ThreadPoolExecutor(max_workers=self.LIST_WORKERS, thread_name_prefix="checkpoints")
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], dict] = {}
+
+    def newest(self, run: dict, phase: str | None, pods) -> CheckpointRef | None:
+        ckpt = run["spec"].get("checkpoint")
+        uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
+        if not uri or not isinstance(uri, str) or phase in TERMINAL:
+            return None  # nothing to resume: a finished run is not listed again
+        key = (run["metadata"]["namespace"], run["metadata"]["name"])
+        reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
+        refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if phase in STARTING_PHASES else CHECKPOINT_REFRESH_SECONDS
+        now = time.monotonic()
+        with self._lock:
+            entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None, "token": 0})
+            job = entry["job"]
+            if job is not None and not job.done() and now - job.started > self.LIST_TIMEOUT_SECONDS:
+                log.warning("listing checkpoints in %s has not answered in %.0fs: given up", uri,
+                            self.LIST_TIMEOUT_SECONDS)
+                entry["job"] = job = None
+            due = now - entry["at"] > refresh or reported > (entry["step"] if entry["step"] is not None else -1)
+            if due and job is None:
+                entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
+                entry["token"] += 1
+                job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], uri,
+                                                       checkpoint_layout(run["spec"]))
+                job.started = now
+            value = entry["value"]
+        if job is not None and phase in STARTING_PHASES:
+            # a gang about to start is told where to resume: wait briefly for a listing under
+            # way (a fast store answers in milliseconds; a slow one does not hold the pass)
+            with contextlib.suppress(Exception):
+                job.result(timeout=CHECKPOINT_WAIT_STARTING_SECONDS)
+            value = self._entries.get(key, {}).get("value")
+        return value
+
+    def _list_one(self, key: tuple[str, str], token: int, uri: str, layout: str) -> None:
         try:
-            tag = ckpt_store.newest_complete(uri, checkpoint_layout(run["spec"]))
-        except Exception as exc:  # the store may be briefly unreachable; keep the last answer
+            tag = self._list(uri, layout)
+        except Exception as exc:  # the store may be briefly unreachable: keep the last answer
             log.warning("cannot list checkpoints in %s: %s", uri, exc)
-            # and do not ask again before the next refresh: a store that times out must not
-            # hold a reconcile worker every second
-            entry = cache[key] = {"step": None, "value": None, **(entry or {}), "at": now}
-            return entry["value"]
-        value = CheckpointRef(tag=tag.tag, step=tag.step, time=tag.done_mtime, uri=tag.uri) if tag else None
-        entry = cache[key] = {"at": now, "step": tag.step if tag else None, "value": value}
-    return entry["value"]
+            tag, failed = None, True
+        else:
+            failed = False
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry["job"] is None or entry["token"] != token:
+                return  # forgotten, given up, or overtaken: a newer listing decides
+            if not failed:
+                entry["value"] = CheckpointRef(tag=tag.tag, step=tag.step, time=tag.done_mtime, uri=tag.uri) \
+                    if tag else None
+                entry["step"] = tag.step if tag else None
+            entry["job"] = None
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._entries.pop((namespace, name), None)
 
 
 def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache) -> str:
