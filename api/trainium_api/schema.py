@@ -124,8 +124,11 @@ def spec_schema() -> dict:
 def root_rules() -> list[dict]:
     """Rules on the whole object (CEL sees metadata.name at the root): the run's name."""
     from .spec import RUN_NAME_MAX, RUN_NAME_PATTERN, RUN_NAME_RULE
-    return [{"rule": f"size(self.metadata.name) <= {RUN_NAME_MAX} && self.metadata.name.matches('{RUN_NAME_PATTERN}')",
-             "message": RUN_NAME_RULE}]
+    # checked when a run is created only (optionalOldSelf): a run named so before this rule
+    # existed must still take updates (its finalizer's removal, the operator's status)
+    return [{"rule": f"oldSelf.hasValue() || (size(self.metadata.name) <= {RUN_NAME_MAX} && "
+                     f"self.metadata.name.matches('{RUN_NAME_PATTERN}'))",
+             "message": RUN_NAME_RULE, "optionalOldSelf": True}]
 
 
 def status_schema() -> dict:

@@ -99,7 +99,7 @@ CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm")
 REGEX_GROUPS = ("step", "loss", "throughput")
 
 # A run's name names its headless Service (a DNS-1035 label) and its pods' host names
-# "<name>-<index>" (DNS labels of at most 63 characters): 56 leaves room for 9,999,999 nodes.
+# "<name>-<index>" (DNS labels of at most 63 characters): 56 leaves room for 999,999 nodes.
 RUN_NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 RUN_NAME_MAX = 56
 RUN_NAME_RULE = ("metadata.name must be a DNS-1035 label of at most 56 characters (lowercase letters, digits "

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import metrics
     from .handlers import build_registry
-    from .kube import Kube
+    from .kube import WRITE_TIMEOUT_SECONDS, Kube
 
     def kube_factory() -> Kube:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
     elector = None  # with leader election: passes write only while its lease is current
 
-    def may_write() -> bool:
-        return elector is None or elector.holds()
+    def may_write() -> bool:  # a write started now ends (or gives up) before the lease could pass on
+        return elector is None or elector.holds(margin=WRITE_TIMEOUT_SECONDS)
 
     registry = build_registry(kube_factory, guard, may_write)
 

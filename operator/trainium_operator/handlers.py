@@ -112,11 +112,10 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
             now = time.time()
             result = reconcile(run, pods, nodes, now, checkpoint, disrupted, guard, api_outage=health.outage(now),
                                children_error=children.error(namespace, name))
-            if not may_write():
-                raise NotLeading("this replica no longer holds the leader lease: nothing applied")
+            _fence(may_write)
             # a write that fails is this run's to retry: only the /readyz probe says the API
             # server is away (one run's 5xx must not restart every run's hang clock)
-            written = apply(kube(), run, result, children)
+            written = apply(kube(), run, result, children, may_write)
             metrics.observe_run(namespace, name, result.spec, result.after)
             return written != run["status"]
         except Exception:
@@ -135,7 +134,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         than its own last write (a failure is never recorded twice)."""
         key = (namespace, name)
         event = wake.setdefault(key, asyncio.Event())
-        failures = 0  # passes in a row that raised
+        failures = 0  # passes in a row that raised unexpectedly
+        unreachable_logged = 0.0
         try:
             while not stopped:
                 event.clear()
@@ -148,19 +148,24 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
                         log.debug("%s/%s: the run changed under the pass; passing again", namespace, name)
                         await _until_observed(body, before, stopped)
                         continue
-                    # kopf's TemporaryError model: retry the whole pass (it is idempotent) after
-                    # a backoff that grows while the same run keeps failing
-                    delay = min(MAX_ERROR_BACKOFF, ERROR_BACKOFF * 2 ** failures)
-                    failures += 1
+                    # kopf's TemporaryError model: retry the whole pass (it is idempotent). Expected
+                    # refusals (a child the API server refuses: its status says so; the API away;
+                    # not leading) retry at the plain backoff; an unexpected error's backoff grows
+                    # while the same run keeps failing. A pod change wakes the loop sooner.
+                    delay = ERROR_BACKOFF
                     if isinstance(exc, NotLeading):
                         log.warning("%s/%s: %s", namespace, name, exc)
-                    elif api_unreachable(exc):  # logged once per outage by ApiHealth
-                        log.debug("%s/%s: reconcile pass failed: %s", namespace, name, exc)
                     elif isinstance(exc, ChildError):  # the next pass writes it into the status
-                        log.warning("%s/%s: %s; retrying in %.0fs", namespace, name, exc, delay)
+                        log.warning("%s/%s: %s; retrying", namespace, name, exc)
+                    elif api_unreachable(exc):
+                        if time.monotonic() - unreachable_logged > 60:  # ApiHealth logs the outage itself
+                            unreachable_logged = time.monotonic()
+                            log.warning("%s/%s: reconcile pass failed: %s", namespace, name, exc)
                     else:
+                        delay = min(MAX_ERROR_BACKOFF, ERROR_BACKOFF * 2 ** failures)
+                        failures += 1
                         log.exception("%s/%s: reconcile pass failed; retrying in %.0fs", namespace, name, delay)
-                    await _sleep_unless(stopped, delay)
+                    await _wait_or_wake(event, stopped, delay)
                     continue
                 if wrote:
                     await _until_observed(body, before, stopped)
@@ -207,10 +212,12 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     return registry
 
 
-async def _sleep_unless(stopped, seconds: float) -> None:
+async def _wait_or_wake(event: asyncio.Event, stopped, seconds: float) -> None:
+    """Sleep ``seconds``, less when the run's ``event`` is set (a pod changed) or it is stopped."""
     deadline = time.monotonic() + seconds
-    while not stopped and time.monotonic() < deadline:
-        await asyncio.sleep(min(0.1, seconds))
+    while not stopped and not event.is_set() and time.monotonic() < deadline:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 async def _until_observed(body, before: str | None, stopped) -> None:
@@ -228,10 +235,11 @@ class CheckpointLister:
 
     Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
     gang is about to start (it is told where to resume), or at once when a pod reports a newer
-    checkpoint step. A listing that fails keeps the last answer; one that has not answered in
-    LIST_TIMEOUT_SECONDS is given up (its result is dropped) and another may start."""
+    checkpoint step. A listing that fails keeps the last answer; one that has run for
+    LIST_TIMEOUT_SECONDS without answering is given up (its result is dropped), and the run's
+    store is not asked again until that call returns, so a hung store holds one worker."""
 
-    LIST_WORKERS = 4
+    LIST_WORKERS = 16
     LIST_TIMEOUT_SECONDS = 30.0
 
     def __init__(self, list_newest=None):
@@ -239,6 +247,7 @@ class CheckpointLister:
         self._pool = ThreadPoolExecutor(max_workers=self.LIST_WORKERS, thread_name_prefix="checkpoints")
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], dict] = {}
+        self._tokens = 0  # one counter for every run: a late listing never lands in a re-created run
 
     def newest(self, run: dict, phase: str | None, pods) -> CheckpointRef | None:
         ckpt = run["spec"].get("checkpoint")
@@ -250,19 +259,26 @@ class CheckpointLister:
         refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if phase in STARTING_PHASES else CHECKPOINT_REFRESH_SECONDS
         now = time.monotonic()
         with self._lock:
-            entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None, "token": 0})
+            entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
+                                                   "token": 0})
             job = entry["job"]
-            if job is not None and not job.done() and now - job.started > self.LIST_TIMEOUT_SECONDS:
+            started = getattr(job, "running_since", None) if job is not None else None
+            if job is not None and not job.done() and started is not None and \
+                    now - started > self.LIST_TIMEOUT_SECONDS:
                 log.warning("listing checkpoints in %s has not answered in %.0fs: given up", uri,
                             self.LIST_TIMEOUT_SECONDS)
-                entry["job"] = job = None
+                entry["hung"], entry["job"] = job, None  # its result is dropped
+                job = None
+            hung = entry.get("hung")
+            if hung is not None and hung.done():
+                hung = entry["hung"] = None
             due = now - entry["at"] > refresh or reported > (entry["step"] if entry["step"] is not None else -1)
-            if due and job is None:
+            if due and job is None and hung is None:  # a hung store holds one worker, not more
                 entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
-                entry["token"] += 1
+                self._tokens += 1
+                entry["token"] = self._tokens
                 job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], uri,
                                                        checkpoint_layout(run["spec"]))
-                job.started = now
             value = entry["value"]
         if job is not None and phase in STARTING_PHASES:
             # a gang about to start is told where to resume: wait briefly for a listing under
@@ -273,6 +289,12 @@ class CheckpointLister:
         return value
 
     def _list_one(self, key: tuple[str, str], token: int, uri: str, layout: str) -> None:
+        with self._lock:  # the age of a listing counts from when it runs, not from its queueing
+            entry = self._entries.get(key)
+            if entry is None or entry["token"] != token:
+                return
+            if entry["job"] is not None:
+                entry["job"].running_since = time.monotonic()
         try:
             tag = self._list(uri, layout)
         except Exception as exc:  # the store may be briefly unreachable: keep the last answer
@@ -313,8 +335,9 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
                 kube.ensure(target)
             children.done(run, target)
         except Exception as exc:
-            if api_unreachable(exc):
-                raise  # the API server is away: ApiHealth reports that, not the run
+            if api_unreachable(exc, connection_only=True):
+                raise  # no answer at all: the API server is away (ApiHealth's to report)
+            # anything the server answered, a 5xx included (a webhook that fails), is the run's
             errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
     children.set_error(run, "; ".join(errors))
     return "; ".join(errors)
@@ -333,13 +356,13 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def api_unreachable(exc: BaseException) -> bool:
+def api_unreachable(exc: BaseException, connection_only: bool = False) -> bool:
     """The API server (or its etcd) is away, as opposed to refusing this request: no HTTP
-    answer at all, or a 5xx."""
+    answer at all, or (unless ``connection_only``) a 5xx."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
     if isinstance(exc, ApiException):
-        return exc.status == 0 or exc.status >= 500
+        return exc.status == 0 or (exc.status >= 500 and not connection_only)
     return isinstance(exc, (HTTPError, OSError))  # OSError covers refused connections and timeouts
 
 
@@ -363,42 +386,54 @@ class ChildCache:
     deleted behind our back comes back within that); and each run's last create error."""
 
     def __init__(self):
+        self._lock = threading.Lock()  # passes of different runs run on different threads
         self._at: dict[tuple, float] = {}
         self._errors: dict[tuple[str, str], str] = {}
 
     def due(self, run: tuple[str, str], obj: dict) -> bool:
-        return time.monotonic() - self._at.get(self._key(run, obj), -CHILD_RECHECK_SECONDS) >= CHILD_RECHECK_SECONDS
+        with self._lock:
+            at = self._at.get(self._key(run, obj), -CHILD_RECHECK_SECONDS)
+        return time.monotonic() - at >= CHILD_RECHECK_SECONDS
 
     def done(self, run: tuple[str, str], obj: dict) -> None:
-        self._at[self._key(run, obj)] = time.monotonic()
+        with self._lock:
+            self._at[self._key(run, obj)] = time.monotonic()
 
     def error(self, namespace: str, name: str) -> str:
-        return self._errors.get((namespace, name), "")
+        with self._lock:
+            return self._errors.get((namespace, name), "")
 
     def set_error(self, run: tuple[str, str], message: str) -> None:
-        if message:
-            self._errors[run] = message
-        else:
-            self._errors.pop(run, None)
+        with self._lock:
+            if message:
+                self._errors[run] = message
+            else:
+                self._errors.pop(run, None)
 
     def forget(self, namespace: str, name: str) -> None:
-        self._errors.pop((namespace, name), None)
-        for key in [k for k in self._at if k[:2] == (namespace, name)]:
-            del self._at[key]
+        with self._lock:
+            self._errors.pop((namespace, name), None)
+            for key in [k for k in self._at if k[:2] == (namespace, name)]:
+                del self._at[key]
 
     @staticmethod
     def _key(run: tuple[str, str], obj: dict) -> tuple:
-        return (*run, obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        """A run's own children by run; the namespace's trainer RBAC and the cluster's policy
+        (one for every run) once, not once per run."""
+        owned = any(r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
+        return (*(run if owned else ("", "")), obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
 
 CHILD_RECHECK_SECONDS = 30.0
 
 
-def apply(kube: Kube, run: dict, result, children: ChildCache | None = None) -> dict:
+def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may_write=lambda: True) -> dict:
     """Status first (it records the attempt before its pods exist), then the children, then the
-    other effects in order. A child that cannot be created raises ChildError before any pod is
-    created (pods need their Service and ConfigMap); ``children`` keeps the error for the next
-    pass's status. Returns the run's status as it is after the patch."""
+    other effects in order. A child that cannot be created means no pod is created (pods need
+    their Service and ConfigMap); a child or a pod that cannot be created raises ChildError
+    once everything else was applied, and ``children`` keeps the API server's words for the
+    next pass's status. ``may_write()`` is asked again before each group of writes (the lease
+    may lapse during a slow pass). Returns the run's status as it is after the patch."""
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     children = children or ChildCache()
     old = run.get("status") or {}
@@ -406,8 +441,10 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None) -> 
     merged = {**old, **changed}
     if changed:
         kube.patch_status(ns, name, changed, run["metadata"].get("resourceVersion"))
+    _fence(may_write)
     missing = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
                                                   if e.kind == "ensure" and e.obj["kind"] != "Pod"], children)
+    _fence(may_write)
     pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
         if eff.kind == "ensure":
@@ -425,9 +462,26 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None) -> 
         elif eff.kind == "observe_recovery":
             metrics.observe_recovery(eff.failure)
     if pod_calls:
-        futures = [_POOL.submit(fn, *args) for fn, args in pod_calls]
-        for f in futures:
-            f.result()  # re-raise the first error; the next tick retries idempotently
+        futures = [(args, _POOL.submit(fn, *args)) for fn, args in pod_calls]
+        refused = []
+        for args, f in futures:
+            try:
+                f.result()
+            except Exception as exc:
+                if api_unreachable(exc, connection_only=True):
+                    raise  # the API server is away: the next pass retries
+                if not isinstance(args[0], dict):
+                    raise  # a deletion that failed: retried by the next pass
+                refused.append(f"cannot create Pod {args[0]['metadata']['name']}: {_reason(exc)}")
+        if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed
+            refused = [refused[0] + (f" (and {len(refused) - 1} more pods)" if len(refused) > 1 else "")]
+            missing = "; ".join([missing, *refused] if missing else refused)
+            children.set_error((ns, name), missing)
     if missing:
         raise ChildError(missing)
     return merged
+
+
+def _fence(may_write) -> None:
+    if not may_write():
+        raise NotLeading("this replica no longer holds the leader lease: the rest of the pass was not applied")

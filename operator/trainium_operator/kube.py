@@ -14,6 +14,10 @@ from trainium_api import API_GROUP, API_VERSION, PLURAL
 from .plan import QUARANTINE_TAINT
 
 log = logging.getLogger(__name__)
+# Every write gives up after this long: a call the API server holds (etcd away) must neither
+# hold a run's pass nor land long after this replica stopped leading (the lease lasts 15 s).
+WRITE_TIMEOUT_SECONDS = 5.0
+T = {"_request_timeout": WRITE_TIMEOUT_SECONDS}
 
 
 class Kube:
@@ -32,7 +36,7 @@ class Kube:
                   "Role": self.rbac.create_namespaced_role,
                   "RoleBinding": self.rbac.create_namespaced_role_binding}[kind]
         try:
-            create(ns, obj)
+            create(ns, obj, **T)
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -44,7 +48,7 @@ class Kube:
         create = {"ValidatingAdmissionPolicy": self.admission.create_validating_admission_policy,
                   "ValidatingAdmissionPolicyBinding": self.admission.create_validating_admission_policy_binding}
         try:
-            create[obj["kind"]](obj)
+            create[obj["kind"]](obj, **T)
         except ApiException as exc:
             if exc.status == 409:
                 return
@@ -57,7 +61,7 @@ class Kube:
     def delete_pod(self, namespace: str, name: str, grace: int | None = None) -> None:
         body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")
         try:
-            self.core.delete_namespaced_pod(name, namespace, body=body)
+            self.core.delete_namespaced_pod(name, namespace, body=body, **T)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -75,7 +79,7 @@ class Kube:
         label = "".join(c if c.isalnum() or c in "-_." else "-" for c in reason)[:63].strip("-_.") or "failed"
         for attempt in range(attempts):
             try:
-                current = self.core.read_node(node)
+                current = self.core.read_node(node, **T)
             except ApiException as exc:
                 if exc.status == 404:
                     return  # deleted nodes need no quarantine
@@ -88,7 +92,7 @@ class Kube:
                                  "annotations": {f"{QUARANTINE_TAINT}-reason": reason[:1000]}},
                     "spec": {"taints": [self.core.api_client.sanitize_for_serialization(t) for t in taints]}}
             try:
-                self.core.patch_node(node, body)
+                self.core.patch_node(node, body, **T)
                 return
             except ApiException as exc:
                 if exc.status == 404:
@@ -121,7 +125,7 @@ class Kube:
         body: dict = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name, body)
+        self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name, body, **T)
 
     def event(self, run: dict, reason: str, message: str, warning: bool = False) -> None:
         meta = run["metadata"]
@@ -134,6 +138,6 @@ class Kube:
             first_timestamp=now, last_timestamp=now, count=1,
             source=client.V1EventSource(component="trainium-operator"))
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)
+            self.core.create_namespaced_event(meta["namespace"], body, **T)
         except ApiException as exc:  # events are best effort
             log.warning("event %s for %s failed: %s", reason, meta["name"], exc.reason)

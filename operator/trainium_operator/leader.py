@@ -57,12 +57,14 @@ class Elector:
         self._seen_at = 0.0  # our clock when that record was first read
         self._renewed_at: float | None = None  # our clock before the last successful acquire/renew
 
-    def holds(self) -> bool:
+    def holds(self, margin: float | None = None) -> bool:
         """Whether this replica may still act as the leader: its last successful renewal began
-        less than the lease duration minus the retry interval ago (so it stops writing before
-        a standby on a skewed clock could take the lease)."""
+        less than the lease duration minus ``margin`` ago (default: the retry interval). A
+        caller whose writes may take up to T seconds passes T, so a write started now lands
+        before a standby could take the lease."""
         at = self._renewed_at
-        return at is not None and self.clock() - at < self.cfg.duration_seconds - self.cfg.retry_seconds
+        margin = self.cfg.retry_seconds if margin is None else margin
+        return at is not None and self.clock() - at < self.cfg.duration_seconds - margin
 
     def _body(self, version: str | None, transitions: int, acquired: datetime | None) -> dict:
         now = _now()

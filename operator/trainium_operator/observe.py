@@ -181,7 +181,8 @@ def gang_state(pods: list[PodView]) -> GangState:
 
 
 def _succeeded(p: PodView) -> bool:
-    return p.phase == "Succeeded" or (p.phase == "Failed" and p.exit_code == 0)
+    """Finished its work: an evicted pod whose program exited 0 on SIGTERM did not."""
+    return p.reason not in EVICTION_REASONS and (p.phase == "Succeeded" or (p.phase == "Failed" and p.exit_code == 0))
 
 
 def not_started(pods: list[PodView]) -> list[PodView]:

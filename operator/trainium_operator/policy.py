@@ -16,6 +16,7 @@ from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
 from trainium_api.status import FailureAction, FailureRecord
 
 from .observe import Failure, NodeView
+from .plan import QUARANTINE_TAINT
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,13 @@ DISRUPTION_CAUSES = ("node", "hang")
 
 
 def zone_health(nodes: Iterable[NodeView]) -> dict[str, tuple[int, int]]:
-    """zone -> (unhealthy nodes, nodes): Ready not True counts as unhealthy."""
+    """zone -> (unhealthy nodes, nodes): Ready not True counts as unhealthy. Nodes the operator
+    quarantined are left out: they are lost on purpose, and must not make a real failure look
+    like a disruption."""
     total, bad = Counter(), Counter()
     for n in nodes:
+        if QUARANTINE_TAINT in n.taints:
+            continue
         total[n.zone] += 1
         bad[n.zone] += n.ready != "True"
     return {z: (bad[z], total[z]) for z in total}

@@ -111,6 +111,8 @@ class Pass:
     api_outage: tuple[float, float] | None
     refused: ConfigError | None = None
     """An edit of the live run the operator's rules refuse: it goes on with the spec in force."""
+    children_error: str = ""
+    """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
     effects: list[Effect] = field(default_factory=list)
 
     @property
@@ -192,12 +194,12 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
             return Result(changed_fields(old, new), effects, None, new)
         refused = err
     p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage,
-             refused)
+             refused, children_error)
     if p.newer:  # this pass read a status older than the one that started them: decide nothing
         return Result({}, [], spec, old)
     _observe(p)
     if old.phase not in TERMINAL:
-        _children(p, children_error)
+        _children(p)
     _phase_step(p)(p)
     return Result(changed_fields(old, new), p.effects, spec, new)
 
@@ -224,10 +226,10 @@ def _invalid_spec(old: TrainingRunStatus, new: TrainingRunStatus, err: ConfigErr
 
 
 def _spec_in_force(run: dict, old: TrainingRunStatus) -> TrainingRunSpec | None:
-    """For a run that has started: its spec with the fault tolerance last accepted, when that is
-    what the operator refuses (the API server lets only faultTolerance and suspend change);
-    None otherwise."""
-    if not old.attempt or old.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
+    """For a run whose spec was accepted before (suspended or started): its spec with the fault
+    tolerance last accepted, when that is what the operator refuses (the API server lets only
+    faultTolerance and suspend change); None otherwise."""
+    if old.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
         return None
     try:
         return parse({**run["spec"], "faultTolerance": old.fault_tolerance_in_force})
@@ -269,7 +271,7 @@ def _observe(p: Pass) -> None:
     p.delete(p.stale, grace=0)
 
 
-def _children(p: Pass, error: str) -> None:
+def _children(p: Pass) -> None:
     """Every pass of a live run, suspended included: the children its pods need (the headless
     Service, the ConfigMap, the trainer's ServiceAccount and RBAC, the admission policy), so a
     create that failed, or a child someone deleted, is made again. The handler's applier
@@ -281,7 +283,7 @@ def _children(p: Pass, error: str) -> None:
     p.effects.append(Effect("ensure", plan.service(p.run)))
     if not spec.trainer.is_command:
         p.effects.append(Effect("ensure", plan.config_map(p.run, spec)))
-    was = next((c for c in p.old.conditions if c.type == "ChildrenCreated"), None)
+    was, error = next((c for c in p.old.conditions if c.type == "ChildrenCreated"), None), p.children_error
     if error:
         p.condition("ChildrenCreated", False, "CreateFailed", error)
         if was is None or was.status != "False":
@@ -386,10 +388,15 @@ def _supervise(p: Pass) -> None:
     _track_progress(p, gang)
     if old.phase == "Starting" and not old.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
-        have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang
+        have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
         p.effects += [Effect("ensure", plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
-                                                old.resume_checkpoint))
+                                                old.resume_checkpoint))  # or the API server refused some
                       for i in range(spec.nodes) if i not in have]
+        waited = p.now - (old.attempt_start_time if old.attempt_start_time is not None else p.now)
+        if waited > spec.fault_tolerance.schedule_timeout_seconds:  # pods that cannot even be created
+            _on_failure(p, Failure("scheduling", f"{spec.nodes - len(p.current)} pod(s) not created "
+                                   f"{waited:.0f}s after the attempt started: {p.children_error or 'no reason given'}"),
+                        gang)
         return
     _report_startup(p)
     _report_bad_progress(p)
@@ -422,7 +429,7 @@ def _report_startup(p: Pass) -> None:
                    + (f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""))
         p.condition("PodsStarted", False, reason, message)
         p.new.message = f"waiting for pods to start: {message}"
-        if was is None or was.status != "False" or was.reason != reason:
+        if was is None or was.status != "False":  # not on each ErrImagePull <-> ImagePullBackOff flip
             p.event("PodNotStarting", f"{message}; the run acts after "
                     f"{p.spec.fault_tolerance.startup_timeout_seconds:.0f}s", warning=True)
     elif was is not None and was.status == "False" and not not_started(p.current):
@@ -437,10 +444,13 @@ def _report_bad_progress(p: Pass) -> None:
     bad = [x for x in p.current if x.progress_errors]
     was = next((c for c in p.old.conditions if c.type == "ProgressValid"), None)
     if bad:
-        message = f"pod {bad[0].name}: {'; '.join(bad[0].progress_errors)}"[:500]
+        # the condition names the fields only: their values change with every report
+        fields = sorted({e.split(":")[0] for e in bad[0].progress_errors})
+        message = f"pod {bad[0].name}: malformed {', '.join(fields)} in trainium.dev/progress; ignored"
         p.condition("ProgressValid", False, "MalformedProgress", message)
         if was is None or was.status != "False" or was.message != message:
-            p.event("MalformedProgress", f"{message}; the field is ignored", warning=True)
+            p.event("MalformedProgress", f"pod {bad[0].name}: {'; '.join(bad[0].progress_errors)}"[:500]
+                    + "; the field is ignored", warning=True)
     elif was is not None and was.status == "False":
         p.condition("ProgressValid", True, "Parsed", "")
 

@@ -18,6 +18,13 @@ def _tag(step):
     return SimpleNamespace(tag=f"step_{step}", step=step, done_mtime=1.0, uri=f"s3://b/r/step_{step}")
 
 
+def _until(predicate, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def test_a_hung_store_never_holds_a_pass_and_is_given_up():
     release, calls = threading.Event(), []
 
@@ -27,17 +34,21 @@ def test_a_hung_store_never_holds_a_pass_and_is_given_up():
         return _tag(5)
     lister = CheckpointLister(hung)
     lister.LIST_TIMEOUT_SECONDS = 0.3
+    newer = [SimpleNamespace(progress={"lastCheckpointStep": 9})]  # makes a listing due at every pass
     t0 = time.monotonic()
-    assert lister.newest(RUN, "Running", []) is None  # the answer so far, at once
-    assert lister.newest(RUN, "Running", []) is None and len(calls) == 1  # one listing at a time
-    assert time.monotonic() - t0 < 0.2
+    assert lister.newest(RUN, "Running", newer) is None  # the answer so far, at once
+    _until(lambda: len(calls) == 1)
+    assert lister.newest(RUN, "Running", newer) is None  # one listing at a time
+    assert time.monotonic() - t0 < 0.5
     time.sleep(0.4)
-    lister.newest(RUN, "Running", [SimpleNamespace(progress={"lastCheckpointStep": 9})])  # due: a newer step
+    assert lister.newest(RUN, "Running", newer) is None  # given up now ...
     time.sleep(0.1)
-    assert len(calls) == 2  # the hung one was given up and another started
+    assert lister.newest(RUN, "Running", newer) is None and len(calls) == 1  # ... not asked again while it hangs
     release.set()
-    time.sleep(0.2)
-    assert lister.newest(RUN, "Running", []).step == 5
+    time.sleep(0.1)
+    assert lister.newest(RUN, "Running", newer) is None  # its late answer was dropped; a new listing starts
+    _until(lambda: lister.newest(RUN, "Running", []) is not None)
+    assert len(calls) == 2 and lister.newest(RUN, "Running", []).step == 5
 
 
 def test_a_failing_store_keeps_the_last_answer():
@@ -51,6 +62,7 @@ def test_a_failing_store_keeps_the_last_answer():
     lister = CheckpointLister(flaky)
     assert lister.newest(RUN, "Restarting", []).step == 10  # a starting gang waits briefly for it
     lister.newest(RUN, "Restarting", [SimpleNamespace(progress={"lastCheckpointStep": 20})])
-    time.sleep(0.1)
-    assert lister.newest(RUN, "Running", []).step == 10 and not answers
+    _until(lambda: not answers)
+    time.sleep(0.05)
+    assert lister.newest(RUN, "Running", []).step == 10
     assert lister.newest({**RUN, "spec": {}}, "Running", []) is None  # no store: nothing to list

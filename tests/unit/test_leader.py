@@ -112,3 +112,13 @@ def test_a_replica_stops_writing_before_its_lease_could_pass_to_another():
     assert not a.try_acquire_or_renew() and not a.holds()
     b.release()
     assert not b.holds()
+
+
+def test_a_caller_with_slow_writes_stops_earlier():
+    store, clock = LeaseStore(), Clock()
+    a = Elector(store, LeaderConfig("ns", identity="a", duration_seconds=15, retry_seconds=2), clock=clock)
+    assert a.try_acquire_or_renew()
+    clock.t += 9.9
+    assert a.holds(margin=5) and a.holds()
+    clock.t += 0.2
+    assert not a.holds(margin=5) and a.holds()  # a 5 s write started now could land after 15 s

@@ -1,0 +1,121 @@
+"""The applier (handlers.apply): what a reconcile pass's effects become, and what the next pass
+learns when the API server refuses some. The Kube client is a STAND-IN recording calls and
+answering as configured (a webhook's 500, a quota's 403, a refused connection): the applier's
+own decisions are the thing under test; the real API server's answers are exercised by
+tests/cluster/test_operator.py (a ResourceQuota refusing the Service)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import NewConnectionError
+
+from tests.unit.test_operator_core import RUN, SPEC
+from trainium_operator.handlers import ChildCache, ChildError, NotLeading, apply
+from trainium_operator.reconcile import reconcile
+
+
+class FakeKube:
+    def __init__(self, refuse: dict[str, BaseException] | None = None):
+        self.refuse, self.calls = refuse or {}, []
+
+    def _maybe(self, kind: str, what: str):
+        self.calls.append((kind, what))
+        if kind in self.refuse:
+            raise self.refuse[kind]
+
+    def patch_status(self, ns, name, status, resource_version=None):
+        self._maybe("status", resource_version)
+
+    def ensure(self, obj):
+        self._maybe(obj["kind"], obj["metadata"]["name"])
+
+    def ensure_cluster_policy(self, obj):
+        self._maybe(obj["kind"], obj["metadata"]["name"])
+
+    def delete_pod(self, ns, name, grace=None):
+        self._maybe("delete", name)
+
+    def quarantine(self, node, run, reason):
+        self._maybe("quarantine", node)
+
+    def event(self, run, reason, message, warning=False):
+        self._maybe("event", reason)
+
+
+def _first_pass():
+    run = {**RUN, "metadata": {**RUN["metadata"], "resourceVersion": "41"}}
+    return run, reconcile(run, [], {}, now=1.0)
+
+
+def _api(status: int, message: str) -> ApiException:
+    """An error as the client raises it for the API server's Status answer."""
+    exc = ApiException(status=status, reason="refused")
+    exc.body = json.dumps({"kind": "Status", "message": message})
+    return exc
+
+
+def test_the_status_write_carries_the_version_it_was_computed_from_then_children_then_pods():
+    run, result = _first_pass()
+    kube = FakeKube()
+    apply(kube, run, result, ChildCache())
+    kinds = [k for k, _ in kube.calls]
+    assert kube.calls[0] == ("status", "41")
+    assert kinds.index("Service") < kinds.index("Pod") and kinds.count("Pod") == SPEC["nodes"]
+
+
+@pytest.mark.parametrize("refusal", [_api(500, 'Internal error occurred: failed calling webhook "x"'),
+                                     _api(403, 'services "r" is forbidden: exceeded quota: no-services')])
+def test_a_refused_child_means_no_pod_and_its_words_reach_the_next_pass(refusal):
+    run, result = _first_pass()
+    kube, children = FakeKube({"Service": refusal}), ChildCache()
+    with pytest.raises(ChildError):
+        apply(kube, run, result, children)
+    assert "Pod" not in [k for k, _ in kube.calls] and "ConfigMap" in [k for k, _ in kube.calls]
+    error = children.error("ns", "r")
+    assert error.startswith("cannot create Service r: ") and ("webhook" in error or "quota" in error)
+    assert "event" in [k for k, _ in kube.calls]  # the rest of the pass was applied
+    nxt = reconcile({**run, "status": result.status}, [], {}, now=2.0, children_error=error)
+    assert next(c for c in nxt.after.conditions if c.type == "ChildrenCreated").status == "False"
+    kube.refuse.clear()
+    apply(kube, run, nxt, children)  # the Service is created by the next pass, then nothing is due
+    assert children.error("ns", "r") == "" and ("Service", "r") in kube.calls[-12:]
+
+
+def test_a_refused_pod_is_shown_too():
+    run, result = _first_pass()
+    children = ChildCache()
+    with pytest.raises(ChildError):
+        apply(FakeKube({"Pod": _api(403, 'pods "r-a1-0" is forbidden: violates PodSecurity "restricted"')}),
+              run, result, children)
+    error = children.error("ns", "r")
+    assert error.startswith("cannot create Pod r-a1-0: ") and "PodSecurity" in error and "(and 3 more pods)" in error
+
+
+def test_no_answer_at_all_is_the_api_servers_outage_not_the_runs():
+    run, result = _first_pass()
+    children = ChildCache()
+    with pytest.raises(NewConnectionError):
+        apply(FakeKube({"Service": NewConnectionError(None, "refused")}), run, result, children)
+    assert children.error("ns", "r") == ""
+
+
+def test_a_replica_that_stopped_leading_writes_nothing_more():
+    run, result = _first_pass()
+    kube, answers = FakeKube(), iter([False])
+    with pytest.raises(NotLeading):
+        apply(kube, run, result, ChildCache(), may_write=lambda: next(answers, False))
+    assert [k for k, _ in kube.calls] == ["status"]  # the lease lapsed during the status write
+
+
+def test_children_are_asked_for_at_most_every_recheck_interval_and_shared_ones_once():
+    run, result = _first_pass()
+    kube, children = FakeKube(), ChildCache()
+    apply(kube, run, result, children)
+    other = {**run, "metadata": {**run["metadata"], "name": "s", "uid": "u-2"}}
+    kube.calls.clear()
+    apply(kube, other, reconcile(other, [], {}, now=1.0), children)
+    asked = {k for k, _ in kube.calls} - {"status", "Pod", "event"}
+    assert asked == {"Service", "ConfigMap"}  # the namespace's RBAC and the cluster's policy: once for both runs
