@@ -72,13 +72,25 @@ def test_fuzzed_specs_are_planned_or_refused_naming_the_field(local_cluster, cor
                 counts["planned"] += 1
                 assert st["attempt"] == 1 and st["worldSize"] > 0, (spec, st)
                 assert by_run.get(name, 0) == want[name], (spec, by_run.get(name))
-        time.sleep(1.5)  # two ticks: a refused run is not rewritten again and again
-        for name, version in refused_versions.items():
-            now = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)["metadata"]["resourceVersion"]
-            assert now == version, f"{name} keeps being rewritten"
+        # a refused run must not be rewritten again and again: checked when the next batch has
+        # settled (many passes later, with no sleep of its own), then deleted
+        check_unchanged(time.monotonic())
+        watched.update((name, (version, time.monotonic())) for name, version in refused_versions.items())
         for name, _ in batch:
-            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            if name not in refused_versions:
+                custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         assert operator["proc"].poll() is None, "the operator must survive every spec"
+
+    watched: dict[str, tuple[str, float]] = {}  # refused runs: resourceVersion, and when it was read
+
+    def check_unchanged(now: float) -> None:
+        for name, (version, at) in list(watched.items()):
+            if now - at < 1.5:  # two ticks at least
+                continue
+            current = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            assert current["metadata"]["resourceVersion"] == version, f"{name} keeps being rewritten"
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            del watched[name]
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -102,6 +114,9 @@ def test_fuzzed_specs_are_planned_or_refused_naming_the_field(local_cluster, cor
     apply()
     if pending:
         settle(pending)
+    time.sleep(1.5)
+    check_unchanged(time.monotonic())
+    assert not watched
     total = sum(counts.values())
     print(f"\nfuzzed specs: {total} applied in {time.monotonic() - started:.0f}s: refused by the API server "
           f"{counts['api']}, by the operator {counts['operator']}, planned {counts['planned']}")

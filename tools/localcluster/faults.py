@@ -81,22 +81,24 @@ def node_partition(core, node: str) -> None:
     node_unreachable(core, node)
 
 
-def kwok_heartbeat_max_seconds() -> float:
-    """The longest kwok waits between a node's heartbeats (stages.yaml, node-heartbeat: delay
-    plus jitter)."""
+def kwok_heartbeat_max_seconds(process_nodes: bool = False) -> float:
+    """The longest kwok waits between a node's heartbeats (stages.yaml: delay plus jitter of
+    node-heartbeat, or of node-heartbeat-process for process-backed nodes, which beat faster)."""
     from pathlib import Path
 
     import yaml
+    name = "node-heartbeat-process" if process_nodes else "node-heartbeat"
     for stage in yaml.safe_load_all((Path(__file__).parent / "stages.yaml").read_text()):
-        if stage and stage["metadata"]["name"] == "node-heartbeat":
+        if stage and stage["metadata"]["name"] == name:
             delay = stage["spec"]["delay"]
             return (delay["durationMilliseconds"] + delay.get("jitterDurationMilliseconds", 0)) / 1000
-    raise LookupError("stages.yaml has no node-heartbeat stage")
+    raise LookupError(f"stages.yaml has no {name} stage")
 
 
 def partition_together(core, nodes: list[str], margin: float = 3.0) -> float:
     """node_partition of every node, so that they go Unknown together and stay Unknown; returns
-    when the last heartbeat kwok had scheduled has fired (about 50 s), the nodes still Ready.
+    when the last heartbeat kwok had scheduled has fired (about 11 s for process-backed nodes,
+    50 s for simulated ones), the nodes still Ready.
 
     kwok filters its node watch by the management annotation, so taking the annotation away
     reaches it as no event at all: a heartbeat it had already scheduled (up to
@@ -111,7 +113,8 @@ def partition_together(core, nodes: list[str], margin: float = 3.0) -> float:
     leases = client.CoordinationV1Api(core.api_client)
     for node in nodes:
         node_partition(core, node)
-    drain = kwok_heartbeat_max_seconds() + margin
+    from .nodes import is_process_node
+    drain = max(kwok_heartbeat_max_seconds(is_process_node(n)) for n in nodes) + margin
     until = time.monotonic() + drain
     while time.monotonic() < until:
         stamp = _lease_now()
