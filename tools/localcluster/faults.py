@@ -98,7 +98,7 @@ def kwok_heartbeat_max_seconds(process_nodes: bool = False) -> float:
 def partition_together(core, nodes: list[str], margin: float = 3.0) -> float:
     """node_partition of every node, so that they go Unknown together and stay Unknown; returns
     when the last heartbeat kwok had scheduled has fired (about 11 s for process-backed nodes,
-    50 s for simulated ones), the nodes still Ready.
+    18 s for simulated ones), the nodes still Ready.
 
     kwok filters its node watch by the management annotation, so taking the annotation away
     reaches it as no event at all: a heartbeat it had already scheduled (up to
