@@ -414,6 +414,7 @@ class RestartBudget:
 
 # Failure causes: one per restart budget (neuron_device is the cause "neuron-device").
 CAUSES: tuple[str, ...] = tuple(f.name.replace("_", "-") for f in dataclasses.fields(RestartBudget))
+Cause = Literal[CAUSES]  # type: ignore[valid-type]  # the names above, one source
 # Causes the job itself may be behind; the others are the infrastructure's, with their own budgets.
 JOB_CAUSES = ("application", "hang")
 

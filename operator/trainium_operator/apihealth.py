@@ -3,7 +3,7 @@
 While the API is away, trainers cannot write their progress annotations and kubelets cannot
 renew their leases, so a reconcile pass that judged the silence afterwards would restart a
 healthy gang for a hang, or quarantine a healthy node. Reconcile holds both judgements across
-an outage (reconcile._detect, _hold_during_disruption); this module says when one was.
+an outage (judge: the hang clock and the outage hold); this module says when one was.
 
 One signal marks an outage:
 - a probe of ``/readyz`` every PROBE_INTERVAL_SECONDS, failed or unanswered within

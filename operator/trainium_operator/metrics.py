@@ -18,7 +18,7 @@ from trainium_api.status import PHASES as PHASES_OF_RUN
 from trainium_api.status import FailureRecord, TrainingRunStatus
 
 from .goodput import PHASES
-from .observe import hang_timeout
+from .judge import hang_timeout
 
 REGISTRY = CollectorRegistry()
 RUN = ["namespace", "run"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trainer import exitcodes, progress
-from trainium_api.spec import TrainingRunSpec
+from trainer import progress
+from trainium_api.spec import Cause
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
 
@@ -108,6 +108,14 @@ class NodeView:
     unschedulable: bool = False
     changed: float | None = None  # newest transition of Ready / NeuronHealth
     zone: str = ""  # topology.kubernetes.io/zone: the node lifecycle controller judges disruption per zone
+    neuron_short_since: float | None = None
+    """Since when the operator has seen allocatable Neuron devices below capacity (the node
+    object carries no time for it: the observer's DeviceShortfalls remembers)."""
+
+    @property
+    def neuron_short(self) -> bool:
+        return self.neuron_capacity is not None and self.neuron_allocatable is not None and \
+            self.neuron_allocatable < self.neuron_capacity
 
 
 def node_view(node: dict) -> NodeView:
@@ -133,7 +141,7 @@ def node_view(node: dict) -> NodeView:
 
 @dataclass
 class Failure:
-    cause: str  # one of spec.CAUSES
+    cause: Cause
     message: str
     node: str = ""
     pod: str = ""
@@ -168,7 +176,7 @@ def gang_state(pods: list[PodView]) -> GangState:
     newest = max(reports, key=lambda r: r["step"], default=None)
     return GangState(
         pods=pods, running=sum(p.phase == "Running" and not p.deleting for p in pods),
-        scheduled=sum(bool(p.node) for p in pods), succeeded=sum(_succeeded(p) for p in pods),
+        scheduled=sum(bool(p.node) for p in pods), succeeded=sum(succeeded(p) for p in pods),
         step=newest["step"] if newest else None,
         tokens_per_second=newest.get("tokensPerSecond") if newest else None,
         loss=newest.get("loss") if newest else None,
@@ -180,7 +188,7 @@ def gang_state(pods: list[PodView]) -> GangState:
                               if r.get("evalPerplexity") is not None), None))
 
 
-def _succeeded(p: PodView) -> bool:
+def succeeded(p: PodView) -> bool:
     """Finished its work: an evicted pod whose program exited 0 on SIGTERM did not."""
     return p.reason not in EVICTION_REASONS and (p.phase == "Succeeded" or (p.phase == "Failed" and p.exit_code == 0))
 
@@ -189,74 +197,3 @@ def not_started(pods: list[PodView]) -> list[PodView]:
     """Pods placed on a node whose container has not started (phase Pending), oldest first."""
     return sorted((p for p in pods if p.node and p.phase == "Pending" and not p.deleting and p.scheduled),
                   key=lambda p: p.scheduled)
-
-
-def hang_timeout(spec: TrainingRunSpec, step_seconds: float | None) -> float:
-    ft = spec.fault_tolerance
-    if ft.hang_timeout_seconds != "auto":
-        return float(ft.hang_timeout_seconds)
-    if not step_seconds:
-        return ft.hang_timeout_floor_seconds
-    return max(ft.hang_timeout_floor_seconds, ft.hang_timeout_factor * step_seconds)
-
-
-def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeView], *, now: float,
-                 expected_pods: int, gang_running_since: float | None, step_seconds: float | None,
-                 last_step_change: float | None) -> Failure | None:
-    """The most specific failure in the current attempt, or None. Order: a fatal exit first (no
-    retry), then hardware and node signals (so the bad node is quarantined rather than blaming
-    the rank that died with it), then crashed ranks, vanished pods, hangs and scheduling."""
-    for p in gang.pods:
-        if p.phase == "Failed" and exitcodes.is_fatal(p.exit_code):
-            return Failure("application", f"pod {p.name} exited {p.exit_code} (fatal: {p.message or p.reason})",
-                           node=p.node or "", pod=p.name, fatal=True, exit_code=p.exit_code, since=p.finished)
-    for p in gang.pods:
-        if not p.node:
-            continue
-        n = nodes.get(p.node)
-        if n is None:
-            return Failure("node", f"node {p.node} of pod {p.name} was deleted", node=p.node, pod=p.name)
-        if n.neuron_error:
-            return Failure("neuron-device", f"node {p.node}: NeuronHealth {n.neuron_error}", node=p.node, pod=p.name,
-                           since=n.changed)
-        if n.neuron_capacity is not None and n.neuron_allocatable is not None and \
-                n.neuron_allocatable < n.neuron_capacity:
-            return Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron "
-                           f"devices allocatable", node=p.node, pod=p.name)
-        if n.ready != "True":
-            kind = "unreachable" if n.ready == "Unknown" else "NotReady"
-            return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed)
-    for p in gang.pods:
-        if p.phase == "Failed" and not _succeeded(p):
-            cause = "eviction" if p.reason in EVICTION_REASONS else "application"
-            return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip(),
-                           node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished)
-    deleting = [p for p in gang.pods if p.deleting]
-    if deleting or len(gang.pods) < expected_pods:
-        who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
-        node = deleting[0].node or "" if deleting else ""
-        return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
-                       pod=deleting[0].name if deleting else "")
-    if gang_running_since is not None and gang.running == expected_pods:
-        if gang.step is None:
-            if now - gang_running_since > spec.fault_tolerance.startup_timeout_seconds:
-                return Failure("hang", f"no progress {now - gang_running_since:.0f}s after the gang started")
-        else:
-            since = last_step_change or gang_running_since
-            limit = hang_timeout(spec, step_seconds)
-            if now - since > limit:
-                return Failure("hang", f"no step progress for {now - since:.0f}s (timeout {limit:.0f}s) at step "
-                               f"{gang.step}")
-    stuck = next((p for p in not_started(gang.pods) if now - p.scheduled > spec.fault_tolerance.startup_timeout_seconds),
-                 None)
-    if stuck:  # one pod that never starts holds every other node of the gang: act on it
-        return Failure("startup", f"pod {stuck.name} on node {stuck.node} has not started "
-                       f"{now - stuck.scheduled:.0f}s after it was placed: {stuck.waiting or 'no reason given'}",
-                       node=stuck.node or "", pod=stuck.name,
-                       since=stuck.scheduled + spec.fault_tolerance.startup_timeout_seconds)
-    pending = [p for p in gang.pods if not p.node and p.created]
-    if pending and now - min(p.created for p in pending) > spec.fault_tolerance.schedule_timeout_seconds:
-        why = next((p.unschedulable for p in pending if p.unschedulable), "not scheduled")
-        return Failure("scheduling", f"{len(pending)} pod(s) unscheduled for "
-                       f"{spec.fault_tolerance.schedule_timeout_seconds:.0f}s: {why}")
-    return None

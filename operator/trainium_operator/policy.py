@@ -48,11 +48,16 @@ class DisruptionGuard:
     kubelet renews every 10 s against a 40-50 s grace period), and the API probe sees blips of
     a few seconds on a busy operator: those must not hold a node that is really lost."""
 
+    device_settle_seconds: float = 30.0
+    """Allocatable Neuron devices below capacity for less than this is not yet a device
+    failure: the Neuron device plugin restarting (an upgrade, a crash) unregisters the devices
+    and registers them again within seconds; a device really lost stays missing."""
+
     def validate(self) -> None:
         if not 0 < self.threshold <= 1:
             raise ValueError(f"disruption threshold must be in (0, 1], got {self.threshold}")
         if self.min_nodes < 1 or min(self.max_hold_seconds, self.settle_seconds, self.outage_grace_seconds,
-                                         self.outage_min_seconds) < 0:
+                                         self.outage_min_seconds, self.device_settle_seconds) < 0:
             raise ValueError("disruption min nodes must be at least 1, and its seconds not negative")
 
 

@@ -28,44 +28,22 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Literal
+from typing import Callable
 
 from trainium_api.fields import ConfigError
-from trainium_api.load import changed_fields, lenient, to_dict
-from trainium_api.spec import TrainingRunSpec, check_run_name
+from trainium_api.load import changed_fields, to_dict
+from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, CheckpointRef, Condition, Disruption, FailureRecord,
                                  TrainingRunStatus)
 
 from . import admission, goodput, plan
-from .observe import (STARTING_REASONS, Failure, GangState, NodeView, PodView, find_failure, gang_state, not_started,
-                      waiting_reason)
-from .policy import DISRUPTION_CAUSES, DisruptionGuard, decide
-from .spec import parse
+from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
+from .judge import Clocks, Guards, Observed, judge
+from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
+from .observer import Snapshot, read_status, snapshot
+from .policy import DisruptionGuard, decide
 
-__all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "read_status"]
-
-EffectKind = Literal["ensure", "delete_pod", "quarantine", "event", "observe_failure", "observe_recovery"]
-
-
-@dataclass
-class Effect:
-    """One thing the handler does after writing the status, in order:
-      ensure            create ``obj`` unless it exists
-      delete_pod        delete pod ``name`` with ``grace`` seconds
-      quarantine        taint and label node ``name`` (``reason``)
-      event             a Kubernetes Event (``reason``, ``message``, ``warning``)
-      observe_failure   the latency histograms observe ``failure`` (new: detection)
-      observe_recovery  ... or its recovery; each record once, since the status that recorded
-                        it was written before"""
-    kind: EffectKind
-    obj: dict | None = None
-    name: str = ""
-    grace: int | None = None
-    reason: str = ""
-    message: str = ""
-    warning: bool = False
-    failure: FailureRecord | None = None
-
+__all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "reconcile_objects", "read_status"]
 
 @dataclass
 class Result:
@@ -83,15 +61,10 @@ class Result:
 
     def ensured(self, kind: str = "Pod") -> list[dict]:
         """The objects of ``kind`` this pass makes sure of (children are ensured every pass)."""
-        return [e.obj for e in self.effects if e.kind == "ensure" and e.obj["kind"] == kind]
+        return [e.obj for e in self.effects if isinstance(e, Ensure) and e.obj["kind"] == kind]
 
 
 NEWER_ATTEMPT_GRACE_SECONDS = 60.0
-
-
-def read_status(raw: dict | None) -> TrainingRunStatus:
-    """The run's status, typed; a field that does not load (edited by hand) takes its default."""
-    return lenient(TrainingRunStatus, raw or {})
 
 
 @dataclass
@@ -136,10 +109,10 @@ class Pass:
         return int(self.spec.fault_tolerance.teardown_grace_seconds)
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.effects.append(Effect("event", reason=reason, message=message, warning=warning))
+        self.effects.append(Event(reason, message, warning))
 
     def delete(self, pods: list[PodView], grace: int | None = None) -> None:
-        self.effects += [Effect("delete_pod", name=p.name, grace=self.grace if grace is None else grace)
+        self.effects += [DeletePod(p.name, self.grace if grace is None else grace)
                          for p in pods if not p.deleting]
 
     def condition(self, ctype: str, ok: bool, reason: str, message: str) -> None:
@@ -159,42 +132,20 @@ def condition(ctype: str, ok: bool, reason: str, message: str, now: float,
                      last_transition_time=kept or datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
-def _checkpoint_ref(value: dict | CheckpointRef | None) -> CheckpointRef | None:
-    if value is None or isinstance(value, CheckpointRef):
-        return value
-    return lenient(CheckpointRef, value)
-
-
-def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
-              checkpoint: dict | CheckpointRef | None = None, disruption: str = "",
-              guard: DisruptionGuard = DisruptionGuard(),
-              api_outage: tuple[float, float] | None = None, children_error: str = "") -> Result:
-    """``checkpoint``: the newest complete checkpoint ({tag, step, time, uri}) or None.
-    ``disruption``: why the run's nodes look lost through no fault of their own (policy.disruption),
-    "" when they do not; while it lasts (at most ``guard.max_hold_seconds``) lost nodes and
-    hangs are held: no quarantine, no restart. ``api_outage``: (lost, back) of the operator's last
-    loss of the API server (back = now while it lasts): progress could not be written before
-    it came back, and leases could not be renewed, so nodes that went Unknown around it are held.
-    ``children_error``: why the last pass could not create a child (Service, ConfigMap, RBAC),
-    "" when they were all created; shown as the ChildrenCreated condition."""
-    if run["metadata"].get("deletionTimestamp"):
+def reconcile(snap: Snapshot) -> Result:
+    """One pass over ``snap`` (observer.Snapshot): the status to write and the effects.
+    Lost nodes and hangs are held while ``snap.disruption`` lasts (at most
+    ``guard.max_hold_seconds``) and around an API outage (judge); ``snap.children_error`` is
+    shown as the ChildrenCreated condition."""
+    if snap.deleting:
         return Result()  # being deleted: the garbage collector removes the children; do not restart
-    old = read_status(run.get("status"))
+    old, spec = snap.status, snap.spec
     new = _working_copy(old)
-    refused = None  # an edit of a live run that the operator's rules refuse
-    try:
-        bad_name = check_run_name(run["metadata"].get("name"))
-        if bad_name:  # made before the CRD's rule existed: it can never get its Service
-            raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
-        spec = parse(run.get("spec"))
-    except ConfigError as err:
-        spec = _spec_in_force(run, old)
-        if spec is None:
-            effects = _invalid_spec(old, new, err, run["metadata"].get("generation"), now)
-            return Result(changed_fields(old, new), effects, None, new)
-        refused = err
-    p = Pass(run, spec, old, new, pods, nodes, now, _checkpoint_ref(checkpoint), disruption, guard, api_outage,
-             refused, children_error)
+    if spec is None:
+        effects = _invalid_spec(old, new, snap.spec_error, snap.run["metadata"].get("generation"), snap.now)
+        return Result(changed_fields(old, new), effects, None, new)
+    p = Pass(snap.run, spec, old, new, snap.pods, snap.nodes, snap.now, snap.checkpoint, snap.disruption,
+             snap.guard, snap.api_outage, snap.spec_error, snap.children_error)
     if p.newer:  # this pass read a status older than the one that started them: decide nothing
         return Result({}, [], spec, old)
     _observe(p)
@@ -202,6 +153,11 @@ def reconcile(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: f
         _children(p)
     _phase_step(p)(p)
     return Result(changed_fields(old, new), p.effects, spec, new)
+
+
+def reconcile_objects(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float, **signals) -> Result:
+    """reconcile(observer.snapshot(...)): one pass from API objects, for tests and benchmarks."""
+    return reconcile(snapshot(run, pods, nodes, now, **signals))
 
 
 def _working_copy(old: TrainingRunStatus) -> TrainingRunStatus:
@@ -222,19 +178,7 @@ def _invalid_spec(old: TrainingRunStatus, new: TrainingRunStatus, err: ConfigErr
     new.conditions = [condition("Valid", False, "InvalidSpec", str(err), now, old.conditions)]
     if old.message == str(err):
         return []
-    return [Effect("event", reason="InvalidSpec", message=str(err), warning=True)]
-
-
-def _spec_in_force(run: dict, old: TrainingRunStatus) -> TrainingRunSpec | None:
-    """For a run whose spec was accepted before (suspended or started): its spec with the fault
-    tolerance last accepted, when that is what the operator refuses (the API server lets only
-    faultTolerance and suspend change); None otherwise."""
-    if old.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
-        return None
-    try:
-        return parse({**run["spec"], "faultTolerance": old.fault_tolerance_in_force})
-    except ConfigError:
-        return None
+    return [Event("InvalidSpec", message=str(err), warning=True)]
 
 
 def _refused_edit(p: Pass, err: ConfigError) -> None:
@@ -278,11 +222,11 @@ def _children(p: Pass) -> None:
     creates what is missing; the effects come before any pod's."""
     spec, namespace = p.spec, p.run["metadata"]["namespace"]
     if spec.service_account_name == plan.DEFAULT_TRAINER_SA:
-        p.effects += [Effect("ensure", o) for o in plan.trainer_rbac(namespace)]
-        p.effects += [Effect("ensure", o) for o in admission.trainer_policy()]
-    p.effects.append(Effect("ensure", plan.service(p.run)))
+        p.effects += [Ensure(o) for o in plan.trainer_rbac(namespace)]
+        p.effects += [Ensure(o) for o in admission.trainer_policy()]
+    p.effects.append(Ensure(plan.service(p.run)))
     if not spec.trainer.is_command:
-        p.effects.append(Effect("ensure", plan.config_map(p.run, spec)))
+        p.effects.append(Ensure(plan.config_map(p.run, spec)))
     was, error = next((c for c in p.old.conditions if c.type == "ChildrenCreated"), None), p.children_error
     if error:
         p.condition("ChildrenCreated", False, "CreateFailed", error)
@@ -341,7 +285,7 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     new.phase, new.attempt, new.attempt_start_time, new.resume_checkpoint = "Starting", attempt, p.now, resume
     new.gang_running_time = new.last_step = new.last_step_time = None
     new.restart_not_before = new.teardown_start_time = None
-    p.effects += [Effect("ensure", pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume)]
+    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume)]
     p.event(reason, f"attempt {attempt}: {message}" + (
         f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
 
@@ -354,7 +298,7 @@ def _teardown(p: Pass) -> None:
     _note_teardown_progress(p)
     for pod in p.current:
         if force or not pod.deleting:
-            p.effects.append(Effect("delete_pod", name=pod.name, grace=0 if force else p.grace))
+            p.effects.append(DeletePod(pod.name, 0 if force else p.grace))
     if p.current or p.stale:
         return
     last = p.new.failures[-1] if p.new.failures else None
@@ -389,20 +333,14 @@ def _supervise(p: Pass) -> None:
     if old.phase == "Starting" and not old.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
-        p.effects += [Effect("ensure", plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
+        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
                                                 old.resume_checkpoint))  # or the API server refused some
                       for i in range(spec.nodes) if i not in have]
-        waited = p.now - (old.attempt_start_time if old.attempt_start_time is not None else p.now)
-        if waited > spec.fault_tolerance.schedule_timeout_seconds:  # pods that cannot even be created
-            _on_failure(p, Failure("scheduling", f"{spec.nodes - len(p.current)} pod(s) not created "
-                                   f"{waited:.0f}s after the attempt started: {p.children_error or 'no reason given'}"),
-                        gang)
+        _act(p, gang, complete=False)
         return
     _report_startup(p)
     _report_bad_progress(p)
-    failure = _detect(p, gang)
-    if failure:
-        _on_failure(p, failure, gang)
+    if _act(p, gang):
         return
     if gang.succeeded == spec.nodes:
         new.phase = "Succeeded"
@@ -419,7 +357,7 @@ def _supervise(p: Pass) -> None:
 def _report_startup(p: Pass) -> None:
     """PodsStarted: False, naming the pod and the kubelet's reason, as soon as a placed pod
     waits for anything but its container's creation (a pull error, a missing Secret); the
-    failure itself comes after startupTimeoutSeconds (observe.find_failure, cause startup)."""
+    failure itself comes after startupTimeoutSeconds (judge, cause startup)."""
     waiting = [x for x in not_started(p.current) if x.waiting and waiting_reason(x) not in STARTING_REASONS]
     was = next((c for c in p.old.conditions if c.type == "PodsStarted"), None)
     if waiting:
@@ -455,24 +393,29 @@ def _report_bad_progress(p: Pass) -> None:
         p.condition("ProgressValid", True, "Parsed", "")
 
 
-def _detect(p: Pass, gang: GangState) -> Failure | None:
-    """The failure to act on now, if any. Progress could not reach us while the cluster was
-    disrupted or the API away: the hang clock restarts when that ends."""
-    last_change = max(p.new.last_step_time or 0.0, p.old.disruption_end_time or 0.0, _outage_end(p)) or None
-    failure = find_failure(p.spec, gang, p.nodes, now=p.now, expected_pods=p.spec.nodes,
-                           gang_running_since=p.old.gang_running_time, step_seconds=p.old.step_seconds,
-                           last_step_change=last_change)
-    return _hold_during_disruption(p, failure)
+def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
+    """Ask the judge; record a disruption's start and end; act on a failure. Returns whether
+    the attempt failed."""
+    seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error)
+    verdict = judge(seen, Clocks.of(p.old, p.new.last_step_time), Guards(p.guard, p.disruption, p.api_outage))
+    _record_disruption(p, verdict.disruption)
+    if verdict.failure:
+        _on_failure(p, verdict.failure, gang)
+        return True
+    return False
 
 
-def _outage_end(p: Pass) -> float:
-    """When the API outage that holds the hang clock ended (now while it lasts); 0 when there
-    was none, or when it was a blip shorter than guard.outage_min_seconds (progress reports that
-    failed in it are sent again within a second or two)."""
-    if p.api_outage is None:
-        return 0.0
-    began, ended = p.api_outage
-    return ended if ended >= p.now or ended - began >= p.guard.outage_min_seconds else 0.0
+def _record_disruption(p: Pass, now_in_force: Disruption | None) -> None:
+    held = p.old.disruption
+    if held and not now_in_force:
+        p.new.disruption, p.new.disruption_end_time = None, p.now
+        p.condition("Disrupted", False, "NodesReturned", "")
+        p.event("DisruptionEnded", f"nodes are back after {p.now - held.since:.0f}s; normal failure handling again")
+    elif now_in_force and not held:
+        p.new.disruption = now_in_force
+        p.condition("Disrupted", True, "MassNodeDisruption", now_in_force.message)
+        p.event("Disruption", f"{now_in_force.message}: a control-plane or network disruption, not node failures; "
+                f"no quarantine and no restart for up to {p.guard.max_hold_seconds:.0f}s", warning=True)
 
 
 def _gang_running(p: Pass, gang: GangState) -> None:
@@ -482,7 +425,7 @@ def _gang_running(p: Pass, gang: GangState) -> None:
         new.gang_running_time = p.now
         if last and not last.recovered_time:
             last.recovered_time, last.recovered_after = p.now, round(p.now - last.time, 3)
-            p.effects.append(Effect("observe_recovery", failure=copy.copy(last)))
+            p.effects.append(ObserveRecovery(copy.copy(last)))
             p.event("Recovered", f"attempt {old.attempt}: all {p.spec.nodes} pods running "
                     f"{last.recovered_after:.1f}s after the failure was detected")
     if gang.step is not None and old.phase != "Running":
@@ -494,54 +437,6 @@ def _gang_running(p: Pass, gang: GangState) -> None:
             last.resumed_time = gang.last_progress_time or p.now
             last.resumed_step = gang.start_step
             last.resumed_steps = gang.step - (gang.start_step or 0)
-
-
-def _hold_during_disruption(p: Pass, failure: Failure | None) -> Failure | None:
-    """The failure to act on: None while a disruption holds it (a lost node or a hang, for at
-    most guard.max_hold_seconds), while a node that went Unknown may still turn out to be the
-    first of a disruption (guard.settle_seconds), or while a node is Unknown because its lease
-    lapsed during an API server outage (one of at least guard.outage_min_seconds, and it went
-    Unknown from the outage's start to guard.outage_grace_seconds after its end); records when
-    a disruption began and ended."""
-    guard, now, disruption, api_outage = p.guard, p.now, p.disruption, p.api_outage
-    lost = p.nodes.get(failure.node) if failure and failure.cause == "node" else None
-    if lost is not None and lost.ready == "Unknown" and failure.since:
-        settling = now - failure.since < guard.settle_seconds
-        outage = (api_outage is not None and api_outage[1] - api_outage[0] >= guard.outage_min_seconds
-                  and api_outage[0] <= failure.since <= api_outage[1] + guard.outage_grace_seconds
-                  and now - failure.since < guard.max_hold_seconds)
-        if settling or outage:
-            failure = None
-    held = p.old.disruption
-    if held and not disruption:
-        # nodes come back one by one: the disruption lasts until every node it took is back
-        # (a node lost after its wave is a failure of its own)
-        wave_end = held.since + guard.settle_seconds
-        behind = [n for n in p.nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end
-                  and n.name not in p.new.quarantined_nodes]  # a quarantined node is not coming back
-        if behind:
-            disruption = f"{held.message}; {len(behind)} of the run's nodes not back yet"
-    if not disruption:
-        if held:
-            p.new.disruption, p.new.disruption_end_time = None, now
-            p.condition("Disrupted", False, "NodesReturned", "")
-            p.event("DisruptionEnded", f"nodes are back after {now - held.since:.0f}s; normal failure handling again")
-            if failure and failure.cause == "hang":
-                # progress could not reach us during the disruption: the hang clock restarts
-                # now, not at the last step seen before it (found by the control-plane e2e test:
-                # the operator's watches resumed 11 s after the API, and the gang was restarted
-                # in the very pass that saw the nodes return)
-                return None
-        return failure
-    since = held.since if held else now
-    if not held:
-        p.new.disruption = Disruption(since=now, message=disruption)
-        p.condition("Disrupted", True, "MassNodeDisruption", disruption)
-        p.event("Disruption", f"{disruption}: a control-plane or network disruption, not node failures; "
-                f"no quarantine and no restart for up to {guard.max_hold_seconds:.0f}s", warning=True)
-    if failure and failure.cause in DISRUPTION_CAUSES and now - since < guard.max_hold_seconds:
-        return None
-    return failure
 
 
 def _track_progress(p: Pass, gang: GangState) -> None:
@@ -597,7 +492,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
             old.goodput_archive, old.created_time if old.created_time is not None else now, old.first_progress_time,
             dropped, timeline[0].time, now, old.step_seconds, old.first_progress_steps)
     new.failures = timeline
-    p.effects.append(Effect("observe_failure", failure=copy.copy(record)))
+    p.effects.append(ObserveFailure(copy.copy(record)))
     if action.kind == "fail":
         new.phase, new.message = "Failed", action.reason
         new.conditions = [condition("Valid", True, "SpecValid", "", now, old.conditions),
@@ -611,7 +506,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     new.phase, new.message = "Restarting", action.reason
     new.teardown_start_time, new.restart_not_before = now, now + action.delay_seconds
     if action.quarantine_node:
-        p.effects.append(Effect("quarantine", name=action.quarantine_node, reason=failure.message))
+        p.effects.append(Quarantine(action.quarantine_node, failure.message))
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
         p.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
     p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from trainium_operator import admission, plan
-from trainium_operator.reconcile import reconcile
+from trainium_operator.reconcile import reconcile_objects
 
 # the trainer's client, like every client of the local control plane, skips TLS verification
 pytestmark = [pytest.mark.cluster, pytest.mark.filterwarnings("ignore:Unverified HTTPS request")]
@@ -23,7 +23,7 @@ def test_the_operator_ensures_the_policy_with_the_trainer_rbac():
            "spec": {"image": "i", "nodes": 1, "instanceType": "cpu", "model": {"preset": "tiny"},
                     "training": {"globalBatchSize": 4, "microBatchSize": 4, "seqLen": 128},
                     "data": {"sources": [{"uri": "/d"}], "tokenizer": "/t"}, "checkpoint": {"uri": "/c"}}}
-    made = [e.obj for e in reconcile(run, [], {}, now=0.0).effects if e.kind == "ensure"]
+    made = [e.obj for e in reconcile_objects(run, [], {}, now=0.0).effects if e.kind == "ensure"]
     assert admission.trainer_policy()[0] in made and admission.trainer_policy()[1] in made
     assert plan.trainer_rbac("ns")[1] in made
 

@@ -9,7 +9,7 @@ from trainium_api import spec as api
 from trainium_api.fields import ConfigError, api_fields
 from trainium_api.load import build, changed_fields, lenient, to_dict
 from trainium_api.status import CheckpointRef, FailureRecord, TrainingRunStatus
-from trainium_operator.reconcile import read_status, reconcile
+from trainium_operator.reconcile import read_status, reconcile_objects
 
 
 @pytest.mark.parametrize("cls, data, field, words", [
@@ -89,7 +89,7 @@ def test_a_malformed_status_loses_only_its_malformed_fields_and_never_stops_reco
     run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "generation": 1}, "status": bad,
            "spec": {"image": "i", "nodes": 1, "instanceType": "cpu", "checkpoint": {"uri": "/c"},
                     "data": {"sources": ["/d"], "tokenizer": "/t.json"}}}
-    reconcile(run, [], {}, now=20.0)  # does not raise
+    reconcile_objects(run, [], {}, now=20.0)  # does not raise
     assert read_status(None) == TrainingRunStatus()
 
 

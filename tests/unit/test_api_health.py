@@ -8,7 +8,7 @@ import logging
 import time
 
 from trainium_operator.apihealth import ApiHealth, ApiProbe
-from trainium_operator.reconcile import reconcile
+from trainium_operator.reconcile import reconcile_objects
 
 from .test_operator_core import RUN, SPEC, _node, _pod
 
@@ -76,13 +76,13 @@ def test_no_hang_is_called_while_the_api_is_away_or_until_it_was_back_for_the_ti
     run, pods = _quiet_run(8), [_pod(i, step=5) for i in range(4)]
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     # the last step was seen at 20; the API went away at 25 and is still away at 40
-    assert reconcile(run, pods, nodes, now=40.0, api_outage=(25.0, 40.0)).status.get("phase") is None
+    assert reconcile_objects(run, pods, nodes, now=40.0, api_outage=(25.0, 40.0)).status.get("phase") is None
     # back at 41: the hang clock restarts there, not at 20
-    assert reconcile(run, pods, nodes, now=48.0, api_outage=(25.0, 41.0)).status.get("phase") is None
-    r = reconcile(run, pods, nodes, now=49.5, api_outage=(25.0, 41.0))
+    assert reconcile_objects(run, pods, nodes, now=48.0, api_outage=(25.0, 41.0)).status.get("phase") is None
+    r = reconcile_objects(run, pods, nodes, now=49.5, api_outage=(25.0, 41.0))
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"
     # without an outage the same silence is a hang at once
-    assert reconcile(run, pods, nodes, now=40.0).status["phase"] == "Restarting"
+    assert reconcile_objects(run, pods, nodes, now=40.0).status["phase"] == "Restarting"
 
 
 def test_a_blip_shorter_than_the_outage_minimum_does_not_restart_the_hang_clock():
@@ -90,6 +90,6 @@ def test_a_blip_shorter_than_the_outage_minimum_does_not_restart_the_hang_clock(
     hang clock keeps its start: a blip every few minutes must not hide a real hang for ever."""
     run, pods = _quiet_run(8), [_pod(i, step=5) for i in range(4)]
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
-    assert reconcile(run, pods, nodes, now=40.0, api_outage=(38.0, 40.0)).status.get("phase") is None  # under way
-    r = reconcile(run, pods, nodes, now=41.0, api_outage=(38.0, 40.0))  # over after 2 s (minimum 10 s)
+    assert reconcile_objects(run, pods, nodes, now=40.0, api_outage=(38.0, 40.0)).status.get("phase") is None  # under way
+    r = reconcile_objects(run, pods, nodes, now=41.0, api_outage=(38.0, 40.0))  # over after 2 s (minimum 10 s)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"

@@ -1,4 +1,4 @@
-"""The applier (handlers.apply): what a reconcile pass's effects become, and what the next pass
+"""The applier (applier.apply): what a reconcile pass's effects become, and what the next pass
 learns when the API server refuses some. The Kube client is a STAND-IN recording calls and
 answering as configured (a webhook's 500, a quota's 403, a refused connection): the applier's
 own decisions are the thing under test; the real API server's answers are exercised by
@@ -13,8 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import NewConnectionError
 
 from tests.unit.test_operator_core import RUN, SPEC
-from trainium_operator.handlers import ChildCache, ChildError, NotLeading, apply
-from trainium_operator.reconcile import reconcile
+from trainium_operator.applier import ChildCache, ChildError, NotLeading, apply
+from trainium_operator.reconcile import reconcile_objects
 
 
 class FakeKube:
@@ -47,7 +47,7 @@ class FakeKube:
 
 def _first_pass():
     run = {**RUN, "metadata": {**RUN["metadata"], "resourceVersion": "41"}}
-    return run, reconcile(run, [], {}, now=1.0)
+    return run, reconcile_objects(run, [], {}, now=1.0)
 
 
 def _api(status: int, message: str) -> ApiException:
@@ -77,7 +77,7 @@ def test_a_refused_child_means_no_pod_and_its_words_reach_the_next_pass(refusal)
     error = children.error("ns", "r")
     assert error.startswith("cannot create Service r: ") and ("webhook" in error or "quota" in error)
     assert "event" in [k for k, _ in kube.calls]  # the rest of the pass was applied
-    nxt = reconcile({**run, "status": result.status}, [], {}, now=2.0, children_error=error)
+    nxt = reconcile_objects({**run, "status": result.status}, [], {}, now=2.0, children_error=error)
     assert next(c for c in nxt.after.conditions if c.type == "ChildrenCreated").status == "False"
     kube.refuse.clear()
     apply(kube, run, nxt, children)  # the Service is created by the next pass, then nothing is due
@@ -116,6 +116,6 @@ def test_children_are_asked_for_at_most_every_recheck_interval_and_shared_ones_o
     apply(kube, run, result, children)
     other = {**run, "metadata": {**run["metadata"], "name": "s", "uid": "u-2"}}
     kube.calls.clear()
-    apply(kube, other, reconcile(other, [], {}, now=1.0), children)
+    apply(kube, other, reconcile_objects(other, [], {}, now=1.0), children)
     asked = {k for k, _ in kube.calls} - {"status", "Pod", "event"}
     assert asked == {"Service", "ConfigMap"}  # the namespace's RBAC and the cluster's policy: once for both runs

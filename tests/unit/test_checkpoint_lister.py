@@ -1,4 +1,4 @@
-"""The operator's checkpoint listing runs off the reconcile pass (handlers.CheckpointLister): a
+"""The operator's checkpoint listing runs off the reconcile pass (checkpoints.CheckpointLister): a
 slow or hung store never holds a pass, failures keep the last answer, a listing that does not
 answer is given up. The store is a STAND-IN function (the lister's own logic is the thing under
 test; listing a real store is tested in tests/unit/test_ckpt_store.py and the s3 tier)."""
@@ -9,7 +9,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from trainium_operator.handlers import CheckpointLister
+from trainium_operator.checkpoints import CheckpointLister
 
 RUN = {"metadata": {"namespace": "ns", "name": "r"}, "spec": {"checkpoint": {"uri": "s3://b/r"}}}
 

@@ -12,7 +12,7 @@ import yaml
 from trainer.config import ConfigError
 from trainium_api.status import CheckpointRef
 from trainium_operator import plan
-from trainium_operator.reconcile import reconcile
+from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import checkpoint_layout, parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,13 +110,13 @@ def test_the_override_quotes_the_checkpoint_for_hydra():
 
 
 def test_reconcile_starts_no_configmap_and_each_attempt_resumes_from_the_checkpoint_of_its_start():
-    r = reconcile(RUN, [], {}, now=0.0, checkpoint=None)
+    r = reconcile_objects(RUN, [], {}, now=0.0, checkpoint=None)
     kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
     assert "ConfigMap" not in kinds and kinds.count("Pod") == 2
     assert r.after.resume_checkpoint is None and "dataParallel" not in r.status
     run = {**RUN, "status": {**r.status, "phase": "Restarting", "attempt": 1, "restartNotBefore": 0,
                              "conditions": [{"type": "Valid", "status": "True"}]}}
-    r = reconcile(run, [], {}, now=10.0, checkpoint=REF)
+    r = reconcile_objects(run, [], {}, now=10.0, checkpoint=REF)
     pods = r.ensured("Pod")
     assert r.status["attempt"] == 2 and r.status["resumeCheckpoint"] == CKPT and len(pods) == 2
     assert all(p["spec"]["containers"][0]["command"][-1].endswith(f'{CKPT["uri"]}"') for p in pods)

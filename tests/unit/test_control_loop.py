@@ -9,8 +9,9 @@ import pytest
 from tests.unit.test_operator_core import RUN, SPEC, _node
 from trainium_api.load import lenient, to_dict
 from trainium_api.status import TrainingRunStatus
-from trainium_operator.observe import find_failure, gang_state, node_view, pod_view
-from trainium_operator.reconcile import reconcile
+from trainium_operator.judge import find_failure
+from trainium_operator.observe import gang_state, node_view, pod_view
+from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import parse
 
 CHILDREN = {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
@@ -34,24 +35,24 @@ def _after(result, run: dict) -> dict:
 def test_every_live_pass_ensures_every_child(phase, attempt):
     """Not only the pass that starts attempt 1: a create that failed then, or a child deleted
     later, is made again by whichever pass comes next."""
-    r = reconcile(_run({"phase": phase, "attempt": attempt, "createdTime": 0.0}, suspend=phase == "Suspended"),
+    r = reconcile_objects(_run({"phase": phase, "attempt": attempt, "createdTime": 0.0}, suspend=phase == "Suspended"),
                   [], {}, now=10.0)
     assert _kinds(r) == CHILDREN
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_a_finished_run_ensures_nothing(phase):
-    assert not _kinds(reconcile(_run({"phase": phase, "attempt": 1}), [], {}, now=10.0))
+    assert not _kinds(reconcile_objects(_run({"phase": phase, "attempt": 1}), [], {}, now=10.0))
 
 
 def test_a_run_created_suspended_starts_fully_when_resumed():
     run = _run(suspend=True)
-    r = reconcile(run, [], {}, now=5.0)
+    r = reconcile_objects(run, [], {}, now=5.0)
     assert r.status["phase"] == "Suspended" and r.after.attempt == 0 and not r.ensured("Pod")
     assert _kinds(r) == CHILDREN and r.after.created_time is None  # suspended time is not the run's
     run = _after(r, run)
     run["spec"] = {**SPEC, "suspend": False}
-    r = reconcile(run, [], {}, now=100.0)
+    r = reconcile_objects(run, [], {}, now=100.0)
     assert r.status["phase"] == "Starting" and r.status["attempt"] == 1 and len(r.ensured("Pod")) == SPEC["nodes"]
     assert r.status["createdTime"] == 100.0 and _kinds(r) == CHILDREN
 
@@ -59,14 +60,14 @@ def test_a_run_created_suspended_starts_fully_when_resumed():
 def test_a_failed_create_is_in_status_until_a_pass_succeeds():
     run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0})
     why = 'cannot create Service r: services "r" is forbidden: exceeded quota: no-services'
-    r = reconcile(run, [], {}, now=1.0, children_error=why)
+    r = reconcile_objects(run, [], {}, now=1.0, children_error=why)
     cond = next(c for c in r.after.conditions if c.type == "ChildrenCreated")
     assert (cond.status, cond.reason, cond.message) == ("False", "CreateFailed", why)
     assert [e.reason for e in r.effects if e.kind == "event"] == ["CreateFailed"]
     run = _after(r, run)
-    again = reconcile(run, [], {}, now=2.0, children_error=why)
+    again = reconcile_objects(run, [], {}, now=2.0, children_error=why)
     assert "conditions" not in again.status and not [e for e in again.effects if e.kind == "event"]  # said once
-    fixed = reconcile(run, [], {}, now=3.0)
+    fixed = reconcile_objects(run, [], {}, now=3.0)
     assert next(c for c in fixed.after.conditions if c.type == "ChildrenCreated").status == "True"
 
 
@@ -98,14 +99,14 @@ def test_a_placed_pod_that_never_starts(reason, seconds, shown, failure):
     pods = [_waiting(0, reason, "secret \"hf-token\" not found"), *[_waiting(i, "", phase="Running") for i in (1, 2, 3)]]
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     run = _run({"phase": "Starting", "attempt": 1, "createdTime": T0 - 5}, faultTolerance={"startupTimeoutSeconds": TIMEOUT})
-    r = reconcile(run, pods, nodes, now=T0 + seconds)
+    r = reconcile_objects(run, pods, nodes, now=T0 + seconds)
     cond = next((c for c in r.after.conditions if c.type == "PodsStarted"), None)
     assert (cond is not None and cond.status == "False") == shown, cond
     if shown:
         assert cond.reason == reason and "r-a1-0 on node n0" in cond.message and "hf-token" in cond.message
         assert r.after.message.startswith("pod r-a1-0 on node n0 has not started" if failure
                                           else "waiting for pods to start: pod r-a1-0"), r.after.message
-    found = find_failure(parse(spec), gang_state(pods), nodes, now=T0 + seconds, expected_pods=4,
+    found, _ = find_failure(parse(spec), gang_state(pods), nodes, now=T0 + seconds, expected_pods=4,
                          gang_running_since=None, step_seconds=None, last_step_change=None)
     assert (found is not None and found.cause == "startup") == failure, found
     if failure:
@@ -120,7 +121,7 @@ def test_startup_failures_spend_their_own_budget_then_fail_naming_the_reason():
     status = {"phase": "Starting", "attempt": 1, "createdTime": T0,
               "failures": [{"id": 1, "time": T0 + 100, "cause": "startup", "action": "restart", "attempt": 0}],
               "failureCount": 1}
-    r = reconcile(_run(status, **spec), pods, nodes, now=T0 + TIMEOUT + 5)
+    r = reconcile_objects(_run(status, **spec), pods, nodes, now=T0 + TIMEOUT + 5)
     assert r.after.phase == "Failed" and "startup exhausted" in r.after.message
     assert 'secret "hf-token" not found' in r.after.message and r.after.restarts.get("startup") is None
 
@@ -128,10 +129,10 @@ def test_startup_failures_spend_their_own_budget_then_fail_naming_the_reason():
 def test_the_started_condition_flips_back_once_every_pod_runs():
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     run = _run({"phase": "Starting", "attempt": 1, "createdTime": T0})
-    r = reconcile(run, [_waiting(0, "ErrImagePull")] + [_waiting(i, "", phase="Running") for i in (1, 2, 3)],
+    r = reconcile_objects(run, [_waiting(0, "ErrImagePull")] + [_waiting(i, "", phase="Running") for i in (1, 2, 3)],
                   nodes, now=T0 + 5)
     run = _after(r, run)
-    r = reconcile(run, [_waiting(i, "", phase="Running") for i in range(4)], nodes, now=T0 + 9)
+    r = reconcile_objects(run, [_waiting(i, "", phase="Running") for i in range(4)], nodes, now=T0 + 9)
     cond = next(c for c in r.after.conditions if c.type == "PodsStarted")
     assert cond.status == "True" and r.after.message == ""
     assert lenient(TrainingRunStatus, to_dict(r.after)).conditions == r.after.conditions  # the types load back
@@ -168,7 +169,7 @@ def test_a_malformed_progress_field_is_dropped_and_named_never_raised(annotation
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 50.0, "lastStep": 5,
                 "lastStepTime": 80.0, "lastProgressTime": 80.0})
-    r = reconcile(run, [view, *others], nodes, now=120.0)  # never raises
+    r = reconcile_objects(run, [view, *others], nodes, now=120.0)  # never raises
     cond = next((c for c in r.after.conditions if c.type == "ProgressValid"), None)
     assert (cond is not None and cond.status == "False") == bool(view.progress_errors)
     assert r.after.step == max(step or 0, 6)
@@ -182,7 +183,7 @@ def test_a_pod_labelled_with_no_attempt_is_no_attempts_pod():
 @pytest.mark.parametrize("name, ok", [("llama-7b", True), ("r" * 56, True), ("r" * 57, False), ("run.v2", False),
                                       ("7b-run", False), ("run-", False), ("Run", False)])
 def test_a_run_name_that_cannot_name_its_service_is_refused_with_the_reason(name, ok):
-    r = reconcile({**_run(), "metadata": {**RUN["metadata"], "name": name}}, [], {}, now=1.0)
+    r = reconcile_objects({**_run(), "metadata": {**RUN["metadata"], "name": name}}, [], {}, now=1.0)
     valid = next(c for c in r.after.conditions if c.type == "Valid")
     assert (valid.status == "True") == ok, valid
     if not ok:
@@ -198,9 +199,9 @@ def test_a_pass_that_read_an_older_status_never_deletes_the_newer_attempts_pods(
                                     "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": str(i)}},
                        "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Pending"}}) for i in range(4)]
     run = _run({"phase": "Restarting", "attempt": 1, "createdTime": 0.0, "teardownStartTime": T0 - 10})
-    r = reconcile(run, newer, nodes, now=T0 + 1)
+    r = reconcile_objects(run, newer, nodes, now=T0 + 1)
     assert not r.status and not r.effects
-    r = reconcile(run, newer, nodes, now=T0 + 61)
+    r = reconcile_objects(run, newer, nodes, now=T0 + 61)
     assert {e.name for e in r.effects if e.kind == "delete_pod"} == {f"r-a2-{i}" for i in range(4)}
 
 
@@ -210,7 +211,7 @@ def test_an_edit_the_operator_refuses_leaves_the_run_supervised_with_the_spec_in
     was never acted on while the phase said Running."""
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0})
-    r = reconcile(run, [], nodes, now=1.0)
+    r = reconcile_objects(run, [], nodes, now=1.0)
     assert r.after.fault_tolerance_in_force["hangTimeoutSeconds"] == "auto"
     run = _after(r, run)
     run["spec"] = {**SPEC, "faultTolerance": {"hangTimeoutSeconds": "soon"}}
@@ -220,13 +221,13 @@ def test_an_edit_the_operator_refuses_leaves_the_run_supervised_with_the_spec_in
                          "status": {"phase": "Failed" if i == 0 else "Running", "containerStatuses": [
                              {"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}] if i == 0 else []}})
                for i in range(4)]
-    r = reconcile(run, crashed, nodes, now=2.0)
+    r = reconcile_objects(run, crashed, nodes, now=2.0)
     valid = next(c for c in r.after.conditions if c.type == "Valid")
     assert valid.status == "False" and valid.message.startswith("spec.faultTolerance.hangTimeoutSeconds")
     assert r.after.phase == "Restarting" and r.after.failures[-1].cause == "application"
     assert r.after.fault_tolerance_in_force["hangTimeoutSeconds"] == "auto"  # kept
-    again = reconcile(_after(r, run), [], nodes, now=3.0)
-    assert "conditions" not in again.status and "InvalidEdit" not in [e.reason for e in again.effects]
+    again = reconcile_objects(_after(r, run), [], nodes, now=3.0)
+    assert "conditions" not in again.status and "InvalidEdit" not in [e.reason for e in again.effects if e.kind == "event"]
 
 
 def test_an_evicted_pod_is_an_eviction_whatever_its_container_said():
@@ -237,7 +238,7 @@ def test_an_evicted_pod_is_an_eviction_whatever_its_container_said():
     others = [pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
                                                                     "trainium.dev/index": str(i)}},
                         "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in (1, 2, 3)]
-    found = find_failure(parse(SPEC), gang_state([view, *others]), {f"n{i}": _node(f"n{i}") for i in range(4)},
+    found, _ = find_failure(parse(SPEC), gang_state([view, *others]), {f"n{i}": _node(f"n{i}") for i in range(4)},
                          now=1.0, expected_pods=4, gang_running_since=None, step_seconds=None, last_step_change=None)
     assert found.cause == "eviction" and "Evicted" in found.message
 
@@ -252,7 +253,7 @@ def test_a_quarantined_node_that_stays_down_does_not_keep_a_disruption_open():
                          "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in range(4)]
     run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "quarantinedNodes": ["bad"],
                 "disruption": {"since": 100.0, "message": "5 of 8 nodes are NotReady or Unknown"}})
-    r = reconcile(run, running, nodes, now=200.0, disruption="", guard=DisruptionGuard())
+    r = reconcile_objects(run, running, nodes, now=200.0, disruption="", guard=DisruptionGuard())
     assert r.after.disruption is None and r.after.disruption_end_time == 200.0
 
 
@@ -260,24 +261,24 @@ def test_pods_the_api_server_will_not_create_fail_the_attempt_after_the_schedule
     why = 'cannot create Pod r-a1-0: pods "r-a1-0" is forbidden: exceeded quota: trn (and 3 more pods)'
     run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "attemptStartTime": 0.0},
                faultTolerance={"scheduleTimeoutSeconds": 60})
-    r = reconcile(run, [], {}, now=30.0, children_error=why)
+    r = reconcile_objects(run, [], {}, now=30.0, children_error=why)
     assert r.after.phase == "Starting" and len(r.ensured("Pod")) == 4  # asked for again, shown in status
     assert next(c for c in r.after.conditions if c.type == "ChildrenCreated").message == why
-    r = reconcile(_after(r, run), [], {}, now=61.0, children_error=why)
+    r = reconcile_objects(_after(r, run), [], {}, now=61.0, children_error=why)
     assert r.after.phase == "Restarting" and r.after.failures[-1].cause == "scheduling"
     assert "exceeded quota" in r.after.failures[-1].message
 
 
 def test_a_run_created_suspended_then_edited_wrongly_stays_suspended_and_says_why():
     run = _run(suspend=True)
-    r = reconcile(run, [], {}, now=1.0)
+    r = reconcile_objects(run, [], {}, now=1.0)
     run = _after(r, run)
     run["spec"] = {**SPEC, "suspend": True, "faultTolerance": {"hangTimeoutSeconds": "soon"}}
-    r = reconcile(run, [], {}, now=2.0)
+    r = reconcile_objects(run, [], {}, now=2.0)
     assert r.after.phase == "Suspended"
     assert next(c for c in r.after.conditions if c.type == "Valid").status == "False"
     run = _after(r, run)
     run["spec"] = {**SPEC, "suspend": False}  # fixed and resumed
-    r = reconcile(run, [], {}, now=3.0)
+    r = reconcile_objects(run, [], {}, now=3.0)
     assert r.after.phase == "Starting" and len(r.ensured("Pod")) == 4
     assert next(c for c in r.after.conditions if c.type == "Valid").status == "True"

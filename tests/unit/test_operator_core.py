@@ -10,9 +10,10 @@ from trainium_api.load import lenient, to_dict
 from trainium_api.status import FailureRecord
 from trainium_operator import goodput, plan
 from trainium_operator import spec as spec_mod
-from trainium_operator.observe import Failure, find_failure, gang_state, node_view, pod_view
+from trainium_operator.judge import find_failure
+from trainium_operator.observe import Failure, gang_state, node_view, pod_view
 from trainium_operator.policy import decide
-from trainium_operator.reconcile import reconcile
+from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def _node(name, ready="True", neuron=None, alloc="16"):
 def _failure(pods, nodes, **kw):
     args = dict(now=1000.0, expected_pods=4, gang_running_since=900.0, step_seconds=1.0, last_step_change=999.0)
     args.update(kw)
-    return find_failure(parse(SPEC), gang_state(pods), nodes, **args)
+    return find_failure(parse(SPEC), gang_state(pods), nodes, **args)[0]
 
 
 def test_observe_finds_each_cause():
@@ -208,7 +209,7 @@ def test_reconcile_archives_dropped_failures_and_numbers_each_failure():
               "conditions": [{"type": "Valid", "status": "True"}]}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, attempt=51) for i in range(4)]
-    r = reconcile({**RUN, "status": status}, pods, nodes, now=5100.0)
+    r = reconcile_objects({**RUN, "status": status}, pods, nodes, now=5100.0)
     failures = r.status["failures"]
     assert len(failures) == MAX_FAILURES_KEPT and failures[-1]["id"] == 51 and r.status["failureCount"] == 51
     assert r.status["goodputArchive"]["failures"] == 1
@@ -224,7 +225,7 @@ def test_failure_found_with_new_progress_records_that_progress_time():
               "gangRunningTime": 5.0, "conditions": [{"type": "Valid", "status": "True"}]}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, step=18) for i in range(4)]
-    record = reconcile({**RUN, "status": status}, pods, nodes, now=101.0).status["failures"][-1]
+    record = reconcile_objects({**RUN, "status": status}, pods, nodes, now=101.0).status["failures"][-1]
     assert record["step"] == 18 and record["lastProgressTime"] == 100.0
 
 
@@ -237,58 +238,58 @@ def test_each_failure_and_recovery_is_observed_once_by_identity():
               "failureCount": 50, "gangRunningTime": 5010.0, "conditions": [{"type": "Valid", "status": "True"}]}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     crashed = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, attempt=51) for i in range(4)]
-    r = reconcile({**RUN, "status": status}, crashed, nodes, now=5100.0)
+    r = reconcile_objects({**RUN, "status": status}, crashed, nodes, now=5100.0)
     observed = [e.failure for e in r.effects if e.kind == "observe_failure"]
     assert [f.id for f in observed] == [51] and "observe_recovery" not in r.kinds
     status = {**status, **r.status}
-    r = reconcile({**RUN, "status": status}, crashed, nodes, now=5101.0)  # still tearing down
+    r = reconcile_objects({**RUN, "status": status}, crashed, nodes, now=5101.0)  # still tearing down
     assert "observe_failure" not in r.kinds and "observe_recovery" not in r.kinds
-    status = {**status, **reconcile({**RUN, "status": status}, [], nodes, now=5102.0).status}  # attempt 52
+    status = {**status, **reconcile_objects({**RUN, "status": status}, [], nodes, now=5102.0).status}  # attempt 52
     running = [_pod(i, attempt=52) for i in range(4)]
-    r = reconcile({**RUN, "status": status}, running, nodes, now=5104.0)
+    r = reconcile_objects({**RUN, "status": status}, running, nodes, now=5104.0)
     recovered = [e.failure for e in r.effects if e.kind == "observe_recovery"]
     assert [(f.id, f.recovered_after) for f in recovered] == [(51, 4.0)] and "observe_failure" not in r.kinds
     status = {**status, **r.status}
-    assert not {"observe_failure", "observe_recovery"} & set(reconcile({**RUN, "status": status}, running, nodes,
+    assert not {"observe_failure", "observe_recovery"} & set(reconcile_objects({**RUN, "status": status}, running, nodes,
                                                                        now=5105.0).kinds)
 
 
 def test_reconcile_creates_then_restarts_without_overlapping_attempts():
-    r = reconcile(RUN, [], {}, now=0.0)
+    r = reconcile_objects(RUN, [], {}, now=0.0)
     kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
     assert kinds.count("Pod") == 4 and "Service" in kinds and "ConfigMap" in kinds
     assert r.status["phase"] == "Starting" and r.status["attempt"] == 1
     run = {**RUN, "status": {**r.status, "conditions": [{"type": "Valid", "status": "True"}]}}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = [_pod(i) for i in range(4)]
-    r = reconcile(run, pods, nodes, now=5.0)
+    r = reconcile_objects(run, pods, nodes, now=5.0)
     assert r.status["gangRunningTime"] == 5.0
     run["status"].update(r.status)
-    r = reconcile(run, [_pod(0, "Failed", code=1)] + pods[1:], nodes, now=6.0)
+    r = reconcile_objects(run, [_pod(0, "Failed", code=1)] + pods[1:], nodes, now=6.0)
     assert r.status["phase"] == "Restarting" and {e.name for e in r.effects if e.kind == "delete_pod"} == \
         {f"r-a1-{i}" for i in range(4)}
     run["status"].update(r.status)
-    r = reconcile(run, pods, nodes, now=7.0)  # old pods still there: no new attempt yet
+    r = reconcile_objects(run, pods, nodes, now=7.0)  # old pods still there: no new attempt yet
     assert "attempt" not in r.status and not r.ensured("Pod")
     assert {o["kind"] for o in r.ensured("Service") + r.ensured("ConfigMap")} == {"Service", "ConfigMap"}  # every pass
-    r = reconcile(run, [], nodes, now=8.0)
+    r = reconcile_objects(run, [], nodes, now=8.0)
     assert r.status["attempt"] == 2 and len(r.ensured("Pod")) == 4
 
 
 def test_reconcile_never_crashes_on_malformed_objects():
     for spec in (None, [], "x", {"nodes": "many"}, {"image": 3}, {"faultTolerance": []}):
-        r = reconcile({**RUN, "spec": spec}, [], {}, now=0.0)
+        r = reconcile_objects({**RUN, "spec": spec}, [], {}, now=0.0)
         assert r.status["conditions"][0]["status"] == "False" and not any(e.kind == "ensure" for e in r.effects)
 
 
 def test_conditions_keep_their_transition_time_until_the_status_flips():
     bad = {**RUN, "spec": {"nodes": "many"}}
-    first = reconcile(bad, [], {}, now=0.0).status["conditions"][0]
-    r = reconcile({**bad, "status": {"conditions": [first]}}, [], {}, now=600.0)
+    first = reconcile_objects(bad, [], {}, now=0.0).status["conditions"][0]
+    r = reconcile_objects({**bad, "status": {"conditions": [first]}}, [], {}, now=600.0)
     assert "conditions" not in r.status  # unchanged: not written again
     again = to_dict(r.after.conditions[0])
     assert again["status"] == "False" and again["lastTransitionTime"] == first["lastTransitionTime"]
-    fixed = reconcile({**RUN, "status": {"conditions": [again]}}, [], {}, now=900.0).status["conditions"][0]
+    fixed = reconcile_objects({**RUN, "status": {"conditions": [again]}}, [], {}, now=900.0).status["conditions"][0]
     assert fixed["status"] == "True" and fixed["lastTransitionTime"] != first["lastTransitionTime"]
 
 
@@ -298,7 +299,7 @@ def test_untainted_nodes_leave_the_quarantine():
              "n1": _node("n1")}
     run = {**RUN, "status": {"phase": "Restarting", "attempt": 1, "quarantinedNodes": ["n0", "n1"],
                              "conditions": [{"type": "Valid", "status": "True"}]}}
-    r = reconcile(run, [], nodes, now=10.0)
+    r = reconcile_objects(run, [], nodes, now=10.0)
     assert r.status["quarantinedNodes"] == ["n0"]  # n1's taint was removed by an admin
     pod = r.ensured("Pod")[0]
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -356,7 +357,7 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
         "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
         "lastStepTime": 20.0, "conditions": [{"type": "Valid", "status": "True"}]}}
     pods = [_pod(i, step=5) for i in range(4)]
-    r = reconcile(run, pods, run_nodes, now=30.0, disruption=why, guard=guard)
+    r = reconcile_objects(run, pods, run_nodes, now=30.0, disruption=why, guard=guard)
     assert r.status.get("phase") is None and "failures" not in r.status
     assert not any(e.kind in ("delete_pod", "quarantine") for e in r.effects)
     cond = next(c for c in r.status["conditions"] if c["type"] == "Disrupted")
@@ -365,8 +366,8 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
     assert [e.reason for e in r.effects if e.kind == "event"] == ["Disruption"]
     run["status"].update(r.status)
     # still disrupted 99 s later: held (a hang would be held too); at 100 s the hold ends
-    assert reconcile(run, pods, run_nodes, now=129.0, disruption=why, guard=guard).status.get("phase") is None
-    r = reconcile(run, pods, run_nodes, now=131.0, disruption=why, guard=guard)
+    assert reconcile_objects(run, pods, run_nodes, now=129.0, disruption=why, guard=guard).status.get("phase") is None
+    r = reconcile_objects(run, pods, run_nodes, now=131.0, disruption=why, guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "node"
     # nodes come back one by one: one still lost from the wave keeps the hold; a node lost after it does not
     wave = node_view({"metadata": {"name": "n3"}, "status": {"conditions": [
@@ -375,22 +376,22 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
         {"type": "Ready", "status": "Unknown", "lastTransitionTime": 60.0}]}})
     partly = {**{k: _node(k) for k in run_nodes}, "n3": wave}
     held = {**run, "status": {**run["status"], "phase": "Running", "failures": []}}
-    r = reconcile(held, pods, partly, now=120.0, disruption="", guard=guard)
+    r = reconcile_objects(held, pods, partly, now=120.0, disruption="", guard=guard)
     assert r.status.get("phase") is None and "disruptionEndTime" not in r.status
-    r = reconcile(held, pods, {**partly, "n3": late}, now=120.0, disruption="", guard=guard)
+    r = reconcile_objects(held, pods, {**partly, "n3": late}, now=120.0, disruption="", guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["disruptionEndTime"] == 120.0
     # nodes back: the condition flips, and the hang clock restarts from the disruption's end,
     # also in the pass that sees them back (120 s since the last step, past a 60 s hang timeout)
     healthy = {k: _node(k) for k in run_nodes}
     spec = {**SPEC, "nodes": 4, "faultTolerance": {"hangTimeoutSeconds": 60}}
-    r = reconcile({**run, "spec": spec}, pods, healthy, now=140.0, disruption="", guard=guard)
+    r = reconcile_objects({**run, "spec": spec}, pods, healthy, now=140.0, disruption="", guard=guard)
     assert r.status.get("phase") is None and "failures" not in r.status
     assert r.status["disruption"] is None and r.status["disruptionEndTime"] == 140.0
     assert next(c for c in r.status["conditions"] if c["type"] == "Disrupted")["status"] == "False"
     run["status"].update(r.status)
-    r = reconcile({**run, "spec": spec}, pods, healthy, now=190.0, guard=guard)
+    r = reconcile_objects({**run, "spec": spec}, pods, healthy, now=190.0, guard=guard)
     assert r.status.get("phase") is None  # 170 s since the last step, but only 50 s since the disruption ended
-    r = reconcile({**run, "spec": spec}, pods, healthy, now=201.0, guard=guard)
+    r = reconcile_objects({**run, "spec": spec}, pods, healthy, now=201.0, guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"
 
 
@@ -407,10 +408,10 @@ def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready
         out["n0"] = node_view({"metadata": {"name": "n0"}, "status": {"conditions": [
             {"type": "Ready", "status": ready, "lastTransitionTime": 95.0}]}})
         return out
-    assert reconcile(run, pods, nodes("Unknown"), now=100.0, guard=guard).status.get("phase") is None
-    r = reconcile(run, pods, nodes("Unknown"), now=106.0, guard=guard)
+    assert reconcile_objects(run, pods, nodes("Unknown"), now=100.0, guard=guard).status.get("phase") is None
+    r = reconcile_objects(run, pods, nodes("Unknown"), now=106.0, guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
-    assert reconcile(run, pods, nodes("False"), now=100.0, guard=guard).status["phase"] == "Restarting"
+    assert reconcile_objects(run, pods, nodes("False"), now=100.0, guard=guard).status["phase"] == "Restarting"
 
 
 def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later():
@@ -428,12 +429,12 @@ def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later
         return out
     outage = (200.0, 230.0)  # API lost at 200, back at 230
     # its lease lapsed during the outage: Unknown at 270, long past settling, still held
-    assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard, api_outage=outage).status.get("phase") is None
+    assert reconcile_objects(run, pods, nodes(270.0), now=300.0, guard=guard, api_outage=outage).status.get("phase") is None
     # lost well after the outage: a node failure of its own
-    r = reconcile(run, pods, nodes(295.0 + 60), now=400.0, guard=guard, api_outage=outage)
+    r = reconcile_objects(run, pods, nodes(295.0 + 60), now=400.0, guard=guard, api_outage=outage)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
     # without an outage the same node is acted on once it has settled
-    assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard).status["phase"] == "Restarting"
+    assert reconcile_objects(run, pods, nodes(270.0), now=300.0, guard=guard).status["phase"] == "Restarting"
     # nor does a blip of the operator's probe (3 s) hold it: too short to make a lease lapse
     blip = (265.0, 268.0)
-    assert reconcile(run, pods, nodes(270.0), now=300.0, guard=guard, api_outage=blip).status["phase"] == "Restarting"
+    assert reconcile_objects(run, pods, nodes(270.0), now=300.0, guard=guard, api_outage=blip).status["phase"] == "Restarting"

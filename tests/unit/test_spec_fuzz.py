@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from tests import specgen
 from trainer.config import ConfigError
 from trainium_operator import plan
-from trainium_operator.reconcile import reconcile
+from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import parse
 
 FIELD = re.compile(r"spec(\.[A-Za-z_][A-Za-z0-9_]*(\[\d+\])?)*")
@@ -28,14 +28,14 @@ def test_every_spec_is_planned_or_refused_naming_a_field(spec):
         SEEN["refused"] += 1
         assert FIELD.fullmatch(err.field), err.field
         assert err.message
-        r = reconcile(run, [], {}, now=0.0)
+        r = reconcile_objects(run, [], {}, now=0.0)
         assert r.status["conditions"][0]["status"] == "False" and str(err) in r.status["message"]
         assert not [e for e in r.effects if e.kind == "ensure"]
         return
     SEEN["valid"] += 1
     pods = plan.pods(run, s, 1, [])
     assert len(pods) == s.nodes and all(p["spec"]["containers"][0]["command"] for p in pods)
-    r = reconcile(run, [], {}, now=0.0)
+    r = reconcile_objects(run, [], {}, now=0.0)
     assert sum(e.kind == "ensure" and e.obj["kind"] == "Pod" for e in r.effects) == (0 if s.suspend else s.nodes)
 
 

@@ -1,0 +1,195 @@
+"""The applier: a reconcile pass's status and effects, written to the API server.
+
+Status first (it records the attempt before its pods exist), then the children other than pods
+(at most every CHILD_RECHECK_SECONDS each, ChildCache), then pods and the other effects. What
+the API server refuses is kept for the next pass's status (ChildCache.error); what cannot be
+sent at all (the API server away) raises, and the pass is retried whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import metrics
+from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
+from .kube import Kube
+
+log = logging.getLogger("trainium_operator")
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
+
+
+def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache) -> str:
+    """Create the children that are due a check (see ChildCache); every one is tried (a quota
+    on Services must not stop the RBAC). Returns why some could not be created, "" if all were."""
+    errors = []
+    for obj in objs:
+        if obj["kind"].startswith("ValidatingAdmissionPolicy"):
+            target = obj  # cluster-scoped: no namespace
+        else:
+            target = {**obj, "metadata": {**obj["metadata"], "namespace": run[0]}}
+        if not children.due(run, target):
+            continue
+        try:
+            if target is obj:
+                kube.ensure_cluster_policy(obj)
+            else:
+                kube.ensure(target)
+            children.done(run, target)
+        except Exception as exc:
+            if api_unreachable(exc, connection_only=True):
+                raise  # no answer at all: the API server is away (ApiHealth's to report)
+            # anything the server answered, a 5xx included (a webhook that fails), is the run's
+            errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
+    children.set_error(run, "; ".join(errors))
+    return "; ".join(errors)
+
+
+def _reason(exc: BaseException) -> str:
+    """An API error's own message (the API server's Status), else the exception."""
+    from kubernetes.client.exceptions import ApiException
+    if isinstance(exc, ApiException):
+        try:
+            return json.loads(exc.body).get("message") or f"{exc.status} {exc.reason}"
+        except (TypeError, ValueError, AttributeError):
+            return f"{exc.status} {exc.reason}"
+    return str(exc)
+
+
+def api_unreachable(exc: BaseException, connection_only: bool = False) -> bool:
+    """The API server (or its etcd) is away, as opposed to refusing this request: no HTTP
+    answer at all, or (unless ``connection_only``) a 5xx."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+    if isinstance(exc, ApiException):
+        return exc.status == 0 or (exc.status >= 500 and not connection_only)
+    return isinstance(exc, (HTTPError, OSError))  # OSError covers refused connections and timeouts
+
+
+class NotLeading(RuntimeError):
+    """The lease was lost (or not renewed in time): this replica must not write."""
+
+
+def conflict(exc: BaseException) -> bool:
+    """409 on a write fenced by a resourceVersion: someone wrote the run after this pass read it."""
+    from kubernetes.client.exceptions import ApiException
+    return isinstance(exc, ApiException) and exc.status == 409
+
+
+class ChildError(RuntimeError):
+    """A child other than a pod could not be created; the attempt's pods wait for it."""
+
+
+class ChildCache:
+    """Which children (Service, ConfigMap, RBAC, policy) each run's passes made sure of, and
+    when, so a pass asks the API server for them at most every CHILD_RECHECK_SECONDS (a child
+    deleted behind our back comes back within that); and each run's last create error."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # passes of different runs run on different threads
+        self._at: dict[tuple, float] = {}
+        self._errors: dict[tuple[str, str], str] = {}
+
+    def due(self, run: tuple[str, str], obj: dict) -> bool:
+        with self._lock:
+            at = self._at.get(self._key(run, obj), -CHILD_RECHECK_SECONDS)
+        return time.monotonic() - at >= CHILD_RECHECK_SECONDS
+
+    def done(self, run: tuple[str, str], obj: dict) -> None:
+        with self._lock:
+            self._at[self._key(run, obj)] = time.monotonic()
+
+    def error(self, namespace: str, name: str) -> str:
+        with self._lock:
+            return self._errors.get((namespace, name), "")
+
+    def set_error(self, run: tuple[str, str], message: str) -> None:
+        with self._lock:
+            if message:
+                self._errors[run] = message
+            else:
+                self._errors.pop(run, None)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._errors.pop((namespace, name), None)
+            for key in [k for k in self._at if k[:2] == (namespace, name)]:
+                del self._at[key]
+
+    @staticmethod
+    def _key(run: tuple[str, str], obj: dict) -> tuple:
+        """A run's own children by run; the namespace's trainer RBAC and the cluster's policy
+        (one for every run) once, not once per run."""
+        owned = any(r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
+        return (*(run if owned else ("", "")), obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+
+
+CHILD_RECHECK_SECONDS = 30.0
+
+
+def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may_write=lambda: True) -> dict:
+    """Status first (it records the attempt before its pods exist), then the children, then the
+    other effects in order. A child that cannot be created means no pod is created (pods need
+    their Service and ConfigMap); a child or a pod that cannot be created raises ChildError
+    once everything else was applied, and ``children`` keeps the API server's words for the
+    next pass's status. ``may_write()`` is asked again before each group of writes (the lease
+    may lapse during a slow pass). Returns the run's status as it is after the patch."""
+    ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
+    children = children or ChildCache()
+    old = run.get("status") or {}
+    changed = {k: v for k, v in result.status.items() if old.get(k) != v}
+    merged = {**old, **changed}
+    if changed:
+        kube.patch_status(ns, name, changed, run["metadata"].get("resourceVersion"))
+    fence(may_write)
+    missing = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
+                                                  if isinstance(e, Ensure) and e.obj["kind"] != "Pod"], children)
+    fence(may_write)
+    pod_calls = []  # pod creations and deletions are independent: send them concurrently
+    for eff in result.effects:
+        match eff:
+            case Ensure(obj) if obj["kind"] == "Pod":
+                if not missing:  # a pod without its Service or ConfigMap would not start
+                    pod_calls.append((kube.ensure, ({**obj, "metadata": {**obj["metadata"], "namespace": ns}},)))
+            case Ensure():
+                pass  # a child: made sure of above
+            case DeletePod(pod, grace):
+                pod_calls.append((kube.delete_pod, (ns, pod, grace)))
+            case Quarantine(node, reason):
+                kube.quarantine(node, name, reason)
+            case Event(reason, message, warning):
+                kube.event(run, reason, message, warning)
+                log.info("%s/%s %s: %s", ns, name, reason, message)
+            case ObserveFailure(record):
+                metrics.observe_failure(record)
+            case ObserveRecovery(record):
+                metrics.observe_recovery(record)
+            case _:
+                raise TypeError(f"unknown effect {eff!r}")
+    if pod_calls:
+        futures = [(args, _POOL.submit(fn, *args)) for fn, args in pod_calls]
+        refused = []
+        for args, f in futures:
+            try:
+                f.result()
+            except Exception as exc:
+                if api_unreachable(exc, connection_only=True):
+                    raise  # the API server is away: the next pass retries
+                if not isinstance(args[0], dict):
+                    raise  # a deletion that failed: retried by the next pass
+                refused.append(f"cannot create Pod {args[0]['metadata']['name']}: {_reason(exc)}")
+        if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed
+            refused = [refused[0] + (f" (and {len(refused) - 1} more pods)" if len(refused) > 1 else "")]
+            missing = "; ".join([missing, *refused] if missing else refused)
+            children.set_error((ns, name), missing)
+    if missing:
+        raise ChildError(missing)
+    return merged
+
+
+def fence(may_write) -> None:
+    if not may_write():
+        raise NotLeading("this replica no longer holds the leader lease: the rest of the pass was not applied")

@@ -1,0 +1,114 @@
+"""Each run's newest complete checkpoint, listed in the background (CheckpointLister).
+
+The operator lists a run's checkpoint store to tell a new gang where to resume; a store can be
+slow or hang, so listing never happens on a reconcile pass: a pass takes the newest answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from trainer import ckpt_store
+from trainium_api.status import TERMINAL, CheckpointRef
+
+from .spec import checkpoint_layout
+
+log = logging.getLogger("trainium_operator")
+CHECKPOINT_REFRESH_SECONDS = 15.0
+# While a gang is about to start, the checkpoint it is told to resume from must be current.
+CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
+CHECKPOINT_WAIT_STARTING_SECONDS = 0.5  # the longest such a pass waits for a listing under way
+STARTING_PHASES = (None, "Restarting", "Suspended")
+
+
+class CheckpointLister:
+    """Each run's newest complete checkpoint, listed off the reconcile pass: a pass takes the
+    newest answer at once and, when one is due, starts a listing in the background (one per
+    run at a time, on LIST_WORKERS threads), so a slow or hung store never holds a pass.
+
+    Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
+    gang is about to start (it is told where to resume), or at once when a pod reports a newer
+    checkpoint step. A listing that fails keeps the last answer; one that has run for
+    LIST_TIMEOUT_SECONDS without answering is given up (its result is dropped), and the run's
+    store is not asked again until that call returns, so a hung store holds one worker."""
+
+    LIST_WORKERS = 16
+    LIST_TIMEOUT_SECONDS = 30.0
+
+    def __init__(self, list_newest=None):
+        self._list = list_newest or ckpt_store.newest_complete
+        self._pool = ThreadPoolExecutor(max_workers=self.LIST_WORKERS, thread_name_prefix="checkpoints")
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], dict] = {}
+        self._tokens = 0  # one counter for every run: a late listing never lands in a re-created run
+
+    def newest(self, run: dict, phase: str | None, pods) -> CheckpointRef | None:
+        ckpt = run["spec"].get("checkpoint")
+        uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
+        if not uri or not isinstance(uri, str) or phase in TERMINAL:
+            return None  # nothing to resume: a finished run is not listed again
+        key = (run["metadata"]["namespace"], run["metadata"]["name"])
+        reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
+        refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if phase in STARTING_PHASES else CHECKPOINT_REFRESH_SECONDS
+        now = time.monotonic()
+        with self._lock:
+            entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
+                                                   "token": 0})
+            job = entry["job"]
+            started = getattr(job, "running_since", None) if job is not None else None
+            if job is not None and not job.done() and started is not None and \
+                    now - started > self.LIST_TIMEOUT_SECONDS:
+                log.warning("listing checkpoints in %s has not answered in %.0fs: given up", uri,
+                            self.LIST_TIMEOUT_SECONDS)
+                entry["hung"], entry["job"] = job, None  # its result is dropped
+                job = None
+            hung = entry.get("hung")
+            if hung is not None and hung.done():
+                hung = entry["hung"] = None
+            due = now - entry["at"] > refresh or reported > (entry["step"] if entry["step"] is not None else -1)
+            if due and job is None and hung is None:  # a hung store holds one worker, not more
+                entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
+                self._tokens += 1
+                entry["token"] = self._tokens
+                job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], uri,
+                                                       checkpoint_layout(run["spec"]))
+            value = entry["value"]
+        if job is not None and phase in STARTING_PHASES:
+            # a gang about to start is told where to resume: wait briefly for a listing under
+            # way (a fast store answers in milliseconds; a slow one does not hold the pass)
+            with contextlib.suppress(Exception):
+                job.result(timeout=CHECKPOINT_WAIT_STARTING_SECONDS)
+            value = self._entries.get(key, {}).get("value")
+        return value
+
+    def _list_one(self, key: tuple[str, str], token: int, uri: str, layout: str) -> None:
+        with self._lock:  # the age of a listing counts from when it runs, not from its queueing
+            entry = self._entries.get(key)
+            if entry is None or entry["token"] != token:
+                return
+            if entry["job"] is not None:
+                entry["job"].running_since = time.monotonic()
+        try:
+            tag = self._list(uri, layout)
+        except Exception as exc:  # the store may be briefly unreachable: keep the last answer
+            log.warning("cannot list checkpoints in %s: %s", uri, exc)
+            tag, failed = None, True
+        else:
+            failed = False
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry["job"] is None or entry["token"] != token:
+                return  # forgotten, given up, or overtaken: a newer listing decides
+            if not failed:
+                entry["value"] = CheckpointRef(tag=tag.tag, step=tag.step, time=tag.done_mtime, uri=tag.uri) \
+                    if tag else None
+                entry["step"] = tag.step if tag else None
+            entry["job"] = None
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._entries.pop((namespace, name), None)

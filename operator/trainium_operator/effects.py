@@ -1,0 +1,61 @@
+"""What a reconcile pass asks the applier to do, typed: one class per kind of effect.
+
+The applier (applier.apply) matches on the class; ``kind`` names it in logs and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+from trainium_api.status import FailureRecord
+
+
+@dataclass(frozen=True)
+class Ensure:
+    """Create ``obj`` unless it exists (a pod, or a child of the run: Service, ConfigMap, RBAC,
+    the admission policy)."""
+    obj: dict
+    kind: ClassVar[str] = "ensure"
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    grace: int
+    kind: ClassVar[str] = "delete_pod"
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Taint and label node ``name``."""
+    name: str
+    reason: str
+    kind: ClassVar[str] = "quarantine"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event on the run."""
+    reason: str
+    message: str
+    warning: bool = False
+    kind: ClassVar[str] = "event"
+
+
+@dataclass(frozen=True)
+class ObserveFailure:
+    """The latency histograms observe a new failure (detection): once per record, since the
+    status that recorded it was written before."""
+    failure: FailureRecord
+    kind: ClassVar[str] = "observe_failure"
+
+
+@dataclass(frozen=True)
+class ObserveRecovery:
+    """... or its recovery."""
+    failure: FailureRecord
+    kind: ClassVar[str] = "observe_recovery"
+
+
+Effect = Union[Ensure, DeletePod, Quarantine, Event, ObserveFailure, ObserveRecovery]

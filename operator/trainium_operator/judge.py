@@ -1,0 +1,244 @@
+"""Is this a failure now? The one place that answers it. Pure.
+
+:func:`judge` takes what a pass observed of the current attempt (its pods summarised, their
+nodes, the children the applier could not create), the clocks the status keeps (when the gang
+started, when its step last moved, a disruption in progress) and the operator-wide guards (the
+mass-disruption finding, the last API outage), and returns a :class:`Judgement`: the failure to
+act on, or why a failure signal is held for now, and the disruption in force after this pass.
+Every rule lives here, in this order:
+
+  unborn      pods that could not be created by scheduleTimeoutSeconds   -> scheduling
+  fatal       a pod exited with a fatal code (no retry)                  -> application, fatal
+  node        a pod's node deleted, NotReady or Unknown                  -> node
+  device      NeuronHealth error; allocatable below capacity for longer
+              than guard.device_settle_seconds (a device-plugin restart
+              re-registers its devices within seconds)                   -> neuron-device
+  exit        a pod failed (evicted: its own reason wins)                -> application | eviction
+  vanished    a pod deleted or missing                                    -> eviction
+  hang        no first step startupTimeoutSeconds after the gang ran, or
+              no step change for the hang timeout                        -> hang
+  startup     a pod placed on a node that has not started its container
+              startupTimeoutSeconds after it was placed                  -> startup
+  scheduling  pods unscheduled for scheduleTimeoutSeconds                -> scheduling
+Holds (a signal that is not acted on yet, with why and until when):
+  settle      a node Unknown for less than guard.settle_seconds (it may be the first of a
+              disruption); a Neuron device shortfall for less than guard.device_settle_seconds
+  outage      a node that went Unknown around an API outage (its lease could not be renewed)
+  disruption  lost nodes and hangs while a mass disruption lasts (guard.max_hold_seconds)
+The hang clock restarts at the end of a disruption and of an API outage (progress could not
+reach us meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainer.exitcodes import is_fatal as is_fatal_exit
+from trainium_api.spec import TrainingRunSpec
+from trainium_api.status import Disruption, TrainingRunStatus
+
+from .observe import EVICTION_REASONS, Failure, GangState, NodeView, not_started, succeeded
+from .policy import DISRUPTION_CAUSES, DisruptionGuard
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A failure signal not acted on yet."""
+    reason: str
+    until: float | None = None
+    """When it stops holding at the latest (None: when the signal or the disruption ends)."""
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """The status's clocks the rules read."""
+    attempt_start_time: float | None = None
+    gang_running_time: float | None = None
+    step_seconds: float | None = None
+    last_step_time: float | None = None
+    """When the operator saw the step move (this pass's, when it moved now)."""
+    disruption: Disruption | None = None
+    """A disruption in force when the pass began."""
+    disruption_end_time: float | None = None
+    quarantined: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, status: TrainingRunStatus, last_step_time: float | None) -> "Clocks":
+        return cls(status.attempt_start_time, status.gang_running_time, status.step_seconds, last_step_time,
+                   status.disruption, status.disruption_end_time, tuple(status.quarantined_nodes))
+
+
+@dataclass(frozen=True)
+class Guards:
+    """Operator-wide signals: ``disruption`` is policy.disruption's finding now ("" for none);
+    ``api_outage`` is (lost, back) of the last API outage (back = now while it lasts)."""
+    guard: DisruptionGuard = field(default_factory=DisruptionGuard)
+    disruption: str = ""
+    api_outage: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    spec: TrainingRunSpec
+    gang: GangState
+    nodes: dict[str, NodeView]
+    now: float
+    gang_complete: bool = True
+    """False while the attempt's pods are still being created (some never were yet)."""
+    children_error: str = ""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    failure: Failure | None = None
+    hold: Hold | None = None
+    disruption: Disruption | None = None
+    """The disruption in force after this pass (None: none)."""
+
+
+def judge(seen: Observed, clocks: Clocks, guards: Guards) -> Judgement:
+    if not seen.gang_complete:
+        return Judgement(_unborn(seen, clocks), disruption=clocks.disruption)
+    last_change = max(clocks.last_step_time or 0.0, clocks.disruption_end_time or 0.0,
+                      outage_end(guards, seen.now)) or None
+    failure, hold = find_failure(seen.spec, seen.gang, seen.nodes, now=seen.now, expected_pods=seen.spec.nodes,
+                                 gang_running_since=clocks.gang_running_time, step_seconds=clocks.step_seconds,
+                                 last_step_change=last_change, device_settle=guards.guard.device_settle_seconds)
+    return _hold(seen, clocks, guards, failure, hold)
+
+
+def _unborn(seen: Observed, clocks: Clocks) -> Failure | None:
+    """Pods the API server would not create (a quota, a webhook): a scheduling failure once the
+    attempt has waited scheduleTimeoutSeconds for them."""
+    waited = seen.now - (clocks.attempt_start_time if clocks.attempt_start_time is not None else seen.now)
+    if waited <= seen.spec.fault_tolerance.schedule_timeout_seconds:
+        return None
+    return Failure("scheduling", f"{seen.spec.nodes - seen.gang.size} pod(s) not created {waited:.0f}s after the "
+                   f"attempt started: {seen.children_error or 'no reason given'}")
+
+
+def outage_end(guards: Guards, now: float) -> float:
+    """When the API outage that holds the hang clock ended (now while it lasts); 0 when there
+    was none, or when it was a blip shorter than guard.outage_min_seconds (progress reports that
+    failed in it are sent again within a second or two)."""
+    if guards.api_outage is None:
+        return 0.0
+    began, ended = guards.api_outage
+    return ended if ended >= now or ended - began >= guards.guard.outage_min_seconds else 0.0
+
+
+def hang_timeout(spec: TrainingRunSpec, step_seconds: float | None) -> float:
+    ft = spec.fault_tolerance
+    if ft.hang_timeout_seconds != "auto":
+        return float(ft.hang_timeout_seconds)
+    if not step_seconds:
+        return ft.hang_timeout_floor_seconds
+    return max(ft.hang_timeout_floor_seconds, ft.hang_timeout_factor * step_seconds)
+
+
+def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeView], *, now: float,
+                 expected_pods: int, gang_running_since: float | None, step_seconds: float | None,
+                 last_step_change: float | None, device_settle: float = 0.0) -> tuple[Failure | None, Hold | None]:
+    """The most specific failure in the current attempt, or None, and a signal held back from
+    being one. Order: a fatal exit first (no retry), then hardware and node signals (so the bad
+    node is quarantined rather than blaming the rank that died with it), then crashed ranks,
+    vanished pods, hangs, pods that never start and scheduling."""
+    ft, hold = spec.fault_tolerance, None
+    for p in gang.pods:
+        if p.phase == "Failed" and is_fatal_exit(p.exit_code):
+            return Failure("application", f"pod {p.name} exited {p.exit_code} (fatal: {p.message or p.reason})",
+                           node=p.node or "", pod=p.name, fatal=True, exit_code=p.exit_code, since=p.finished), None
+    for p in gang.pods:
+        if not p.node:
+            continue
+        n = nodes.get(p.node)
+        if n is None:
+            return Failure("node", f"node {p.node} of pod {p.name} was deleted", node=p.node, pod=p.name), None
+        if n.neuron_error:
+            return Failure("neuron-device", f"node {p.node}: NeuronHealth {n.neuron_error}", node=p.node, pod=p.name,
+                           since=n.changed), None
+        if n.neuron_short:
+            since = n.neuron_short_since if n.neuron_short_since is not None else now
+            if now - since >= device_settle:
+                return Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron "
+                               f"devices allocatable", node=p.node, pod=p.name, since=since), None
+            hold = hold or Hold(f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron devices "
+                                "allocatable, settling (a device-plugin restart)", since + device_settle)
+        if n.ready != "True":
+            kind = "unreachable" if n.ready == "Unknown" else "NotReady"
+            return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed), hold
+    for p in gang.pods:
+        if p.phase == "Failed" and not succeeded(p):
+            cause = "eviction" if p.reason in EVICTION_REASONS else "application"
+            return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip(),
+                           node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished), hold
+    deleting = [p for p in gang.pods if p.deleting]
+    if deleting or len(gang.pods) < expected_pods:
+        who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
+        node = deleting[0].node or "" if deleting else ""
+        return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
+                       pod=deleting[0].name if deleting else ""), hold
+    if gang_running_since is not None and gang.running == expected_pods:
+        if gang.step is None:
+            if now - gang_running_since > ft.startup_timeout_seconds:
+                return Failure("hang", f"no progress {now - gang_running_since:.0f}s after the gang started"), hold
+        else:
+            since = last_step_change or gang_running_since
+            limit = hang_timeout(spec, step_seconds)
+            if now - since > limit:
+                return Failure("hang", f"no step progress for {now - since:.0f}s (timeout {limit:.0f}s) at step "
+                               f"{gang.step}"), hold
+    stuck = next((p for p in not_started(gang.pods) if now - p.scheduled > ft.startup_timeout_seconds), None)
+    if stuck:  # one pod that never starts holds every other node of the gang: act on it
+        return Failure("startup", f"pod {stuck.name} on node {stuck.node} has not started "
+                       f"{now - stuck.scheduled:.0f}s after it was placed: {stuck.waiting or 'no reason given'}",
+                       node=stuck.node or "", pod=stuck.name,
+                       since=stuck.scheduled + ft.startup_timeout_seconds), hold
+    pending = [p for p in gang.pods if not p.node and p.created]
+    if pending and now - min(p.created for p in pending) > ft.schedule_timeout_seconds:
+        why = next((p.unschedulable for p in pending if p.unschedulable), "not scheduled")
+        return Failure("scheduling", f"{len(pending)} pod(s) unscheduled for "
+                       f"{ft.schedule_timeout_seconds:.0f}s: {why}"), hold
+    return None, hold
+
+
+def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | None,
+          hold: Hold | None) -> Judgement:
+    """The failure to act on: none while a disruption holds it (a lost node or a hang, for at
+    most guard.max_hold_seconds), while a node that went Unknown may still turn out to be the
+    first of a disruption (guard.settle_seconds), or while a node is Unknown because its lease
+    lapsed during an API server outage (one of at least guard.outage_min_seconds, and it went
+    Unknown from the outage's start to guard.outage_grace_seconds after its end)."""
+    guard, now, api_outage, disruption = guards.guard, seen.now, guards.api_outage, guards.disruption
+    lost = seen.nodes.get(failure.node) if failure and failure.cause == "node" else None
+    if lost is not None and lost.ready == "Unknown" and failure.since:
+        if now - failure.since < guard.settle_seconds:
+            failure, hold = None, Hold(f"node {lost.name} Unknown for {now - failure.since:.0f}s: it may be the "
+                                       "first of a disruption", failure.since + guard.settle_seconds)
+        elif (api_outage is not None and api_outage[1] - api_outage[0] >= guard.outage_min_seconds
+              and api_outage[0] <= failure.since <= api_outage[1] + guard.outage_grace_seconds
+              and now - failure.since < guard.max_hold_seconds):
+            failure, hold = None, Hold(f"node {lost.name} went Unknown around an API server outage: its lease "
+                                       "could not be renewed", failure.since + guard.max_hold_seconds)
+    held = clocks.disruption
+    if held and not disruption:
+        # nodes come back one by one: the disruption lasts until every node it took is back
+        # (a node lost after its wave is a failure of its own)
+        wave_end = held.since + guard.settle_seconds
+        behind = [n for n in seen.nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end
+                  and n.name not in clocks.quarantined]  # a quarantined node is not coming back
+        if behind:
+            disruption = f"{held.message}; {len(behind)} of the run's nodes not back yet"
+    if not disruption:
+        if held and failure and failure.cause == "hang":
+            # progress could not reach us during the disruption: the hang clock restarts now,
+            # not at the last step seen before it (found by the control-plane e2e test: the
+            # operator's watches resumed 11 s after the API, and the gang was restarted in the
+            # very pass that saw the nodes return)
+            return Judgement(None, Hold("the disruption just ended: the hang clock restarts"), None)
+        return Judgement(failure, hold, None)
+    in_force = held or Disruption(since=now, message=disruption)
+    if failure and failure.cause in DISRUPTION_CAUSES and now - in_force.since < guard.max_hold_seconds:
+        return Judgement(None, Hold(f"{failure.message}: held during a disruption ({disruption})",
+                                    in_force.since + guard.max_hold_seconds), in_force)
+    return Judgement(failure, hold, in_force)

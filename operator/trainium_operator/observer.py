@@ -1,0 +1,109 @@
+"""What one pass sees of a run, as one typed Snapshot. Pure, apart from DeviceShortfalls' memory.
+
+The handler builds a Snapshot from kopf's indices and the operator-wide signals (checkpoint
+listing, mass disruption, API outage, the applier's last refusal); reconcile.reconcile decides
+on it alone. The spec is parsed here once per pass: the snapshot carries the spec in force and
+the error that refused it (a new run's invalid spec, or an edit of a live run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+
+from trainium_api.fields import ConfigError
+from trainium_api.load import lenient
+from trainium_api.spec import TrainingRunSpec, check_run_name
+from trainium_api.status import CheckpointRef, TrainingRunStatus
+
+from .observe import NodeView, PodView
+from .policy import DisruptionGuard
+from .spec import parse
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    run: dict
+    """The run as read: metadata, spec (raw), status (raw)."""
+    status: TrainingRunStatus
+    spec: TrainingRunSpec | None
+    """The spec in force; None when there is none (a new run's spec is invalid)."""
+    spec_error: ConfigError | None
+    """Why the spec as written is refused (with ``spec`` set: an edit of a live run refused,
+    the run goes on with the spec in force)."""
+    pods: list[PodView]
+    nodes: dict[str, NodeView]
+    now: float
+    checkpoint: CheckpointRef | None = None
+    """The newest complete checkpoint in the run's store (CheckpointLister), or None."""
+    disruption: str = ""
+    """Why the run's nodes look lost through no fault of their own (policy.disruption); "" when
+    they do not."""
+    guard: DisruptionGuard = DisruptionGuard()
+    api_outage: tuple[float, float] | None = None
+    """(lost, back) of the operator's last loss of the API server (back = now while it lasts)."""
+    children_error: str = ""
+    """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.run["metadata"].get("deletionTimestamp"))
+
+
+def read_status(raw: dict | None) -> TrainingRunStatus:
+    """The run's status, typed; a field that does not load (edited by hand) takes its default."""
+    return lenient(TrainingRunStatus, raw or {})
+
+
+def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
+             checkpoint: dict | CheckpointRef | None = None, disruption: str = "",
+             guard: DisruptionGuard = DisruptionGuard(), api_outage: tuple[float, float] | None = None,
+             children_error: str = "") -> Snapshot:
+    status = read_status(run.get("status"))
+    spec, error = spec_in_force(run, status)
+    if checkpoint is not None and not isinstance(checkpoint, CheckpointRef):
+        checkpoint = lenient(CheckpointRef, checkpoint)
+    return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
+                    children_error)
+
+
+def spec_in_force(run: dict, status: TrainingRunStatus) -> tuple[TrainingRunSpec | None, ConfigError | None]:
+    """The spec as written when the operator's rules accept it. Otherwise, for a run whose spec
+    was accepted before (suspended or started), its spec with the fault tolerance last accepted
+    (the API server lets only faultTolerance and suspend change), and the error; else None."""
+    try:
+        bad_name = check_run_name(run["metadata"].get("name"))
+        if bad_name:  # made before the CRD's rule existed: it can never get its Service
+            raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
+        return parse(run.get("spec")), None
+    except ConfigError as err:
+        if status.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
+            return None, err
+        try:
+            return parse({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}), err
+        except ConfigError:
+            return None, err
+
+
+class DeviceShortfalls:
+    """Since when each node has shown fewer allocatable Neuron devices than its capacity, as
+    this operator saw it (the node object carries no time for it). Forgotten when the node is
+    whole again; an operator started anew sees a shortfall as new, so it settles once more
+    (judge: guard.device_settle_seconds), which delays detection but never invents a failure."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # passes of different runs run on different threads
+        self._since: dict[str, float] = {}
+
+    def mark(self, nodes: dict[str, NodeView], now: float) -> dict[str, NodeView]:
+        with self._lock:
+            out = {}
+            for name, n in nodes.items():
+                if n.neuron_short:
+                    since = self._since.setdefault(name, now)
+                    out[name] = dataclasses.replace(n, neuron_short_since=since)
+                else:
+                    self._since.pop(name, None)
+                    out[name] = n
+            return out
