@@ -126,6 +126,23 @@ class FailureRecord(_Written):
 
 
 @dataclass
+class FailureCounters(_Written):
+    """What the failure policy counts, over every failure of the run (status.failures keeps
+    only the newest MAX_FAILURES_KEPT records): restart budgets, backoff, the no-progress guard."""
+    recent: dict[str, list[float]] = field(default_factory=dict)
+    """Cause -> detection times of its failures within the budget window (older ones pruned;
+    at most MAX_RECENT_KEPT each)."""
+    streak: int = 0
+    """Job-caused failures (application, hang) in a row at ``streakCheckpointStep``;
+    infrastructure failures neither add to it nor break it."""
+    streak_checkpoint_step: int | None = None
+
+
+MAX_RECENT_KEPT = 1000
+"""Failure times kept per cause: a budget larger than this counts as this."""
+
+
+@dataclass
 class TrainingRunStatus(_Written):
     OPEN: ClassVar[bool] = True  # kopf keeps its handler progress under status.kopf
 
@@ -169,6 +186,9 @@ class TrainingRunStatus(_Written):
     failures: list[FailureRecord] = field(default_factory=list)
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0
+    failure_counters: FailureCounters | None = None
+    """Running counts of every failure for the failure policy (None: an older operator's
+    status; counted from status.failures then)."""
     goodput_archive: GoodputArchive | None = None
     goodput: Goodput | None = None
     disruption: Disruption | None = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
-from trainium_api.status import FailureAction, FailureRecord
+from trainium_api.status import MAX_RECENT_KEPT, FailureAction, FailureCounters, FailureRecord
 
 from .observe import Failure, NodeView
 from .plan import QUARANTINE_TAINT
@@ -102,28 +102,42 @@ class Action:
     delay_seconds: float = 0.0
 
 
-def decide(failure: Failure, spec: TrainingRunSpec, history: list[FailureRecord], quarantined: list[str],
+def count(counters: FailureCounters, cause: str, time: float, checkpoint_step: int | None,
+          window_seconds: float) -> FailureCounters:
+    """The counters with one more failure of ``cause`` detected at ``time`` (a new object)."""
+    recent = {c: [t for t in ts if time - t <= window_seconds] for c, ts in counters.recent.items()}
+    recent = {c: ts for c, ts in recent.items() if ts}
+    recent[cause] = (recent.get(cause, []) + [time])[-MAX_RECENT_KEPT:]
+    streak, at = counters.streak, counters.streak_checkpoint_step
+    if cause in JOB_CAUSES:  # an infrastructure failure says nothing about the job making progress
+        streak, at = (streak + 1, at) if streak and at == checkpoint_step else (1, checkpoint_step)
+    return FailureCounters(recent=recent, streak=streak, streak_checkpoint_step=at)
+
+
+def counters_from(history: list[FailureRecord], window_seconds: float) -> FailureCounters:
+    """Counters from the kept failure records (a status written before the counters existed)."""
+    counters = FailureCounters()
+    for h in history:
+        counters = count(counters, h.cause, h.time, h.checkpoint_step, window_seconds)
+    return counters
+
+
+def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],
            checkpoint_step: int | None, now: float) -> Action:
-    """``history``: earlier failures of this run as recorded in status.failures (time, cause,
-    checkpointStep); ``quarantined``: nodes already quarantined for this run."""
+    """``counters``: the run's earlier failures, counted (status.failureCounters);
+    ``quarantined``: nodes already quarantined for this run."""
     ft = spec.fault_tolerance
     if failure.fatal:
         return Action("fail", f"fatal error, not retried: {failure.message}")
     window = ft.budget_window_minutes * 60
-    recent = [h for h in history if now - h.time <= window]
-    same_cause = [h for h in recent if h.cause == failure.cause]
+    recent = {c: [t for t in ts if now - t <= window] for c, ts in counters.recent.items()}
+    same_cause = len(recent.get(failure.cause, []))
     budget = ft.restart_budget.for_cause(failure.cause)
-    if len(same_cause) >= budget:
-        return Action("fail", f"restart budget for {failure.cause} exhausted ({len(same_cause)} restarts in "
+    if same_cause >= budget:
+        return Action("fail", f"restart budget for {failure.cause} exhausted ({same_cause} restarts in "
                       f"{ft.budget_window_minutes:g} min): {failure.message}")
-    streak = 0
-    for h in reversed(history):  # consecutive job-caused restarts without checkpoint progress
-        if h.cause not in JOB_CAUSES:
-            continue  # an infrastructure failure says nothing about the job making progress
-        if h.checkpoint_step == checkpoint_step:
-            streak += 1
-        else:
-            break
+    # consecutive job-caused restarts without the checkpoint step advancing
+    streak = counters.streak if counters.streak_checkpoint_step == checkpoint_step else 0
     if failure.cause in JOB_CAUSES and streak >= ft.no_progress_restarts:
         return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
@@ -133,5 +147,7 @@ def decide(failure: Failure, spec: TrainingRunSpec, history: list[FailureRecord]
             return Action("fail", f"cluster unhealthy: quarantining {failure.node} would exceed "
                           f"{spec.quarantine_limit()} quarantined nodes ({', '.join(quarantined)})")
         node = failure.node
-    delay = min(ft.max_backoff_seconds, ft.backoff_seconds * (2 ** len(recent))) if ft.backoff_seconds else 0.0
+    failures_in_window = sum(len(ts) for ts in recent.values())
+    delay = min(ft.max_backoff_seconds, ft.backoff_seconds * (2 ** min(failures_in_window, 30))) \
+        if ft.backoff_seconds else 0.0
     return Action("restart", failure.message, quarantine_node=node, delay_seconds=delay)

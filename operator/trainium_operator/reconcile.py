@@ -41,7 +41,7 @@ from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRe
 from .judge import Clocks, Guards, Observed, judge
 from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
 from .observer import Snapshot, read_status, snapshot
-from .policy import DisruptionGuard, decide
+from .policy import DisruptionGuard, count, counters_from, decide
 
 __all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "reconcile_objects", "read_status"]
 
@@ -475,7 +475,9 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     history = list(new.failures)
     ckpt = p.checkpoint or new.last_checkpoint
     ckpt_step = ckpt.step if ckpt else None
-    action = decide(failure, spec, history, new.quarantined_nodes, ckpt_step, now)
+    window = spec.fault_tolerance.budget_window_minutes * 60
+    counters = old.failure_counters or counters_from(history, window)
+    action = decide(failure, spec, counters, new.quarantined_nodes, ckpt_step, now)
     record = FailureRecord(
         id=(old.failure_count or len(history)) + 1, time=now, cause=failure.cause, action=action.kind,
         node=failure.node, pod=failure.pod, message=failure.message[:500], attempt=old.attempt,
@@ -486,6 +488,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         step=gang.step, checkpoint_step=ckpt_step, step_seconds=old.step_seconds)
     timeline = history + [record]
     new.failure_count = record.id
+    new.failure_counters = count(counters, failure.cause, now, ckpt_step, window)
     if len(timeline) > MAX_FAILURES_KEPT:  # older failures leave the status; their lost time does not
         dropped, timeline = timeline[:-MAX_FAILURES_KEPT], timeline[-MAX_FAILURES_KEPT:]
         new.goodput_archive = goodput.archive(

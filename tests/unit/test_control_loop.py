@@ -282,3 +282,26 @@ def test_a_run_created_suspended_then_edited_wrongly_stays_suspended_and_says_wh
     r = reconcile_objects(run, [], {}, now=3.0)
     assert r.after.phase == "Starting" and len(r.ensured("Pod")) == 4
     assert next(c for c in r.after.conditions if c.type == "Valid").status == "True"
+
+
+def test_budgets_count_every_failure_not_only_the_records_kept():
+    """status.failures keeps the newest 50 records; the policy's counters keep counting: with a
+    budget of 60, the 61st failure within the window fails the run although 50 are on record."""
+    from tests.unit.test_operator_core import _pod
+    now = 10_000.0
+    kept = [{"id": i + 11, "time": now - 100 + i, "cause": "application", "action": "restart", "attempt": i + 11,
+             "checkpointStep": i} for i in range(50)]
+    counters = {"recent": {"application": [now - 200 + i for i in range(60)]}, "streak": 1,
+                "streakCheckpointStep": 49}
+    status = {"phase": "Running", "attempt": 61, "createdTime": 0.0, "gangRunningTime": now - 50,
+              "failures": kept, "failureCount": 60, "failureCounters": counters, "lastStepTime": now - 1}
+    run = _run(status, faultTolerance={"restartBudget": {"application": 60}, "noProgressRestarts": 100})
+    pods = [_pod(i, attempt=61, step=5) for i in range(3)] + [_pod(3, "Failed", code=1, attempt=61)]
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    r = reconcile_objects(run, pods, nodes, now=now)
+    assert r.after.phase == "Failed" and "restart budget for application exhausted (60 restarts" in r.after.message
+    # an older operator's status has no counters: they are counted from the records kept
+    del run["status"]["failureCounters"]
+    r = reconcile_objects(run, pods, nodes, now=now)
+    assert r.after.phase == "Restarting" and r.after.failure_counters.recent["application"][-1] == now
+    assert len(r.after.failure_counters.recent["application"]) == 51

@@ -60,7 +60,12 @@ def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
             else:
                 assert prop["items"]["type"] == JSON_TYPES[item], at
         elif get_origin(tp) is dict:
-            assert prop["additionalProperties"]["type"] == JSON_TYPES[get_args(tp)[1]], at
+            value = get_args(tp)[1]
+            if get_origin(value) is list:  # e.g. cause -> times
+                assert prop["additionalProperties"] == {"type": "array",
+                                                        "items": {"type": JSON_TYPES[get_args(value)[0]]}}, at
+            else:
+                assert prop["additionalProperties"]["type"] == JSON_TYPES[value], at
         elif tp is dict:
             assert prop.get("x-kubernetes-preserve-unknown-fields") is True, at
         else:

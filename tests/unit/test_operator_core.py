@@ -106,29 +106,35 @@ def test_observe_finds_each_cause():
     assert f.cause == "node" and f.node == "n0"
 
 
+def _counted(failures: list[dict]):
+    """The policy's counters after ``failures`` (as status.failures holds them)."""
+    from trainium_operator.policy import counters_from
+    return counters_from(_records(failures), 3600.0)
+
+
 def test_policy_budgets_quarantine_and_guard():
     s = parse({**SPEC, "faultTolerance": {"restartBudget": {"application": 2}, "noProgressRestarts": 3,
                                           "backoffSeconds": 10, "maxQuarantinedNodes": 1}})
     crash = Failure("application", "boom", node="n1")
-    a = decide(crash, s, [], [], 10, now=1000)
+    a = decide(crash, s, _counted([]), [], 10, now=1000)
     assert a.kind == "restart" and a.delay_seconds == 10 and not a.quarantine_node
     hist = [{"time": 990, "cause": "application", "checkpointStep": 5}]
-    assert decide(crash, s, _records(hist), [], 10, now=1000).delay_seconds == 20
+    assert decide(crash, s, _counted(hist), [], 10, now=1000).delay_seconds == 20
     hist2 = hist + [{"time": 995, "cause": "application", "checkpointStep": 8}]
-    assert decide(crash, s, _records(hist2), [], 10, now=1000).reason.startswith("restart budget for application exhausted")
-    assert decide(crash, s, _records(hist2), [], 10, now=1000 + 7200).kind == "restart"  # outside the window
+    assert decide(crash, s, _counted(hist2), [], 10, now=1000).reason.startswith("restart budget for application exhausted")
+    assert decide(crash, s, _counted(hist2), [], 10, now=1000 + 7200).kind == "restart"  # outside the window
     node = Failure("node", "NotReady", node="n2")
-    assert decide(node, s, [], [], 10, now=1000).quarantine_node == "n2"
-    assert decide(node, s, [], ["n1"], 10, now=1000).reason.startswith("cluster unhealthy")
+    assert decide(node, s, _counted([]), [], 10, now=1000).quarantine_node == "n2"
+    assert decide(node, s, _counted([]), ["n1"], 10, now=1000).reason.startswith("cluster unhealthy")
     same = [{"time": 1, "cause": "hang", "checkpointStep": 10}] * 3
-    assert decide(Failure("hang", "stuck"), s, _records(same), [], 10, now=9000).reason.startswith("no progress: 3 restarts")
+    assert decide(Failure("hang", "stuck"), s, _counted(same), [], 10, now=9000).reason.startswith("no progress: 3 restarts")
     # infrastructure failures neither count towards the guard nor break a job-caused streak
     flaps = [{"time": 1, "cause": "node", "checkpointStep": 10}] * 5
-    assert decide(Failure("node", "NotReady", node="n9"), s, _records(flaps), [], 10, now=1000).kind == "restart"
+    assert decide(Failure("node", "NotReady", node="n9"), s, _counted(flaps), [], 10, now=1000).kind == "restart"
     mixed = same[:2] + flaps + same[2:]
-    assert decide(Failure("application", "x"), s, _records(mixed), [], 10, now=1000 + 7200).reason.startswith("no progress: 3")
-    assert decide(Failure("eviction", "gone"), s, _records(same), [], 10, now=1000).kind == "restart"
-    assert decide(Failure("application", "x", fatal=True), s, [], [], 10, now=1000).kind == "fail"
+    assert decide(Failure("application", "x"), s, _counted(mixed), [], 10, now=1000 + 7200).reason.startswith("no progress: 3")
+    assert decide(Failure("eviction", "gone"), s, _counted(same), [], 10, now=1000).kind == "restart"
+    assert decide(Failure("application", "x", fatal=True), s, _counted([]), [], 10, now=1000).kind == "fail"
 
 
 def _account(failures: list[dict], **kw) -> dict:
