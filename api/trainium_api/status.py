@@ -126,6 +126,38 @@ class FailureRecord(_Written):
 
 
 @dataclass
+class AttemptStatus(_Written):
+    """One attempt of the run, from its start to the end of its teardown (status.current);
+    the next attempt starts with a new one. Failures (status.failures) name attempts by number."""
+    start_time: float | None = None
+    gang_running_time: float | None = None
+    """When every pod of the attempt was Running."""
+    resume_checkpoint: CheckpointRef | None = None
+    """The checkpoint the attempt was started with."""
+    last_step: int | None = None
+    last_step_time: float | None = None
+    """When the operator saw the attempt's step advance (the hang clock)."""
+    teardown_start_time: float | None = None
+    """When the attempt failed and its pods were told to stop."""
+    restart_not_before: float | None = None
+    """Backoff: the next attempt starts no earlier."""
+
+
+@dataclass
+class Suspension(_Written):
+    """Time the run spent suspended (spec.suspend, e.g. by Kueue): neither productive nor lost
+    in goodput; restarting after a resume is lost (schedule), like the first start."""
+    since: float | None = None
+    """When the current suspension began (None: not suspended)."""
+    seconds: float = 0.0
+    """Finished suspensions, in total."""
+    resumed_time: float | None = None
+    """The last resume, while its attempt does not train yet."""
+    restart_seconds: float = 0.0
+    """Resume -> training again, over every resume."""
+
+
+@dataclass
 class FailureCounters(_Written):
     """What the failure policy counts, over every failure of the run (status.failures keeps
     only the newest MAX_FAILURES_KEPT records): restart budgets, backoff, the no-progress guard."""
@@ -154,15 +186,9 @@ class TrainingRunStatus(_Written):
     data_parallel: int | None = None
     """Data-parallel degree of our trainer's layout (not set for a command trainer)."""
     attempt: int = 0
-    """The current attempt; pods of other attempts are torn down before a new one starts."""
-    attempt_start_time: float | None = None
-    gang_running_time: float | None = None
-    """When every pod of the current attempt was Running."""
-    teardown_start_time: float | None = None
-    restart_not_before: float | None = None
-    """Backoff: the next attempt starts no earlier."""
-    resume_checkpoint: CheckpointRef | None = None
-    """The checkpoint the current attempt was started with."""
+    """The current attempt's number; pods of other attempts are torn down before a new one starts."""
+    current: AttemptStatus = field(default_factory=AttemptStatus)
+    """The current attempt's clocks, replaced whole when the next attempt starts."""
     created_time: float | None = None
     step: int | None = None
     tokens: int | None = None
@@ -172,9 +198,6 @@ class TrainingRunStatus(_Written):
     first_progress_time: float | None = None
     first_progress_steps: int | None = None
     """Steps trained by the first progress report (training began that many step times earlier)."""
-    last_step: int | None = None
-    last_step_time: float | None = None
-    """When the operator saw the step advance (the hang clock)."""
     last_progress_time: float | None = None
     step_seconds: float | None = None
     """Smoothed seconds per step."""
@@ -186,6 +209,7 @@ class TrainingRunStatus(_Written):
     failures: list[FailureRecord] = field(default_factory=list)
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0
+    suspension: Suspension | None = None
     failure_counters: FailureCounters | None = None
     """Running counts of every failure for the failure policy (None: an older operator's
     status; counted from status.failures then)."""

@@ -16,7 +16,9 @@ end of teardown:
              (failed attempt's last step - resumed step) x step time. When that checkpoint is
              past the last reported step (reports are rate-limited), the attempt's last step
              is taken to be at least the checkpoint's, (resumed - reported) step times later.
-The initial start (creation -> training) counts as schedule time. Productive time is wall time
+The initial start (creation -> training) counts as schedule time, and so does each restart
+after a resume (spec.suspend cleared -> training again); the time suspended counts as neither
+productive nor lost: it leaves the wall time. Productive time is wall time
 minus all of it; the effective training ratio is productive / wall. A finished run's wall ends
 at its last step, so writing the final checkpoint and exiting is not counted as training.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainium_api.status import FailureRecord, Goodput, GoodputArchive, LostSeconds
+from trainium_api.status import FailureRecord, Goodput, GoodputArchive, LostSeconds, Suspension
 
 PHASES = tuple(f.name for f in dataclasses.fields(LostSeconds))
 
@@ -84,16 +86,22 @@ def archive(previous: GoodputArchive | None, created: float, first_progress: flo
 
 def account(created: float, first_progress: float | None, failures: list[FailureRecord], now: float,
             step_seconds: float | None = None, first_progress_steps: int | None = None,
-            archived: GoodputArchive | None = None) -> Goodput:
+            archived: GoodputArchive | None = None, suspension: Suspension | None = None) -> Goodput:
     """Goodput from the run's start: the archived totals (failures no longer kept) plus the
-    kept timeline."""
+    kept timeline. Time suspended is left out of the wall time (neither productive nor lost);
+    restarting after a resume is lost as schedule time."""
     step_s = step_seconds or 0.0
     if archived:
         lost, previous_end = dataclasses.replace(archived.lost_seconds), archived.until
     else:
         lost, previous_end = _start(created, first_progress, now, step_s, first_progress_steps)
     _walk(lost, previous_end, failures, None, now, step_s)
-    wall = max(0.0, now - created)
+    paused = 0.0
+    if suspension is not None:
+        paused = suspension.seconds + (max(0.0, now - suspension.since) if suspension.since is not None else 0.0)
+        lost.schedule += suspension.restart_seconds + (
+            max(0.0, now - suspension.resumed_time) if suspension.resumed_time is not None else 0.0)
+    wall = max(0.0, now - created - paused)
     total_lost = min(wall, sum(getattr(lost, p) for p in PHASES))
     productive = wall - total_lost
     return Goodput(wall_seconds=round(wall, 1), productive_seconds=round(productive, 1),

@@ -64,7 +64,7 @@ class Clocks:
 
     @classmethod
     def of(cls, status: TrainingRunStatus, last_step_time: float | None) -> "Clocks":
-        return cls(status.attempt_start_time, status.gang_running_time, status.step_seconds, last_step_time,
+        return cls(status.current.start_time, status.current.gang_running_time, status.step_seconds, last_step_time,
                    status.disruption, status.disruption_end_time, tuple(status.quarantined_nodes))
 
 

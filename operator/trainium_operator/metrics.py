@@ -106,8 +106,8 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
     for p in PHASES:
         lost.labels(*labels, p).set(getattr(gp.lost_seconds, p) if gp else 0.0)
     _set(step, labels, status.step)
-    if status.last_step_time:  # cleared at a new attempt's start; keep the previous value until then
-        last_step_time.labels(*labels).set(status.last_step_time)
+    if status.current.last_step_time:  # cleared at a new attempt's start; keep the previous value until then
+        last_step_time.labels(*labels).set(status.current.last_step_time)
     _set(tokens_per_second, labels, status.tokens_per_second)
     _set(loss, labels, status.loss)
     _set(eval_perplexity, labels, status.eval_perplexity)

@@ -106,7 +106,8 @@ def count(counters: FailureCounters, cause: str, time: float, checkpoint_step: i
           window_seconds: float) -> FailureCounters:
     """The counters with one more failure of ``cause`` detected at ``time`` (a new object)."""
     recent = {c: [t for t in ts if time - t <= window_seconds] for c, ts in counters.recent.items()}
-    recent = {c: ts for c, ts in recent.items() if ts}
+    # a cause whose times all left the window keeps its (empty) list: the status is written as
+    # a merge patch, which replaces lists whole but would keep a key that is left out
     recent[cause] = (recent.get(cause, []) + [time])[-MAX_RECENT_KEPT:]
     streak, at = counters.streak, counters.streak_checkpoint_step
     if cause in JOB_CAUSES:  # an infrastructure failure says nothing about the job making progress

@@ -26,15 +26,15 @@ gone, so two attempts never run at once.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable
 
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
-from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, CheckpointRef, Condition, Disruption, FailureRecord,
-                                 TrainingRunStatus)
+from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, CheckpointRef, Condition, Disruption,
+                                 FailureRecord, Suspension, TrainingRunStatus)
 
 from . import admission, goodput, plan
 from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
@@ -165,6 +165,7 @@ def _working_copy(old: TrainingRunStatus) -> TrainingRunStatus:
     newest failure record in place, so the records are copied and nothing else is (a deep copy
     of a 50-failure status was a third of a pass)."""
     new = copy.copy(old)
+    new.current = copy.copy(old.current)
     new.failures = [copy.copy(f) for f in old.failures]
     return new
 
@@ -256,10 +257,21 @@ def _finished(p: Pass) -> None:
 
 
 def _suspend(p: Pass) -> None:
+    """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
+    goodput's wall time. A failure whose restart the suspension interrupts ends here."""
     p.delete(p.current)
     if p.old.phase != "Suspended":
         p.new.phase = "Suspended"
         p.event("Suspended", "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
+        if p.old.attempt:  # a run created suspended has no clock running yet
+            was = p.old.suspension or Suspension()
+            p.new.suspension = replace(was, since=p.now, resumed_time=None, restart_seconds=was.restart_seconds + (
+                p.now - was.resumed_time if was.resumed_time is not None else 0.0))
+            last = p.new.failures[-1] if p.new.failures else None
+            if last is not None and not last.resumed_time:
+                last.teardown_done_time = last.teardown_done_time or p.now
+                last.resumed_time, last.resumed_steps = p.now, 0
+    _account(p, p.now)
 
 
 def _resume(p: Pass) -> None:
@@ -268,6 +280,15 @@ def _resume(p: Pass) -> None:
     if p.old.attempt == 0:
         _create(p)
     elif not p.pods:
+        was = p.old.suspension or Suspension()
+        paused = p.now - was.since if was.since is not None else 0.0
+        if p.new.first_progress_time is None and p.new.created_time is not None:
+            # suspended before it ever trained: its clock starts later, and the start after the
+            # resume is its first start (schedule time from the shifted creation)
+            p.new.created_time += paused
+            p.new.suspension = replace(was, since=None)
+        else:
+            p.new.suspension = replace(was, since=None, resumed_time=p.now, seconds=round(was.seconds + paused, 3))
         _start_attempt(p, p.old.attempt + 1, "Resumed", "spec.suspend cleared")
 
 
@@ -282,9 +303,8 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     gang resumes from the newest complete checkpoint now."""
     new = p.new
     resume = p.checkpoint or p.old.last_checkpoint
-    new.phase, new.attempt, new.attempt_start_time, new.resume_checkpoint = "Starting", attempt, p.now, resume
-    new.gang_running_time = new.last_step = new.last_step_time = None
-    new.restart_not_before = new.teardown_start_time = None
+    new.phase, new.attempt = "Starting", attempt
+    new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume)  # nothing of the last one carries over
     p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume)]
     p.event(reason, f"attempt {attempt}: {message}" + (
         f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
@@ -293,7 +313,7 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
 def _teardown(p: Pass) -> None:
     """Delete the failed attempt (force after the grace period), then start the next one once
     every pod of every attempt is gone and the backoff has passed."""
-    started = p.old.teardown_start_time or p.now
+    started = p.old.current.teardown_start_time or p.now
     force = p.now - started >= p.spec.fault_tolerance.teardown_grace_seconds
     _note_teardown_progress(p)
     for pod in p.current:
@@ -304,7 +324,7 @@ def _teardown(p: Pass) -> None:
     last = p.new.failures[-1] if p.new.failures else None
     if last and not last.teardown_done_time:
         last.teardown_done_time = p.now
-    if p.now < (p.old.restart_not_before or 0):
+    if p.now < (p.old.current.restart_not_before or 0):
         return
     quarantined = p.new.quarantined_nodes
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
@@ -330,11 +350,11 @@ def _supervise(p: Pass) -> None:
     spec, old, new = p.spec, p.old, p.new
     gang = gang_state(p.current)
     _track_progress(p, gang)
-    if old.phase == "Starting" and not old.gang_running_time and len(p.current) < spec.nodes \
+    if old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
         p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
-                                                old.resume_checkpoint))  # or the API server refused some
+                                                old.current.resume_checkpoint))  # or the API server refused some
                       for i in range(spec.nodes) if i not in have]
         _act(p, gang, complete=False)
         return
@@ -397,7 +417,7 @@ def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
     """Ask the judge; record a disruption's start and end; act on a failure. Returns whether
     the attempt failed."""
     seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error)
-    verdict = judge(seen, Clocks.of(p.old, p.new.last_step_time), Guards(p.guard, p.disruption, p.api_outage))
+    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time), Guards(p.guard, p.disruption, p.api_outage))
     _record_disruption(p, verdict.disruption)
     if verdict.failure:
         _on_failure(p, verdict.failure, gang)
@@ -421,8 +441,8 @@ def _record_disruption(p: Pass, now_in_force: Disruption | None) -> None:
 def _gang_running(p: Pass, gang: GangState) -> None:
     """Every pod Running: the restart's recovery ends here, and its resume at the first report."""
     old, new, last = p.old, p.new, (p.new.failures[-1] if p.new.failures else None)
-    if not old.gang_running_time:
-        new.gang_running_time = p.now
+    if not old.current.gang_running_time:
+        new.current.gang_running_time = p.now
         if last and not last.recovered_time:
             last.recovered_time, last.recovered_after = p.now, round(p.now - last.time, 3)
             p.effects.append(ObserveRecovery(copy.copy(last)))
@@ -430,6 +450,11 @@ def _gang_running(p: Pass, gang: GangState) -> None:
                     f"{last.recovered_after:.1f}s after the failure was detected")
     if gang.step is not None and old.phase != "Running":
         new.phase = "Running"
+        if new.suspension is not None and new.suspension.resumed_time is not None:
+            # training again after a resume: from the resume to the attempt's first step is lost
+            began = (gang.last_progress_time or p.now) - (gang.step - (gang.start_step or 0)) * (old.step_seconds or 0.0)
+            new.suspension = replace(new.suspension, resumed_time=None, restart_seconds=round(
+                new.suspension.restart_seconds + max(0.0, began - new.suspension.resumed_time), 3))
         p.event("Running", f"attempt {old.attempt} reports progress at step {gang.step}")
         if last and last.recovered_time and not last.resumed_time:
             # training again: the restart's schedule phase ends where the new attempt's
@@ -455,16 +480,16 @@ def _track_progress(p: Pass, gang: GangState) -> None:
     if not old.first_progress_time:
         new.first_progress_time = gang.last_progress_time or now  # the trainer's step end time
         new.first_progress_steps = gang.step - (gang.start_step or 0)  # steps trained by then
-    last = old.last_step
+    last = old.current.last_step
     if last is None or gang.step > last:
-        if last is not None and old.last_step_time and gang.step > last:
+        if last is not None and old.current.last_step_time and gang.step > last:
             # the trainer's step end times when both reports carry one; else when we saw them
             prev_t, new_t = old.last_progress_time, gang.last_progress_time
             exact = prev_t and new_t and new_t > prev_t
-            observed = ((new_t - prev_t) if exact else (now - old.last_step_time)) / (gang.step - last)
+            observed = ((new_t - prev_t) if exact else (now - old.current.last_step_time)) / (gang.step - last)
             prev = old.step_seconds
             new.step_seconds = round(observed if prev is None else 0.7 * prev + 0.3 * observed, 3)
-        new.last_step, new.last_step_time = gang.step, now
+        new.current.last_step, new.current.last_step_time = gang.step, now
     if gang.last_progress_time:
         new.last_progress_time = gang.last_progress_time
 
@@ -507,7 +532,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     new.restarts = {**old.restarts, failure.cause: old.restarts.get(failure.cause, 0) + 1}
     new.restart_count = sum(new.restarts.values())
     new.phase, new.message = "Restarting", action.reason
-    new.teardown_start_time, new.restart_not_before = now, now + action.delay_seconds
+    new.current.teardown_start_time, new.current.restart_not_before = now, now + action.delay_seconds
     if action.quarantine_node:
         p.effects.append(Quarantine(action.quarantine_node, failure.message))
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
@@ -522,4 +547,5 @@ def _account(p: Pass, until: float) -> None:
     new = p.new
     if new.created_time is not None:
         new.goodput = goodput.account(new.created_time, new.first_progress_time, new.failures, until,
-                                      new.step_seconds, new.first_progress_steps, new.goodput_archive)
+                                      new.step_seconds, new.first_progress_steps, new.goodput_archive,
+                                      new.suspension)

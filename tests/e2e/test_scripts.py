@@ -92,7 +92,7 @@ def check_exact_and_resumed_from(record_path: Path, torn: ckpt_store.TagInfo, st
     assert [s["attempt"] for s in starts] == ["1", "2"], starts
     second = starts[1]
     assert second["loaded"] != torn.tag and second["step"] < torn.step
-    resumed = st["resumeCheckpoint"]  # what the operator told attempt 2 (status of its start)
+    resumed = st["current"]["resumeCheckpoint"]  # what the operator told attempt 2 (status of its start)
     assert second["loaded"] == resumed["tag"] and second["step"] == resumed["step"]
     saved = [r for r in recs if r["event"] == "save" and r["time"] < starts[1]["time"]]
     assert resumed["step"] == max(r["step"] for r in saved)  # the newest complete one at the restart
@@ -117,12 +117,12 @@ def test_nxd_example_frozen_mid_save_is_a_hang_and_resumes_from_the_newest_done_
     st = d.status()
     failure = st["failures"][-1]
     assert failure["cause"] == "hang" and failure["attempt"] == 1, failure
-    assert st["lastCheckpoint"]["tag"] != torn.tag and st["resumeCheckpoint"]["tag"] != torn.tag
+    assert st["lastCheckpoint"]["tag"] != torn.tag and st["current"]["resumeCheckpoint"]["tag"] != torn.tag
     pod = d.pods(2)[0]
     cmd = pod.spec.containers[0].command
-    assert cmd[cmd.index("--start-step") + 1] == str(st["resumeCheckpoint"]["step"])
+    assert cmd[cmd.index("--start-step") + 1] == str(st["current"]["resumeCheckpoint"]["step"])
     print(f"nxd: frozen mid-save of {torn.tag}; hang detected +{failure['time'] - frozen_at:.1f}s; attempt 2 "
-          f"resumes from {st['resumeCheckpoint']['tag']}")
+          f"resumes from {st['current']['resumeCheckpoint']['tag']}")
     st = finish(d)
     check_exact_and_resumed_from(d.losses_path, torn, st)
     assert st["step"] == STEPS and st["restarts"] == {"hang": 1}

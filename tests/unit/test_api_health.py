@@ -68,8 +68,8 @@ def test_the_probe_thread_reports_refusals_and_answers(caplog):
 def _quiet_run(hang_timeout: float) -> dict:
     spec = {**SPEC, "nodes": 4, "faultTolerance": {"hangTimeoutSeconds": hang_timeout}}
     return {**RUN, "spec": spec, "status": {
-        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
-        "lastStepTime": 20.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "current": {"gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 20.0}, "conditions": [{"type": "Valid", "status": "True"}]}}
 
 
 def test_no_hang_is_called_while_the_api_is_away_or_until_it_was_back_for_the_timeout():

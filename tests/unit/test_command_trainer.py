@@ -113,12 +113,12 @@ def test_reconcile_starts_no_configmap_and_each_attempt_resumes_from_the_checkpo
     r = reconcile_objects(RUN, [], {}, now=0.0, checkpoint=None)
     kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
     assert "ConfigMap" not in kinds and kinds.count("Pod") == 2
-    assert r.after.resume_checkpoint is None and "dataParallel" not in r.status
-    run = {**RUN, "status": {**r.status, "phase": "Restarting", "attempt": 1, "restartNotBefore": 0,
+    assert r.after.current.resume_checkpoint is None and "dataParallel" not in r.status
+    run = {**RUN, "status": {**r.status, "phase": "Restarting", "attempt": 1, "current": {"restartNotBefore": 0},
                              "conditions": [{"type": "Valid", "status": "True"}]}}
     r = reconcile_objects(run, [], {}, now=10.0, checkpoint=REF)
     pods = r.ensured("Pod")
-    assert r.status["attempt"] == 2 and r.status["resumeCheckpoint"] == CKPT and len(pods) == 2
+    assert r.status["attempt"] == 2 and r.status["current"]["resumeCheckpoint"] == CKPT and len(pods) == 2
     assert all(p["spec"]["containers"][0]["command"][-1].endswith(f'{CKPT["uri"]}"') for p in pods)
     assert any(e.kind == "event" and CKPT["tag"] in e.message for e in r.effects)
 

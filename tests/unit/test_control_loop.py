@@ -167,8 +167,8 @@ def test_a_malformed_progress_field_is_dropped_and_named_never_raised(annotation
                                      "annotations": {"trainium.dev/progress": '{"step": 6, "time": 90.0}'}},
                         "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in (1, 2, 3)]
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
-    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 50.0, "lastStep": 5,
-                "lastStepTime": 80.0, "lastProgressTime": 80.0})
+    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "lastProgressTime": 80.0,
+                "current": {"gangRunningTime": 50.0, "lastStep": 5, "lastStepTime": 80.0}})
     r = reconcile_objects(run, [view, *others], nodes, now=120.0)  # never raises
     cond = next((c for c in r.after.conditions if c.type == "ProgressValid"), None)
     assert (cond is not None and cond.status == "False") == bool(view.progress_errors)
@@ -198,7 +198,7 @@ def test_a_pass_that_read_an_older_status_never_deletes_the_newer_attempts_pods(
     newer = [pod_view({"metadata": {"name": f"r-a2-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
                                     "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": str(i)}},
                        "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Pending"}}) for i in range(4)]
-    run = _run({"phase": "Restarting", "attempt": 1, "createdTime": 0.0, "teardownStartTime": T0 - 10})
+    run = _run({"phase": "Restarting", "attempt": 1, "createdTime": 0.0, "current": {"teardownStartTime": T0 - 10}})
     r = reconcile_objects(run, newer, nodes, now=T0 + 1)
     assert not r.status and not r.effects
     r = reconcile_objects(run, newer, nodes, now=T0 + 61)
@@ -259,7 +259,7 @@ def test_a_quarantined_node_that_stays_down_does_not_keep_a_disruption_open():
 
 def test_pods_the_api_server_will_not_create_fail_the_attempt_after_the_schedule_timeout():
     why = 'cannot create Pod r-a1-0: pods "r-a1-0" is forbidden: exceeded quota: trn (and 3 more pods)'
-    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "attemptStartTime": 0.0},
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "current": {"startTime": 0.0}},
                faultTolerance={"scheduleTimeoutSeconds": 60})
     r = reconcile_objects(run, [], {}, now=30.0, children_error=why)
     assert r.after.phase == "Starting" and len(r.ensured("Pod")) == 4  # asked for again, shown in status
@@ -293,8 +293,8 @@ def test_budgets_count_every_failure_not_only_the_records_kept():
              "checkpointStep": i} for i in range(50)]
     counters = {"recent": {"application": [now - 200 + i for i in range(60)]}, "streak": 1,
                 "streakCheckpointStep": 49}
-    status = {"phase": "Running", "attempt": 61, "createdTime": 0.0, "gangRunningTime": now - 50,
-              "failures": kept, "failureCount": 60, "failureCounters": counters, "lastStepTime": now - 1}
+    status = {"phase": "Running", "attempt": 61, "createdTime": 0.0, "failures": kept, "failureCount": 60,
+              "failureCounters": counters, "current": {"gangRunningTime": now - 50, "lastStepTime": now - 1}}
     run = _run(status, faultTolerance={"restartBudget": {"application": 60}, "noProgressRestarts": 100})
     pods = [_pod(i, attempt=61, step=5) for i in range(3)] + [_pod(3, "Failed", code=1, attempt=61)]
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
@@ -305,3 +305,40 @@ def test_budgets_count_every_failure_not_only_the_records_kept():
     r = reconcile_objects(run, pods, nodes, now=now)
     assert r.after.phase == "Restarting" and r.after.failure_counters.recent["application"][-1] == now
     assert len(r.after.failure_counters.recent["application"]) == 51
+
+
+def _reporting(attempt: int, step: int, at: float, start_step: int | None = None) -> list:
+    ann = {"step": step, "time": at, **({"startStep": start_step} if start_step is not None else {})}
+    import json
+    return [pod_view({"metadata": {"name": f"r-a{attempt}-{i}", "labels": {"trainium.dev/attempt": str(attempt),
+                                                                       "trainium.dev/index": str(i)},
+                                   "annotations": {"trainium.dev/progress": json.dumps(ann)}},
+                      "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in range(4)]
+
+
+def test_time_suspended_is_neither_productive_nor_lost():
+    """Suspended at t=100 for 100 s: the wall time leaves it out, the pods are stopped with the
+    teardown grace (the trainer saves on SIGTERM), the resume starts attempt 2 from the newest
+    checkpoint, and from the resume to its first step (14 s) is lost as schedule time."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0, "firstProgressSteps": 0,
+              "stepSeconds": 1.0, "current": {"gangRunningTime": 5.0, "lastStep": 90, "lastStepTime": 99.0}}
+    run = _run(status, suspend=True)
+    r = reconcile_objects(run, _reporting(1, 90, 99.0), nodes, now=100.0)
+    assert r.after.phase == "Suspended" and r.after.suspension.since == 100.0
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {f"r-a1-{i}" for i in range(4)}
+    assert all(e.grace == 30 for e in r.effects if e.kind == "delete_pod")  # graceful: the trainer saves
+    run = _after(r, run)
+    r = reconcile_objects(run, [], nodes, now=150.0)
+    assert r.after.goodput.wall_seconds == 100.0  # 150 s since creation, 50 of them suspended
+    run = _after(r, run)
+    run["spec"] = {**run["spec"], "suspend": False}
+    r = reconcile_objects(run, [], nodes, now=200.0, checkpoint={"tag": "step-90", "step": 90, "uri": "s3://b/r"})
+    assert r.after.attempt == 2 and r.after.current.resume_checkpoint.step == 90 and not r.after.failures
+    assert r.after.suspension.seconds == 100.0 and r.after.suspension.resumed_time == 200.0
+    run = _after(r, run)
+    r = reconcile_objects(run, _reporting(2, 95, 219.0, start_step=90), nodes, now=220.0)
+    assert r.after.phase == "Running" and r.after.suspension.restart_seconds == 14.0  # 219 - 5 steps - 200
+    assert r.after.goodput.wall_seconds == 120.0  # 220 - 100 suspended
+    assert r.after.goodput.lost_seconds.schedule == 24.0  # the first start (10 s) and the restart (14 s)
+    assert r.after.goodput.productive_seconds == 96.0 and not r.after.restarts  # a suspension is no failure

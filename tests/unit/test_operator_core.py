@@ -211,7 +211,7 @@ def test_reconcile_archives_dropped_failures_and_numbers_each_failure():
     from trainium_operator.reconcile import MAX_FAILURES_KEPT
     history = _equal_failures(MAX_FAILURES_KEPT)
     status = {"phase": "Running", "attempt": 51, "createdTime": 0.0, "firstProgressTime": 10.0, "firstProgressSteps": 0,
-              "stepSeconds": 1.0, "failures": history, "failureCount": 50, "gangRunningTime": 5010.0,
+              "stepSeconds": 1.0, "failures": history, "failureCount": 50, "current": {"gangRunningTime": 5010.0},
               "conditions": [{"type": "Valid", "status": "True"}]}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, attempt=51) for i in range(4)]
@@ -227,8 +227,8 @@ def test_failure_found_with_new_progress_records_that_progress_time():
     """A failure detected in the pass that first sees the gang's newest steps: the record's last
     progress is that step's end, not the previous pass's (an e2e node-not-ready run lost 0.8 s
     of goodput to the stale one)."""
-    status = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "lastProgressTime": 90.0, "lastStep": 16,
-              "gangRunningTime": 5.0, "conditions": [{"type": "Valid", "status": "True"}]}
+    status = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "lastProgressTime": 90.0,
+              "current": {"lastStep": 16, "gangRunningTime": 5.0}, "conditions": [{"type": "Valid", "status": "True"}]}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, step=18) for i in range(4)]
     record = reconcile_objects({**RUN, "status": status}, pods, nodes, now=101.0).status["failures"][-1]
@@ -241,7 +241,7 @@ def test_each_failure_and_recovery_is_observed_once_by_identity():
     stops growing there)."""
     from trainium_operator.reconcile import MAX_FAILURES_KEPT
     status = {"phase": "Running", "attempt": 51, "createdTime": 0.0, "failures": _equal_failures(MAX_FAILURES_KEPT),
-              "failureCount": 50, "gangRunningTime": 5010.0, "conditions": [{"type": "Valid", "status": "True"}]}
+              "failureCount": 50, "current": {"gangRunningTime": 5010.0}, "conditions": [{"type": "Valid", "status": "True"}]}
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     crashed = [_pod(i, "Failed" if i == 0 else "Running", code=1 if i == 0 else None, attempt=51) for i in range(4)]
     r = reconcile_objects({**RUN, "status": status}, crashed, nodes, now=5100.0)
@@ -269,7 +269,7 @@ def test_reconcile_creates_then_restarts_without_overlapping_attempts():
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = [_pod(i) for i in range(4)]
     r = reconcile_objects(run, pods, nodes, now=5.0)
-    assert r.status["gangRunningTime"] == 5.0
+    assert r.status["current"]["gangRunningTime"] == 5.0
     run["status"].update(r.status)
     r = reconcile_objects(run, [_pod(0, "Failed", code=1)] + pods[1:], nodes, now=6.0)
     assert r.status["phase"] == "Restarting" and {e.name for e in r.effects if e.kind == "delete_pod"} == \
@@ -360,8 +360,8 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
     assert disruption(guard, zone_health(zoned), [zoned[9], zoned[5]]) == ""
 
     run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
-        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
-        "lastStepTime": 20.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "current": {"gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 20.0}, "conditions": [{"type": "Valid", "status": "True"}]}}
     pods = [_pod(i, step=5) for i in range(4)]
     r = reconcile_objects(run, pods, run_nodes, now=30.0, disruption=why, guard=guard)
     assert r.status.get("phase") is None and "failures" not in r.status
@@ -405,8 +405,8 @@ def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready
     from trainium_operator.policy import DisruptionGuard
     guard = DisruptionGuard(settle_seconds=10)
     run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
-        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
-        "lastStepTime": 99.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "current": {"gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 99.0}, "conditions": [{"type": "Valid", "status": "True"}]}}
     pods = [_pod(i, step=5) for i in range(4)]
 
     def nodes(ready):
@@ -424,8 +424,8 @@ def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later
     from trainium_operator.policy import DisruptionGuard
     guard = DisruptionGuard(settle_seconds=10, outage_grace_seconds=60, max_hold_seconds=900)
     run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
-        "phase": "Running", "attempt": 1, "createdTime": 0.0, "gangRunningTime": 10.0, "lastStep": 5,
-        "lastStepTime": 299.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "current": {"gangRunningTime": 10.0, "lastStep": 5,
+        "lastStepTime": 299.0}, "conditions": [{"type": "Valid", "status": "True"}]}}
     pods = [_pod(i, step=5) for i in range(4)]
 
     def nodes(unknown_since):

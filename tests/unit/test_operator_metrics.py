@@ -22,7 +22,7 @@ def series(run: str) -> dict[str, float]:
     return out
 
 
-STATUS = {"phase": "Running", "step": 120, "lastStepTime": 1000.0, "stepSeconds": 2.0, "tokensPerSecond": 5e4,
+STATUS = {"phase": "Running", "step": 120, "current": {"lastStepTime": 1000.0}, "stepSeconds": 2.0, "tokensPerSecond": 5e4,
           "loss": 2.5, "restarts": {"node": 2, "application": 1}, "createdTime": 10.0,
           "lastCheckpoint": {"step": 100, "time": 900.0}, "quarantinedNodes": ["n1"],
           "goodput": {"effectiveRatio": 0.93, "lostSeconds": {"detect": 1.0, "schedule": 30.0}}}
