@@ -155,6 +155,10 @@ class Suspension(_Written):
     """The last resume, while its attempt does not train yet."""
     restart_seconds: float = 0.0
     """Resume -> training again, over every resume."""
+    step: int | None = None
+    """The newest step trained before the last resume."""
+    recompute_seconds: float = 0.0
+    """Steps trained after the checkpoint a resume started from, trained again, over every resume."""
 
 
 @dataclass

@@ -17,7 +17,8 @@ end of teardown:
              past the last reported step (reports are rate-limited), the attempt's last step
              is taken to be at least the checkpoint's, (resumed - reported) step times later.
 The initial start (creation -> training) counts as schedule time, and so does each restart
-after a resume (spec.suspend cleared -> training again); the time suspended counts as neither
+after a resume (spec.suspend cleared -> training again), with the steps it trains again
+counted as recompute; the time suspended counts as neither
 productive nor lost: it leaves the wall time. Productive time is wall time
 minus all of it; the effective training ratio is productive / wall. A finished run's wall ends
 at its last step, so writing the final checkpoint and exiting is not counted as training.
@@ -99,6 +100,7 @@ def account(created: float, first_progress: float | None, failures: list[Failure
     paused = 0.0
     if suspension is not None:
         paused = suspension.seconds + (max(0.0, now - suspension.since) if suspension.since is not None else 0.0)
+        lost.recompute += suspension.recompute_seconds
         lost.schedule += suspension.restart_seconds + (
             max(0.0, now - suspension.resumed_time) if suspension.resumed_time is not None else 0.0)
     wall = max(0.0, now - created - paused)

@@ -260,6 +260,8 @@ def _suspend(p: Pass) -> None:
     """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
     goodput's wall time. A failure whose restart the suspension interrupts ends here."""
     p.delete(p.current)
+    if p.current:  # the stopping gang finishes its step (and a checkpoint) before it exits
+        _track_progress(p, gang_state(p.current))
     if p.old.phase != "Suspended":
         p.new.phase = "Suspended"
         p.event("Suspended", "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
@@ -288,7 +290,8 @@ def _resume(p: Pass) -> None:
             p.new.created_time += paused
             p.new.suspension = replace(was, since=None)
         else:
-            p.new.suspension = replace(was, since=None, resumed_time=p.now, seconds=round(was.seconds + paused, 3))
+            p.new.suspension = replace(was, since=None, resumed_time=p.now, seconds=round(was.seconds + paused, 3),
+                                       step=p.old.step)
         _start_attempt(p, p.old.attempt + 1, "Resumed", "spec.suspend cleared")
 
 
@@ -453,8 +456,10 @@ def _gang_running(p: Pass, gang: GangState) -> None:
         if new.suspension is not None and new.suspension.resumed_time is not None:
             # training again after a resume: from the resume to the attempt's first step is lost
             began = (gang.last_progress_time or p.now) - (gang.step - (gang.start_step or 0)) * (old.step_seconds or 0.0)
+            redone = max(0, (new.suspension.step or 0) - (gang.start_step or 0)) * (old.step_seconds or 0.0)
             new.suspension = replace(new.suspension, resumed_time=None, restart_seconds=round(
-                new.suspension.restart_seconds + max(0.0, began - new.suspension.resumed_time), 3))
+                new.suspension.restart_seconds + max(0.0, began - new.suspension.resumed_time), 3),
+                recompute_seconds=round(new.suspension.recompute_seconds + redone, 3))
         p.event("Running", f"attempt {old.attempt} reports progress at step {gang.step}")
         if last and last.recovered_time and not last.resumed_time:
             # training again: the restart's schedule phase ends where the new attempt's

@@ -4,6 +4,8 @@ start their container. Pure: reconcile over plain objects."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.unit.test_operator_core import RUN, SPEC, _node
@@ -329,6 +331,8 @@ def test_time_suspended_is_neither_productive_nor_lost():
     assert {e.name for e in r.effects if e.kind == "delete_pod"} == {f"r-a1-{i}" for i in range(4)}
     assert all(e.grace == 30 for e in r.effects if e.kind == "delete_pod")  # graceful: the trainer saves
     run = _after(r, run)
+    stopping = [replace(x, deleting=True) for x in _reporting(1, 92, 101.0)]
+    run = _after(reconcile_objects(run, stopping, nodes, now=102.0), run)
     r = reconcile_objects(run, [], nodes, now=150.0)
     assert r.after.goodput.wall_seconds == 100.0  # 150 s since creation, 50 of them suspended
     run = _after(r, run)
@@ -341,4 +345,7 @@ def test_time_suspended_is_neither_productive_nor_lost():
     assert r.after.phase == "Running" and r.after.suspension.restart_seconds == 14.0  # 219 - 5 steps - 200
     assert r.after.goodput.wall_seconds == 120.0  # 220 - 100 suspended
     assert r.after.goodput.lost_seconds.schedule == 24.0  # the first start (10 s) and the restart (14 s)
-    assert r.after.goodput.productive_seconds == 96.0 and not r.after.restarts  # a suspension is no failure
+    # the steps trained between the checkpoint (step 90) and the suspension (step 92, finished
+    # while the gang stopped) are trained again: lost as recompute
+    assert r.after.goodput.lost_seconds.recompute == 2.0
+    assert r.after.goodput.productive_seconds == 94.0 and not r.after.restarts  # a suspension is no failure
