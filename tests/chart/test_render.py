@@ -151,12 +151,13 @@ def test_disruption_guard_values_become_operator_flags_which_it_accepts():
     from trainium_operator.__main__ import main  # noqa: F401  (the flags exist: parsed below)
     import subprocess
     import sys
-    dep = one(render({"disruption": {"threshold": 0.7, "minNodes": 5, "maxHoldSeconds": 60, "settleSeconds": 5}}),
+    dep = one(render({"disruption": {"threshold": 0.7, "minNodes": 5, "maxHoldSeconds": 60, "settleSeconds": 5,
+                                                  "deviceSettleSeconds": 20}}),
               "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = [a for a in args if a.startswith("--disruption")]
     assert flags == ["--disruption-threshold=0.7", "--disruption-min-nodes=5", "--disruption-max-hold-seconds=60",
-                     "--disruption-settle-seconds=5"]
+                     "--disruption-settle-seconds=5", "--disruption-device-settle-seconds=20"]
     res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "--disruption-max-hold-seconds" in res.stdout
 
