@@ -1,6 +1,6 @@
 """python -m trainer --config run.yaml [--override group.field=value ...]
 
-Runs as one process or under torchrun. Exit codes are documented in trainer/exitcodes.py.
+Runs as one process or under torchrun. Exit codes are documented in api/trainium_api/exitcodes.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import logging
 import os
 import sys
 
-from . import exitcodes
+from trainium_api import exitcodes
+
 from .config import ConfigError, load
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from . import exitcodes
+from trainium_api import exitcodes
 
 # Neuron pre-compilation: `--neuron-precompile-steps N` first runs the same command under
 # `neuron_parallel_compile`, which executes no graph but extracts every graph of N steps and

@@ -48,7 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import exitcodes
+from trainium_api import exitcodes
+
 from .config import Layout
 from .parallel import DeferredRuntime, ParallelState, TPContext, mark_kv_replicated, shard_cols, shard_rows
 

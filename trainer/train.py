@@ -13,7 +13,8 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from . import exitcodes
+from trainium_api import exitcodes
+
 from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout, to_dict
 from .data import PackedDataset, heldout_batches, local_batch

@@ -7,6 +7,10 @@
   load     dicts <-> dataclasses, refusing bad input with the field named
   schema   the CRD's structural OpenAPI schema, derived from the declarations
 
+The pod contract the operator shares with the trainer (docs/architecture.md 3.2, 3.3):
+
+  exitcodes  what a pod's exit code means (fatal, retryable, terminated)
+
 Imports no torch and no Kubernetes client: the trainer, the operator and the tests share it.
 """
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import ROOT, TINY_CONFIG, read_losses, run_trainer
-from trainer import exitcodes
+from trainium_api import exitcodes
 
 pytestmark = pytest.mark.trainer
 transformers = pytest.importorskip("transformers")

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import read_losses, run_trainer
 from tests.trainer.test_training import overrides
-from trainer import exitcodes
+from trainium_api import exitcodes
 
 pytestmark = pytest.mark.trainer
 

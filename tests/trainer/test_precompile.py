@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TINY_CONFIG, data_overrides, read_losses, trainer_env
-from trainer import ckpt_store, exitcodes
+from trainer import ckpt_store
+from trainium_api import exitcodes
 
 pytestmark = pytest.mark.trainer
 

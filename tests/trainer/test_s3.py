@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, data_overrides, read_losses, run_trainer, trainer_cmd, trainer_env
-from trainer import ckpt_store, exitcodes
+from trainer import ckpt_store
+from trainium_api import exitcodes
 
 pytestmark = [pytest.mark.trainer, pytest.mark.s3]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, data_overrides, kill_tree, read_losses, run_trainer, trainer_cmd, trainer_env
-from trainer import ckpt_store, exitcodes
+from trainer import ckpt_store
+from trainium_api import exitcodes
 
 pytestmark = pytest.mark.trainer
 

@@ -68,7 +68,7 @@ def test_delete_removes_done_first(tmp_path, monkeypatch):
 def test_store_imports_no_torch():
     import subprocess
     import sys
-    code = "import sys, trainer.ckpt_store, trainer.config, trainer.progress, trainer.exitcodes; print('torch' in sys.modules)"
+    code = "import sys, trainer.ckpt_store, trainer.config, trainer.progress; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,7 +1,8 @@
 import json
 
-from trainer import exitcodes, progress
+from trainer import progress
 from trainer.launch import exit_code_for
+from trainium_api import exitcodes
 
 
 def test_pod_exit_code_from_workers():

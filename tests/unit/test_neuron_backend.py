@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer import exitcodes
 from trainer.config import ConfigError, load
 from trainer.launch import PRECOMPILE_FLAG, _pop_precompile
+from trainium_api import exitcodes
 from trainium_operator import plan
 from trainium_operator.spec import parse
 

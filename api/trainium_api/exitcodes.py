@@ -1,4 +1,5 @@
-"""Exit codes of the trainer: the pod contract (docs/architecture.md 3.2). No torch; the operator imports it.
+"""Exit codes of the trainer: the pod contract (docs/architecture.md 3.2). The trainer exits with
+them, the operator classifies a pod's exit code with :func:`is_fatal`.
 
     0    OK          training finished (or nothing left to do)
     78   FATAL       do not retry: invalid config, missing data or tokenizer, NaN with nanPolicy=stop
