@@ -55,7 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench.common import stop_cleanly_on_signals, stop_process, table  # noqa: E402
-from trainer import ckpt_store, progress  # noqa: E402
+from trainer import ckpt_store  # noqa: E402
+from trainium_api import progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 STEP_SECONDS = 1024 / 750  # real seconds per step, 128 nodes (docs/neuron.md anchors)

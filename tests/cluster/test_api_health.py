@@ -8,7 +8,8 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from trainer import progress
+from trainer.progress import ProgressReporter
+from trainium_api import progress
 from trainium_operator.apihealth import ApiHealth, ApiProbe
 from trainium_operator.kube import Kube
 
@@ -46,7 +47,7 @@ def test_a_failed_progress_report_is_sent_again_without_a_new_step(local_cluster
     away); once it does, the same report reaches it with no further report() call."""
     monkeypatch.setenv("KUBECONFIG", str(local_cluster.kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    reporter = progress.ProgressReporter(0.2, pod="rank0", namespace=namespace)
+    reporter = ProgressReporter(0.2, pod="rank0", namespace=namespace)
     try:
         reporter.report(7, 100.0, 2.5, None)
         wait_until(lambda: reporter._retry_at > 0, 10, what="the first report to fail")

@@ -1,6 +1,6 @@
 """The operator (a real subprocess) against the local control plane with simulated trn1 nodes.
 
-Progress is written on the pods exactly as the trainer writes it (trainer.progress.payload).
+Progress is written on the pods exactly as the trainer writes it (trainium_api.progress.payload).
 Detection and recovery times are printed; the goals are in the issue and bench/ measures them.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, wait_until
-from trainer import progress
+from trainium_api import progress
 
 pytestmark = pytest.mark.cluster
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"

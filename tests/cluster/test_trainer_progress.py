@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.conftest import data_overrides, run_trainer, trainer_env, wait_until
-from trainer import progress
+from trainium_api import progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 

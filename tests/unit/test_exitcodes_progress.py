@@ -1,8 +1,8 @@
 import json
 
-from trainer import progress
 from trainer.launch import exit_code_for
-from trainium_api import exitcodes
+from trainer.progress import ProgressReporter
+from trainium_api import exitcodes, progress
 
 
 def test_pod_exit_code_from_workers():
@@ -27,7 +27,7 @@ def test_progress_payload_roundtrip():
 
 def test_reporter_off_without_pod_identity(monkeypatch):
     monkeypatch.delenv("POD_NAME", raising=False)
-    r = progress.ProgressReporter(1.0)
+    r = ProgressReporter(1.0)
     assert not r.enabled
     r.report(1, 1.0, 1.0, None)  # a no-op, never raises
     r.close()

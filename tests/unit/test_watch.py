@@ -107,7 +107,7 @@ def test_user_regex_is_checked_and_used():
 
 def _watch(args: list[str], **kw) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("POD_NAME", "KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "api")])  # this tree's trainer and trainium_api
     return subprocess.Popen([sys.executable, "-m", "trainer.watch", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=ROOT, **kw)
 
