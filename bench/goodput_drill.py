@@ -55,8 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench.common import stop_cleanly_on_signals, stop_process, table  # noqa: E402
-from trainer import ckpt_store  # noqa: E402
-from trainium_api import progress  # noqa: E402
+from trainium_api import checkpoints, progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 STEP_SECONDS = 1024 / 750  # real seconds per step, 128 nodes (docs/neuron.md anchors)
@@ -148,18 +147,18 @@ class Drill:
         self.steps_log.write(json.dumps({"step": step, "time": round(end, 4), "startStep": start_step}) + "\n")
 
     def begin_checkpoint(self, step: int) -> None:
-        tag = self.ckpt_dir / ckpt_store.tag_for_step(step)
+        tag = self.ckpt_dir / checkpoints.tag_for_step(step)
         tag.mkdir(exist_ok=True)
-        (tag / ckpt_store.BEGIN).write_bytes(b"")
+        (tag / checkpoints.BEGIN).write_bytes(b"")
 
     def finish_checkpoint(self, step: int) -> None:
-        tag = self.ckpt_dir / ckpt_store.tag_for_step(step)
-        (tag / ckpt_store.META).write_text(json.dumps({"step": step, "layout": {"tensor": 8, "data": 512,
+        tag = self.ckpt_dir / checkpoints.tag_for_step(step)
+        (tag / checkpoints.META).write_text(json.dumps({"step": step, "layout": {"tensor": 8, "data": 512,
                                                                                  "pipeline": 1, "zero1": True}}))
-        (tag / ckpt_store.DONE).write_bytes(b"")
+        (tag / checkpoints.DONE).write_bytes(b"")
 
     def newest_checkpoint(self) -> int | None:
-        tag = ckpt_store.newest_complete(str(self.ckpt_dir))
+        tag = checkpoints.newest_complete(str(self.ckpt_dir))
         return tag.step if tag else None
 
     def patch_pod(self, pod, patch) -> None:

@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints in the NxD layout (see ckpt_store for the layout and selection).
+"""Asynchronous checkpoints in the NxD layout (see trainium_api.checkpoints for the layout and selection).
 
 A save is two halves:
   * in the training loop, at a step boundary: copy model and optimizer tensors to host
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import fsspec
 import torch
 import torch.distributed as dist
+
+from trainium_api import checkpoints
 
 from . import ckpt_store
 from .config import CheckpointConfig, ConfigError
@@ -126,7 +128,7 @@ class Checkpointer:
         self.wait()  # at most one save in flight
         snapshot = host_copy({"model": model_state, "optim": optim_state}, self._host_cache)
         stall = time.perf_counter() - t0
-        result = SaveResult(ckpt_store.tag_for_step(step), step, False, stall)
+        result = SaveResult(checkpoints.tag_for_step(step), step, False, stall)
         job = (result, snapshot, scheduler_state, user_content, meta)
         self._last_save_time = time.monotonic()
         if self.cfg.async_save:
@@ -153,7 +155,7 @@ class Checkpointer:
         files = [f"model/{ckpt_store.shard_name(0, t, p)}" for p in pps for t in tps]
         dps = range(lay["data"]) if lay["zero1"] else [0]
         files += [f"optim/{ckpt_store.shard_name(d, t, p)}" for p in pps for d in dps for t in tps]
-        return files + ["scheduler.pt", "user_content.pt", ckpt_store.META]
+        return files + ["scheduler.pt", "user_content.pt", checkpoints.META]
 
     def _barrier_ok(self, ok: bool) -> bool:
         """Every rank learns whether every rank succeeded (on the checkpoint's own group)."""
@@ -172,7 +174,7 @@ class Checkpointer:
             if ps.rank == 0:
                 self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
                 self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
-                self.fs.pipe_file(f"{tag_dir}/{ckpt_store.BEGIN}", b"")
+                self.fs.pipe_file(f"{tag_dir}/{checkpoints.BEGIN}", b"")
         except Exception as exc:
             ok, error = False, f"begin marker: {exc}"
         ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
@@ -195,8 +197,8 @@ class Checkpointer:
         if ok and ps.rank == 0:
             try:
                 meta = dict(meta, files=self._files(meta), time=time.time())
-                self.fs.pipe_file(f"{tag_dir}/{ckpt_store.META}", json.dumps(meta, indent=1).encode())
-                self.fs.pipe_file(f"{tag_dir}/{ckpt_store.DONE}", b"")
+                self.fs.pipe_file(f"{tag_dir}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
+                self.fs.pipe_file(f"{tag_dir}/{checkpoints.DONE}", b"")
             except Exception as exc:
                 ok, error = False, f"completion marker: {exc}"
         result.ok, result.error = ok, error
@@ -213,14 +215,14 @@ class Checkpointer:
 
     # -- resume ----------------------------------------------------------------------------
 
-    def select_resume(self) -> ckpt_store.TagInfo | None:
+    def select_resume(self) -> checkpoints.TagInfo | None:
         """The tag to resume from per ``checkpoint.resume``; rank 0 decides for everyone."""
         choice = None
         if self.cfg.uri and self.cfg.resume != "none" and self.ps.rank == 0:
             if self.cfg.resume == "auto":
-                choice = ckpt_store.newest_complete(self.cfg.uri)
+                choice = checkpoints.newest_complete(self.cfg.uri)
             else:
-                tags = {t.tag: t for t in ckpt_store.list_tags(self.cfg.uri)}
+                tags = {t.tag: t for t in checkpoints.list_tags(self.cfg.uri)}
                 choice = tags.get(self.cfg.resume)
                 if choice is None or not choice.complete:
                     choice = ConfigError("checkpoint.resume",
@@ -241,9 +243,9 @@ class Checkpointer:
         (this stage's parameter names; None: all) are kept."""
         fs, tag_dir = fsspec.core.url_to_fs(tag_uri.rstrip("/"))
         tag_dir = tag_dir.rstrip("/")
-        if not fs.exists(f"{tag_dir}/{ckpt_store.DONE}"):
-            raise ConfigError("init.from", f"{tag_uri} is not a complete checkpoint (no {ckpt_store.DONE})")
-        meta = json.loads(fs.cat_file(f"{tag_dir}/{ckpt_store.META}"))
+        if not fs.exists(f"{tag_dir}/{checkpoints.DONE}"):
+            raise ConfigError("init.from", f"{tag_uri} is not a complete checkpoint (no {checkpoints.DONE})")
+        meta = json.loads(fs.cat_file(f"{tag_dir}/{checkpoints.META}"))
         saved = meta.get("layout", {}).get("tensor")
         if saved != tp:
             raise ConfigError("parallelism.tensor", f"init.from {tag_uri} was written with tensor={saved}, this "
@@ -260,10 +262,10 @@ class Checkpointer:
             shard.update({k: v for k, v in part.items() if keys is None or k in keys})
         return shard
 
-    def load(self, tag: ckpt_store.TagInfo, layout: dict) -> dict:
+    def load(self, tag: checkpoints.TagInfo, layout: dict) -> dict:
         """Read this rank's shards of ``tag``; returns model, optim, scheduler, user_content, meta."""
         ps, tag_dir = self.ps, f"{self.root}/{tag.tag}"
-        meta = json.loads(self.fs.cat_file(f"{tag_dir}/{ckpt_store.META}"))
+        meta = json.loads(self.fs.cat_file(f"{tag_dir}/{checkpoints.META}"))
         if meta.get("weightsOnly"):
             raise ConfigError("checkpoint.uri", f"{tag.uri} holds weights only (python -m trainer.convert from-hf): "
                                                 "give it as init.from, not under the run's checkpoint.uri")

@@ -23,6 +23,7 @@ import time
 import fsspec
 import torch
 
+from trainium_api import checkpoints
 from trainium_api.load import build
 
 from . import ckpt_store, hf
@@ -53,9 +54,9 @@ def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
     _check_tensor(model, tensor)
     src = hf.SafetensorsDir(hf_dir)
     fs, root = _fs(out_root)
-    tag = f"{root}/{ckpt_store.tag_for_step(0)}"
+    tag = f"{root}/{checkpoints.tag_for_step(0)}"
     fs.makedirs(f"{tag}/model", exist_ok=True)
-    fs.pipe_file(f"{tag}/{ckpt_store.BEGIN}", b"")
+    fs.pipe_file(f"{tag}/{checkpoints.BEGIN}", b"")
     files = []
     for rank in range(tensor):
         buf = io.BytesIO()
@@ -74,18 +75,18 @@ def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
     shape = {k: v for k, v in to_dict(model).items() if k != "preset"}
     meta = {"step": 0, "tokens": 0, "weightsOnly": True, "source": hf_dir, "model": shape,
             "tokenizer": tokenizer, "layout": {"tensor": tensor, "data": 1, "pipeline": 1, "zero1": False},
-            "files": files + [ckpt_store.META], "time": time.time()}
-    fs.pipe_file(f"{tag}/{ckpt_store.META}", json.dumps(meta, indent=1).encode())
-    fs.pipe_file(f"{tag}/{ckpt_store.DONE}", b"")
+            "files": files + [checkpoints.META], "time": time.time()}
+    fs.pipe_file(f"{tag}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
+    fs.pipe_file(f"{tag}/{checkpoints.DONE}", b"")
     return fs.unstrip_protocol(tag) if "://" in out_root else tag
 
 
 def resolve_tag(uri: str) -> str:
     """A complete tag: the URI itself, or the newest complete tag under a checkpoint root."""
     fs, path = _fs(uri)
-    if fs.exists(f"{path}/{ckpt_store.DONE}"):
+    if fs.exists(f"{path}/{checkpoints.DONE}"):
         return uri.rstrip("/")
-    newest = ckpt_store.newest_complete(uri)
+    newest = checkpoints.newest_complete(uri)
     if newest is None:
         raise ConfigError("CHECKPOINT", f"{uri} is neither a complete checkpoint tag nor a root holding one")
     return newest.uri
@@ -94,7 +95,7 @@ def resolve_tag(uri: str) -> str:
 def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tensor]]]:
     """meta.json, the model config and every tensor-parallel model shard of a complete tag."""
     fs, tag = _fs(tag_uri)
-    meta = json.loads(fs.cat_file(f"{tag}/{ckpt_store.META}"))
+    meta = json.loads(fs.cat_file(f"{tag}/{checkpoints.META}"))
     if not meta.get("model"):
         raise ConfigError("CHECKPOINT", f"{tag_uri}/meta.json has no model config (written before this "
                                         "release); re-save it with a current trainer")

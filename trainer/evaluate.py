@@ -19,7 +19,9 @@ import time
 
 import torch
 
-from . import ckpt_store, hf
+from trainium_api import checkpoints
+
+from . import hf
 from .config import ConfigError, load
 from .convert import read_tag
 from .data import heldout_batches
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.data.held_out:
             raise ConfigError("data.heldOut", "the config has no held-out data to evaluate on")
         root = args.checkpoints or cfg.checkpoint.uri
-        tags = [t for t in ckpt_store.list_tags(root) if t.complete and t.step is not None]
+        tags = [t for t in checkpoints.list_tags(root) if t.complete and t.step is not None]
         if not tags:
             raise ConfigError("--checkpoints", f"no complete checkpoint under {root!r}")
     except ConfigError as exc:

@@ -9,8 +9,9 @@
 
 The pod contract the operator shares with the trainer (docs/architecture.md 3.2, 3.3):
 
-  exitcodes  what a pod's exit code means (fatal, retryable, terminated)
-  progress   the progress annotation: its fields, how it is written and read back (checked)
+  exitcodes    what a pod's exit code means (fatal, retryable, terminated)
+  progress     the progress annotation: its fields, how it is written and read back (checked)
+  checkpoints  the checkpoint store: tag names, markers, layouts, the newest complete tag
 
 Imports no torch and no Kubernetes client: the trainer, the operator and the tests share it.
 """

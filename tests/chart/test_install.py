@@ -184,11 +184,11 @@ def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
 
 
 def write_complete_checkpoint(root: str, step: int) -> None:
-    from trainer import ckpt_store
-    tag = Path(root) / ckpt_store.tag_for_step(step)
+    from trainium_api import checkpoints
+    tag = Path(root) / checkpoints.tag_for_step(step)
     tag.mkdir(parents=True, exist_ok=True)
-    (tag / ckpt_store.META).write_text(json.dumps({"step": step}))
-    (tag / ckpt_store.DONE).write_text("")
+    (tag / checkpoints.META).write_text(json.dumps({"step": step}))
+    (tag / checkpoints.DONE).write_text("")
 
 
 def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_returns_data(

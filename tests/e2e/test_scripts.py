@@ -25,7 +25,7 @@ import yaml
 from localcluster import faults
 from localcluster.drill import Drill
 
-from trainer import ckpt_store
+from trainium_api import checkpoints
 
 pytestmark = pytest.mark.e2e
 
@@ -61,9 +61,9 @@ def script_run(name: str, tmp: Path, fmt: str, command: list[str], ckpt_uri: str
                              {"name": "OMP_NUM_THREADS", "value": "1"}]}}
 
 
-def torn_in_flight(ckpt_uri: str, layout: str) -> ckpt_store.TagInfo | None:
+def torn_in_flight(ckpt_uri: str, layout: str) -> checkpoints.TagInfo | None:
     """A save that has begun and not finished, above the newest complete one."""
-    tags = ckpt_store.list_tags(ckpt_uri, read_meta=False, layout=layout)
+    tags = checkpoints.list_tags(ckpt_uri, read_meta=False, layout=layout)
     newest = max((t.step for t in tags if t.complete), default=0)
     return next((t for t in tags if not t.complete and t.step and t.step > newest > 0), None)
 
@@ -81,7 +81,7 @@ def finish(d: Drill) -> dict:
     return st
 
 
-def check_exact_and_resumed_from(record_path: Path, torn: ckpt_store.TagInfo, st: dict) -> dict:
+def check_exact_and_resumed_from(record_path: Path, torn: checkpoints.TagInfo, st: dict) -> dict:
     """Every step equals the uninterrupted run; the second attempt loaded the checkpoint the
     operator pinned, the newest complete one, never the torn one."""
     recs = records(record_path)
@@ -156,7 +156,7 @@ def test_nxdt_killed_mid_save_resumes_from_the_pinned_complete_checkpoint(e2e, t
     # NxDT's own rule would take the torn one: it is the newest .ckpt by modification time
     by_mtime = max(Path(ckpt).glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     assert by_mtime.name == torn.tag and not (by_mtime / "done").exists()
-    complete = ckpt_store.newest_complete(ckpt, "nxdt")
+    complete = checkpoints.newest_complete(ckpt, "nxdt")
     for pod in d.pods(2):
         assert pod.spec.containers[0].command[-1] == f'exp_manager.resume_from_checkpoint="{complete.uri}"'
     print(f"nxdt: killed mid-save of {torn.tag}; attempt 2 pinned to {complete.tag}")

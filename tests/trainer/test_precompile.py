@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TINY_CONFIG, data_overrides, read_losses, trainer_env
-from trainer import ckpt_store
-from trainium_api import exitcodes
+from trainium_api import checkpoints, exitcodes
 
 pytestmark = pytest.mark.trainer
 
@@ -58,7 +57,7 @@ def test_precompile_pass_runs_first_and_leaves_no_trace(tiny_data, tmp_path):
     # The real run started from scratch (the pass saved nothing) and wrote every step once.
     assert "no complete checkpoint to resume from" in res.stderr.split("pre-compilation exited 0")[1]
     assert sorted(read_losses(tmp_path / "losses.jsonl")) == [1, 2, 3, 4]
-    assert [t.step for t in ckpt_store.list_tags(str(tmp_path / "ckpt")) if t.complete] == [2, 4]
+    assert [t.step for t in checkpoints.list_tags(str(tmp_path / "ckpt")) if t.complete] == [2, 4]
 
 
 def test_precompile_without_the_tool_is_fatal(tiny_data, tmp_path):

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, data_overrides, read_losses, run_trainer, trainer_cmd, trainer_env
-from trainer import ckpt_store
-from trainium_api import exitcodes
+from trainium_api import checkpoints, exitcodes
 
 pytestmark = [pytest.mark.trainer, pytest.mark.s3]
 
@@ -142,8 +141,8 @@ def test_s3_data_checkpoints_and_exact_resume(s3, tmp_path, tiny_data):
     store_env(env)
     first = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=6", "checkpoint.intervalSteps=3"), env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert ckpt_store.newest_complete("s3://ckpt/run").step == 6
-    tag = ckpt_store.newest_complete("s3://ckpt/run")
+    assert checkpoints.newest_complete("s3://ckpt/run").step == 6
+    tag = checkpoints.newest_complete("s3://ckpt/run")
     assert tag.uri == "s3://ckpt/run/step_6" and tag.meta["layout"]["data"] == 2
     # Continue the same run to step 9 from S3, and compare with an uninterrupted 9-step run.
     cont = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=9", "checkpoint.intervalSteps=3"), env=env)
@@ -164,7 +163,7 @@ def _run_with_fault(s3, tmp_path, name: str, steps: int, transient: bool):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
-        while not any(t.tag == "step_4" for t in ckpt_store.list_tags(f"s3://ckpt/{name}")):
+        while not any(t.tag == "step_4" for t in checkpoints.list_tags(f"s3://ckpt/{name}")):
             assert proc.poll() is None and time.monotonic() < deadline, "no save of step_4 began"
             time.sleep(0.05)
         proxy.failing.set()
@@ -178,7 +177,7 @@ def _run_with_fault(s3, tmp_path, name: str, steps: int, transient: bool):
         if proc.poll() is None:
             proc.kill()
     assert proxy.failed_puts > 0
-    tags = {t.tag: t for t in ckpt_store.list_tags(f"s3://ckpt/{name}")}
+    tags = {t.tag: t for t in checkpoints.list_tags(f"s3://ckpt/{name}")}
     return proc.returncode, err, tags
 
 
@@ -187,14 +186,14 @@ def test_transient_store_failure_mid_save_is_never_marked_done(s3, tmp_path):
     assert "checkpoint step_4 FAILED" in err
     assert code == 0, err[-3000:]  # training went on and the later saves succeeded
     assert "step_4" not in tags or not tags["step_4"].complete
-    assert tags["step_12"].complete and ckpt_store.newest_complete("s3://ckpt/flaky").step == 12
+    assert tags["step_12"].complete and checkpoints.newest_complete("s3://ckpt/flaky").step == 12
 
 
 def test_failed_final_checkpoint_exits_retryable(s3, tmp_path):
     code, err, tags = _run_with_fault(s3, tmp_path, "down", steps=4, transient=False)
     assert code == exitcodes.RETRYABLE, err[-3000:]
     assert "the final checkpoint step_4 was not written; exiting retryable" in err
-    assert not tags["step_4"].complete and ckpt_store.newest_complete("s3://ckpt/down") is None
+    assert not tags["step_4"].complete and checkpoints.newest_complete("s3://ckpt/down") is None
 
 
 def test_init_from_hugging_face_weights_on_s3_equals_local(s3, tmp_path, tiny_data):

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, data_overrides, kill_tree, read_losses, run_trainer, trainer_cmd, trainer_env
-from trainer import ckpt_store
-from trainium_api import exitcodes
+from trainium_api import checkpoints, exitcodes
 
 pytestmark = pytest.mark.trainer
 
@@ -31,7 +30,7 @@ def test_tiny_preset_loss_falls(tiny_data, tmp_path):
     last = sum(losses[s]["loss"] for s in range(141, 151)) / 10
     print(f"\nloss: step 1 {first:.3f}, mean of steps 141-150 {last:.3f}")
     assert first > 6.0 and last < 0.25 * first  # ln(512) = 6.24 at the start
-    assert ckpt_store.newest_complete(str(tmp_path / "fall-ckpt")).step == 150
+    assert checkpoints.newest_complete(str(tmp_path / "fall-ckpt")).step == 150
 
 
 @pytest.mark.parametrize("step_model", ["eager", "lazy"])
@@ -90,8 +89,8 @@ def test_sigkill_during_async_save_then_exact_resume(layout, tiny_data, tmp_path
         proc.wait(30)
     finally:
         kill_tree(proc.pid, signal.SIGKILL)
-    assert ckpt_store.newest_complete(str(ckpt)).tag == "step_6"
-    torn = [t for t in ckpt_store.list_tags(str(ckpt)) if not t.complete]
+    assert checkpoints.newest_complete(str(ckpt)).tag == "step_6"
+    torn = [t for t in checkpoints.list_tags(str(ckpt)) if not t.complete]
     assert [t.tag for t in torn] == ["step_9"]
 
     losses_file = tmp_path / "crash.jsonl"
@@ -105,8 +104,8 @@ def test_sigkill_during_async_save_then_exact_resume(layout, tiny_data, tmp_path
     for s in resumed:
         assert resumed[s]["loss"] == ref_losses[s]["loss"], f"step {s} differs"  # bitwise on CPU
         assert resumed[s]["gradNorm"] == ref_losses[s]["gradNorm"]
-    assert ckpt_store.newest_complete(str(ckpt)).step == 12
-    meta = json.loads((ckpt / "step_12" / ckpt_store.META).read_text())
+    assert checkpoints.newest_complete(str(ckpt)).step == 12
+    meta = json.loads((ckpt / "step_12" / checkpoints.META).read_text())
     assert all((ckpt / "step_12" / f).exists() for f in meta["files"])
     if "parallelism.pipeline=2" in layout:
         assert "model/dp_rank_00_tp_rank_00_pp_rank_01.pt" in meta["files"]
@@ -130,7 +129,7 @@ def test_sigterm_finalizes_the_in_flight_checkpoint(tiny_data, tmp_path):
     # checkpoint.saveOnStop (the default): the step reached at SIGTERM is saved too, so a
     # restart recomputes nothing
     stopped = int(re.search(r"SIGTERM: stopping after step (\d+), saving it", err).group(1))
-    assert ckpt_store.newest_complete(str(ckpt)).step == stopped >= 4
+    assert checkpoints.newest_complete(str(ckpt)).step == stopped >= 4
 
 
 @pytest.mark.parametrize("nproc, extra, field", [

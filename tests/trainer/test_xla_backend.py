@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import data_overrides, read_losses, run_trainer
 from trainer import ckpt_store
+from trainium_api import checkpoints
 
 pytest.importorskip("torch_xla", reason="torch-xla is part of the dev install (pip install -e .[dev])")
 pytestmark = pytest.mark.trainer
@@ -60,7 +61,7 @@ def test_xla_loop_matches_cpu_backend(reference):
         assert xla[s]["gradNorm"] == pytest.approx(cpu[s]["gradNorm"], rel=1e-3)
     assert "backend xla" in reference["xla_log"]
     # Checkpoints of the XLA run (async, host copies of device tensors) completed.
-    assert [t.step for t in ckpt_store.list_tags(str(reference["tmp"] / "xla-ckpt")) if t.complete] == [3, 6, 8]
+    assert [t.step for t in checkpoints.list_tags(str(reference["tmp"] / "xla-ckpt")) if t.complete] == [3, 6, 8]
 
 
 def _nxd_pick(root: Path) -> str:
@@ -78,16 +79,16 @@ def test_xla_exact_resume_and_one_answer_to_which_checkpoint(reference, tiny_dat
     steps 7-8 reproduce the uninterrupted XLA run bitwise."""
     first, _ = _run(tiny_data, tmp_path, "part1", "xla", "training.steps=6", "training.decaySteps=6", ckpt="ckpt")
     root = tmp_path / "ckpt"
-    torn = root / ckpt_store.tag_for_step(7)
+    torn = root / checkpoints.tag_for_step(7)
     (torn / "model").mkdir(parents=True)
-    (torn / ckpt_store.BEGIN).write_text("")
+    (torn / checkpoints.BEGIN).write_text("")
     (torn / "model" / ckpt_store.shard_name(0, 0)).write_bytes(b"half a shard")
 
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig
     one_process = SimpleNamespace(rank=0, is_distributed=False)  # the parallel state of a single process
     trainer_pick = Checkpointer(CheckpointConfig(uri=str(root)), one_process).select_resume()
-    operator_pick = ckpt_store.newest_complete(str(root))
+    operator_pick = checkpoints.newest_complete(str(root))
     assert trainer_pick.tag == operator_pick.tag == _nxd_pick(root) == "step_6"
 
     resumed, res = _run(tiny_data, tmp_path, "part2", "xla", "training.decaySteps=6", ckpt="ckpt")

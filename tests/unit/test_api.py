@@ -54,8 +54,9 @@ def test_one_uri_is_shorthand_for_one_unweighted_held_out_source(written):
 
 
 def test_enumerations_have_one_source():
-    from trainer import ckpt_store, watch
-    assert watch.PROGRESS_FORMATS is api.PROGRESS_FORMATS and ckpt_store.LAYOUTS is api.LAYOUTS
+    from trainer import watch
+    from trainium_api import checkpoints
+    assert watch.PROGRESS_FORMATS is api.PROGRESS_FORMATS and checkpoints.LAYOUTS is api.LAYOUTS
     assert api.CAUSES == ("application", "node", "neuron-device", "hang", "eviction", "scheduling", "startup")
     assert set(api.INSTANCE_TYPES) == set(next(f for f in api_fields(api.TrainingRunSpec)
                                                if f.name == "instance_type").enum)

@@ -2,6 +2,7 @@ import json
 import os
 
 from trainer import ckpt_store
+from trainium_api import checkpoints
 
 
 def make_tag(root, step, done=True, meta=True):
@@ -23,14 +24,14 @@ def test_newest_complete_ignores_tags_without_done(tmp_path):
     make_tag(tmp_path, 4)
     make_tag(tmp_path, 6, done=False)
     (tmp_path / "unrelated").mkdir()
-    newest = ckpt_store.newest_complete(str(tmp_path))
+    newest = checkpoints.newest_complete(str(tmp_path))
     assert newest.tag == "step_4" and newest.step == 4 and newest.meta["tokens"] == 40
-    assert [t.tag for t in ckpt_store.list_tags(str(tmp_path))] == ["step_2", "step_4", "step_6"]
+    assert [t.tag for t in checkpoints.list_tags(str(tmp_path))] == ["step_2", "step_4", "step_6"]
 
 
 def test_no_checkpoints(tmp_path):
-    assert ckpt_store.newest_complete(str(tmp_path)) is None
-    assert ckpt_store.newest_complete(str(tmp_path / "absent")) is None
+    assert checkpoints.newest_complete(str(tmp_path)) is None
+    assert checkpoints.newest_complete(str(tmp_path / "absent")) is None
 
 
 def test_retention_never_deletes_newest_complete(tmp_path):
@@ -47,7 +48,7 @@ def test_retention_never_deletes_newest_complete(tmp_path):
 
 
 def test_retention_victims_pure():
-    T = ckpt_store.TagInfo
+    T = checkpoints.TagInfo
     tags = [T("step_1", "", 1, True), T("step_2", "", 2, False), T("step_3", "", 3, True)]
     assert [t.tag for t in ckpt_store.retention_victims(tags, keep=1)] == ["step_1", "step_2"]
     assert ckpt_store.retention_victims(tags, keep=0) == [tags[1]]  # keep all complete
@@ -93,10 +94,10 @@ def test_nxd_layout_takes_the_newest_done_marker_and_never_a_torn_tag(tmp_path):
     make_nxd_tag(tmp_path, "step_300", 1_700_000_200)
     make_nxd_tag(tmp_path, "step_400", done=False)  # torn: newest and highest, no `done`
     make_nxd_tag(tmp_path, "pretrained_weight", done=False)
-    newest = ckpt_store.newest_complete(str(tmp_path), "nxd")
+    newest = checkpoints.newest_complete(str(tmp_path), "nxd")
     assert (newest.tag, newest.step) == ("step_200", 200)  # what nxd.load_checkpoint(tag=None) loads
     make_nxd_tag(tmp_path, "my_tag", 1_700_000_400)  # a name without a step still counts, as for NxD
-    newest = ckpt_store.newest_complete(str(tmp_path), "nxd")
+    newest = checkpoints.newest_complete(str(tmp_path), "nxd")
     assert (newest.tag, newest.step) == ("my_tag", None)
 
 
@@ -107,14 +108,14 @@ def test_nxdt_layout_takes_the_highest_complete_step_and_never_a_torn_checkpoint
     make_nxd_tag(tmp_path, "hf_llama--step=30-consumed_samples=30720.0.ckpt", done=False)
     (tmp_path / "hf_llama--step=30-consumed_samples=30720.0.ckpt").touch()
     make_nxd_tag(tmp_path, "step_40", 1_700_000_040)  # not an NxDT checkpoint name
-    newest = ckpt_store.newest_complete(str(tmp_path), "nxdt")
+    newest = checkpoints.newest_complete(str(tmp_path), "nxdt")
     assert (newest.tag, newest.step) == ("hf_llama--step=20-consumed_samples=20480.0.ckpt", 20)
     assert newest.uri == str(tmp_path / newest.tag)
-    tags = ckpt_store.list_tags(str(tmp_path), layout="nxdt")
+    tags = checkpoints.list_tags(str(tmp_path), layout="nxdt")
     assert [(t.step, t.complete) for t in tags] == [(10, True), (20, True), (30, False)]
 
 
 def test_unknown_layout_is_refused(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="unknown checkpoint layout"):
-        ckpt_store.newest_complete(str(tmp_path), "megatron")
+        checkpoints.newest_complete(str(tmp_path), "megatron")

@@ -191,15 +191,15 @@ def resumes(pods_root: Path, namespace: str, run: str) -> list[dict]:
 
 def newest_complete_before(ckpt_uri: str, when: float) -> int | None:
     """The highest step whose ``done`` marker existed at ``when`` (local path or s3://)."""
-    from trainer import ckpt_store
-    steps = [t.step for t in ckpt_store.list_tags(str(ckpt_uri), read_meta=False)
+    from trainium_api import checkpoints
+    steps = [t.step for t in checkpoints.list_tags(str(ckpt_uri), read_meta=False)
              if t.complete and t.step is not None and t.done_mtime is not None and t.done_mtime < when]
     return max(steps, default=None)
 
 
 def complete_steps(ckpt_uri: str) -> set[int]:
-    from trainer import ckpt_store
-    return {t.step for t in ckpt_store.list_tags(str(ckpt_uri), read_meta=False) if t.complete}
+    from trainium_api import checkpoints
+    return {t.step for t in checkpoints.list_tags(str(ckpt_uri), read_meta=False) if t.complete}
 
 
 class Drill:
