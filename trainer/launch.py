@@ -16,13 +16,14 @@ import sys
 import time
 
 from trainium_api import exitcodes
+from trainium_api.launch import PRECOMPILE_FLAG
 
 # Neuron pre-compilation: `--neuron-precompile-steps N` first runs the same command under
 # `neuron_parallel_compile`, which executes no graph but extracts every graph of N steps and
 # compiles them in parallel into the node-local cache; then the real run starts. The trainer
 # sees this variable in that pass and writes nothing (no checkpoint, progress or losses).
 PRECOMPILE_ENV = "TRAINER_PRECOMPILE_STEPS"
-PRECOMPILE_FLAG = "--neuron-precompile-steps"
+# PRECOMPILE_FLAG is in trainium_api.launch: the operator writes it into the pod command.
 
 
 def _pop_precompile(argv: list[str]) -> int:

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from trainer.config import ConfigError, load
-from trainer.launch import PRECOMPILE_FLAG, _pop_precompile
+from trainer.launch import _pop_precompile
 from trainium_api import exitcodes
+from trainium_api.launch import PRECOMPILE_FLAG
 from trainium_operator import plan
 from trainium_operator.spec import parse
 
