@@ -1,8 +1,9 @@
 """The trainer's configuration: load a YAML file (or the dict the operator renders) into the
 typed groups of the TrainingRun API (trainium_api.spec), with presets and ``key=value``
 overrides. The YAML file uses the API's camelCase keys: ``training.globalBatchSize`` is
-``TrainingConfig.global_batch_size``. This module imports no torch: the operator uses the same
-code to validate a TrainingRun before anything is scheduled.
+``TrainingConfig.global_batch_size``. This module imports no torch (the trainer checks its
+config before it loads torch). The preset and finishing steps are trainium_api.presets, which
+the operator's spec validation runs too.
 
 Every validation error is a :class:`ConfigError` that names the field, e.g.
 ``parallelism.tensor: 3 does not divide model.numHeads (32)``.
@@ -19,6 +20,7 @@ import yaml
 from trainium_api.fields import ConfigError, camel
 from trainium_api.layout import Layout, check_backend, derive_layout
 from trainium_api.load import build, to_dict
+from trainium_api.presets import apply_preset, finish
 from trainium_api.spec import (
     BACKENDS,
     PRECISIONS,
@@ -38,29 +40,6 @@ from trainium_api.spec import (
 __all__ = ["BACKENDS", "PRECISIONS", "PRESETS", "CheckpointConfig", "ConfigError", "DataConfig", "DataSource",
            "HealthConfig", "InitConfig", "Layout", "LoggingConfig", "ModelConfig", "ParallelConfig", "RunConfig",
            "TrainingConfig", "check_backend", "derive_layout", "from_dict", "load", "to_dict"]
-
-
-def apply_preset(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``raw`` with its model group's preset expanded: the preset's shape, then the fields given."""
-    model = raw.get("model") or {}
-    if not isinstance(model, Mapping):
-        raise ConfigError("model", f"must be a mapping, got {type(model).__name__}")
-    model = dict(model)
-    preset = model.get("preset", ModelConfig.preset)
-    if not isinstance(preset, str) or preset not in PRESETS:
-        raise ConfigError("model.preset", f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
-    merged = {camel(k): v for k, v in PRESETS[preset].items()}
-    merged.update(model)
-    merged["preset"] = preset
-    return {**raw, "model": merged}
-
-
-def finish(cfg: RunConfig) -> RunConfig:
-    """Check the cross-field rules and fill in what follows from other fields."""
-    cfg.validate()
-    if not cfg.data.tokenizer and cfg.init.is_hf():  # the model's own tokenizer
-        cfg.data.tokenizer = cfg.init.from_.rstrip("/") + "/tokenizer.json"
-    return cfg
 
 
 class YamlLoader(yaml.SafeLoader):

@@ -5,6 +5,7 @@
   layout   the parallel layout a spec implies, checked before anything is scheduled
   fields   how a field is declared (Annotated markers) and the walker that reads declarations
   load     dicts <-> dataclasses, refusing bad input with the field named
+  presets  the model preset expanded before building, the cross-field finish after
   schema   the CRD's structural OpenAPI schema, derived from the declarations
 
 The pod contract the operator shares with the trainer (docs/architecture.md 3.2, 3.3):

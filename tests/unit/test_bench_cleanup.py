@@ -31,7 +31,7 @@ def _benchmark(marker: Path, cleanup: str = "") -> subprocess.Popen:
               f"try:\n    print('started', flush=True)\n    time.sleep(60)\n"
               f"finally:\n{cleanup}    open({str(marker)!r}, 'w').write('control plane stopped')\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "api")])})
     assert proc.stdout.readline() == b"started\n"
     return proc
 
