@@ -19,7 +19,7 @@ import sys
 
 import yaml
 
-from trainer.progress import ANNOTATION
+from trainium_api.progress import ANNOTATION
 from trainium_api.spec import DEFAULT_TRAINER_SA
 
 from .plan import MANAGED_BY

@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer import ckpt_store
+from trainium_api import checkpoints as checkpoint_store
 from trainium_api.status import TERMINAL, CheckpointRef
 
 from .spec import checkpoint_layout
@@ -40,7 +40,7 @@ class CheckpointLister:
     LIST_TIMEOUT_SECONDS = 30.0
 
     def __init__(self, list_newest=None):
-        self._list = list_newest or ckpt_store.newest_complete
+        self._list = list_newest or checkpoint_store.newest_complete
         self._pool = ThreadPoolExecutor(max_workers=self.LIST_WORKERS, thread_name_prefix="checkpoints")
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], dict] = {}

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.exitcodes import is_fatal as is_fatal_exit
+from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import Disruption, TrainingRunStatus
 

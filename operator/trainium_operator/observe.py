@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trainer import progress
+from trainium_api import progress
 from trainium_api.spec import Cause
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import yaml
 
-from trainer.launch import PRECOMPILE_FLAG
 from trainium_api import API_GROUP, API_VERSION, KIND
+from trainium_api.launch import PRECOMPILE_FLAG
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, DEFAULT_TRAINER_SA, INSTANCE_TYPES, TrainingRunSpec
 from trainium_api.status import CheckpointRef

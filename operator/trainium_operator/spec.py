@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from trainer.config import apply_preset, finish
 from trainium_api.fields import ConfigError, api_fields
 from trainium_api.layout import derive_layout
 from trainium_api.load import build
+from trainium_api.presets import apply_preset, finish
 from trainium_api.spec import (
     COMMAND_TRAINER_FIELDS,
     CONTRACT_ENV,
