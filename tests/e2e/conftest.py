@@ -59,7 +59,9 @@ class E2E:
         return drill.new_namespace(self.core, "e2e-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40])
 
 
-@pytest.fixture(scope="session")
+# Package scope: stopped after the e2e tier, so its API server and operator do not take CPU from
+# the trainer tier's runs until the session ends.
+@pytest.fixture(scope="package")
 def e2e(tmp_path_factory):
     import os
     import warnings
