@@ -23,27 +23,38 @@ _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 
 
 def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache) -> str:
-    """Create the children that are due a check (see ChildCache); every one is tried (a quota
-    on Services must not stop the RBAC). Returns why some could not be created, "" if all were."""
-    errors = []
+    """Create the children that are due a check (see ChildCache), concurrently (a check is an
+    API call each, and a pass must not wait for them one after another); every one is tried (a
+    quota on Services must not stop the RBAC). Returns why some could not be created, "" if
+    all were; raises when the API server did not answer at all."""
+    due = []
     for obj in objs:
         if obj["kind"].startswith("ValidatingAdmissionPolicy"):
             target = obj  # cluster-scoped: no namespace
         else:
             target = {**obj, "metadata": {**obj["metadata"], "namespace": run[0]}}
-        if not children.due(run, target):
-            continue
+        if children.due(run, target):
+            due.append((obj, target))
+
+    def one(obj: dict, target: dict) -> None:
+        if target is obj:
+            kube.ensure_cluster_policy(obj)
+        else:
+            kube.ensure(target)
+        children.done(run, target)
+
+    errors, away = [], None
+    for obj, future in [(obj, _POOL.submit(one, obj, target)) for obj, target in due]:
         try:
-            if target is obj:
-                kube.ensure_cluster_policy(obj)
-            else:
-                kube.ensure(target)
-            children.done(run, target)
+            future.result()
         except Exception as exc:
             if api_unreachable(exc, connection_only=True):
-                raise  # no answer at all: the API server is away (ApiHealth's to report)
+                away = away or exc  # no answer at all: the API server is away (ApiHealth's to report)
+                continue
             # anything the server answered, a 5xx included (a webhook that fails), is the run's
             errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
+    if away is not None:
+        raise away
     children.set_error(run, "; ".join(errors))
     return "; ".join(errors)
 
