@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
+from .spec import Cause
+
 Phase = Literal["Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
@@ -98,8 +100,8 @@ class FailureRecord(_Written):
     """1, 2, ... over the run: the failure's identity (metrics observe each once)."""
     time: float
     """Detection."""
-    cause: str = ""
-    """One of trainium_api.spec.CAUSES (a restart budget each)."""
+    cause: Cause = "application"
+    """What failed (a restart budget each)."""
     action: FailureAction = "restart"
     node: str | None = None
     pod: str | None = None
@@ -210,6 +212,10 @@ class TrainingRunStatus(_Written):
     """Restarts so far by cause."""
     restart_count: int = 0
     quarantined_nodes: list[str] = field(default_factory=list)
+    quarantine_pending: list[str] = field(default_factory=list)
+    """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until
+    the operator's node cache shows it (a node seen tainted and later without it was returned by
+    an admin; one never seen tainted was not quarantined yet)."""
     failures: list[FailureRecord] = field(default_factory=list)
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0

@@ -170,7 +170,10 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
             case DeletePod(pod, grace):
                 pod_calls.append((kube.delete_pod, (ns, pod, grace)))
             case Quarantine(node, reason):
-                kube.quarantine(node, name, reason)
+                try:
+                    kube.quarantine(node, name, reason)
+                except Exception as exc:  # noqa: BLE001 - retried: the status keeps it pending
+                    log.warning("%s/%s: quarantining %s failed (ordered again next pass): %s", ns, name, node, exc)
             case Event(reason, message, warning):
                 kube.event(run, reason, message, warning)
                 log.info("%s/%s %s: %s", ns, name, reason, message)

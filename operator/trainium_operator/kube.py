@@ -84,6 +84,8 @@ class Kube:
                 if exc.status == 404:
                     return  # deleted nodes need no quarantine
                 raise
+            if any(t.key == QUARANTINE_TAINT for t in current.spec.taints or []):
+                return  # already quarantined (a repeated order after a stale read)
             taints = [t for t in (current.spec.taints or []) if t.key != QUARANTINE_TAINT]
             taints.append(client.V1Taint(key=QUARANTINE_TAINT, value=run[:63], effect="NoSchedule",
                                          time_added=datetime.now(timezone.utc)))

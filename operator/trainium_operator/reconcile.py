@@ -65,6 +65,8 @@ class Result:
 
 
 NEWER_ATTEMPT_GRACE_SECONDS = 60.0
+QUARANTINE_SETTLE_SECONDS = 60.0
+"""How long a quarantined node not yet seen tainted may be missing from the node cache."""
 
 
 @dataclass
@@ -210,10 +212,30 @@ def _observe(p: Pass) -> None:
             p.condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}")
     if p.checkpoint and p.checkpoint.step != (p.old.last_checkpoint.step if p.old.last_checkpoint else None):
         new.last_checkpoint = p.checkpoint
-    new.quarantined_nodes = [n for n in p.old.quarantined_nodes
-                             if n in p.nodes and plan.QUARANTINE_TAINT in p.nodes[n].taints]
+    _still_quarantined(p)
     # left over from an attempt whose teardown an earlier operator did not finish
     p.delete(p.stale, grace=0)
+
+
+def _still_quarantined(p: Pass) -> None:
+    """The run's quarantined nodes that stay so. The status says quarantined before the taint is
+    written, the write can fail, and the node cache this pass reads may not show it yet: until
+    a node is seen with the taint it stays pending and the taint is ordered again (the write is
+    idempotent). A node seen tainted and now without the taint was returned by an admin; a
+    pending node absent from the cache for QUARANTINE_SETTLE_SECONDS is gone."""
+    kept, pending = [], []
+    for name in p.old.quarantined_nodes:
+        node = p.nodes.get(name)
+        if node is not None and plan.QUARANTINE_TAINT in node.taints:
+            kept.append(name)
+        elif name in p.old.quarantine_pending:
+            cause = max((f for f in p.old.failures if f.node == name), key=lambda f: f.time, default=None)
+            if node is None and (cause is None or p.now - cause.time >= QUARANTINE_SETTLE_SECONDS):
+                continue
+            kept.append(name)
+            pending.append(name)
+            p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
+    p.new.quarantined_nodes, p.new.quarantine_pending = kept, pending
 
 
 def _children(p: Pass) -> None:
@@ -541,6 +563,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     if action.quarantine_node:
         p.effects.append(Quarantine(action.quarantine_node, failure.message))
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
+        new.quarantine_pending = new.quarantine_pending + [action.quarantine_node]
         p.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
     p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"
             + (f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""), warning=True)

@@ -111,6 +111,8 @@ def test_the_patch_holds_the_changed_fields_and_clears_with_null():
 
 
 def test_a_failure_record_needs_only_its_identity_and_time():
-    assert lenient(FailureRecord, {"id": 4, "time": 1.0}).cause == ""
+    assert lenient(FailureRecord, {"id": 4, "time": 1.0}).cause == "application"
+    # the cause is typed: one not in CAUSES (a status edited by hand) is read as the application's
+    assert lenient(FailureRecord, {"id": 4, "time": 1.0, "cause": "cosmic-ray"}).cause == "application"
     with pytest.raises(ConfigError):
         lenient(FailureRecord, {"time": 1.0})
