@@ -178,9 +178,13 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         node = deleting[0].node or "" if deleting else ""
         return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
                        pod=deleting[0].name if deleting else ""), hold
-    if gang_running_since is not None and gang.running == expected_pods:
+    # ranks that finished (exit 0) while others still run count with the running: a rank hung
+    # in its last save or barrier must not hold the run forever
+    if gang_running_since is not None and gang.running and gang.running + gang.succeeded == expected_pods:
         if gang.step is None:
-            if now - gang_running_since > ft.startup_timeout_seconds:
+            # the clock restarts after an API outage or a disruption, before the first step too
+            since = max(gang_running_since, last_step_change or 0.0)
+            if now - since > ft.startup_timeout_seconds:
                 return Failure("hang", f"no progress {now - gang_running_since:.0f}s after the gang started"), hold
         else:
             since = last_step_change or gang_running_since

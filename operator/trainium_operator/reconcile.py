@@ -281,7 +281,8 @@ def _finished(p: Pass) -> None:
 def _suspend(p: Pass) -> None:
     """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
     goodput's wall time. A failure whose restart the suspension interrupts ends here."""
-    p.delete(p.current)
+    was = p.old.suspension
+    _stop(p, p.current, was.since if p.old.phase == "Suspended" and was and was.since is not None else p.now)
     if p.current:  # the stopping gang finishes its step (and a checkpoint) before it exits
         _track_progress(p, gang_state(p.current))
     if p.old.phase != "Suspended":
@@ -303,6 +304,11 @@ def _resume(p: Pass) -> None:
     run created suspended starts its first attempt."""
     if p.old.attempt == 0:
         _create(p)
+    elif p.current:
+        # the suspended gang is still there (an operator stopped before its deletes landed, or
+        # a pod on a lost node): finish stopping it before the next attempt
+        was = p.old.suspension
+        _stop(p, p.current, was.since if was and was.since is not None else p.now)
     elif not p.pods:
         was = p.old.suspension or Suspension()
         paused = p.now - was.since if was.since is not None else 0.0
@@ -338,12 +344,8 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
 def _teardown(p: Pass) -> None:
     """Delete the failed attempt (force after the grace period), then start the next one once
     every pod of every attempt is gone and the backoff has passed."""
-    started = p.old.current.teardown_start_time or p.now
-    force = p.now - started >= p.spec.fault_tolerance.teardown_grace_seconds
     _note_teardown_progress(p)
-    for pod in p.current:
-        if force or not pod.deleting:
-            p.effects.append(DeletePod(pod.name, 0 if force else p.grace))
+    _stop(p, p.current, p.old.current.teardown_start_time or p.now)
     if p.current or p.stale:
         return
     last = p.new.failures[-1] if p.new.failures else None
@@ -354,6 +356,13 @@ def _teardown(p: Pass) -> None:
     quarantined = p.new.quarantined_nodes
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
         f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
+
+
+def _stop(p: Pass, pods: list[PodView], since: float) -> None:
+    """Delete ``pods`` gracefully, and force (grace 0) once the teardown grace has passed since
+    ``since``: a pod on a node that no longer answers never finishes a graceful delete."""
+    force = p.now - since >= p.spec.fault_tolerance.teardown_grace_seconds
+    p.effects += [DeletePod(pod.name, 0 if force else p.grace) for pod in pods if force or not pod.deleting]
 
 
 def _note_teardown_progress(p: Pass) -> None:
@@ -508,7 +517,7 @@ def _track_progress(p: Pass, gang: GangState) -> None:
         new.first_progress_time = gang.last_progress_time or now  # the trainer's step end time
         new.first_progress_steps = gang.step - (gang.start_step or 0)  # steps trained by then
     last = old.current.last_step
-    if last is None or gang.step > last:
+    if last is None or gang.step != last:  # a step back (a trainer that rolled back in place) is progress too
         if last is not None and old.current.last_step_time and gang.step > last:
             # the trainer's step end times when both reports carry one; else when we saw them
             prev_t, new_t = old.last_progress_time, gang.last_progress_time

@@ -349,3 +349,35 @@ def test_time_suspended_is_neither_productive_nor_lost():
     # while the gang stopped) are trained again: lost as recompute
     assert r.after.goodput.lost_seconds.recompute == 2.0
     assert r.after.goodput.productive_seconds == 94.0 and not r.after.restarts  # a suspension is no failure
+
+
+def test_a_resume_finishes_stopping_a_gang_the_suspension_left_behind():
+    """Suspended, but the deletes never landed (the operator was stopped after the status write)
+    or a pod is stuck on a lost node: the resume deletes them, forcing after the teardown grace,
+    and starts the next attempt only once they are gone."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Suspended", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0,
+              "suspension": {"since": 100.0}, "current": {"gangRunningTime": 5.0}}
+    run = _run(status)  # spec.suspend cleared
+    left = _reporting(1, 90, 99.0)
+    r = reconcile_objects(run, left, nodes, now=110.0)
+    assert {(e.name, e.grace) for e in r.effects if e.kind == "delete_pod"} == {(f"r-a1-{i}", 30) for i in range(4)}
+    assert r.after.attempt == 1 and not r.ensured("Pod")
+    stuck = [replace(x, deleting=True) for x in left]
+    r = reconcile_objects(run, stuck, nodes, now=120.0)
+    assert not [e for e in r.effects if e.kind == "delete_pod"]  # already going: not asked again in the grace
+    r = reconcile_objects(run, stuck, nodes, now=131.0)  # past the 30 s grace since the suspension
+    assert {(e.name, e.grace) for e in r.effects if e.kind == "delete_pod"} == {(f"r-a1-{i}", 0) for i in range(4)}
+    r = reconcile_objects(run, [], nodes, now=132.0)
+    assert r.after.attempt == 2 and len(r.ensured("Pod")) == SPEC["nodes"]
+
+
+def test_a_step_going_back_is_progress_for_the_hang_clock():
+    """A command trainer whose torchrun restarts its workers in place resumes from its checkpoint:
+    the step it reports falls. That is progress, not a hang (the clock moved only on a rise)."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0, "stepSeconds": 1.0,
+              "current": {"gangRunningTime": 5.0, "lastStep": 90, "lastStepTime": 100.0}}
+    r = reconcile_objects(_run(status), _reporting(1, 80, 150.0), nodes, now=150.0)
+    assert r.after.current.last_step == 80 and r.after.current.last_step_time == 150.0
+    assert r.after.step_seconds == 1.0  # a step back says nothing about the step time
