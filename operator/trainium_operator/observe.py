@@ -20,7 +20,11 @@ NEURON = "aws.amazon.com/neuron"
 STARTING_REASONS = ("ContainerCreating", "PodInitializing")
 # A pod's own reason when the node or the cluster stopped it (not its program): it wins over its
 # container's exit reason (an evicted pod's container also ends with Error or exit 137).
-EVICTION_REASONS = ("Evicted", "Preempting", "Terminated", "NodeShutdown", "NodeLost", "DeadlineExceeded")
+EVICTION_REASONS = ("Evicted", "Preempting", "Terminated", "NodeShutdown", "NodeLost", "DeadlineExceeded",
+                    # the DisruptionTarget condition's reasons (a drain, preemption, taint manager,
+                    # pod GC or the kubelet stopped the pod: its exit code is the signal's, not the job's)
+                    "EvictionByEvictionAPI", "PreemptionByScheduler", "DeletionByTaintManager", "DeletionByPodGC",
+                    "TerminationByKubelet")
 
 
 def waiting_reason(pod: "PodView") -> str:
@@ -74,6 +78,10 @@ def pod_view(pod: dict) -> PodView:
         if wait and not waiting:
             waiting = f"{wait.get('reason') or 'Waiting'}: {wait.get('message') or ''}".strip().rstrip(":")
     conditions = status.get("conditions") or []
+    disrupted = next((c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
+    if disrupted and reason not in EVICTION_REASONS:  # a drained pod exits 143 with no pod reason
+        reason = disrupted.get("reason") or "EvictionByEvictionAPI"
+        message = disrupted.get("message") or message
     unschedulable = next((c.get("message", "") for c in conditions
                           if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"), "")
     node = (pod.get("spec") or {}).get("nodeName")

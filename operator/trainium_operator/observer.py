@@ -89,19 +89,27 @@ def spec_in_force(run: dict, status: TrainingRunStatus) -> tuple[TrainingRunSpec
 class DeviceShortfalls:
     """Since when each node has shown fewer allocatable Neuron devices than its capacity, as
     this operator saw it (the node object carries no time for it). Forgotten when the node is
-    whole again; an operator started anew sees a shortfall as new, so it settles once more
-    (judge: guard.device_settle_seconds), which delays detection but never invents a failure."""
+    whole again, or when no pass has looked at the node for SHORTFALL_GAP_SECONDS (a run moved
+    off it: a shortfall seen again days later is a new one, and settles again); an operator
+    started anew sees a shortfall as new, so it settles once more (judge:
+    guard.device_settle_seconds), which delays detection but never invents a failure."""
+
+    SHORTFALL_GAP_SECONDS = 60.0
+    """Longer than any gap between two passes of a live run (its error backoff stops at 30 s)."""
 
     def __init__(self):
         self._lock = threading.Lock()  # passes of different runs run on different threads
-        self._since: dict[str, float] = {}
+        self._since: dict[str, tuple[float, float]] = {}  # node -> (since, last seen short)
 
     def mark(self, nodes: dict[str, NodeView], now: float) -> dict[str, NodeView]:
         with self._lock:
             out = {}
             for name, n in nodes.items():
                 if n.neuron_short:
-                    since = self._since.setdefault(name, now)
+                    since, seen = self._since.get(name, (now, now))
+                    if now - seen > self.SHORTFALL_GAP_SECONDS:
+                        since = now
+                    self._since[name] = (since, now)
                     out[name] = dataclasses.replace(n, neuron_short_since=since)
                 else:
                     self._since.pop(name, None)

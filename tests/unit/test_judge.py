@@ -84,6 +84,10 @@ ROWS = [
         cause="eviction"),
     Row("evicted pod that exited 0 did not succeed", pods={3: pod(3, "Failed", code=0, reason="Evicted")},
         cause="eviction"),
+    Row("drained pod: the DisruptionTarget condition wins over its exit code",
+        pods={3: {**pod(3, "Failed", code=143), "status": {**pod(3, "Failed", code=143)["status"], "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}}},
+        cause="eviction"),
     Row("pod deleted from outside", pods={1: pod(1, deleting=True)}, cause="eviction"),
     Row("pod missing", missing=1, clocks=RUNNING, cause="eviction"),
     Row("hang: no step change for the timeout", clocks={**RUNNING, "last_step_time": NOW - 700}, cause="hang"),
@@ -179,3 +183,6 @@ def test_device_shortfalls_remember_since_when_a_node_is_short():
     assert memory.mark({"n1": short}, 130.0)["n1"].neuron_short_since == 100.0
     assert memory.mark({"n1": whole}, 140.0)["n1"].neuron_short_since is None
     assert memory.mark({"n1": short}, 150.0)["n1"].neuron_short_since == 150.0  # a new shortfall settles anew
+    # a node no pass looked at for a while (the run moved off it before it was whole): a
+    # shortfall seen days later is new, not one that has lasted for days
+    assert memory.mark({"n1": short}, 150.0 + 86_400)["n1"].neuron_short_since == 150.0 + 86_400
