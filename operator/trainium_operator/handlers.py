@@ -95,7 +95,10 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         t0 = time.perf_counter()
         run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
                "status": dict(body.get("status") or {})}
-        pods = list(run_pods.get((namespace, name), []))
+        # a run deleted and created again under the same name: the old run's pods (the garbage
+        # collector is still deleting them) carry the same labels, and are not this run's
+        uid = run["metadata"].get("uid")
+        pods = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
         status = read_status(run["status"])
         wanted = {p.node for p in pods if p.node} | set(status.quarantined_nodes)
         now = time.time()

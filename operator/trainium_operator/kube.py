@@ -11,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from trainium_api import API_GROUP, API_VERSION, PLURAL
 
+from .observe import controller_uid
 from .plan import QUARANTINE_TAINT
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,10 @@ log = logging.getLogger(__name__)
 # hold a run's pass nor land long after this replica stopped leading (the lease lasts 15 s).
 WRITE_TIMEOUT_SECONDS = 5.0
 T = {"_request_timeout": WRITE_TIMEOUT_SECONDS}
+
+
+class NotOurs(RuntimeError):
+    """A child's name is taken by an object another owner controls."""
 
 
 class Kube:
@@ -30,16 +35,35 @@ class Kube:
     # -- children -------------------------------------------------------------------------
 
     def ensure(self, obj: dict) -> None:
-        kind, ns = obj["kind"], obj["metadata"].get("namespace")
+        """Create ``obj`` if missing. One that exists (409) is checked when ``obj`` has a
+        controller: owned by another object (an earlier run of the same name, which the garbage
+        collector is still deleting) it is not ours, and a pass must not count it as made; a
+        ConfigMap of ours whose data differs (an allowed edit) is replaced."""
+        kind, ns, name = obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
         create = {"Service": self.core.create_namespaced_service, "ConfigMap": self.core.create_namespaced_config_map,
                   "Pod": self.core.create_namespaced_pod, "ServiceAccount": self.core.create_namespaced_service_account,
                   "Role": self.rbac.create_namespaced_role,
                   "RoleBinding": self.rbac.create_namespaced_role_binding}[kind]
         try:
             create(ns, obj, **T)
+            return
         except ApiException as exc:
             if exc.status != 409:
                 raise
+        owner = controller_uid(obj)
+        if owner is None:
+            return
+        read = {"Service": self.core.read_namespaced_service, "ConfigMap": self.core.read_namespaced_config_map,
+                "Pod": self.core.read_namespaced_pod}.get(kind)
+        if read is None:
+            return
+        found = self.core.api_client.sanitize_for_serialization(read(name, ns, **T))
+        if controller_uid(found) != owner:
+            raise NotOurs(f"{kind} {name} exists and belongs to another object (an earlier run of this name "
+                          "still being deleted?): waiting for it to go")
+        if kind == "ConfigMap" and found.get("data") != obj.get("data"):
+            body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found["metadata"]["resourceVersion"]}}
+            self.core.replace_namespaced_config_map(name, ns, body, **T)
 
     def ensure_cluster_policy(self, obj: dict) -> None:
         """Create a cluster-scoped admission policy object if missing. Best effort: without the

@@ -59,6 +59,13 @@ class PodView:
     scheduled: float | None = None  # when it was bound to its node (PodScheduled True)
     waiting: str = ""  # a container that has not started: the kubelet's reason and message
     progress_errors: list[str] = field(default_factory=list)  # fields of its annotation dropped
+    owner: str | None = None  # the uid of the run that controls it
+
+
+def controller_uid(obj: dict) -> str | None:
+    """The uid of the object that controls ``obj`` (its ownerReference with controller: true)."""
+    return next((r.get("uid") for r in (obj.get("metadata") or {}).get("ownerReferences") or []
+                 if isinstance(r, dict) and r.get("controller")), None)
 
 
 def pod_view(pod: dict) -> PodView:
@@ -96,7 +103,7 @@ def pod_view(pod: dict) -> PodView:
                    exit_code=exit_code, reason=reason, message=message,
                    progress=report, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
-                   scheduled=scheduled, waiting=waiting[:500])
+                   scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod))
 
 
 def _label_int(labels: dict, key: str) -> int:

@@ -520,3 +520,27 @@ def test_edits_of_a_live_run(local_cluster, core_api, custom, namespace, operato
     victim = gang(core_api, namespace, "edited", 1)[1].metadata.name
     fail_and_measure(core_api, custom, namespace, "edited", lambda: faults.pod_fail(core_api, namespace, victim, 1),
                      "application", nodes=2)
+
+
+def test_a_child_of_an_earlier_run_of_the_same_name_is_not_taken_for_ours(local_cluster, core_api, namespace):
+    """A run deleted and created again under its name: the garbage collector may not have
+    deleted the old run's ConfigMap yet. Against the real API server, the operator's ensure
+    sees the name taken by another owner and says so (the pass waits) instead of counting the
+    old config as the new run's; a ConfigMap of its own whose data differs is replaced."""
+    from trainium_operator.kube import Kube, NotOurs
+    kube = Kube(local_cluster.api_client())
+    owners = [core_api.create_namespaced_config_map(namespace, {"metadata": {"name": f"owner-{i}"}}).metadata.uid
+              for i in range(2)]
+
+    def config(owner: str, text: str) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "same-config", "namespace": namespace,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner,
+                                 "controller": True}]}, "data": {"run.yaml": text}}
+
+    kube.ensure(config(owners[0], "old: 1"))
+    with pytest.raises(NotOurs, match="belongs to another object"):
+        kube.ensure(config(owners[1], "new: 2"))
+    assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "old: 1"}
+    kube.ensure(config(owners[0], "edited: 3"))  # ours, with other data: replaced
+    assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "edited: 3"}
