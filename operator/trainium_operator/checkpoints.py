@@ -22,7 +22,7 @@ CHECKPOINT_REFRESH_SECONDS = 15.0
 # While a gang is about to start, the checkpoint it is told to resume from must be current.
 CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
 CHECKPOINT_WAIT_STARTING_SECONDS = 0.5  # the longest such a pass waits for a listing under way
-STARTING_PHASES = (None, "Restarting", "Suspended")
+STARTING_PHASES = (None, "Restarting", "Suspended")  # Suspended: once spec.suspend is cleared
 
 
 class CheckpointLister:
@@ -31,13 +31,16 @@ class CheckpointLister:
     run at a time, on LIST_WORKERS threads), so a slow or hung store never holds a pass.
 
     Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
-    gang is about to start (it is told where to resume), or at once when a pod reports a newer
-    checkpoint step. A listing that fails keeps the last answer; one that has run for
+    gang is about to start (it is told where to resume, a resumed suspension included), or
+    after REPORTED_REFRESH_SECONDS when a pod reports a newer checkpoint step. A listing that fails keeps the last answer; one that has run for
     LIST_TIMEOUT_SECONDS without answering is given up (its result is dropped), and the run's
     store is not asked again until that call returns, so a hung store holds one worker."""
 
     LIST_WORKERS = 16
     LIST_TIMEOUT_SECONDS = 30.0
+    REPORTED_REFRESH_SECONDS = 5.0
+    """A pod reporting a newer checkpoint step than listed makes a listing due sooner, but not
+    more often than this: a trainer reporting a step the store never shows must not list every pass."""
 
     def __init__(self, list_newest=None):
         self._list = list_newest or checkpoint_store.newest_complete
@@ -53,7 +56,8 @@ class CheckpointLister:
             return None  # nothing to resume: a finished run is not listed again
         key = (run["metadata"]["namespace"], run["metadata"]["name"])
         reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
-        refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if phase in STARTING_PHASES else CHECKPOINT_REFRESH_SECONDS
+        starting = phase in STARTING_PHASES and not (phase == "Suspended" and run["spec"].get("suspend"))
+        refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if starting else CHECKPOINT_REFRESH_SECONDS
         now = time.monotonic()
         with self._lock:
             entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
@@ -69,7 +73,8 @@ class CheckpointLister:
             hung = entry.get("hung")
             if hung is not None and hung.done():
                 hung = entry["hung"] = None
-            due = now - entry["at"] > refresh or reported > (entry["step"] if entry["step"] is not None else -1)
+            newer = reported > (entry["step"] if entry["step"] is not None else -1)
+            due = now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
             if due and job is None and hung is None:  # a hung store holds one worker, not more
                 entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
                 self._tokens += 1
@@ -77,7 +82,7 @@ class CheckpointLister:
                 job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], uri,
                                                        checkpoint_layout(run["spec"]))
             value = entry["value"]
-        if job is not None and phase in STARTING_PHASES:
+        if job is not None and starting:
             # a gang about to start is told where to resume: wait briefly for a listing under
             # way (a fast store answers in milliseconds; a slow one does not hold the pass)
             with contextlib.suppress(Exception):

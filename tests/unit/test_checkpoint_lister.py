@@ -34,6 +34,7 @@ def test_a_hung_store_never_holds_a_pass_and_is_given_up():
         return _tag(5)
     lister = CheckpointLister(hung)
     lister.LIST_TIMEOUT_SECONDS = 0.3
+    lister.REPORTED_REFRESH_SECONDS = 0.0
     newer = [SimpleNamespace(progress={"lastCheckpointStep": 9})]  # makes a listing due at every pass
     t0 = time.monotonic()
     assert lister.newest(RUN, "Running", newer) is None  # the answer so far, at once
@@ -60,9 +61,33 @@ def test_a_failing_store_keeps_the_last_answer():
             raise answer
         return answer
     lister = CheckpointLister(flaky)
+    lister.REPORTED_REFRESH_SECONDS = 0.0
     assert lister.newest(RUN, "Restarting", []).step == 10  # a starting gang waits briefly for it
     lister.newest(RUN, "Restarting", [SimpleNamespace(progress={"lastCheckpointStep": 20})])
     _until(lambda: not answers)
     time.sleep(0.05)
     assert lister.newest(RUN, "Running", []).step == 10
     assert lister.newest({**RUN, "spec": {}}, "Running", []) is None  # no store: nothing to list
+
+
+def test_a_reported_step_the_store_never_shows_lists_at_a_bounded_rate():
+    """A trainer that reports a checkpoint step the store does not have (or whose `done` lags)
+    makes a listing due sooner, not at every pass; a run held suspended is not listed as one
+    about to start."""
+    calls = []
+
+    def store(uri, layout):
+        calls.append(uri)
+        return _tag(5)
+    lister = CheckpointLister(store)
+    lying = [SimpleNamespace(progress={"lastCheckpointStep": 99})]
+    for _ in range(50):
+        lister.newest(RUN, "Running", lying)
+        time.sleep(0.002)
+    _until(lambda: lister.newest(RUN, "Running", []) is not None)
+    assert len(calls) == 1
+    held = {**RUN, "metadata": {"namespace": "ns", "name": "held"}, "spec": {**RUN["spec"], "suspend": True}}
+    for _ in range(3):
+        lister.newest(held, "Suspended", [])
+        time.sleep(0.4)  # past the 1 s refresh of a gang about to start
+    assert len(calls) == 2  # the first listing only
