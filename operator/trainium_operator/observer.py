@@ -64,8 +64,25 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     spec, error = spec_in_force(run, status)
     if checkpoint is not None and not isinstance(checkpoint, CheckpointRef):
         checkpoint = lenient(CheckpointRef, checkpoint)
+    pods = [_clock_checked(p, now) for p in pods]
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
                     children_error)
+
+
+MAX_CLOCK_AHEAD_SECONDS = 300.0
+"""A progress report's step end time further ahead of the operator's clock than this is a
+pod's clock that jumped (an NTP step, a wrong host clock): the time is dropped, not used."""
+
+
+def _clock_checked(pod: PodView, now: float) -> PodView:
+    """``pod`` without a progress time from the future (step times, goodput and the hang clock
+    would follow it); the drop is named in its progress errors (the ProgressValid condition)."""
+    at = pod.progress.get("time") if pod.progress else None
+    if not isinstance(at, (int, float)) or at <= now + MAX_CLOCK_AHEAD_SECONDS:
+        return pod
+    progress = {k: v for k, v in pod.progress.items() if k != "time"}
+    return dataclasses.replace(pod, progress=progress, progress_errors=[
+        *pod.progress_errors, f"time: {at - now:.0f}s ahead of the operator's clock; dropped"])
 
 
 def spec_in_force(run: dict, status: TrainingRunStatus) -> tuple[TrainingRunSpec | None, ConfigError | None]:

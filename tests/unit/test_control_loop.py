@@ -381,3 +381,16 @@ def test_a_step_going_back_is_progress_for_the_hang_clock():
     r = reconcile_objects(_run(status), _reporting(1, 80, 150.0), nodes, now=150.0)
     assert r.after.current.last_step == 80 and r.after.current.last_step_time == 150.0
     assert r.after.step_seconds == 1.0  # a step back says nothing about the step time
+
+
+def test_a_progress_time_from_the_future_is_dropped_and_named():
+    """A pod whose clock jumped ahead (an NTP step) reports step end times in the future: the
+    time is dropped (step time, goodput and the hang clock would follow it), the step is kept,
+    and ProgressValid names the field."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0, "stepSeconds": 1.0,
+              "lastProgressTime": 99.0, "current": {"gangRunningTime": 5.0, "lastStep": 90, "lastStepTime": 100.0}}
+    r = reconcile_objects(_run(status), _reporting(1, 91, 100.0 + 86_400), nodes, now=101.0)
+    assert r.after.step == 91 and r.after.last_progress_time == 99.0 and r.after.step_seconds == 1.0
+    cond = next(c for c in r.after.conditions if c.type == "ProgressValid")
+    assert cond.status == "False" and "time" in cond.message
