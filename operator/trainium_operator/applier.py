@@ -184,13 +184,16 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
             case _:
                 raise TypeError(f"unknown effect {eff!r}")
     if pod_calls:
-        futures = [(args, _POOL.submit(fn, *args)) for fn, args in pod_calls]
+        def fenced(fn, *args):  # a call that waited in the shared pool asks the lease again
+            fence(may_write)
+            return fn(*args)
+        futures = [(args, _POOL.submit(fenced, fn, *args)) for fn, args in pod_calls]
         refused = []
         for args, f in futures:
             try:
                 f.result()
             except Exception as exc:
-                if api_unreachable(exc, connection_only=True):
+                if isinstance(exc, NotLeading) or api_unreachable(exc, connection_only=True):
                     raise  # the API server is away: the next pass retries
                 if not isinstance(args[0], dict):
                     raise  # a deletion that failed: retried by the next pass

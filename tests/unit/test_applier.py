@@ -110,6 +110,17 @@ def test_a_replica_that_stopped_leading_writes_nothing_more():
     assert [k for k, _ in kube.calls] == ["status"]  # the lease lapsed during the status write
 
 
+
+def test_a_pod_call_waiting_in_the_pool_asks_the_lease_again():
+    """Pod calls wait their turn in a pool every run shares: one that runs after the lease
+    lapsed is not sent, and the pass ends NotLeading (not a refused pod in the status)."""
+    run, result = _first_pass()
+    kube, answers = FakeKube(), iter([True, True])  # after the status, after the children
+    with pytest.raises(NotLeading):
+        apply(kube, run, result, ChildCache(), may_write=lambda: next(answers, False))
+    assert not [k for k, _ in kube.calls if k == "Pod"]
+
+
 def test_children_are_asked_for_at_most_every_recheck_interval_and_shared_ones_once():
     run, result = _first_pass()
     kube, children = FakeKube(), ChildCache()
