@@ -462,8 +462,9 @@ class FaultToleranceConfig:
 @dataclass
 class CompileCacheConfig:
     path: str = "/var/tmp/neuron-compile-cache"
-    """Node-local directory (a hostPath) for the Neuron persistent compile cache. Never a shared
-    file system: it chokes at scale."""
+    """Where the trainer container sees the Neuron persistent compile cache. On the node it is a
+    directory the operator chooses (its hostAccess configuration: one per namespace by default),
+    never one the run names. Never a shared file system: it chokes at scale."""
     precompile_steps: NonNegative = 0
     """Before each attempt trains, run neuron_parallel_compile over this many steps: it extracts
     every graph without executing it and compiles them all in parallel into the cache (0: off;

@@ -39,7 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     for f in dataclasses.fields(DisruptionGuard):  # --disruption-threshold, --disruption-min-nodes, ...
         ap.add_argument("--disruption-" + f.name.replace("_", "-"), dest=f"disruption_{f.name}", type=type(f.default),
                         default=f.default, help=f"{docs.get(f.name, '')} (default {f.default})")
+    from . import hostaccess
+    hostaccess.add_flags(ap)
     args = ap.parse_args(argv)
+    host = hostaccess.from_flags(args)
+    try:
+        host.validate()
+    except ValueError as exc:
+        ap.error(str(exc))
     guard = DisruptionGuard(**{f.name: getattr(args, f"disruption_{f.name}") for f in dataclasses.fields(DisruptionGuard)})
     try:
         guard.validate()
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     def may_write() -> bool:  # a write started now ends (or gives up) before the lease could pass on
         return elector is None or elector.holds(margin=WRITE_TIMEOUT_SECONDS)
 
-    registry = build_registry(kube_factory, guard, may_write)
+    registry = build_registry(kube_factory, guard, may_write, host)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):

@@ -27,6 +27,7 @@ from .kube import Kube
 from .observe import node_view, pod_view
 from .observer import DeviceShortfalls, read_status, snapshot
 from .plan import LABEL_RUN
+from .hostaccess import HostAccess
 from .policy import DisruptionGuard, disruption, zone_health
 from .reconcile import reconcile
 
@@ -38,10 +39,11 @@ OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show it
 
 
 def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
-                   may_write=lambda: True) -> kopf.OperatorRegistry:
+                   may_write=lambda: True, host: HostAccess = HostAccess()) -> kopf.OperatorRegistry:
     """A fresh registry; ``kube_factory()`` returns the Kube used for writes; ``guard``: when
     lost nodes count as a disruption rather than node failures; ``may_write()``: whether this
-    replica still holds the leader lease (a pass checks it before it writes anything)."""
+    replica still holds the leader lease (a pass checks it before it writes anything);
+    ``host``: what the runs' pods may take from their nodes."""
     registry = kopf.OperatorRegistry()
     memo = {"kube": None, "zones": (0.0, {}), "probe": None}
     checkpoints = CheckpointLister()
@@ -109,7 +111,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
             own = [n for name, n in nodes.items() if name not in status.quarantined_nodes]
             disrupted = disruption(guard, zones(cluster_nodes), own) if own else ""
             result = reconcile(snapshot(run, pods, nodes, now, checkpoint, disrupted, guard,
-                                        api_outage=health.outage(now), children_error=children.error(namespace, name)))
+                                        api_outage=health.outage(now), children_error=children.error(namespace, name),
+                                        host=host))
             fence(may_write)
             # a write that fails is this run's to retry: only the /readyz probe says the API
             # server is away (one run's 5xx must not restart every run's hang clock)

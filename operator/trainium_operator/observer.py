@@ -17,6 +17,7 @@ from trainium_api.load import lenient
 from trainium_api.spec import TrainingRunSpec, check_run_name
 from trainium_api.status import CheckpointRef, TrainingRunStatus
 
+from .hostaccess import HostAccess
 from .observe import NodeView, PodView
 from .policy import DisruptionGuard
 from .spec import parse
@@ -45,6 +46,8 @@ class Snapshot:
     """(lost, back) of the operator's last loss of the API server (back = now while it lasts)."""
     children_error: str = ""
     """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
+    host: HostAccess = HostAccess()
+    """What the run's pods may take from their nodes (the operator's configuration)."""
 
     @property
     def deleting(self) -> bool:
@@ -59,14 +62,14 @@ def read_status(raw: dict | None) -> TrainingRunStatus:
 def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float,
              checkpoint: dict | CheckpointRef | None = None, disruption: str = "",
              guard: DisruptionGuard = DisruptionGuard(), api_outage: tuple[float, float] | None = None,
-             children_error: str = "") -> Snapshot:
+             children_error: str = "", host: HostAccess = HostAccess()) -> Snapshot:
     status = read_status(run.get("status"))
-    spec, error = spec_in_force(run, status)
+    spec, error = spec_in_force(run, status, host)
     if checkpoint is not None and not isinstance(checkpoint, CheckpointRef):
         checkpoint = lenient(CheckpointRef, checkpoint)
     pods = [_clock_checked(p, now) for p in pods]
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
-                    children_error)
+                    children_error, host)
 
 
 MAX_CLOCK_AHEAD_SECONDS = 300.0
@@ -85,20 +88,26 @@ def _clock_checked(pod: PodView, now: float) -> PodView:
         *pod.progress_errors, f"time: {at - now:.0f}s ahead of the operator's clock; dropped"])
 
 
-def spec_in_force(run: dict, status: TrainingRunStatus) -> tuple[TrainingRunSpec | None, ConfigError | None]:
-    """The spec as written when the operator's rules accept it. Otherwise, for a run whose spec
-    was accepted before (suspended or started), its spec with the fault tolerance last accepted
-    (the API server lets only faultTolerance and suspend change), and the error; else None."""
+def spec_in_force(run: dict, status: TrainingRunStatus,
+                  host: HostAccess = HostAccess()) -> tuple[TrainingRunSpec | None, ConfigError | None]:
+    """The spec as written when the operator's rules (and its host access) accept it. Otherwise,
+    for a run whose spec was accepted before (suspended or started), its spec with the fault
+    tolerance last accepted (the API server lets only faultTolerance and suspend change), and
+    the error; else None."""
+    def accepted(body) -> TrainingRunSpec:
+        spec = parse(body)
+        host.check_volumes(spec.volumes, spec.volume_mounts)
+        return spec
     try:
         bad_name = check_run_name(run["metadata"].get("name"))
         if bad_name:  # made before the CRD's rule existed: it can never get its Service
             raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
-        return parse(run.get("spec")), None
+        return accepted(run.get("spec")), None
     except ConfigError as err:
         if status.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
             return None, err
         try:
-            return parse({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}), err
+            return accepted({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}), err
         except ConfigError:
             return None, err
 

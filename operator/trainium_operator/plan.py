@@ -22,6 +22,8 @@ from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, DEFAULT_TRAINER_SA, INSTANCE_TYPES, TrainingRunSpec
 from trainium_api.status import CheckpointRef
 
+from .hostaccess import HostAccess
+
 LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
 QUARANTINE_TAINT = "trainium.dev/quarantined"
@@ -96,10 +98,11 @@ def config_map(run: dict, spec: TrainingRunSpec) -> dict:
 
 
 def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str],
-         checkpoint: CheckpointRef | None = None) -> list[dict]:
+         checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess()) -> list[dict]:
     """``checkpoint``: the newest complete checkpoint ({tag, step, uri, ...}) when the attempt
-    starts, or None; a command trainer's pods are told about it (resume_arguments)."""
-    return [pod(run, spec, attempt, i, excluded_nodes, checkpoint) for i in range(spec.nodes)]
+    starts, or None; a command trainer's pods are told about it (resume_arguments). ``host``:
+    where the compile cache lives on the node (the operator's configuration)."""
+    return [pod(run, spec, attempt, i, excluded_nodes, checkpoint, host) for i in range(spec.nodes)]
 
 
 # NxD Training resumes from the newest *.ckpt by modification time without checking that it is
@@ -138,8 +141,16 @@ def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: Checkpo
     return [*watch, "--", *launch, *t.command, *resume_arguments(spec, checkpoint)]
 
 
+def container_security(itype: dict) -> dict:
+    """The trainer container's: no privilege escalation, the runtime's default seccomp profile,
+    every capability dropped but IPC_LOCK where EFA is (libfabric pins its buffers in memory)."""
+    efa = bool(itype["resources"].get("vpc.amazonaws.com/efa"))
+    return {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
+            "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if efa else {})}}
+
+
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
-        checkpoint: CheckpointRef | None = None) -> dict:
+        checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess()) -> dict:
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
     itype = INSTANCE_TYPES[spec.instance_type]
     master = f"{name}-0.{name}.{ns}.svc"
@@ -175,10 +186,10 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                              {"name": "compile-cache", "mountPath": spec.compile_cache.path}],
+            "securityContext": container_security(itype),
         }],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                    {"name": "compile-cache", "hostPath": {"path": spec.compile_cache.path,
-                                                           "type": "DirectoryOrCreate"}}],
+                    {"name": "compile-cache", **host.compile_cache_volume(ns, name)}],
     }
     if not spec.trainer.is_command:  # our trainer reads its rendered config
         spec_body["containers"][0]["volumeMounts"].insert(0, {"name": "config", "mountPath": CONFIG_MOUNT,

@@ -38,6 +38,7 @@ from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, Che
 
 from . import admission, goodput, plan
 from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
+from .hostaccess import HostAccess
 from .judge import Clocks, Guards, Observed, judge
 from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
 from .observer import Snapshot, read_status, snapshot
@@ -89,6 +90,7 @@ class Pass:
     children_error: str = ""
     """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
     effects: list[Effect] = field(default_factory=list)
+    host: HostAccess = HostAccess()
 
     @property
     def current(self) -> list[PodView]:
@@ -147,7 +149,7 @@ def reconcile(snap: Snapshot) -> Result:
         effects = _invalid_spec(old, new, snap.spec_error, snap.run["metadata"].get("generation"), snap.now)
         return Result(changed_fields(old, new), effects, None, new)
     p = Pass(snap.run, spec, old, new, snap.pods, snap.nodes, snap.now, snap.checkpoint, snap.disruption,
-             snap.guard, snap.api_outage, snap.spec_error, snap.children_error)
+             snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host)
     if p.newer:  # this pass read a status older than the one that started them: decide nothing
         return Result({}, [], spec, old)
     _observe(p)
@@ -336,7 +338,7 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     resume = p.checkpoint or p.old.last_checkpoint
     new.phase, new.attempt = "Starting", attempt
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume)  # nothing of the last one carries over
-    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume)]
+    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume, p.host)]
     p.event(reason, f"attempt {attempt}: {message}" + (
         f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
 
@@ -388,7 +390,7 @@ def _supervise(p: Pass) -> None:
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
         p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
-                                                old.current.resume_checkpoint))  # or the API server refused some
+                                      old.current.resume_checkpoint, p.host))  # or the API server refused some
                       for i in range(spec.nodes) if i not in have]
         _act(p, gang, complete=False)
         return

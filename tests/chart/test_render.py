@@ -25,7 +25,9 @@ OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in traini
     ("trainium.dev", "trainingruns", {"get", "list", "watch", "patch"}),  # kopf watch; patch: kopf's own marks
     ("trainium.dev", "trainingruns/status", {"get", "patch"}),  # Kube.patch_status
     ("", "pods", {"get", "list", "watch", "create", "delete", "patch"}),  # index, ensure, delete; patch: see rbac.yaml
-    ("", "services", {"create"}), ("", "configmaps", {"create"}), ("", "serviceaccounts", {"create"}),
+    # Kube.ensure: create; a name taken is read for its owner; a ConfigMap of the run's own is replaced
+    ("", "services", {"get", "create"}), ("", "configmaps", {"get", "create", "update"}),
+    ("", "serviceaccounts", {"create"}),
     ("rbac.authorization.k8s.io", "roles", {"create"}), ("rbac.authorization.k8s.io", "rolebindings", {"create"}),
     ("", "events", {"create"}),  # Kube.event
 ]
@@ -162,7 +164,24 @@ def test_disruption_guard_values_become_operator_flags_which_it_accepts():
     assert res.returncode == 0 and "--disruption-max-hold-seconds" in res.stdout
 
 
+def test_host_access_values_become_operator_flags_which_it_accepts():
+    import subprocess
+    import sys
+    default = one(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in default if a.startswith("--host")] == [
+        "--host-compile-cache-root=/var/tmp/neuron-compile-cache", "--host-compile-cache-scope=namespace"]
+    dep = one(render({"hostAccess": {"compileCacheRoot": "/data/cache", "compileCacheScope": "run",
+                                     "volumePrefixes": ["/mnt/datasets", "/opt/models"]}}), "Deployment")
+    flags = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--host")]
+    assert flags == ["--host-compile-cache-root=/data/cache", "--host-compile-cache-scope=run",
+                     "--host-volume-prefix=/mnt/datasets", "--host-volume-prefix=/opt/models"]
+    res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "--host-volume-prefix" in res.stdout
+
+
 @pytest.mark.parametrize("values,words", [
+    ({"hostAccess": {"compileCacheScope": "everyone"}}, "/hostAccess/compileCacheScope"),
+    ({"hostAccess": {"volumePrefixes": ["relative"]}}, "/hostAccess/volumePrefixes/0"),
     ({"logLevel": "TRACE"}, "/logLevel"),
     ({"metricsPort": 70000}, "/metricsPort"),
     ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),

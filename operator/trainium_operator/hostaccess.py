@@ -1,0 +1,108 @@
+"""What a run's pods may take from the node they run on: the operator's configuration (flags
+--host-*, chart values ``hostAccess``), never the run's.
+
+A hostPath volume is the node's file system, and the Neuron training image runs as root: a run
+that may name any host path owns the node. So the run names only where its container sees the
+compile cache (``compileCache.path``); where that cache lives on the node is this module's
+(under ``compile_cache_root``, one directory per namespace by default, so one tenant cannot
+plant compiled graphs that another loads), and ``spec.volumes`` may use a hostPath only under a
+prefix the operator allows (none by default), mounted read-only.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from trainium_api.fields import ConfigError
+
+CacheScope = Literal["namespace", "run", "shared"]
+
+
+@dataclass(frozen=True)
+class HostAccess:
+    compile_cache_root: str = "/var/tmp/neuron-compile-cache"
+    """Node directory under which the Neuron compile caches live ("" keeps each pod's cache in an
+    emptyDir, lost with the pod: no hostPath at all, so a namespace of Pod Security level
+    baseline can run it)."""
+    compile_cache_scope: str = "namespace"
+    """Who shares one compile cache: namespace (ROOT/NAMESPACE: the runs of one tenant), run
+    (ROOT/NAMESPACE/RUN) or shared (ROOT: every run on the node, only where all runs trust each
+    other: one run can plant graphs another loads)."""
+    volume_prefixes: tuple[str, ...] = ()
+    """Node path prefixes under which spec.volumes may mount a hostPath, read-only (none by
+    default). Allow only directories no tenant can write to: the kubelet follows symlinks."""
+
+    def validate(self) -> None:
+        if self.compile_cache_scope not in get_args(CacheScope):
+            raise ValueError(f"--host-compile-cache-scope must be one of {', '.join(get_args(CacheScope))}, "
+                             f"got {self.compile_cache_scope!r}")
+        if self.compile_cache_root and normalised(self.compile_cache_root) in (None, "/"):
+            raise ValueError(f"--host-compile-cache-root must be an absolute path below /, without '..', got "
+                             f"{self.compile_cache_root!r}")
+        for prefix in self.volume_prefixes:
+            if normalised(prefix) in (None, "/"):
+                raise ValueError(f"--host-volume-prefix must be an absolute path below /, without '..', got {prefix!r}")
+
+    def compile_cache_volume(self, namespace: str, run: str) -> dict:
+        """The pod's compile-cache volume source: a directory of the node, or an emptyDir."""
+        if not self.compile_cache_root:
+            return {"emptyDir": {}}
+        root = normalised(self.compile_cache_root)
+        path = {"namespace": f"{root}/{namespace}", "run": f"{root}/{namespace}/{run}", "shared": root}[
+            self.compile_cache_scope]
+        return {"hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+
+    def check_volumes(self, volumes: list[dict], mounts: list[dict]) -> None:
+        """Refuse a hostPath in spec.volumes outside the allowed prefixes, naming the field; a
+        hostPath that is allowed must be mounted read-only."""
+        host = set()
+        for i, vol in enumerate(volumes):
+            if "hostPath" not in vol:
+                continue
+            where = f"spec.volumes[{i}].hostPath.path"
+            source = vol["hostPath"]
+            path = source.get("path") if isinstance(source, dict) else None
+            norm = normalised(path) if isinstance(path, str) else None
+            if norm is None:
+                raise ConfigError(where, f"must be an absolute path without '..', got {path!r}")
+            if not self.volume_prefixes:
+                raise ConfigError(where, "hostPath volumes are not allowed by the operator's configuration "
+                                         "(hostAccess.volumePrefixes is empty): a host path is the node's file system")
+            if not any(norm == p or norm.startswith(p.rstrip("/") + "/") for p in map(normalised, self.volume_prefixes)):
+                raise ConfigError(where, f"{norm} is not under a host path the operator allows "
+                                         f"({', '.join(self.volume_prefixes)})")
+            host.add(vol["name"])
+        for i, mount in enumerate(mounts):
+            if mount.get("name") in host and not mount.get("readOnly"):
+                raise ConfigError(f"spec.volumeMounts[{i}].readOnly",
+                                  "must be true: a hostPath volume is mounted read-only (a tenant writing there "
+                                  "could plant a symlink another run's mount follows)")
+
+
+def normalised(path: str) -> str | None:
+    """``path`` without '.', '//' or a trailing '/', or None when it is not absolute or climbs
+    ('..' anywhere: refused rather than resolved, so a prefix check sees what the kubelet sees)."""
+    if not path.startswith("/") or ".." in path.split("/"):
+        return None
+    return posixpath.normpath(path).replace("//", "/")
+
+
+def from_flags(args) -> HostAccess:
+    return HostAccess(compile_cache_root=args.host_compile_cache_root,
+                      compile_cache_scope=args.host_compile_cache_scope,
+                      volume_prefixes=tuple(args.host_volume_prefix or ()))
+
+
+def add_flags(ap) -> None:
+    """--host-compile-cache-root, --host-compile-cache-scope, --host-volume-prefix (repeatable),
+    documented from HostAccess's fields."""
+    from trainium_api.fields import field_docs
+    docs, default = field_docs(HostAccess), HostAccess()
+    ap.add_argument("--host-compile-cache-root", default=default.compile_cache_root,
+                    help=f"{docs['compile_cache_root']} (default {default.compile_cache_root})")
+    ap.add_argument("--host-compile-cache-scope", default=default.compile_cache_scope, choices=get_args(CacheScope),
+                    help=f"{docs['compile_cache_scope']} (default {default.compile_cache_scope})")
+    ap.add_argument("--host-volume-prefix", action="append", default=[],
+                    help=docs["volume_prefixes"] + " (repeatable)")

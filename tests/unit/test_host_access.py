@@ -1,0 +1,84 @@
+"""What a run's pods may take from their nodes (hostaccess.HostAccess, the operator's
+configuration): the compile cache's node directory is the operator's, per namespace by default;
+spec.volumes may mount a hostPath only under an allowed prefix, read-only; the trainer container
+runs with a restrictive securityContext. Pure: the plan and the observer's spec check."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_operator_core import RUN, SPEC
+from trainium_api.status import TrainingRunStatus
+from trainium_operator import plan
+from trainium_operator.hostaccess import HostAccess, normalised
+from trainium_operator.observer import spec_in_force
+from trainium_operator.reconcile import reconcile_objects
+from trainium_operator.spec import parse
+
+
+def _volume(pod: dict, name: str) -> dict:
+    return next(v for v in pod["spec"]["volumes"] if v["name"] == name)
+
+
+@pytest.mark.parametrize("scope, path", [("namespace", "/var/tmp/neuron-compile-cache/ns"),
+                                         ("run", "/var/tmp/neuron-compile-cache/ns/r"),
+                                         ("shared", "/var/tmp/neuron-compile-cache")])
+def test_the_compile_cache_lives_where_the_operator_says(scope, path):
+    """The run names only where its container sees the cache; compileCache.path "/" would
+    have been the node's root, now it is a mount point inside the container."""
+    s = parse({**SPEC, "compileCache": {"path": "/"}})
+    pod = plan.pod(RUN, s, 1, 0, [], host=HostAccess(compile_cache_scope=scope))
+    assert _volume(pod, "compile-cache") == {"name": "compile-cache",
+                                             "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "compile-cache")
+    assert mount["mountPath"] == "/"
+    no_host = plan.pod(RUN, s, 1, 0, [], host=HostAccess(compile_cache_root=""))
+    assert _volume(no_host, "compile-cache") == {"name": "compile-cache", "emptyDir": {}}
+
+
+def test_the_trainer_container_is_locked_down():
+    trn1 = plan.pod(RUN, parse(SPEC), 1, 0, [])["spec"]["containers"][0]["securityContext"]
+    assert trn1 == {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
+                    "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}  # EFA pins memory
+    cpu = plan.pod(RUN, parse({**SPEC, "instanceType": "cpu", "parallelism": {}}), 1, 0, [])
+    assert cpu["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def _with_host_volume(path, read_only=True, name="data"):
+    return {**SPEC, "volumes": [{"name": name, "hostPath": {"path": path}}],
+            "volumeMounts": [{"name": name, "mountPath": "/data", "readOnly": read_only}]}
+
+
+ALLOWED = HostAccess(volume_prefixes=("/mnt/datasets",))
+
+
+@pytest.mark.parametrize("host, body, field, words", [
+    (HostAccess(), _with_host_volume("/mnt/datasets/a"), "spec.volumes[0].hostPath.path", "not allowed"),
+    (ALLOWED, _with_host_volume("/"), "spec.volumes[0].hostPath.path", "not under"),
+    (ALLOWED, _with_host_volume("/var/lib/kubelet"), "spec.volumes[0].hostPath.path", "not under"),
+    (ALLOWED, _with_host_volume("/mnt/datasets/../../etc"), "spec.volumes[0].hostPath.path", "'..'"),
+    (ALLOWED, _with_host_volume("/mnt/datasets-evil"), "spec.volumes[0].hostPath.path", "not under"),
+    (ALLOWED, _with_host_volume("mnt/datasets/a"), "spec.volumes[0].hostPath.path", "absolute"),
+    (ALLOWED, _with_host_volume("/mnt/datasets/a", read_only=False), "spec.volumeMounts[0].readOnly", "read-only"),
+])
+def test_a_host_path_outside_the_allowed_prefixes_is_refused_naming_the_field(host, body, field, words):
+    err = spec_in_force({**RUN, "spec": body}, TrainingRunStatus(), host)[1]
+    assert err is not None and err.field == field and words in str(err), err
+
+
+def test_an_allowed_host_path_passes_and_a_refused_one_never_reaches_a_pod():
+    spec, err = spec_in_force({**RUN, "spec": _with_host_volume("/mnt/datasets//a/./b/")}, TrainingRunStatus(),
+                              ALLOWED)
+    assert err is None and spec is not None
+    r = reconcile_objects({**RUN, "spec": _with_host_volume("/etc")}, [], {}, now=1.0)  # default: none allowed
+    assert r.status["phase"] == "Failed" and not r.ensured("Pod")
+    assert "spec.volumes[0].hostPath.path" in r.status["message"]
+
+
+def test_paths_are_normalised_before_the_prefix_check():
+    assert normalised("/mnt//datasets/./a/") == "/mnt/datasets/a"
+    assert normalised("/mnt/datasets/../etc") is None and normalised("relative") is None
+    for bad in (HostAccess(volume_prefixes=("/",)), HostAccess(compile_cache_root="/a/../"),
+                HostAccess(compile_cache_scope="everyone")):
+        with pytest.raises(ValueError):
+            bad.validate()
