@@ -221,6 +221,14 @@ OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the oper
                                                            "progressFormat": "regex", "progressRegex": "iter (\\d+)",
                                                            "checkpointLayout": "nxd"}},
      "spec.trainer.progressRegex"),
+    # host access is the operator's (the test operator allows no hostPath prefix, the default)
+    ("a hostPath volume at the node's root", {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                                              "volumeMounts": [{"name": "root", "mountPath": "/host",
+                                                                "readOnly": True}]},
+     "spec.volumes[0].hostPath.path"),
+    ("a hostPath volume that climbs out", {"volumes": [{"name": "kubelet",
+                                                        "hostPath": {"path": "/var/tmp/../../var/lib/kubelet"}}]},
+     "spec.volumes[0].hostPath.path"),
 ]
 
 
