@@ -9,6 +9,7 @@ the error that refused it (a new run's invalid spec, or an edit of a live run).
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from dataclasses import dataclass
 
@@ -95,9 +96,7 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
     tolerance last accepted (the API server lets only faultTolerance and suspend change), and
     the error; else None."""
     def accepted(body) -> TrainingRunSpec:
-        spec = parse(body)
-        host.check_volumes(spec.volumes, spec.volume_mounts)
-        return spec
+        return _parsed(body, host)
     try:
         bad_name = check_run_name(run["metadata"].get("name"))
         if bad_name:  # made before the CRD's rule existed: it can never get its Service
@@ -110,6 +109,34 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
             return accepted({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}), err
         except ConfigError:
             return None, err
+
+
+_PARSED: dict[tuple[str, HostAccess], TrainingRunSpec | ConfigError] = {}
+_PARSED_KEPT = 1024
+
+
+def _parsed(body, host: HostAccess) -> TrainingRunSpec:
+    """parse(body) and the host-access check, once per distinct spec: a run's spec rarely
+    changes, and parsing it was the largest part of a pass. The same spec object comes back for
+    the same spec (plan.rendered_config caches by it); nothing changes a parsed spec."""
+    try:
+        key = (json.dumps(body, sort_keys=True), host)
+    except (TypeError, ValueError):
+        key = None
+    hit = _PARSED.get(key) if key is not None else None
+    if hit is None:
+        try:
+            hit = parse(body)
+            host.check_volumes(hit.volumes, hit.volume_mounts)
+        except ConfigError as err:
+            hit = err
+        if key is not None:
+            if len(_PARSED) >= _PARSED_KEPT:
+                _PARSED.clear()
+            _PARSED[key] = hit
+    if isinstance(hit, ConfigError):
+        raise ConfigError(hit.field, hit.message)  # a fresh one: a raised exception keeps its traceback
+    return hit
 
 
 class DeviceShortfalls:
