@@ -118,8 +118,31 @@ def local_cluster(tmp_path_factory):
         pytest.fail(f"local control plane binaries missing ({', '.join(missing)}): run tools/cluster build")
     took = cluster.up()
     print(f"\nlocal control plane up in {took:.1f}s")
+    _SHARED_CLUSTER.append(cluster)
     yield cluster
-    cluster.down()
+    if _SHARED_CLUSTER:
+        _SHARED_CLUSTER.clear()
+        cluster.down()
+
+
+# The shared control plane is stopped after the last test that uses it, not at the session's
+# end: idle, its API server, etcd and kwok (heartbeats of every simulated node) took 15% of a
+# core from the e2e and trainer tiers that run after it.
+_SHARED_CLUSTER: list = []
+_LAST_CLUSTER_USER: list = []
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
+def pytest_collection_modifyitems(session, config, items):
+    users = [i for i in items if "local_cluster" in getattr(i, "fixturenames", ())]
+    _LAST_CLUSTER_USER[:] = users[-1:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the test's own fixtures first (a module's operator process, namespaces)
+    if _SHARED_CLUSTER and _LAST_CLUSTER_USER and item is _LAST_CLUSTER_USER[0]:
+        _SHARED_CLUSTER.pop().down()
 
 
 @pytest.fixture(scope="session")
