@@ -1,4 +1,4 @@
-"""Control-plane outages (tier e2e, pods as real processes): kube-apiserver stopped for 20 s
+"""Control-plane outages (tier e2e, pods as real processes): kube-apiserver stopped for 15 s
 mid-run, then etcd restarted. The trainer keeps training (its progress writes fail and resume,
 bounded, no crash), the pods keep running, and the operator rides it out: no restart of the
 healthy gang, no failure in the status, goodput within 2 points of the trainer's own clock."""
@@ -17,8 +17,8 @@ from .test_faults import spec_for
 
 pytestmark = pytest.mark.e2e
 
-API_DOWN_SECONDS = 20
-STEPS = 240
+API_DOWN_SECONDS = 15  # longer than the hang timeout floor below
+STEPS = 150  # still training when etcd restarts (asserted), ended soon after
 
 
 def test_apiserver_down_and_etcd_restart_are_ridden_out(e2e, tiny_data, tmp_path):
@@ -38,6 +38,7 @@ def test_apiserver_down_and_etcd_restart_are_ridden_out(e2e, tiny_data, tmp_path
     assert during > before + 10, "the trainer keeps training while the API server is away"
     d.wait(lambda: d.status().get("step", 0) >= during, 60, "progress to reach the status again")
     time.sleep(3)
+    assert d.trained_step() < STEPS - 10, "the run must still be training when etcd restarts"
     took = faults.etcd_restart(e2e.cluster, 2)
     print(f"etcd restarted (API answering again after {took:.1f}s)")
     st = d.wait(lambda: (s := d.status()).get("phase") in ("Succeeded", "Failed") and s, 400, "the run to end")
