@@ -72,9 +72,26 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.compileCache.precompileSteps", f"needs the neuron backend, got {s.backend}")
     if not s.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
+    _check_checkpoint_uri(s.checkpoint.uri)
     _check_env(s.env)
     _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path)
     return s
+
+
+CHECKPOINT_SCHEMES = ("s3://",)
+"""Besides an absolute path (a file system the pods mount): the operator lists the checkpoint
+store itself, so a run must not point it at another protocol (http://169.254.169.254/...)."""
+
+
+def _check_checkpoint_uri(uri: str) -> None:
+    if uri.startswith("/"):
+        return
+    if any(uri.startswith(s) for s in CHECKPOINT_SCHEMES):
+        if not re.fullmatch(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?", uri):
+            raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET[/PREFIX], got {uri!r}")
+        return
+    raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET/PREFIX or an absolute path (a file system the pods "
+                                             f"mount), got {uri!r}")
 
 
 def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:
