@@ -540,15 +540,15 @@ def test_a_child_of_an_earlier_run_of_the_same_name_is_not_taken_for_ours(local_
     owners = [core_api.create_namespaced_config_map(namespace, {"metadata": {"name": f"owner-{i}"}}).metadata.uid
               for i in range(2)]
 
-    def config(owner: str, text: str) -> dict:
+    def config(i: int, text: str) -> dict:  # the garbage collector checks an owner by name and uid
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
             "name": "same-config", "namespace": namespace,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": f"owner-{i}", "uid": owners[i],
                                  "controller": True}]}, "data": {"run.yaml": text}}
 
-    kube.ensure(config(owners[0], "old: 1"))
+    kube.ensure(config(0, "old: 1"))
     with pytest.raises(NotOurs, match="belongs to another object"):
-        kube.ensure(config(owners[1], "new: 2"))
+        kube.ensure(config(1, "new: 2"))
     assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "old: 1"}
-    kube.ensure(config(owners[0], "edited: 3"))  # ours, with other data: replaced
+    kube.ensure(config(0, "edited: 3"))  # ours, with other data: replaced
     assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "edited: 3"}
