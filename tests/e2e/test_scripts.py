@@ -118,7 +118,7 @@ def test_nxd_example_frozen_mid_save_is_a_hang_and_resumes_from_the_newest_done_
     failure = st["failures"][-1]
     assert failure["cause"] == "hang" and failure["attempt"] == 1, failure
     assert st["lastCheckpoint"]["tag"] != torn.tag and st["current"]["resumeCheckpoint"]["tag"] != torn.tag
-    pod = d.pods(2)[0]
+    pod = d.wait(lambda: d.pods(2), 30, "attempt 2's pods")[0]  # the status says attempt 2 before they exist
     cmd = pod.spec.containers[0].command
     assert cmd[cmd.index("--start-step") + 1] == str(st["current"]["resumeCheckpoint"]["step"])
     print(f"nxd: frozen mid-save of {torn.tag}; hang detected +{failure['time'] - frozen_at:.1f}s; attempt 2 "
