@@ -157,7 +157,7 @@ def test_nxdt_killed_mid_save_resumes_from_the_pinned_complete_checkpoint(e2e, t
     by_mtime = max(Path(ckpt).glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     assert by_mtime.name == torn.tag and not (by_mtime / "done").exists()
     complete = checkpoints.newest_complete(ckpt, "nxdt")
-    for pod in d.pods(2):
+    for pod in d.wait(lambda: d.pods(2), 30, "attempt 2's pods"):
         assert pod.spec.containers[0].command[-1] == f'exp_manager.resume_from_checkpoint="{complete.uri}"'
     print(f"nxdt: killed mid-save of {torn.tag}; attempt 2 pinned to {complete.tag}")
     st = finish(d)
