@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from trainium_api import checkpoints as checkpoint_store
 from trainium_api.status import TERMINAL, CheckpointRef
 
-from .spec import checkpoint_layout
+from trainium_api.fields import ConfigError
+
+from .spec import check_checkpoint_uri, checkpoint_layout
 
 log = logging.getLogger("trainium_operator")
 CHECKPOINT_REFRESH_SECONDS = 15.0
@@ -54,6 +56,10 @@ class CheckpointLister:
         uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
         if not uri or not isinstance(uri, str) or phase in TERMINAL:
             return None  # nothing to resume: a finished run is not listed again
+        try:  # the raw spec, read before the pass parses it: never list what the spec check refuses
+            check_checkpoint_uri(uri)
+        except ConfigError:
+            return None
         key = (run["metadata"]["namespace"], run["metadata"]["name"])
         reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
         starting = phase in STARTING_PHASES and not (phase == "Suspended" and run["spec"].get("suspend"))

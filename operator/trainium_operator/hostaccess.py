@@ -22,10 +22,11 @@ CacheScope = Literal["namespace", "run", "shared"]
 
 @dataclass(frozen=True)
 class HostAccess:
-    compile_cache_root: str = "/var/tmp/neuron-compile-cache"
+    compile_cache_root: str = "/var/tmp/trainium-compile-cache"
     """Node directory under which the Neuron compile caches live ("" keeps each pod's cache in an
     emptyDir, lost with the pod: no hostPath at all, so a namespace of Pod Security level
-    baseline can run it)."""
+    baseline can run it). Not the old shared /var/tmp/neuron-compile-cache, which every tenant
+    could write to (and plant a symlink in)."""
     compile_cache_scope: str = "namespace"
     """Who shares one compile cache: namespace (ROOT/NAMESPACE: the runs of one tenant), run
     (ROOT/NAMESPACE/RUN) or shared (ROOT: every run on the node, only where all runs trust each
@@ -41,9 +42,14 @@ class HostAccess:
         if self.compile_cache_root and normalised(self.compile_cache_root) in (None, "/"):
             raise ValueError(f"--host-compile-cache-root must be an absolute path below /, without '..', got "
                              f"{self.compile_cache_root!r}")
+        root = normalised(self.compile_cache_root) if self.compile_cache_root else None
         for prefix in self.volume_prefixes:
-            if normalised(prefix) in (None, "/"):
+            norm = normalised(prefix)
+            if norm in (None, "/"):
                 raise ValueError(f"--host-volume-prefix must be an absolute path below /, without '..', got {prefix!r}")
+            if root and (_under(root, norm) or _under(norm, root)):
+                raise ValueError(f"--host-volume-prefix {prefix} overlaps --host-compile-cache-root {root}: runs write "
+                                 "there, and a symlink one plants would be followed by another's mount")
 
     def compile_cache_volume(self, namespace: str, run: str) -> dict:
         """The pod's compile-cache volume source: a directory of the node, or an emptyDir."""
@@ -59,7 +65,13 @@ class HostAccess:
         hostPath that is allowed must be mounted read-only."""
         host = set()
         for i, vol in enumerate(volumes):
-            if "hostPath" not in vol:
+            kind = next((k for k in vol if k != "name"), "")
+            if kind not in VOLUME_SOURCES and kind != "hostPath":
+                raise ConfigError(f"spec.volumes[{i}].{kind}" if kind else f"spec.volumes[{i}]",
+                                  f"volume source {kind or '(none)'} is not allowed (it reaches storage or the node "
+                                  f"outside what the namespace owns); allowed: {', '.join(VOLUME_SOURCES)}, and "
+                                  "hostPath under the operator's prefixes")
+            if kind != "hostPath":
                 continue
             where = f"spec.volumes[{i}].hostPath.path"
             source = vol["hostPath"]
@@ -70,15 +82,28 @@ class HostAccess:
             if not self.volume_prefixes:
                 raise ConfigError(where, "hostPath volumes are not allowed by the operator's configuration "
                                          "(hostAccess.volumePrefixes is empty): a host path is the node's file system")
-            if not any(norm == p or norm.startswith(p.rstrip("/") + "/") for p in map(normalised, self.volume_prefixes)):
+            if not any(_under(norm, p) for p in map(normalised, self.volume_prefixes)):
                 raise ConfigError(where, f"{norm} is not under a host path the operator allows "
                                          f"({', '.join(self.volume_prefixes)})")
+            if isinstance(source, dict) and source.get("type") in ("Socket", "CharDevice", "BlockDevice"):
+                raise ConfigError(f"spec.volumes[{i}].hostPath.type", f"{source['type']} is not allowed: a read-only "
+                                  "mount does not stop connecting to a socket or writing to a device")
             host.add(vol["name"])
         for i, mount in enumerate(mounts):
             if mount.get("name") in host and not mount.get("readOnly"):
                 raise ConfigError(f"spec.volumeMounts[{i}].readOnly",
                                   "must be true: a hostPath volume is mounted read-only (a tenant writing there "
                                   "could plant a symlink another run's mount follows)")
+
+
+VOLUME_SOURCES = ("configMap", "secret", "persistentVolumeClaim", "emptyDir", "downwardAPI", "projected", "ephemeral")
+"""Volume sources spec.volumes may use: the namespace's own objects and claims, and scratch
+space. Not nfs, csi, awsElasticBlockStore, iscsi, rbd, flexVolume or gitRepo: they reach storage
+no claim of the namespace grants, or run code on the node."""
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
 def normalised(path: str) -> str | None:

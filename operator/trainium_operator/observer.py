@@ -95,27 +95,28 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
     for a run whose spec was accepted before (suspended or started), its spec with the fault
     tolerance last accepted (the API server lets only faultTolerance and suspend change), and
     the error; else None."""
-    def accepted(body) -> TrainingRunSpec:
-        return _parsed(body, host)
     try:
         bad_name = check_run_name(run["metadata"].get("name"))
         if bad_name:  # made before the CRD's rule existed: it can never get its Service
             raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
-        return accepted(run.get("spec")), None
+        return _parsed(run.get("spec"), host), None
     except ConfigError as err:
         if status.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
             return None, err
         try:
-            return accepted({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}), err
+            # a run already accepted keeps being supervised (Valid=False names the field), its
+            # volumes as they were: the API server lets none of them change, and a run whose host
+            # access the operator's configuration narrowed later must not be left unsupervised
+            return _parsed({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}, None), err
         except ConfigError:
             return None, err
 
 
-_PARSED: dict[tuple[str, HostAccess], TrainingRunSpec | ConfigError] = {}
-_PARSED_KEPT = 1024
+_PARSED: dict[tuple[str, HostAccess | None], TrainingRunSpec | ConfigError] = {}
+_PARSED_KEPT = 256  # a spec is a few kB; the schema allows far larger ones
 
 
-def _parsed(body, host: HostAccess) -> TrainingRunSpec:
+def _parsed(body, host: HostAccess | None) -> TrainingRunSpec:
     """parse(body) and the host-access check, once per distinct spec: a run's spec rarely
     changes, and parsing it was the largest part of a pass. The same spec object comes back for
     the same spec (plan.rendered_config caches by it); nothing changes a parsed spec."""
@@ -127,7 +128,8 @@ def _parsed(body, host: HostAccess) -> TrainingRunSpec:
     if hit is None:
         try:
             hit = parse(body)
-            host.check_volumes(hit.volumes, hit.volume_mounts)
+            if host is not None:  # None: a run accepted before (spec_in_force's fallback)
+                host.check_volumes(hit.volumes, hit.volume_mounts)
         except ConfigError as err:
             hit = err
         if key is not None:

@@ -68,6 +68,9 @@ class Result:
 NEWER_ATTEMPT_GRACE_SECONDS = 60.0
 QUARANTINE_SETTLE_SECONDS = 60.0
 """How long a quarantined node not yet seen tainted may be missing from the node cache."""
+QUARANTINE_RETRY_SECONDS = 300.0
+"""How long a taint that cannot be written (a policy engine refusing it) is ordered again; the
+run's own pods stay off the node by their affinity either way."""
 
 
 @dataclass
@@ -223,8 +226,9 @@ def _still_quarantined(p: Pass) -> None:
     """The run's quarantined nodes that stay so. The status says quarantined before the taint is
     written, the write can fail, and the node cache this pass reads may not show it yet: until
     a node is seen with the taint it stays pending and the taint is ordered again (the write is
-    idempotent). A node seen tainted and now without the taint was returned by an admin; a
-    pending node absent from the cache for QUARANTINE_SETTLE_SECONDS is gone."""
+    idempotent), for QUARANTINE_RETRY_SECONDS. A node seen tainted and now without the taint was
+    returned by an admin; a pending node absent from the cache for QUARANTINE_SETTLE_SECONDS is
+    gone."""
     kept, pending = [], []
     for name in p.old.quarantined_nodes:
         node = p.nodes.get(name)
@@ -236,7 +240,8 @@ def _still_quarantined(p: Pass) -> None:
                 continue
             kept.append(name)
             pending.append(name)
-            p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
+            if cause is None or p.now - cause.time < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
+                p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
     p.new.quarantined_nodes, p.new.quarantine_pending = kept, pending
 
 

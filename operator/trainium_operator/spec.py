@@ -72,7 +72,7 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.compileCache.precompileSteps", f"needs the neuron backend, got {s.backend}")
     if not s.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
-    _check_checkpoint_uri(s.checkpoint.uri)
+    check_checkpoint_uri(s.checkpoint.uri)
     _check_env(s.env)
     _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path)
     return s
@@ -83,7 +83,8 @@ CHECKPOINT_SCHEMES = ("s3://",)
 store itself, so a run must not point it at another protocol (http://169.254.169.254/...)."""
 
 
-def _check_checkpoint_uri(uri: str) -> None:
+def check_checkpoint_uri(uri: str) -> None:
+    """Raises ConfigError unless the operator may list ``uri`` (CheckpointLister asks too, before any parse)."""
     if uri.startswith("/"):
         return
     if any(uri.startswith(s) for s in CHECKPOINT_SCHEMES):

@@ -169,7 +169,7 @@ def test_host_access_values_become_operator_flags_which_it_accepts():
     import sys
     default = one(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in default if a.startswith("--host")] == [
-        "--host-compile-cache-root=/var/tmp/neuron-compile-cache", "--host-compile-cache-scope=namespace"]
+        "--host-compile-cache-root=/var/tmp/trainium-compile-cache", "--host-compile-cache-scope=namespace"]
     dep = one(render({"hostAccess": {"compileCacheRoot": "/data/cache", "compileCacheScope": "run",
                                      "volumePrefixes": ["/mnt/datasets", "/opt/models"]}}), "Deployment")
     flags = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--host")]

@@ -20,9 +20,9 @@ def _volume(pod: dict, name: str) -> dict:
     return next(v for v in pod["spec"]["volumes"] if v["name"] == name)
 
 
-@pytest.mark.parametrize("scope, path", [("namespace", "/var/tmp/neuron-compile-cache/ns"),
-                                         ("run", "/var/tmp/neuron-compile-cache/ns/r"),
-                                         ("shared", "/var/tmp/neuron-compile-cache")])
+@pytest.mark.parametrize("scope, path", [("namespace", "/var/tmp/trainium-compile-cache/ns"),
+                                         ("run", "/var/tmp/trainium-compile-cache/ns/r"),
+                                         ("shared", "/var/tmp/trainium-compile-cache")])
 def test_the_compile_cache_lives_where_the_operator_says(scope, path):
     """The run names only where its container sees the cache; compileCache.path "/" would
     have been the node's root, now it is a mount point inside the container."""
@@ -60,6 +60,16 @@ ALLOWED = HostAccess(volume_prefixes=("/mnt/datasets",))
     (ALLOWED, _with_host_volume("/mnt/datasets-evil"), "spec.volumes[0].hostPath.path", "not under"),
     (ALLOWED, _with_host_volume("mnt/datasets/a"), "spec.volumes[0].hostPath.path", "absolute"),
     (ALLOWED, _with_host_volume("/mnt/datasets/a", read_only=False), "spec.volumeMounts[0].readOnly", "read-only"),
+    (ALLOWED, {**_with_host_volume("/mnt/datasets/a"), "volumes": [
+        {"name": "data", "hostPath": {"path": "/mnt/datasets/containerd.sock", "type": "Socket"}}]},
+     "spec.volumes[0].hostPath.type", "socket"),
+    # sources that reach storage or the node outside what the namespace owns
+    (ALLOWED, {**SPEC, "volumes": [{"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}]},
+     "spec.volumes[0].nfs", "not allowed"),
+    (ALLOWED, {**SPEC, "volumes": [{"name": "e", "awsElasticBlockStore": {"volumeID": "vol-1"}}]},
+     "spec.volumes[0].awsElasticBlockStore", "not allowed"),
+    (ALLOWED, {**SPEC, "volumes": [{"name": "g", "gitRepo": {"repository": "x"}}]}, "spec.volumes[0].gitRepo",
+     "not allowed"),
 ])
 def test_a_host_path_outside_the_allowed_prefixes_is_refused_naming_the_field(host, body, field, words):
     err = spec_in_force({**RUN, "spec": body}, TrainingRunStatus(), host)[1]
@@ -79,6 +89,28 @@ def test_paths_are_normalised_before_the_prefix_check():
     assert normalised("/mnt//datasets/./a/") == "/mnt/datasets/a"
     assert normalised("/mnt/datasets/../etc") is None and normalised("relative") is None
     for bad in (HostAccess(volume_prefixes=("/",)), HostAccess(compile_cache_root="/a/../"),
-                HostAccess(compile_cache_scope="everyone")):
+                HostAccess(compile_cache_scope="everyone"),
+                # runs write under the cache root: a prefix over or under it would follow their symlinks
+                HostAccess(volume_prefixes=("/var/tmp",)), HostAccess(volume_prefixes=("/var/tmp/trainium-compile-cache/x",))):
         with pytest.raises(ValueError):
             bad.validate()
+
+
+def test_a_started_run_whose_host_access_was_narrowed_stays_supervised():
+    """A run accepted before the operator's configuration narrowed (or before an upgrade that
+    added the check): its volumes cannot change (the API server refuses), so it goes on with
+    them, supervised, Valid=False naming the field, rather than left with no spec at all."""
+    status = TrainingRunStatus(fault_tolerance_in_force={})
+    spec, err = spec_in_force({**RUN, "spec": _with_host_volume("/mnt/datasets/a")}, status, HostAccess())
+    assert spec is not None and err is not None and err.field == "spec.volumes[0].hostPath.path"
+
+
+def test_the_checkpoint_lister_never_lists_a_uri_the_spec_check_refuses():
+    """The lister reads the raw spec before any pass parses it: a new run's first pass must not
+    make the operator fetch http://169.254.169.254/... with its own identity."""
+    from trainium_operator.checkpoints import CheckpointLister
+    calls = []
+    lister = CheckpointLister(lambda uri, layout: calls.append(uri))
+    for uri in ("http://169.254.169.254/latest/meta-data/", "gs://other/x", "relative/path", "s3::///x"):
+        assert lister.newest({**RUN, "spec": {**SPEC, "checkpoint": {"uri": uri}}}, None, []) is None
+    assert calls == []
