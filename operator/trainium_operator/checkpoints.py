@@ -13,9 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from trainium_api import checkpoints as checkpoint_store
-from trainium_api.status import TERMINAL, CheckpointRef
-
 from trainium_api.fields import ConfigError
+from trainium_api.status import TERMINAL, CheckpointRef
 
 from .spec import check_checkpoint_uri, checkpoint_layout
 
@@ -34,9 +33,10 @@ class CheckpointLister:
 
     Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
     gang is about to start (it is told where to resume, a resumed suspension included), or
-    after REPORTED_REFRESH_SECONDS when a pod reports a newer checkpoint step. A listing that fails keeps the last answer; one that has run for
-    LIST_TIMEOUT_SECONDS without answering is given up (its result is dropped), and the run's
-    store is not asked again until that call returns, so a hung store holds one worker."""
+    after REPORTED_REFRESH_SECONDS when a pod reports a newer checkpoint step. A listing that
+    fails keeps the last answer; one that has run for LIST_TIMEOUT_SECONDS without answering is
+    given up (its result is dropped), and the run's store is not asked again until that call
+    returns, so a hung store holds one worker."""
 
     LIST_WORKERS = 16
     LIST_TIMEOUT_SECONDS = 30.0

@@ -23,11 +23,11 @@ from . import metrics
 from .apihealth import ApiHealth, ApiProbe
 from .applier import ChildCache, ChildError, NotLeading, api_unreachable, apply, conflict, fence
 from .checkpoints import CheckpointLister
+from .hostaccess import HostAccess
 from .kube import Kube
 from .observe import node_view, pod_view
 from .observer import DeviceShortfalls, read_status, snapshot
 from .plan import LABEL_RUN
-from .hostaccess import HostAccess
 from .policy import DisruptionGuard, disruption, zone_health
 from .reconcile import reconcile
 

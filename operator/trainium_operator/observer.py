@@ -9,6 +9,7 @@ the error that refused it (a new run's invalid spec, or an edit of a live run).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 from dataclasses import dataclass
@@ -112,33 +113,35 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
             return None, err
 
 
-_PARSED: dict[tuple[str, HostAccess | None], TrainingRunSpec | ConfigError] = {}
-_PARSED_KEPT = 256  # a spec is a few kB; the schema allows far larger ones
-
-
 def _parsed(body, host: HostAccess | None) -> TrainingRunSpec:
-    """parse(body) and the host-access check, once per distinct spec: a run's spec rarely
-    changes, and parsing it was the largest part of a pass. The same spec object comes back for
-    the same spec (plan.rendered_config caches by it); nothing changes a parsed spec."""
+    """parse(body) and the host-access check (``host`` None: a run accepted before, see
+    spec_in_force), once per distinct spec: a run's spec rarely changes, and parsing it was the
+    largest part of a pass. The same spec object comes back for the same spec
+    (plan.rendered_config caches by it); nothing changes a parsed spec."""
     try:
-        key = (json.dumps(body, sort_keys=True), host)
-    except (TypeError, ValueError):
-        key = None
-    hit = _PARSED.get(key) if key is not None else None
-    if hit is None:
-        try:
-            hit = parse(body)
-            if host is not None:  # None: a run accepted before (spec_in_force's fallback)
-                host.check_volumes(hit.volumes, hit.volume_mounts)
-        except ConfigError as err:
-            hit = err
-        if key is not None:
-            if len(_PARSED) >= _PARSED_KEPT:
-                _PARSED.clear()
-            _PARSED[key] = hit
+        text = json.dumps(body)  # in its own key order: the parser names the first bad field in that order
+    except (TypeError, ValueError):  # not JSON (never from the API server): parsed uncached
+        hit = _checked(body, host)
+    else:
+        hit = _parsed_text(text, host)
     if isinstance(hit, ConfigError):
         raise ConfigError(hit.field, hit.message)  # a fresh one: a raised exception keeps its traceback
     return hit
+
+
+@functools.lru_cache(maxsize=256)  # a spec is a few kB; the schema allows far larger ones
+def _parsed_text(text: str, host: HostAccess | None) -> TrainingRunSpec | ConfigError:
+    return _checked(json.loads(text), host)
+
+
+def _checked(body, host: HostAccess | None) -> TrainingRunSpec | ConfigError:
+    try:
+        spec = parse(body)
+        if host is not None:
+            host.check_volumes(spec.volumes, spec.volume_mounts)
+        return spec
+    except ConfigError as err:
+        return err
 
 
 class DeviceShortfalls:

@@ -288,8 +288,7 @@ def _finished(p: Pass) -> None:
 def _suspend(p: Pass) -> None:
     """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
     goodput's wall time. A failure whose restart the suspension interrupts ends here."""
-    was = p.old.suspension
-    _stop(p, p.current, was.since if p.old.phase == "Suspended" and was and was.since is not None else p.now)
+    _stop(p, p.current, _suspended_since(p))
     if p.current:  # the stopping gang finishes its step (and a checkpoint) before it exits
         _track_progress(p, gang_state(p.current))
     if p.old.phase != "Suspended":
@@ -314,8 +313,7 @@ def _resume(p: Pass) -> None:
     elif p.current:
         # the suspended gang is still there (an operator stopped before its deletes landed, or
         # a pod on a lost node): finish stopping it before the next attempt
-        was = p.old.suspension
-        _stop(p, p.current, was.since if was and was.since is not None else p.now)
+        _stop(p, p.current, _suspended_since(p))
     elif not p.pods:
         was = p.old.suspension or Suspension()
         paused = p.now - was.since if was.since is not None else 0.0
@@ -363,6 +361,12 @@ def _teardown(p: Pass) -> None:
     quarantined = p.new.quarantined_nodes
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
         f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
+
+
+def _suspended_since(p: Pass) -> float:
+    """When the run's suspension began (now, in the pass that suspends it)."""
+    was = p.old.suspension
+    return was.since if p.old.phase == "Suspended" and was and was.since is not None else p.now
 
 
 def _stop(p: Pass, pods: list[PodView], since: float) -> None:

@@ -78,21 +78,16 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     return s
 
 
-CHECKPOINT_SCHEMES = ("s3://",)
-"""Besides an absolute path (a file system the pods mount): the operator lists the checkpoint
-store itself, so a run must not point it at another protocol (http://169.254.169.254/...)."""
+S3_URI = re.compile(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?")
 
 
 def check_checkpoint_uri(uri: str) -> None:
-    """Raises ConfigError unless the operator may list ``uri`` (CheckpointLister asks too, before any parse)."""
-    if uri.startswith("/"):
-        return
-    if any(uri.startswith(s) for s in CHECKPOINT_SCHEMES):
-        if not re.fullmatch(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?", uri):
-            raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET[/PREFIX], got {uri!r}")
-        return
-    raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET/PREFIX or an absolute path (a file system the pods "
-                                             f"mount), got {uri!r}")
+    """Raises ConfigError unless ``uri`` is s3://BUCKET[/PREFIX] or an absolute path: the operator
+    lists the checkpoint store itself (CheckpointLister asks too, before any parse), so a run must
+    not point it at another protocol (http://169.254.169.254/...)."""
+    if not (uri.startswith("/") or S3_URI.fullmatch(uri)):
+        raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET[/PREFIX] or an absolute path (a file system "
+                                                 f"the pods mount), got {uri!r}")
 
 
 def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:
