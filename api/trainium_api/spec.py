@@ -87,7 +87,15 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
 }
 InstanceType = Literal[tuple(INSTANCE_TYPES)]  # type: ignore[valid-type]
 
-DEFAULT_TRAINER_SA = "trainium-trainer"
+TRAINER_IDENTITY = "trainium-trainer"
+"""The operator's trainer identities are named ``trainium-trainer-<run>`` (one per run); the bare
+name is what an operator before per-run identities defaulted spec.serviceAccountName to, and is
+read as the default."""
+
+
+def trainer_identity(run_name: str) -> str:
+    """The ServiceAccount, Role and RoleBinding the operator makes for a run's trainer."""
+    return f"{TRAINER_IDENTITY}-{run_name}"
 # The pod contract's variables, volumes and mount paths (docs/architecture.md 3.2; the operator
 # sets them): spec.env and spec.volumes may not override them.
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "ATTEMPT",
@@ -596,9 +604,11 @@ class TrainingRunSpec(RunConfig):
     """Trainer backend (default: neuron on trn types, cpu otherwise)."""
     suspend: bool = False
     """Stop the gang; clearing it resumes from the newest checkpoint."""
-    service_account_name: str = DEFAULT_TRAINER_SA
-    """ServiceAccount of the trainer pods (the default is created by the operator; another needs
-    patch on its own pod for progress)."""
+    service_account_name: str | None = None
+    """ServiceAccount of the trainer pods. Default: one the operator makes for the run
+    (trainium-trainer-RUN), allowed to get and patch only the pods of the run's current attempt.
+    A ServiceAccount of your own (e.g. one with an IAM role for the checkpoint store) gets the
+    same per-run Role bound; the admission policy does not cover it."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     compile_cache: CompileCacheConfig = field(default_factory=CompileCacheConfig)
@@ -629,6 +639,17 @@ class TrainingRunSpec(RunConfig):
         if self.layout is not None:
             return self.layout.tokens_per_step
         return (self.trainer.samples_per_step * self.trainer.tokens_per_sample) or None
+
+    def trainer_service_account(self, run_name: str) -> str:
+        """The trainer pods' ServiceAccount: the run's own unless the spec names another."""
+        if self.service_account_name in (None, TRAINER_IDENTITY):
+            return trainer_identity(run_name)
+        return self.service_account_name
+
+    @property
+    def own_trainer_identity(self) -> bool:
+        """The operator makes the trainer's ServiceAccount (the spec names none of its own)."""
+        return self.service_account_name in (None, TRAINER_IDENTITY)
 
     def quarantine_limit(self) -> int:
         return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)

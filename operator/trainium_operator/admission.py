@@ -1,8 +1,9 @@
 """Trainers write only their own progress: a ValidatingAdmissionPolicy (GA in Kubernetes 1.30).
 
-The trainer identity (ServiceAccount ``trainium-trainer``) needs get+patch on pods for the
-progress annotation, and RBAC cannot say "only your own pod, only that annotation". This
-policy can: a request from a trainer identity that updates a pod is allowed only on the pod its
+A run's trainer identity (ServiceAccount ``trainium-trainer-<run>``, plan.trainer_identity_objects)
+needs get+patch on pods for the progress annotation; its Role narrows that to the pods of the
+run's current attempt (plan.trainer_role), but RBAC cannot say "only your own pod, only that
+annotation". This policy can: a request from a trainer identity that updates a pod is allowed only on the pod its
 token is bound to (``request.userInfo.extra["authentication.kubernetes.io/pod-name"]``, set by
 the API server for pod-bound tokens, which every pod's projected token is) and only if nothing
 but the progress annotation changes. So one run's trainer cannot forge another run's progress.
@@ -20,7 +21,7 @@ import sys
 import yaml
 
 from trainium_api.progress import ANNOTATION
-from trainium_api.spec import DEFAULT_TRAINER_SA
+from trainium_api.spec import TRAINER_IDENTITY
 
 from .plan import MANAGED_BY
 
@@ -53,9 +54,10 @@ def trainer_policy() -> list[dict]:
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                                                     "operations": ["UPDATE"], "resources": ["pods"]}]},
+            # every run's identity, and the bare name an operator before per-run identities used
             "matchConditions": [{"name": "trainer-identity", "expression":
-                                 "request.userInfo.username.startsWith('system:serviceaccount:') && "
-                                 f"request.userInfo.username.endsWith(':{DEFAULT_TRAINER_SA}')"}],
+                                 "request.userInfo.username.matches("
+                                 f"'^system:serviceaccount:[^:]+:{TRAINER_IDENTITY}(-[^:]+)?$')"}],
             "validations": [
                 {"expression": f"'{POD_NAME_EXTRA}' in request.userInfo.extra && "
                                f"request.userInfo.extra['{POD_NAME_EXTRA}'].exists(n, n == object.metadata.name)",

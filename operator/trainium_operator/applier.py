@@ -132,10 +132,12 @@ class ChildCache:
 
     @staticmethod
     def _key(run: tuple[str, str], obj: dict) -> tuple:
-        """A run's own children by run; the namespace's trainer RBAC and the cluster's policy
-        (one for every run) once, not once per run."""
+        """A run's own children by run; the cluster's policy (one for every run) once, not once
+        per run. The trainer Role by its rules too: a new attempt's Role is due at once."""
         owned = any(r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
-        return (*(run if owned else ("", "")), obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        rules = json.dumps(obj["rules"]) if obj["kind"] == "Role" else None
+        return (*(run if owned else ("", "")), obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"],
+                rules)
 
 
 CHILD_RECHECK_SECONDS = 30.0

@@ -37,8 +37,10 @@ class Kube:
     def ensure(self, obj: dict) -> None:
         """Create ``obj`` if missing. One that exists (409) is checked when ``obj`` has a
         controller: owned by another object (an earlier run of the same name, which the garbage
-        collector is still deleting) it is not ours, and a pass must not count it as made; a
-        ConfigMap of ours whose data differs (an allowed edit) is replaced."""
+        collector is still deleting, or someone else's) it is not ours, and a pass must not count
+        it as made. One of ours is left as it is (the run's config cannot change while it lives:
+        the CRD refuses such edits, and rewriting it would change what a live run's next restart
+        reads), except the trainer's Role, whose rules follow the attempt (plan.trainer_role)."""
         kind, ns, name = obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
         create = {"Service": self.core.create_namespaced_service, "ConfigMap": self.core.create_namespaced_config_map,
                   "Pod": self.core.create_namespaced_pod, "ServiceAccount": self.core.create_namespaced_service_account,
@@ -54,16 +56,17 @@ class Kube:
         if owner is None:
             return
         read = {"Service": self.core.read_namespaced_service, "ConfigMap": self.core.read_namespaced_config_map,
-                "Pod": self.core.read_namespaced_pod}.get(kind)
-        if read is None:
-            return
+                "Pod": self.core.read_namespaced_pod, "ServiceAccount": self.core.read_namespaced_service_account,
+                "Role": self.rbac.read_namespaced_role, "RoleBinding": self.rbac.read_namespaced_role_binding}[kind]
         found = self.core.api_client.sanitize_for_serialization(read(name, ns, **T))
-        if controller_uid(found) != owner:
-            raise NotOurs(f"{kind} {name} exists and belongs to another object (an earlier run of this name "
-                          "still being deleted?): waiting for it to go")
-        if kind == "ConfigMap" and found.get("data") != obj.get("data"):
+        found_owner = controller_uid(found)
+        if found_owner != owner:
+            raise NotOurs(f"{kind} {name} exists and belongs to another object (controlled by {found_owner or 'none'}: "
+                          "an earlier run of this name still being deleted, or someone else's): waiting for it to go")
+        if kind == "Role" and (found.get("rules") or []) != obj["rules"]:
+            # fenced by the resourceVersion read: a 409 (someone wrote it since) retries next pass
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found["metadata"]["resourceVersion"]}}
-            self.core.replace_namespaced_config_map(name, ns, body, **T)
+            self.rbac.replace_namespaced_role(name, ns, body, **T)
 
     def ensure_cluster_policy(self, obj: dict) -> None:
         """Create a cluster-scoped admission policy object if missing. Best effort: without the

@@ -60,6 +60,7 @@ class PodView:
     waiting: str = ""  # a container that has not started: the kubelet's reason and message
     progress_errors: list[str] = field(default_factory=list)  # fields of its annotation dropped
     owner: str | None = None  # the uid of the run that controls it
+    gone_by: float | None = None  # a deleting pod's deletionTimestamp: when its grace period ends
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -103,7 +104,8 @@ def pod_view(pod: dict) -> PodView:
                    exit_code=exit_code, reason=reason, message=message,
                    progress=report, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
-                   scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod))
+                   scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
+                   gone_by=_ts(meta.get("deletionTimestamp")))
 
 
 def _label_int(labels: dict, key: str) -> int:

@@ -19,7 +19,7 @@ import yaml
 from trainium_api import API_GROUP, API_VERSION, KIND
 from trainium_api.launch import PRECOMPILE_FLAG
 from trainium_api.load import to_dict
-from trainium_api.spec import CONTRACT_MOUNTS, DEFAULT_TRAINER_SA, INSTANCE_TYPES, TrainingRunSpec
+from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
 from trainium_api.status import CheckpointRef
 
 from .hostaccess import HostAccess
@@ -79,16 +79,34 @@ def service(run: dict) -> dict:
                                {"name": "metrics", "port": METRICS_PORT}]}}
 
 
-def trainer_rbac(namespace: str) -> list[dict]:
-    """The default trainer ServiceAccount and the only permission it needs: patching its own
-    pod's progress annotation (get + patch on pods in its namespace)."""
-    meta = {"name": DEFAULT_TRAINER_SA, "namespace": namespace, "labels": dict(MANAGED_BY)}
-    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta),
-             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": DEFAULT_TRAINER_SA},
-             "subjects": [{"kind": "ServiceAccount", "name": DEFAULT_TRAINER_SA, "namespace": namespace}]}]
+def trainer_identity_objects(run: dict, spec: TrainingRunSpec) -> list[dict]:
+    """The trainer's identity for the run's life: its own ServiceAccount (unless the spec names
+    one) and the RoleBinding of the run's trainer Role (trainer_role) to whichever it is. Owned by
+    the run: the garbage collector deletes them with it."""
+    name = run["metadata"]["name"]
+    meta = {"name": trainer_identity(name), "labels": {LABEL_RUN: name, **MANAGED_BY},
+            "ownerReferences": [owner_reference(run)]}
+    account = spec.trainer_service_account(name)
+    objs = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)}] if spec.own_trainer_identity else []
+    return objs + [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": trainer_identity(name)},
+                    "subjects": [{"kind": "ServiceAccount", "name": account,
+                                  "namespace": run["metadata"]["namespace"]}]}]
+
+
+def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int) -> dict:
+    """The only permission a trainer needs: get and patch of its pod (the progress annotation),
+    narrowed by resourceNames to the pods of the run's current attempt (rewritten when an
+    attempt starts), so a trainer token reaches no other run's pods and no pod of an older
+    attempt, with or without the admission policy. Before the first attempt: no rule at all (a
+    rule with no resourceNames would allow every pod)."""
+    name = run["metadata"]["name"]
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
+              "resourceNames": [pod_name(name, attempt, i) for i in range(spec.nodes)]}] if attempt else []
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": trainer_identity(name), "labels": {LABEL_RUN: name, **MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "rules": rules}
 
 
 def config_map(run: dict, spec: TrainingRunSpec) -> dict:
@@ -179,7 +197,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
                                    "values": sorted(excluded_nodes)}]}]}}
     spec_body: dict = {
         "restartPolicy": "Never", "hostname": f"{name}-{index}", "subdomain": name,
-        "serviceAccountName": spec.service_account_name,
+        "serviceAccountName": spec.trainer_service_account(name),
         "terminationGracePeriodSeconds": int(spec.fault_tolerance.teardown_grace_seconds),
         "affinity": affinity,
         "containers": [{

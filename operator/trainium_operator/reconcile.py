@@ -159,6 +159,8 @@ def reconcile(snap: Snapshot) -> Result:
     if old.phase not in TERMINAL:
         _children(p)
     _phase_step(p)(p)
+    if old.phase not in TERMINAL:  # after the step: the attempt it may have started is the one allowed
+        p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt)))
     return Result(changed_fields(old, new), p.effects, spec, new)
 
 
@@ -240,7 +242,7 @@ def _still_quarantined(p: Pass) -> None:
                 continue
             kept.append(name)
             pending.append(name)
-            if cause is None or p.now - cause.time < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
+            if cause is not None and p.now - cause.time < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
                 p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
     p.new.quarantined_nodes, p.new.quarantine_pending = kept, pending
 
@@ -249,10 +251,11 @@ def _children(p: Pass) -> None:
     """Every pass of a live run, suspended included: the children its pods need (the headless
     Service, the ConfigMap, the trainer's ServiceAccount and RBAC, the admission policy), so a
     create that failed, or a child someone deleted, is made again. The handler's applier
-    creates what is missing; the effects come before any pod's."""
-    spec, namespace = p.spec, p.run["metadata"]["namespace"]
-    if spec.service_account_name == plan.DEFAULT_TRAINER_SA:
-        p.effects += [Ensure(o) for o in plan.trainer_rbac(namespace)]
+    creates what is missing; the effects come before any pod's. (The trainer's Role is ensured
+    after the phase step: it names the pods of the attempt that step may start.)"""
+    spec = p.spec
+    p.effects += [Ensure(o) for o in plan.trainer_identity_objects(p.run, spec)]
+    if spec.own_trainer_identity:
         p.effects += [Ensure(o) for o in admission.trainer_policy()]
     p.effects.append(Ensure(plan.service(p.run)))
     if not spec.trainer.is_command:
@@ -370,10 +373,16 @@ def _suspended_since(p: Pass) -> float:
 
 
 def _stop(p: Pass, pods: list[PodView], since: float) -> None:
-    """Delete ``pods`` gracefully, and force (grace 0) once the teardown grace has passed since
-    ``since``: a pod on a node that no longer answers never finishes a graceful delete."""
-    force = p.now - since >= p.spec.fault_tolerance.teardown_grace_seconds
-    p.effects += [DeletePod(pod.name, 0 if force else p.grace) for pod in pods if force or not pod.deleting]
+    """Delete ``pods`` gracefully, and force (grace 0) a pod whose graceful delete has run out
+    (its deletionTimestamp passed; without one, the teardown grace since ``since``): a pod on a
+    node that no longer answers never finishes a graceful delete. A pod never sent a graceful
+    delete (an operator away after the status write) gets one first: the trainer saves on it."""
+    waited = p.now - since >= p.spec.fault_tolerance.teardown_grace_seconds
+    for pod in pods:
+        if not pod.deleting:
+            p.effects.append(DeletePod(pod.name, p.grace))
+        elif (p.now >= pod.gone_by) if pod.gone_by is not None else waited:
+            p.effects.append(DeletePod(pod.name, 0))
 
 
 def _note_teardown_progress(p: Pass) -> None:

@@ -19,6 +19,26 @@ KUBE_VERSION = "1.33.13"
 ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
           "metrics.podMonitor.enabled": True}
 
+OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in trainium_operator (or kopf)
+    ("trainium.dev", "trainingruns", {"get", "list", "watch", "patch"}),  # kopf watch; patch: kopf's own marks
+    ("trainium.dev", "trainingruns/status", {"get", "patch"}),  # Kube.patch_status
+    ("", "pods", {"get", "list", "watch", "create", "delete", "patch"}),  # index, ensure, delete; patch: see rbac.yaml
+    # Kube.ensure: create; a name taken is read for its owner
+    ("", "services", {"get", "create"}), ("", "configmaps", {"get", "create"}),
+    # each run's trainer identity, checked for its owner like the others; the Role names the
+    # current attempt's pods, so it is rewritten (update) when an attempt starts
+    ("", "serviceaccounts", {"get", "create"}),
+    ("rbac.authorization.k8s.io", "roles", {"get", "create", "update"}),
+    ("rbac.authorization.k8s.io", "rolebindings", {"get", "create"}),
+    ("", "events", {"create"}),  # Kube.event
+]
+CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kube.quarantine reads + patches
+                 ("", "namespaces", {"list", "watch"}),  # kopf observes namespaces and CRDs
+                 ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}),
+                 # the trainer admission policy (admission.py), created where it is missing
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"create"}),
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"create"})]
+
 
 def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     assert HELM.exists(), f"{HELM} is missing: run bash tools/localcluster/build.sh (tools/test does)"

@@ -13,30 +13,13 @@ import pytest
 import yaml
 
 from tests.chart import helpers
-from tests.chart.helpers import CHART, ROOT, by_kind, helm, one, render, set_args
+from tests.chart.helpers import CHART, CLUSTER_RULES, OPERATOR_RULES, ROOT, by_kind, helm, one, render, set_args
 from tests.conftest import tiny_run_spec
 from trainium_operator import metrics, plan
 
 pytestmark = pytest.mark.chart
 
-ALL_ON = {**helpers.ALL_ON, "trainer.namespaces": ["ml"]}
-
-OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in trainium_operator (or kopf)
-    ("trainium.dev", "trainingruns", {"get", "list", "watch", "patch"}),  # kopf watch; patch: kopf's own marks
-    ("trainium.dev", "trainingruns/status", {"get", "patch"}),  # Kube.patch_status
-    ("", "pods", {"get", "list", "watch", "create", "delete", "patch"}),  # index, ensure, delete; patch: see rbac.yaml
-    # Kube.ensure: create; a name taken is read for its owner; a ConfigMap of the run's own is replaced
-    ("", "services", {"get", "create"}), ("", "configmaps", {"get", "create", "update"}),
-    ("", "serviceaccounts", {"create"}),
-    ("rbac.authorization.k8s.io", "roles", {"create"}), ("rbac.authorization.k8s.io", "rolebindings", {"create"}),
-    ("", "events", {"create"}),  # Kube.event
-]
-CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kube.quarantine reads + patches
-                 ("", "namespaces", {"list", "watch"}),  # kopf observes namespaces and CRDs
-                 ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}),
-                 # the trainer admission policy (admission.py), created where it is missing
-                 ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"create"}),
-                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"create"})]
+ALL_ON = helpers.ALL_ON
 
 
 def flatten(rules: list[dict]) -> dict[tuple[str, str], set[str]]:
@@ -98,21 +81,16 @@ def test_rbac_is_least_privilege_and_has_no_wildcards():
                                         "namespace": "trainium-system"}]
 
 
-def test_trainer_role_is_exactly_what_the_operator_creates():
-    docs = render({"trainer.namespaces": ["ml", "research"]})
-    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "trainium-trainer"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml", "research"]
-    made_by_operator = {o["kind"]: o for o in plan.trainer_rbac("ml")}
-    chart = {d["kind"]: d for d in docs if d["metadata"].get("namespace") == "ml"}
-    assert chart["Role"]["rules"] == made_by_operator["Role"]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
-    for kind in ("ServiceAccount", "Role", "RoleBinding"):
-        assert chart[kind]["metadata"]["name"] == made_by_operator[kind]["metadata"]["name"]
-    assert chart["RoleBinding"]["roleRef"] == made_by_operator["RoleBinding"]["roleRef"]
-    assert chart["RoleBinding"]["subjects"] == made_by_operator["RoleBinding"]["subjects"]
-    # The operator creates that Role on demand, which Kubernetes allows only if it holds the same rights.
+def test_the_operator_may_grant_the_per_run_trainer_role():
+    """The chart ships no trainer Role (each run gets its own, plan.trainer_role); the operator
+    creates and rewrites it, which Kubernetes allows only if the operator holds what it grants."""
+    docs = render({})
+    assert not [r for r in by_kind(docs, "Role") if "trainer" in r["metadata"]["name"]]
+    role = plan.trainer_role({"metadata": {"name": "r", "namespace": "ml", "uid": "u"}}, tiny_run_spec(), 2)
     operator_rights = flatten(one(docs, "ClusterRole", "t-trainium-operator")["rules"])
-    assert {"get", "patch"} <= operator_rights[("", "pods")]
+    for rule in role["rules"]:
+        for resource in rule["resources"]:
+            assert set(rule["verbs"]) <= operator_rights[("", resource)]
 
 
 def test_watch_namespaces_binds_namespaced_rights_only_there():

@@ -479,7 +479,7 @@ def test_a_run_created_suspended_starts_fully_when_resumed(core_api, custom, nam
     wait_running_gang(core_api, custom, namespace, "later", 1, nodes=2)
     core_api.read_namespaced_service("later", namespace)
     core_api.read_namespaced_config_map("later-config", namespace)
-    core_api.read_namespaced_service_account("trainium-trainer", namespace)
+    core_api.read_namespaced_service_account("trainium-trainer-later", namespace)
     assert status(custom, namespace, "later")["attempt"] == 1
 
 
@@ -534,7 +534,7 @@ def test_a_child_of_an_earlier_run_of_the_same_name_is_not_taken_for_ours(local_
     """A run deleted and created again under its name: the garbage collector may not have
     deleted the old run's ConfigMap yet. Against the real API server, the operator's ensure
     sees the name taken by another owner and says so (the pass waits) instead of counting the
-    old config as the new run's; a ConfigMap of its own whose data differs is replaced."""
+    old config as the new run's; a ConfigMap of its own is left as it is."""
     from trainium_operator.kube import Kube, NotOurs
     kube = Kube(local_cluster.api_client())
     owners = [core_api.create_namespaced_config_map(namespace, {"metadata": {"name": f"owner-{i}"}}).metadata.uid
@@ -550,5 +550,60 @@ def test_a_child_of_an_earlier_run_of_the_same_name_is_not_taken_for_ours(local_
     with pytest.raises(NotOurs, match="belongs to another object"):
         kube.ensure(config(1, "new: 2"))
     assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "old: 1"}
-    kube.ensure(config(0, "edited: 3"))  # ours, with other data: replaced
-    assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "edited: 3"}
+    kube.ensure(config(0, "edited: 3"))  # ours: not rewritten (a live run's next restart reads it)
+    assert core_api.read_namespaced_config_map("same-config", namespace).data == {"run.yaml": "old: 1"}
+
+
+@pytest.mark.filterwarnings("ignore:Unverified HTTPS request")  # the tokens' client, as every client here
+def test_a_trainer_token_reaches_only_its_runs_current_pods(local_cluster, core_api, custom, namespace, operator):
+    """Each run's trainer identity (the operator running, real bound tokens): the run's own
+    ServiceAccount, or one the spec names, is bound to a Role that allows get+patch of the pods
+    of the run's current attempt only, rewritten when an attempt starts. The named account is
+    not matched by the admission policy, so what it is refused here RBAC alone refuses."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from localcluster import faults
+    from tests.cluster.test_trainer_policy import _client_for
+    from trainium_api.spec import trainer_identity
+    rbac = client.RbacAuthorizationV1Api(local_cluster.api_client())
+    core_api.create_namespaced_service_account(namespace, {"metadata": {"name": "team-sa"}})
+    start_and_run(core_api, custom, namespace, "own", nodes=2)
+    body = manifest("named", nodes=2)
+    body["spec"]["serviceAccountName"] = "team-sa"
+    create(custom, namespace, body)
+    wait_running_gang(core_api, custom, namespace, "named", 1, nodes=2)
+
+    def allowed(run: str) -> set:
+        rules = rbac.read_namespaced_role(trainer_identity(run), namespace).rules or []
+        return {n for r in rules for n in r.resource_names or []}
+    own, named = gang(core_api, namespace, "own", 1), gang(core_api, namespace, "named", 1)
+    assert {p.spec.service_account_name for p in own} == {trainer_identity("own")}
+    assert {p.spec.service_account_name for p in named} == {"team-sa"}
+    assert rbac.read_namespaced_role_binding(trainer_identity("named"), namespace).subjects[0].name == "team-sa"
+    with pytest.raises(ApiException):  # a named account is the user's: the operator makes none
+        core_api.read_namespaced_service_account(trainer_identity("named"), namespace)
+    wait_until(lambda: allowed("named") == {p.metadata.name for p in named}, what="the Role names attempt 1's pods")
+
+    def token(account: str, pod) -> client.CoreV1Api:
+        return _client_for(local_cluster, core_api.create_namespaced_service_account_token(account, namespace, {
+            "spec": {"expirationSeconds": 600, "boundObjectRef": {
+                "kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}}}).status.token)
+
+    def patch(api, pod_name: str):
+        try:
+            api.patch_namespaced_pod(pod_name, namespace, {"metadata": {"annotations": {progress.ANNOTATION: "{}"}}})
+        except ApiException as exc:
+            return exc.status
+        return 200
+    named_token, own_token = token("team-sa", named[0]), token(trainer_identity("own"), own[0])
+    assert patch(named_token, named[0].metadata.name) == 200  # its own pod: allowed
+    assert patch(named_token, own[0].metadata.name) == 403  # another run's pod: RBAC refuses
+    assert patch(own_token, own[0].metadata.name) == 200
+    assert patch(own_token, named[0].metadata.name) == 403
+    # a new attempt: the Role follows it, and names no pod of the old one
+    faults.pod_fail(core_api, namespace, named[1].metadata.name, 1)
+    wait_running_gang(core_api, custom, namespace, "named", 2, nodes=2)
+    second = {p.metadata.name for p in gang(core_api, namespace, "named", 2)}
+    wait_until(lambda: allowed("named") == second, what="the Role names attempt 2's pods")
+    print(f"\ntrainer Roles: own {sorted(allowed('own'))}, named (team-sa) {sorted(allowed('named'))}")

@@ -12,20 +12,28 @@ import pytest
 
 from trainium_operator import admission, plan
 from trainium_operator.reconcile import reconcile_objects
+from trainium_operator.spec import parse
 
 # the trainer's client, like every client of the local control plane, skips TLS verification
 pytestmark = [pytest.mark.cluster, pytest.mark.filterwarnings("ignore:Unverified HTTPS request")]
 ANN = "trainium.dev/progress"
 
 
+RUN = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "generation": 1}, "status": {},
+       "spec": {"image": "i", "nodes": 2, "instanceType": "cpu", "model": {"preset": "tiny"},
+                "training": {"globalBatchSize": 4, "microBatchSize": 2, "seqLen": 128},
+                "data": {"sources": [{"uri": "/d"}], "tokenizer": "/t"}, "checkpoint": {"uri": "/c"}}}
+
+
 def test_the_operator_ensures_the_policy_with_the_trainer_rbac():
-    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "generation": 1}, "status": {},
-           "spec": {"image": "i", "nodes": 1, "instanceType": "cpu", "model": {"preset": "tiny"},
-                    "training": {"globalBatchSize": 4, "microBatchSize": 4, "seqLen": 128},
-                    "data": {"sources": [{"uri": "/d"}], "tokenizer": "/t"}, "checkpoint": {"uri": "/c"}}}
-    made = [e.obj for e in reconcile_objects(run, [], {}, now=0.0).effects if e.kind == "ensure"]
+    made = [e.obj for e in reconcile_objects(RUN, [], {}, now=0.0).effects if e.kind == "ensure"]
     assert admission.trainer_policy()[0] in made and admission.trainer_policy()[1] in made
-    assert plan.trainer_rbac("ns")[1] in made
+    role = next(o for o in made if o["kind"] == "Role")
+    assert role["metadata"]["name"] == "trainium-trainer-r"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
+                              "resourceNames": ["r-a1-0", "r-a1-1"]}]  # the attempt this pass starts
+    assert {(o["kind"], o["metadata"]["name"]) for o in made if o["kind"] in ("ServiceAccount", "RoleBinding")} == {
+        ("ServiceAccount", "trainium-trainer-r"), ("RoleBinding", "trainium-trainer-r")}
 
 
 def _client_for(local_cluster, token: str):
@@ -48,19 +56,24 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
         except ApiException as exc:
             assert exc.status == 409
     rbac = client.RbacAuthorizationV1Api(local_cluster.api_client())
-    for obj in plan.trainer_rbac(namespace):
+    run = {**RUN, "metadata": {**RUN["metadata"], "namespace": namespace}}
+    spec = parse(run["spec"])
+    account = spec.trainer_service_account("r")
+    for obj in [*plan.trainer_identity_objects(run, spec), plan.trainer_role(run, spec, 1)]:
+        obj = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}}  # no run here
         {"ServiceAccount": lambda o: core_api.create_namespaced_service_account(namespace, o),
          "Role": lambda o: rbac.create_namespaced_role(namespace, o),
          "RoleBinding": lambda o: rbac.create_namespaced_role_binding(namespace, o)}[obj["kind"]](obj)
+    mine, neighbour = plan.pod_name("r", 1, 0), plan.pod_name("r", 1, 1)  # RBAC allows both: the policy decides
     pods = {}
-    for name in ("mine", "neighbour"):
+    for name in (mine, neighbour):
         pods[name] = core_api.create_namespaced_pod(namespace, {
             "metadata": {"name": name, "labels": {"app": "t"}},
-            "spec": {"serviceAccountName": plan.DEFAULT_TRAINER_SA, "restartPolicy": "Never",
+            "spec": {"serviceAccountName": account, "restartPolicy": "Never",
                      "containers": [{"name": "c", "image": "trainer:test"}]}})
-    token = core_api.create_namespaced_service_account_token(plan.DEFAULT_TRAINER_SA, namespace, {
-        "spec": {"expirationSeconds": 600, "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "mine",
-                                                              "uid": pods["mine"].metadata.uid}}}).status.token
+    token = core_api.create_namespaced_service_account_token(account, namespace, {
+        "spec": {"expirationSeconds": 600, "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": mine,
+                                                              "uid": pods[mine].metadata.uid}}}).status.token
     trainer = _client_for(local_cluster, token)
 
     def patch(pod: str, body: dict):
@@ -72,18 +85,18 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
 
     progress = {"metadata": {"annotations": {ANN: '{"step": 3}'}}}
     deadline = time.monotonic() + 30  # a new policy takes a moment to be enforced
-    while (err := patch("neighbour", progress)) is None and time.monotonic() < deadline:
+    while (err := patch(neighbour, progress)) is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert err is not None and err.status in (403, 422) and "only the pod its token is bound to" in err.body, err
-    assert patch("mine", progress) is None  # its own pod's progress: allowed
-    assert core_api.read_namespaced_pod("mine", namespace).metadata.annotations[ANN] == '{"step": 3}'
+    assert patch(mine, progress) is None  # its own pod's progress: allowed
+    assert core_api.read_namespaced_pod(mine, namespace).metadata.annotations[ANN] == '{"step": 3}'
     for what, body in [("another annotation", {"metadata": {"annotations": {"other": "x"}}}),
                        ("a label", {"metadata": {"labels": {"app": "forged"}}}),
                        ("the progress and a label", {"metadata": {"annotations": {ANN: "{}"}, "labels": {"x": "y"}}}),
                        ("a finalizer", {"metadata": {"finalizers": ["example.com/hold"]}})]:
-        err = patch("mine", body)
+        err = patch(mine, body)
         assert err is not None and err.status in (403, 422) and "may change only" in err.body, (what, err)
     # the operator (an admin here) is not limited by it
-    core_api.patch_namespaced_pod("neighbour", namespace, {"metadata": {"labels": {"app": "moved"}}})
+    core_api.patch_namespaced_pod(neighbour, namespace, {"metadata": {"labels": {"app": "moved"}}})
     print("\ntrainer token: own pod's progress allowed; neighbour's pod, other annotations, labels and "
           "finalizers refused by the admission policy")

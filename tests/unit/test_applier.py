@@ -129,4 +129,11 @@ def test_children_are_asked_for_at_most_every_recheck_interval_and_shared_ones_o
     kube.calls.clear()
     apply(kube, other, reconcile_objects(other, [], {}, now=1.0), children)
     asked = {k for k, _ in kube.calls} - {"status", "Pod", "event"}
-    assert asked == {"Service", "ConfigMap"}  # the namespace's RBAC and the cluster's policy: once for both runs
+    # each run's own children, its trainer identity included; the cluster's policy once for both runs
+    assert asked == {"Service", "ConfigMap", "ServiceAccount", "RoleBinding", "Role"}
+    # a new attempt's trainer Role (it names other pods) is due at once; the same one is not
+    role = next(e.obj for e in result.effects if e.kind == "ensure" and e.obj["kind"] == "Role")
+    newer = {**role, "rules": [{**role["rules"][0], "resourceNames": ["r-a2-0"]}]}
+    target = {**role, "metadata": {**role["metadata"], "namespace": "ns"}}
+    assert not children.due(("ns", "r"), target)
+    assert children.due(("ns", "r"), {**newer, "metadata": target["metadata"]})

@@ -394,3 +394,21 @@ def test_a_progress_time_from_the_future_is_dropped_and_named():
     assert r.after.step == 91 and r.after.last_progress_time == 99.0 and r.after.step_seconds == 1.0
     cond = next(c for c in r.after.conditions if c.type == "ProgressValid")
     assert cond.status == "False" and "time" in cond.message
+
+
+def test_a_pod_never_sent_sigterm_is_stopped_gracefully_however_late():
+    """The suspension was written but its deletes never landed (the operator away longer than
+    the grace): the pods still get a graceful delete first (the trainer saves on SIGTERM), and
+    are forced only once their own grace period has run out (their deletionTimestamp)."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Suspended", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0,
+              "suspension": {"since": 100.0}, "current": {"gangRunningTime": 5.0}}
+    for spec in ({"suspend": True}, {}):  # still suspended, or resumed meanwhile
+        left = _reporting(1, 90, 99.0)
+        r = reconcile_objects(_run(status, **spec), left, nodes, now=160.0)
+        assert {(e.name, e.grace) for e in r.effects if e.kind == "delete_pod"} == {(f"r-a1-{i}", 30) for i in range(4)}
+        going = [replace(x, deleting=True, gone_by=190.0) for x in left]
+        assert not [e for e in reconcile_objects(_run(status, **spec), going, nodes, now=170.0).effects
+                    if e.kind == "delete_pod"]
+        r = reconcile_objects(_run(status, **spec), going, nodes, now=191.0)
+        assert {(e.name, e.grace) for e in r.effects if e.kind == "delete_pod"} == {(f"r-a1-{i}", 0) for i in range(4)}

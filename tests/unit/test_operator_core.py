@@ -68,6 +68,26 @@ def test_plan_follows_the_pod_contract():
     assert cfg["checkpoint"]["resume"] == "auto" and cfg["parallelism"]["tensor"] == 8
 
 
+def test_the_trainer_identity_reaches_only_the_current_attempts_pods():
+    s = parse(SPEC)
+    assert plan.pods(RUN, s, 1, [])[0]["spec"]["serviceAccountName"] == "trainium-trainer-r"
+    role = plan.trainer_role(RUN, s, 3)
+    assert role["metadata"]["name"] == "trainium-trainer-r" and role["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
+                              "resourceNames": ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]}]
+    # before the first attempt no rule at all: a rule without resourceNames would allow every pod
+    assert plan.trainer_role(RUN, s, 0)["rules"] == []
+    made = {o["kind"]: o for o in plan.trainer_identity_objects(RUN, s)}
+    assert set(made) == {"ServiceAccount", "RoleBinding"}
+    assert made["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "trainium-trainer-r", "namespace": "ns"}]
+    # the bare name an older operator defaulted the field to means the run's own identity
+    assert parse({**SPEC, "serviceAccountName": "trainium-trainer"}).trainer_service_account("r") == "trainium-trainer-r"
+    named = parse({**SPEC, "serviceAccountName": "team"})  # the user's own: bound, not made
+    assert plan.pods(RUN, named, 1, [])[0]["spec"]["serviceAccountName"] == "team"
+    made = {o["kind"]: o for o in plan.trainer_identity_objects(RUN, named)}
+    assert set(made) == {"RoleBinding"} and made["RoleBinding"]["subjects"][0]["name"] == "team"
+
+
 def _pod(i, phase="Running", node=None, code=None, attempt=1, step=None):
     status = {"phase": phase}
     if code is not None:
