@@ -16,6 +16,13 @@ long between the begin marker and its shards, so a drill (or a test) can kill th
 the store while a save is reliably in flight. It is read once at start and is off by default.
 If a write fails (the store is down, a request errors) the tag gets no ``done``, the failure
 is logged and counted, and training goes on; the next save tries again.
+
+Fencing (trainium_api.checkpoints): under the operator every gang knows its attempt (the pod
+contract's ATTEMPT). Rank 0 raises the attempt's fence before it picks where to resume; before
+a save's begin marker, before its ``done`` and before retention it looks for a newer fence,
+and a gang that finds one (it was cut off from the control plane while a new attempt started)
+writes no marker and deletes nothing, and stops (``on_fenced``). A save that rewrites a tag
+removes its old ``done`` before anything else, so a rewrite never leaves a stale one.
 """
 
 from __future__ import annotations
@@ -89,9 +96,12 @@ def _write_torch(fs, path: str, obj) -> None:
 
 
 class Checkpointer:
-    def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None, decision_group=None):
+    def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None, decision_group=None,
+                 attempt: int | None = None, on_fenced=lambda: None):
         """``async_group``: the writer threads' gloo group. ``decision_group``: a gloo group for
-        the loop's own host-side agreement (None: the default group, when that is gloo)."""
+        the loop's own host-side agreement (None: the default group, when that is gloo).
+        ``attempt``: this gang's attempt (None: not fenced, e.g. outside the operator);
+        ``on_fenced``: called (on rank 0, from the writer) when a newer attempt's fence is seen."""
         self.cfg, self.ps = cfg, ps
         self.decision_group = decision_group
         self.fs, self.root = fsspec.core.url_to_fs(cfg.uri) if cfg.uri else (None, "")
@@ -102,6 +112,18 @@ class Checkpointer:
         self.results: list[SaveResult] = []
         self._host_cache: dict = {}
         self.fault_delay = float(os.environ.get("TRAINER_FAULT_CKPT_WRITE_DELAY", "0") or 0)
+        self.attempt, self.on_fenced = attempt, on_fenced
+        self.fenced_by: int | None = None  # the newer attempt whose fence this gang saw
+
+    def _fenced(self) -> bool:
+        """Rank 0: has a newer attempt raised its fence? (Once seen, for good.)"""
+        if self.fenced_by is None and self.attempt is not None:
+            self.fenced_by = checkpoints.newer_fence(self.cfg.uri, self.attempt)
+            if self.fenced_by is not None:
+                log.error("attempt %d has started (its fence is in %s): this gang (attempt %d) writes and "
+                          "deletes nothing more, and stops", self.fenced_by, self.cfg.uri, self.attempt)
+                self.on_fenced()
+        return self.fenced_by is not None
 
     # -- when ------------------------------------------------------------------------------
 
@@ -172,9 +194,14 @@ class Checkpointer:
         ok, error = True, ""
         try:
             if ps.rank == 0:
-                self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
-                self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
-                self.fs.pipe_file(f"{tag_dir}/{checkpoints.BEGIN}", b"")
+                if self._fenced():
+                    ok, error = False, f"fenced by attempt {self.fenced_by}"
+                else:
+                    if self.fs.exists(f"{tag_dir}/{checkpoints.DONE}"):  # a rewrite: it stops counting first
+                        self.fs.rm_file(f"{tag_dir}/{checkpoints.DONE}")
+                    self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
+                    self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
+                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.BEGIN}", json.dumps({"attempt": self.attempt}).encode())
         except Exception as exc:
             ok, error = False, f"begin marker: {exc}"
         ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
@@ -196,16 +223,19 @@ class Checkpointer:
             ok = self._barrier_ok(ok)
         if ok and ps.rank == 0:
             try:
-                meta = dict(meta, files=self._files(meta), time=time.time())
-                self.fs.pipe_file(f"{tag_dir}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
-                self.fs.pipe_file(f"{tag_dir}/{checkpoints.DONE}", b"")
+                if self._fenced():
+                    ok, error = False, f"fenced by attempt {self.fenced_by}"
+                else:
+                    meta = dict(meta, files=self._files(meta), time=time.time(), attempt=self.attempt)
+                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
+                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.DONE}", b"")
             except Exception as exc:
                 ok, error = False, f"completion marker: {exc}"
         result.ok, result.error = ok, error
         result.write_seconds = time.perf_counter() - t0
         if ok:
             log.info("checkpoint %s complete (%.2fs in background)", result.tag, result.write_seconds)
-            if ps.rank == 0 and self.cfg.keep:
+            if ps.rank == 0 and self.cfg.keep and not self._fenced():
                 deleted = ckpt_store.apply_retention(self.cfg.uri, self.cfg.keep)
                 if deleted:
                     log.info("retention removed %s", ", ".join(deleted))
@@ -218,6 +248,10 @@ class Checkpointer:
     def select_resume(self) -> checkpoints.TagInfo | None:
         """The tag to resume from per ``checkpoint.resume``; rank 0 decides for everyone."""
         choice = None
+        if self.cfg.uri and self.ps.rank == 0 and self.attempt is not None:
+            # first: from now on every older attempt's gang is fenced, and what it completes
+            # later is not resumed from (a store that cannot be written fails the start: retried)
+            checkpoints.raise_fence(self.cfg.uri, self.attempt)
         if self.cfg.uri and self.cfg.resume != "none" and self.ps.rank == 0:
             if self.cfg.resume == "auto":
                 choice = checkpoints.newest_complete(self.cfg.uri)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from trainium_api.checkpoints import DONE, TagInfo, list_tags, store_fs
+import dataclasses
+
+from trainium_api.checkpoints import DONE, TagInfo, fences, list_tags, store_fs, written_after_fence
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +47,14 @@ def delete_tag(root: str, tag: str) -> None:
 
 
 def apply_retention(root: str, keep: int) -> list[str]:
-    """Delete old tags; returns the tags deleted. Errors are logged, never raised."""
+    """Delete old tags; returns the tags deleted. Errors are logged, never raised. A tag a
+    fenced attempt completed after the fence counts as incomplete (it is never resumed from)."""
     deleted = []
     try:
-        for victim in retention_victims(list_tags(root, read_meta=False), keep):
+        fence_times = fences(root)
+        tags = [dataclasses.replace(t, complete=False) if written_after_fence(t, fence_times) else t
+                for t in list_tags(root)]
+        for victim in retention_victims(tags, keep):
             delete_tag(root, victim.tag)
             deleted.append(victim.tag)
     except Exception as exc:  # a failed purge must not kill the run

@@ -39,6 +39,15 @@ class _StopFlag:
     def _handler(self, signum, frame):
         self.requested = True
 
+    def set(self) -> None:
+        self.requested = True
+
+
+def _attempt() -> int | None:
+    """The pod contract's ATTEMPT (set by the operator): this gang's attempt, for fencing."""
+    value = os.environ.get("ATTEMPT", "")
+    return int(value) if value.isdigit() else None
+
 
 class Trainer:
     def __init__(self, cfg: RunConfig):
@@ -67,14 +76,16 @@ class Trainer:
         ckpt_group = dist.new_group(backend="gloo") if ps.is_distributed else None
         # Host tensors cannot travel on NCCL or XLA groups: time-based saves agree on gloo.
         host_group = dist.new_group(backend="gloo") if ps.is_distributed and backend != "cpu" else None
-        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group)
+        self.stop = _StopFlag()
+        # a gang fenced by a newer attempt (checkpoint.py) stops as on SIGTERM, agreed at a step
+        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group, attempt=_attempt(),
+                                 on_fenced=self.stop.set)
         self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
         self.step = 0
         self.start_step = 0  # where this process began: 0, or the checkpoint it resumed from
         self.tokens = 0
         self.last_ckpt_step: int | None = None
         self._failed_seen = 0  # failed saves already counted in the metrics
-        self.stop = _StopFlag()
         self.stop_agreed = False  # set when every rank has seen a SIGTERM (through a step's all-reduce)
         self._observed_at = time.perf_counter()
         # neuron_parallel_compile's pass (trainer.launch): graphs only, so nothing is reported or saved.
@@ -342,7 +353,9 @@ class Trainer:
                 self.save()
             if self.stop_agreed:  # every rank saw it at the same step
                 if ps.rank == 0:
-                    log.warning("SIGTERM: stopping after step %d, %s", self.step,
+                    log.warning("%s: stopping after step %d, %s",
+                                f"fenced by attempt {self.ckpt.fenced_by}" if self.ckpt.fenced_by else "SIGTERM",
+                                self.step,
                                 "saving it" if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved
                                 else "finalizing checkpoints")
                 if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved and not self.precompile_steps:

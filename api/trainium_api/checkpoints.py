@@ -8,8 +8,15 @@ this module. No torch; works on local paths and any fsspec URL (s3:// through s3
     <root>/<tag>/scheduler.pt, user_content.pt
     <root>/<tag>/meta.json         step, tokens, data position, config digest, file list
     <root>/<tag>/done              completion marker, written last
+    <root>/fence/attempt_<n>       raised by attempt n's gang before it picks where to resume
 
-A tag counts only with ``done``. The newest complete tag is the one with the highest step;
+A tag counts only with ``done``. Fencing across attempts (our trainer's layout): the gang of
+attempt n (the pod contract's ATTEMPT) raises ``fence/attempt_<n>`` first; a gang of an older
+attempt that sees a newer fence never begins a save, never writes ``done`` and never deletes
+(its saves check the fence before their begin marker, before ``done`` and before retention),
+and a tag whose ``done`` a fenced attempt wrote at or after the fence (by the store's own
+clock: both are the store's modification times) is not complete for selection. Each tag
+records the attempt that wrote it (``meta.json``'s ``attempt``). The newest complete tag is the one with the highest step;
 NxD orders by the ``done`` marker's modification time, and :func:`newest_complete` checks that
 both agree. Shard file names and retention (what only the trainer writes and deletes) are in
 trainer.ckpt_store.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 
 import fsspec
@@ -29,6 +37,8 @@ from .spec import LAYOUTS
 log = logging.getLogger(__name__)
 
 BEGIN, DONE, META = "checkpoint", "done", "meta.json"
+FENCE = "fence"
+_FENCE_NAME = re.compile(r"^attempt_(\d+)$")
 _STEP_TAG = re.compile(r"^step_(\d+)$")
 # Checkpoint layouts the operator can read (spec.trainer.checkpointLayout):
 #   trainer  ours (above): step_<n> tags; newest complete = highest step
@@ -52,6 +62,12 @@ class TagInfo:
     complete: bool
     done_mtime: float | None = None
     meta: dict = field(default_factory=dict)
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt whose gang wrote it (None: written without one, e.g. outside the operator)."""
+        value = self.meta.get("attempt")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def store_fs(root: str):
@@ -115,6 +131,45 @@ def list_tags(root: str, read_meta: bool = True, layout: str = "trainer") -> lis
     return tags
 
 
+def raise_fence(root: str, attempt: int) -> None:
+    """Attempt ``attempt``'s gang exists: every older attempt's gang is fenced from now on.
+    One object per attempt, never rewritten (no read-modify-write race between two gangs)."""
+    fs, base = store_fs(root)
+    path = f"{base}/{FENCE}/attempt_{attempt}"
+    if not fs.exists(path):
+        fs.makedirs(f"{base}/{FENCE}", exist_ok=True)
+        fs.pipe_file(path, json.dumps({"attempt": attempt, "time": time.time()}).encode())
+
+
+def fences(root: str) -> dict[int, float | None]:
+    """Attempt -> when the store wrote its fence (its modification time)."""
+    fs, base = store_fs(root)
+    fs.invalidate_cache()
+    try:
+        entries = fs.ls(f"{base}/{FENCE}", detail=True)
+    except FileNotFoundError:
+        return {}
+    out: dict[int, float | None] = {}
+    for entry in entries:
+        m = _FENCE_NAME.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
+        if m and entry.get("type") != "directory":
+            out[int(m.group(1))] = _mtime(entry)
+    return out
+
+
+def newer_fence(root: str, attempt: int) -> int | None:
+    """The newest attempt fenced above ``attempt`` (its gang must stop writing), or None."""
+    return max((a for a in fences(root) if a > attempt), default=None)
+
+
+def written_after_fence(tag: TagInfo, fence_times: dict[int, float | None]) -> bool:
+    """``tag``'s ``done`` came at or after a newer attempt's fence: its writer was fenced by
+    then, so what it holds may be torn or overtaken; it is not resumed from."""
+    if tag.attempt is None or tag.done_mtime is None:
+        return False
+    return any(a > tag.attempt and at is not None and tag.done_mtime >= at for a, at in fence_times.items())
+
+
 def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
     """The complete tag the next attempt resumes from (see LAYOUTS), or None."""
     if layout not in LAYOUTS:
@@ -127,6 +182,13 @@ def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
         return None
     if layout == "nxdt":
         return max(complete, key=lambda t: (t.step, t.done_mtime or 0.0))
+    fence_times = fences(root)
+    late = [t.tag for t in complete if written_after_fence(t, fence_times)]
+    if late:
+        log.warning("not resuming from %s: completed by a fenced attempt after the fence", ", ".join(late))
+        complete = [t for t in complete if t.tag not in late]
+        if not complete:
+            return None
     best = complete[-1]
     by_marker = max(complete, key=lambda t: t.done_mtime or 0.0)
     if by_marker.tag != best.tag:

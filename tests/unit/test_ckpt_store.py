@@ -1,5 +1,6 @@
 import json
 import os
+import time
 
 from trainer import ckpt_store
 from trainium_api import checkpoints
@@ -119,3 +120,71 @@ def test_unknown_layout_is_refused(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="unknown checkpoint layout"):
         checkpoints.newest_complete(str(tmp_path), "megatron")
+
+
+# -- fencing across attempts ------------------------------------------------------------------
+
+def _tag_of(root, step, attempt, done_at):
+    d = make_tag(root, step)
+    (d / "meta.json").write_text(json.dumps({"step": step, "attempt": attempt}))
+    os.utime(d / "done", (done_at, done_at))
+
+
+def test_a_tag_a_fenced_attempt_completed_after_the_fence_is_neither_resumed_nor_kept(tmp_path):
+    root, t0 = str(tmp_path), 1_800_000_000
+    _tag_of(tmp_path, 10, 1, t0)
+    checkpoints.raise_fence(root, 2)  # attempt 2's gang started at t0 + 5 (the store's clock)
+    fence = tmp_path / checkpoints.FENCE / "attempt_2"
+    os.utime(fence, (t0 + 5, t0 + 5))
+    checkpoints.raise_fence(root, 2)  # idempotent: the fence keeps its time
+    assert checkpoints.fences(root) == {2: t0 + 5}
+    _tag_of(tmp_path, 20, 1, t0 + 10)  # attempt 1, cut off, completed step 20 after the fence
+    assert checkpoints.newer_fence(root, 1) == 2 and checkpoints.newer_fence(root, 2) is None
+    assert checkpoints.newest_complete(root).tag == "step_10"
+    _tag_of(tmp_path, 30, 2, t0 + 20)  # attempt 2's own, complete
+    assert checkpoints.newest_complete(root).tag == "step_30"
+    # retention counts the late tag as a torn save: kept while newer than every complete one
+    # (above), deleted once older; the newest complete is never deleted
+    assert ckpt_store.apply_retention(root, keep=1) == ["step_10", "step_20"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoints.FENCE, "step_30"]
+
+
+def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(tmp_path):
+    """The trainer's writer (trainer.checkpoint.Checkpointer, one process): attempt 1 saves;
+    attempt 2 starts (raises its fence, resumes from step 10); attempt 1's next save begins
+    nothing, completes nothing, deletes nothing, and asks the loop to stop. Attempt 2 rewriting
+    a tag that has a done removes it before writing anything."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer.checkpoint import Checkpointer
+    from trainer.config import CheckpointConfig
+    ps = SimpleNamespace(rank=0, dp_rank=0, tp_rank=0, pp_rank=0, is_distributed=False)
+    root = tmp_path / "ckpt"
+    cfg = CheckpointConfig(uri=str(root), keep=1, async_save=True)
+    layout = {"tensor": 1, "pipeline": 1, "data": 1, "zero1": False}
+
+    def save(ck, step):
+        ck.save(step, {"w": torch.full((2,), float(step))}, {"state": {}}, {}, {}, {"step": step, "layout": layout})
+        ck.wait()
+        return ck.results[-1]
+    stopped = threading.Event()
+    old = Checkpointer(cfg, ps, attempt=1, on_fenced=stopped.set)
+    assert old.select_resume() is None and checkpoints.fences(str(root)).keys() == {1}
+    assert save(old, 10).ok and save(old, 20).ok  # keep=1: step_10 deleted by attempt 1's retention
+    new = Checkpointer(cfg, ps, attempt=2)
+    assert new.select_resume().tag == "step_20"
+    late = save(old, 30)
+    assert not late.ok and late.error == "fenced by attempt 2" and stopped.is_set() and old.fenced_by == 2
+    assert not (root / "step_30").exists()  # not even a begin marker
+    assert sorted(p.name for p in root.iterdir()) == [checkpoints.FENCE, "step_20"]  # nothing deleted
+    # attempt 2 rewrites step_20 (say it resumed from an older tag): done goes first
+    new.fault_delay = 1.0  # every write waits between the begin marker and the shards
+    new.save(20, {"w": torch.zeros(2)}, {"state": {}}, {}, {}, {"step": 20, "layout": layout})
+    time.sleep(0.5)
+    assert not (root / "step_20" / checkpoints.DONE).exists()  # in flight: step_20 does not count
+    assert json.loads((root / "step_20" / checkpoints.BEGIN).read_text()) == {"attempt": 2}
+    new.wait()
+    assert new.results[-1].ok and checkpoints.newest_complete(str(root)).attempt == 2

@@ -28,7 +28,10 @@ What a pod gets, as a kubelet would give it (details in podspec.py):
 - node faults: when its node is NotReady, no longer managed (the unreachable fault: a dead
   kubelet) or deleted, every process on it is SIGKILLed at once and, like a dead kubelet, the
   runner reports nothing more for those pods until the node is back (then ``Failed``, reason
-  ``NodeLost``).
+  ``NodeLost``). A partitioned node (faults.node_partition) is the opposite: its kubelet is cut
+  off from the control plane, so it hears of no deletion: a pod deleted or removed meanwhile
+  keeps running (``cut_off``) until the partition ends, when it is killed as a reconnecting
+  kubelet kills pods whose objects are gone.
 
 Threads: every process gets ``OMP_NUM_THREADS=THREADS_PER_PROCESS`` (1) unless the pod sets it.
 Ranks of several pods share this machine's cores; torch's OpenMP threads spinning against each
@@ -220,6 +223,7 @@ class Runner:
         self.objects: dict[str, dict] = {}  # latest pod object by uid
         self.waiting: dict[str, float] = {}  # uid -> next try (config errors, node not ready)
         self.nodes: dict[str, dict] = {}
+        self.cut_off: dict[str, PodRecord] = {}  # removed while their node was partitioned: still running
         self.stopping = False
         self._ip_file = self.root / "next-ip"
         self.kubelet_port = kubelet_port
@@ -269,7 +273,7 @@ class Runner:
     def shutdown(self) -> None:
         """Kill every pod's processes (Ctrl-C, tools/cluster down)."""
         self.stopping = True
-        for uid, rec in list(self.pods.items()):
+        for uid, rec in [*self.pods.items(), *self.cut_off.items()]:
             if rec.initPid and uid in self.procs:
                 self._kill(rec, timeout=5)
 
@@ -290,6 +294,10 @@ class Runner:
         ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
                       if c.get("type") == "Ready"), None)
         return ready in ("True", "Unknown") and ann.get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1]
+
+    def _partitioned(self, node: str) -> bool:
+        ann = ((self.nodes.get(node) or {}).get("metadata") or {}).get("annotations") or {}
+        return ann.get(PARTITIONED) == "true"
 
     def _on_node(self, etype: str, obj) -> None:
         if etype == "SYNC":
@@ -315,6 +323,12 @@ class Runner:
         else:
             self.nodes[name] = node
         up = self.node_up(node)
+        if not self._partitioned(name):  # reconnected (or gone): pods removed meanwhile die now
+            for uid, rec in list(self.cut_off.items()):
+                if rec.node == name and uid in self.procs:
+                    log.info("node %s reconnected: killing pod %s/%s, removed while it was cut off", name,
+                             rec.namespace, rec.name)
+                    self._kill(rec)
         if was_up and not up:
             why = "deleted" if node is None else "not ready or unreachable"
             for uid, rec in list(self.pods.items()):
@@ -378,7 +392,7 @@ class Runner:
                 return
             self._maybe_start(pod)
             return
-        if meta.get("deletionTimestamp") and not rec.deleting:
+        if meta.get("deletionTimestamp") and not rec.deleting and not self._partitioned(rec.node):
             rec.deleting = True
             if rec.initPid and rec.finished is None and not rec.lost:
                 grace = max(MIN_GRACE_SECONDS if meta.get("deletionGracePeriodSeconds") == 0 else 0,
@@ -398,6 +412,12 @@ class Runner:
         self.objects.pop(uid, None)
         self.waiting.pop(uid, None)
         rec = self.pods.pop(uid, None)
+        if rec and rec.initPid and rec.finished is None and not rec.lost and self._partitioned(rec.node):
+            log.info("pod %s/%s removed while its node %s is partitioned: it runs on until the partition ends",
+                     rec.namespace, rec.name, rec.node)
+            self.cut_off[uid] = rec
+            self._write_hosts()  # its names now belong to its successor's pod
+            return
         if rec and rec.initPid and rec.finished is None and not rec.lost:
             log.info("pod %s/%s removed while running: SIGKILL", rec.namespace, rec.name)
             self._kill(rec)
@@ -513,6 +533,15 @@ class Runner:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        for uid, rec in list(self.cut_off.items()):
+            proc = self.procs.get(uid)
+            code = proc.poll() if proc else -signal.SIGKILL
+            if code is not None:
+                self.procs.pop(uid, None)
+                rec.finished, rec.exitCode = time.time(), code if code >= 0 else 128 - code
+                rec.save()
+                del self.cut_off[uid]
+                log.info("cut-off pod %s/%s exited %d", rec.namespace, rec.name, rec.exitCode)
         for uid, proc in list(self.procs.items()):
             rec = self.pods.get(uid)
             if rec is None:
