@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(level, int):
         ap.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not host.checkpoint_prefixes:
+        logging.getLogger("trainium_operator").warning(
+            "no --checkpoint-prefix: runs may name any s3:// bucket or absolute path as checkpoint.uri, and "
+            "the operator lists it with its own identity; on a cluster shared by teams, allow each namespace "
+            "its own stores (e.g. --checkpoint-prefix 's3://BUCKET/{namespace}')")
     if level > logging.DEBUG:  # kopf logs every successful handler call at INFO: every pod change
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")

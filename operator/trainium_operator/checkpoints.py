@@ -44,8 +44,12 @@ class CheckpointLister:
     """A pod reporting a newer checkpoint step than listed makes a listing due sooner, but not
     more often than this: a trainer reporting a step the store never shows must not list every pass."""
 
-    def __init__(self, list_newest=None):
+    def __init__(self, list_newest=None, store_check=lambda uri, namespace: None):
+        """``store_check(uri, namespace)`` raises ConfigError for a store the operator's
+        configuration does not let that namespace name (HostAccess.check_checkpoint_store):
+        such a store is never listed, a run accepted before the configuration changed included."""
         self._list = list_newest or checkpoint_store.newest_complete
+        self._store_check = store_check
         self._pool = ThreadPoolExecutor(max_workers=self.LIST_WORKERS, thread_name_prefix="checkpoints")
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], dict] = {}
@@ -58,6 +62,7 @@ class CheckpointLister:
             return None  # nothing to resume: a finished run is not listed again
         try:  # the raw spec, read before the pass parses it: never list what the spec check refuses
             check_checkpoint_uri(uri)
+            self._store_check(uri, run["metadata"]["namespace"])
         except ConfigError:
             return None
         key = (run["metadata"]["namespace"], run["metadata"]["name"])

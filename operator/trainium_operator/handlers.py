@@ -46,7 +46,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     ``host``: what the runs' pods may take from their nodes."""
     registry = kopf.OperatorRegistry()
     memo = {"kube": None, "zones": (0.0, {}), "probe": None}
-    checkpoints = CheckpointLister()
+    checkpoints = CheckpointLister(store_check=host.check_checkpoint_store)
     children = ChildCache()  # which children were made sure of, and when; the last create error
     shortfalls = DeviceShortfalls()  # since when a node has missing Neuron devices
     # when the API was away: trainers could not write progress nor kubelets renew their leases

@@ -7,6 +7,11 @@ compile cache (``compileCache.path``); where that cache lives on the node is thi
 (under ``compile_cache_root``, one directory per namespace by default, so one tenant cannot
 plant compiled graphs that another loads), and ``spec.volumes`` may use a hostPath only under a
 prefix the operator allows (none by default), mounted read-only.
+
+The operator also lists each run's checkpoint store with its own identity (to tell a new gang
+where to resume and to show the newest complete checkpoint): ``checkpoint_prefixes`` says which
+stores a run may name, per namespace, so that one team's run cannot make the operator list
+another team's bucket or path.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ class HostAccess:
     volume_prefixes: tuple[str, ...] = ()
     """Node path prefixes under which spec.volumes may mount a hostPath, read-only (none by
     default). Allow only directories no tenant can write to: the kubelet follows symlinks."""
+    checkpoint_prefixes: tuple[str, ...] = ()
+    """Checkpoint stores a run may name as checkpoint.uri: s3://BUCKET[/PATH] or /PATH prefixes,
+    {namespace} standing for the run's namespace (e.g. s3://ckpt/{namespace}); the operator lists
+    them with its own identity. Empty: any s3:// bucket or absolute path (one team's cluster)."""
 
     def validate(self) -> None:
         if self.compile_cache_scope not in get_args(CacheScope):
@@ -50,6 +59,21 @@ class HostAccess:
             if root and (_under(root, norm) or _under(norm, root)):
                 raise ValueError(f"--host-volume-prefix {prefix} overlaps --host-compile-cache-root {root}: runs write "
                                  "there, and a symlink one plants would be followed by another's mount")
+
+        for prefix in self.checkpoint_prefixes:
+            if _store_path(prefix.replace("{namespace}", "ns")) is None:
+                raise ValueError(f"--checkpoint-prefix must be s3://BUCKET[/PATH] or an absolute path below /, without "
+                                 f"'..', {{namespace}} for the run's namespace; got {prefix!r}")
+
+    def check_checkpoint_store(self, uri: str, namespace: str) -> None:
+        """Refuse a checkpoint.uri outside the stores allowed for ``namespace``, naming the field."""
+        if not self.checkpoint_prefixes:
+            return
+        allowed = [p.replace("{namespace}", namespace) for p in self.checkpoint_prefixes]
+        path = _store_path(uri)
+        if path is None or not any(_under(path, _store_path(p)) for p in allowed):
+            raise ConfigError("spec.checkpoint.uri", f"{uri} is not under a checkpoint store the operator allows "
+                                                     f"in namespace {namespace} ({', '.join(allowed)})")
 
     def compile_cache_volume(self, namespace: str, run: str) -> dict:
         """The pod's compile-cache volume source: a directory of the node, or an emptyDir."""
@@ -106,6 +130,16 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
+def _store_path(uri: str) -> str | None:
+    """A checkpoint URI as one path to compare prefixes on (s3://b/k -> s3:/b/k), or None when
+    it is neither s3://BUCKET[/KEY] nor absolute, or climbs ('..')."""
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        norm = normalised(f"/{bucket}/{key}") if bucket else None
+        return f"s3:{norm}" if norm and norm != "/" else None
+    return normalised(uri)
+
+
 def normalised(path: str) -> str | None:
     """``path`` without '.', '//' or a trailing '/', or None when it is not absolute or climbs
     ('..' anywhere: refused rather than resolved, so a prefix check sees what the kubelet sees)."""
@@ -117,7 +151,8 @@ def normalised(path: str) -> str | None:
 def from_flags(args) -> HostAccess:
     return HostAccess(compile_cache_root=args.host_compile_cache_root,
                       compile_cache_scope=args.host_compile_cache_scope,
-                      volume_prefixes=tuple(args.host_volume_prefix or ()))
+                      volume_prefixes=tuple(args.host_volume_prefix or ()),
+                      checkpoint_prefixes=tuple(args.checkpoint_prefix or ()))
 
 
 def add_flags(ap) -> None:
@@ -131,3 +166,5 @@ def add_flags(ap) -> None:
                     help=f"{docs['compile_cache_scope']} (default {default.compile_cache_scope})")
     ap.add_argument("--host-volume-prefix", action="append", default=[],
                     help=docs["volume_prefixes"] + " (repeatable)")
+    ap.add_argument("--checkpoint-prefix", action="append", default=[],
+                    help=docs["checkpoint_prefixes"] + " (repeatable)")

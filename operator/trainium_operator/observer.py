@@ -100,7 +100,11 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
         bad_name = check_run_name(run["metadata"].get("name"))
         if bad_name:  # made before the CRD's rule existed: it can never get its Service
             raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
-        return _parsed(run.get("spec"), host), None
+        spec = _parsed(run.get("spec"), host)
+        # per namespace, so not in the parse cache; a run accepted before the operator's stores
+        # narrowed is supervised below, and its store no longer listed (CheckpointLister)
+        host.check_checkpoint_store(spec.run.checkpoint.uri, run["metadata"].get("namespace") or "")
+        return spec, None
     except ConfigError as err:
         if status.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
             return None, err

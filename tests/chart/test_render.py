@@ -155,11 +155,16 @@ def test_host_access_values_become_operator_flags_which_it_accepts():
                      "--host-volume-prefix=/mnt/datasets", "--host-volume-prefix=/opt/models"]
     res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "--host-volume-prefix" in res.stdout
+    assert not [a for a in default if a.startswith("--checkpoint-prefix")]  # any store, by default
+    dep = one(render({"checkpointPrefixes": ["s3://ckpt/{namespace}", "/fsx/{namespace}"]}), "Deployment")
+    assert [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--checkpoint")] == [
+        "--checkpoint-prefix=s3://ckpt/{namespace}", "--checkpoint-prefix=/fsx/{namespace}"]
 
 
 @pytest.mark.parametrize("values,words", [
     ({"hostAccess": {"compileCacheScope": "everyone"}}, "/hostAccess/compileCacheScope"),
     ({"hostAccess": {"volumePrefixes": ["relative"]}}, "/hostAccess/volumePrefixes/0"),
+    ({"checkpointPrefixes": ["gs://bucket/{namespace}"]}, "/checkpointPrefixes/0"),
     ({"logLevel": "TRACE"}, "/logLevel"),
     ({"metricsPort": 70000}, "/metricsPort"),
     ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),

@@ -31,6 +31,11 @@ def crd(local_cluster):
     return res
 
 
+# The stores this test operator lets runs name (and lists): the tests' and the examples', and one
+# per namespace under a shared bucket, as a cluster shared by teams would configure it.
+CHECKPOINT_STORES = [f"--checkpoint-prefix={p}" for p in (
+    "/tmp/trainium-operator-tests", "s3://my-checkpoints", "/fsx", "/shared/runs", "s3://team-checkpoints/{namespace}")]
+
 # A Neuron device shortfall settles this long before it is a failure (30 s by default: a device
 # plugin's restart); short here so the device-loss case stays quick, and still seen to settle.
 DEVICE_SETTLE = "--disruption-device-settle-seconds=3"
@@ -53,7 +58,7 @@ def operator(local_cluster, crd, core_api, tmp_path_factory):
     from localcluster.nodes import create_nodes
     create_nodes(core_api, 20, "trn1.32xlarge", "op-")
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = start_operator(local_cluster, log_path, DEVICE_SETTLE)
+    proc = start_operator(local_cluster, log_path, DEVICE_SETTLE, *CHECKPOINT_STORES)
     holder = {"proc": proc, "log": log_path}
     yield holder
     holder["proc"].terminate()
@@ -229,6 +234,11 @@ OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the oper
     ("a hostPath volume that climbs out", {"volumes": [{"name": "kubelet",
                                                         "hostPath": {"path": "/var/tmp/../../var/lib/kubelet"}}]},
      "spec.volumes[0].hostPath.path"),
+    # checkpoint stores are the operator's too (CHECKPOINT_STORES): another team's prefix, the
+    # operator's own file system, a climb out of the namespace's prefix
+    ("another namespace's checkpoint store", {"checkpoint": {"uri": "s3://team-checkpoints/another-team/r"}},
+     "spec.checkpoint.uri"),
+    ("the operator's own file system", {"checkpoint": {"uri": "/var/run/secrets/kubernetes.io"}}, "spec.checkpoint.uri"),
 ]
 
 
@@ -273,8 +283,10 @@ def test_invalid_specs_are_refused_naming_the_field(local_cluster, operator, cus
     print(f"\n{refused} invalid specs refused ({len(API_REJECTS) + 2} by the API server, "
           f"{len(OPERATOR_REJECTS)} by the operator)")
     assert operator["proc"].poll() is None, "the operator must survive malformed objects"
-    # ... and still runs a good one
-    create(custom, namespace, manifest("good", nodes=2, **{}) | {})
+    # ... and still runs a good one, with its checkpoints in its namespace's store
+    good = manifest("good", nodes=2)
+    good["spec"]["checkpoint"]["uri"] = f"s3://team-checkpoints/{namespace}/good"
+    create(custom, namespace, good)
     wait_until(lambda: status(custom, namespace, "good").get("phase") == "Starting", what="good run starting")
 
 

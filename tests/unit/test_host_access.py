@@ -114,3 +114,43 @@ def test_the_checkpoint_lister_never_lists_a_uri_the_spec_check_refuses():
     for uri in ("http://169.254.169.254/latest/meta-data/", "gs://other/x", "relative/path", "s3::///x"):
         assert lister.newest({**RUN, "spec": {**SPEC, "checkpoint": {"uri": uri}}}, None, []) is None
     assert calls == []
+
+
+TEAM_STORES = HostAccess(checkpoint_prefixes=("s3://ckpt/{namespace}", "/fsx/{namespace}/"))
+
+
+@pytest.mark.parametrize("uri, allowed", [
+    ("s3://ckpt/ns/r", True), ("s3://ckpt/ns", True), ("/fsx/ns/runs/r", True),
+    ("s3://ckpt/ns-other/r", False),  # a prefix is a whole path segment
+    ("s3://ckpt/other/r", False), ("s3://other-bucket/ns/r", False), ("/etc/trainium", False),
+    ("/fsx/ns/../other/r", False), ("s3://ckpt/ns/../other", False),  # climbing out is refused, not resolved
+])
+def test_a_checkpoint_store_outside_the_namespaces_prefixes_is_refused_naming_the_field(uri, allowed):
+    spec, err = spec_in_force({**RUN, "spec": {**SPEC, "checkpoint": {"uri": uri}}}, TrainingRunStatus(), TEAM_STORES)
+    if allowed:
+        assert err is None and spec is not None
+    else:
+        assert spec is None and err.field == "spec.checkpoint.uri" and "in namespace ns" in err.message, err
+    # with no prefixes configured (one team's cluster) any s3:// bucket or absolute path is taken
+    assert spec_in_force({**RUN, "spec": {**SPEC, "checkpoint": {"uri": uri}}}, TrainingRunStatus(),
+                         HostAccess())[1] is None
+
+
+def test_the_lister_never_lists_a_store_the_namespace_may_not_name():
+    """Not even for a run accepted before the operator's stores narrowed (it stays supervised)."""
+    from trainium_operator.checkpoints import CheckpointLister
+    calls = []
+    lister = CheckpointLister(lambda uri, layout: calls.append(uri), store_check=TEAM_STORES.check_checkpoint_store)
+    lister.newest({**RUN, "spec": {**SPEC, "checkpoint": {"uri": "s3://ckpt/other/r"}}}, "Running", [])
+    lister.newest({**RUN, "spec": {**SPEC, "checkpoint": {"uri": "s3://ckpt/ns/r"}}}, "Running", [])
+    lister._pool.shutdown(wait=True)  # listings run in the background: let any that started finish
+    assert calls == ["s3://ckpt/ns/r"]
+    status = TrainingRunStatus(fault_tolerance_in_force={})
+    spec, err = spec_in_force({**RUN, "spec": {**SPEC, "checkpoint": {"uri": "s3://ckpt/other/r"}}}, status, TEAM_STORES)
+    assert spec is not None and err.field == "spec.checkpoint.uri"
+
+
+@pytest.mark.parametrize("prefix", ["gs://b/{namespace}", "relative/{namespace}", "s3://", "/a/../b"])
+def test_a_checkpoint_prefix_that_is_no_store_is_refused_at_start(prefix):
+    with pytest.raises(ValueError, match="--checkpoint-prefix"):
+        HostAccess(checkpoint_prefixes=(prefix,)).validate()
