@@ -38,6 +38,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+# The node controller's grace period on the benchmark's control plane (tools/localcluster reads
+# it at import): on two busy cores kwok's heartbeats for 1,024 simulated nodes can lapse past the
+# default 20 s, the nodes go Unknown, and an operator without a disruption guard (an earlier
+# revision under --against) restarts runs. Node health is not what this benchmark measures.
+os.environ.setdefault("TRN_NODE_MONITOR_GRACE", "600s")
 
 from bench.common import stop_cleanly_on_signals, stop_process, table  # noqa: E402
 from trainium_api import progress  # noqa: E402

@@ -17,11 +17,12 @@ the store while a save is reliably in flight. It is read once at start and is of
 If a write fails (the store is down, a request errors) the tag gets no ``done``, the failure
 is logged and counted, and training goes on; the next save tries again.
 
-Fencing (trainium_api.checkpoints): under the operator every gang knows its attempt (the pod
-contract's ATTEMPT). Rank 0 raises the attempt's fence before it picks where to resume; before
-a save's begin marker, before its ``done`` and before retention it looks for a newer fence,
-and a gang that finds one (it was cut off from the control plane while a new attempt started)
-writes no marker and deletes nothing, and stops (``on_fenced``). A save that rewrites a tag
+Fencing (trainium_api.checkpoints): under the operator every gang knows its epoch (the pod
+contract's TRAINING_RUN_CREATED and ATTEMPT). Rank 0 raises the epoch's fence, with the complete
+tags it sees, before it picks where to resume; before a save's begin marker, before its ``done``
+and before retention it looks for a newer fence, and a gang that finds one (it was cut off from
+the control plane while a new attempt started) writes no marker and deletes nothing, and stops
+(``on_fenced``). A save that rewrites a tag
 removes its old ``done`` before anything else, so a rewrite never leaves a stale one.
 """
 
@@ -97,10 +98,10 @@ def _write_torch(fs, path: str, obj) -> None:
 
 class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None, decision_group=None,
-                 attempt: int | None = None, on_fenced=lambda: None):
+                 epoch: tuple[int, int] | None = None, on_fenced=lambda: None):
         """``async_group``: the writer threads' gloo group. ``decision_group``: a gloo group for
         the loop's own host-side agreement (None: the default group, when that is gloo).
-        ``attempt``: this gang's attempt (None: not fenced, e.g. outside the operator);
+        ``epoch``: this gang's (run creation, attempt) (None: not fenced, e.g. outside the operator);
         ``on_fenced``: called (on rank 0, from the writer) when a newer attempt's fence is seen."""
         self.cfg, self.ps = cfg, ps
         self.decision_group = decision_group
@@ -112,18 +113,24 @@ class Checkpointer:
         self.results: list[SaveResult] = []
         self._host_cache: dict = {}
         self.fault_delay = float(os.environ.get("TRAINER_FAULT_CKPT_WRITE_DELAY", "0") or 0)
-        self.attempt, self.on_fenced = attempt, on_fenced
-        self.fenced_by: int | None = None  # the newer attempt whose fence this gang saw
+        self.epoch, self.on_fenced = epoch, on_fenced
+        self.fenced_by: tuple[int, int] | None = None  # the newer epoch whose fence this gang saw
 
     def _fenced(self) -> bool:
-        """Rank 0: has a newer attempt raised its fence? (Once seen, for good.)"""
-        if self.fenced_by is None and self.attempt is not None:
-            self.fenced_by = checkpoints.newer_fence(self.cfg.uri, self.attempt)
+        """Rank 0: has a newer gang raised its fence? (Once seen, for good.)"""
+        if self.fenced_by is None and self.epoch is not None:
+            self.fenced_by = checkpoints.newer_fence(self.cfg.uri, self.epoch)
             if self.fenced_by is not None:
-                log.error("attempt %d has started (its fence is in %s): this gang (attempt %d) writes and "
-                          "deletes nothing more, and stops", self.fenced_by, self.cfg.uri, self.attempt)
+                log.error("%s has started (its fence is in %s): this gang (%s) writes and deletes nothing "
+                          "more, and stops", self.describe(self.fenced_by), self.cfg.uri, self.describe(self.epoch))
                 self.on_fenced()
         return self.fenced_by is not None
+
+    def describe(self, epoch: tuple[int, int]) -> str:
+        """'attempt N', or 'attempt N of a newer run' (one created again under this store)."""
+        if self.epoch is not None and epoch[0] != self.epoch[0]:
+            return f"attempt {epoch[1]} of a newer run"
+        return f"attempt {epoch[1]}"
 
     # -- when ------------------------------------------------------------------------------
 
@@ -195,13 +202,13 @@ class Checkpointer:
         try:
             if ps.rank == 0:
                 if self._fenced():
-                    ok, error = False, f"fenced by attempt {self.fenced_by}"
+                    ok, error = False, f"fenced by {self.describe(self.fenced_by)}"
                 else:
                     if self.fs.exists(f"{tag_dir}/{checkpoints.DONE}"):  # a rewrite: it stops counting first
                         self.fs.rm_file(f"{tag_dir}/{checkpoints.DONE}")
                     self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
                     self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
-                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.BEGIN}", json.dumps({"attempt": self.attempt}).encode())
+                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.BEGIN}", json.dumps({"writer": self.epoch}).encode())
         except Exception as exc:
             ok, error = False, f"begin marker: {exc}"
         ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
@@ -224,9 +231,9 @@ class Checkpointer:
         if ok and ps.rank == 0:
             try:
                 if self._fenced():
-                    ok, error = False, f"fenced by attempt {self.fenced_by}"
+                    ok, error = False, f"fenced by {self.describe(self.fenced_by)}"
                 else:
-                    meta = dict(meta, files=self._files(meta), time=time.time(), attempt=self.attempt)
+                    meta = dict(meta, files=self._files(meta), time=time.time(), writer=self.epoch)
                     self.fs.pipe_file(f"{tag_dir}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
                     self.fs.pipe_file(f"{tag_dir}/{checkpoints.DONE}", b"")
             except Exception as exc:
@@ -235,8 +242,13 @@ class Checkpointer:
         result.write_seconds = time.perf_counter() - t0
         if ok:
             log.info("checkpoint %s complete (%.2fs in background)", result.tag, result.write_seconds)
-            if ps.rank == 0 and self.cfg.keep and not self._fenced():
-                deleted = ckpt_store.apply_retention(self.cfg.uri, self.cfg.keep)
+            if ps.rank == 0 and self.cfg.keep:
+                try:
+                    fenced = self._fenced()
+                except Exception as exc:  # noqa: BLE001 - the save is complete; retention waits for the next
+                    log.warning("cannot look for a newer fence in %s (%s): retention skipped", self.cfg.uri, exc)
+                    fenced = True
+                deleted = [] if fenced else ckpt_store.apply_retention(self.cfg.uri, self.cfg.keep)
                 if deleted:
                     log.info("retention removed %s", ", ".join(deleted))
         else:
@@ -248,10 +260,12 @@ class Checkpointer:
     def select_resume(self) -> checkpoints.TagInfo | None:
         """The tag to resume from per ``checkpoint.resume``; rank 0 decides for everyone."""
         choice = None
-        if self.cfg.uri and self.ps.rank == 0 and self.attempt is not None:
-            # first: from now on every older attempt's gang is fenced, and what it completes
-            # later is not resumed from (a store that cannot be written fails the start: retried)
-            checkpoints.raise_fence(self.cfg.uri, self.attempt)
+        if self.cfg.uri and self.ps.rank == 0 and self.epoch is not None:
+            # first: from now on every older gang is fenced, and a tag it completes later (not in
+            # the list recorded here) is not resumed from (a store that cannot be written fails
+            # the start: retried)
+            checkpoints.raise_fence(self.cfg.uri, self.epoch,
+                                    [t for t in checkpoints.list_tags(self.cfg.uri) if t.complete])
         if self.cfg.uri and self.cfg.resume != "none" and self.ps.rank == 0:
             if self.cfg.resume == "auto":
                 choice = checkpoints.newest_complete(self.cfg.uri)

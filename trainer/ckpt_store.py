@@ -11,7 +11,7 @@ import logging
 
 import dataclasses
 
-from trainium_api.checkpoints import DONE, TagInfo, fences, list_tags, store_fs, written_after_fence
+from trainium_api.checkpoints import DONE, TagInfo, completed_after_fence, fences, list_tags, store_fs
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def apply_retention(root: str, keep: int) -> list[str]:
     fenced attempt completed after the fence counts as incomplete (it is never resumed from)."""
     deleted = []
     try:
-        fence_times = fences(root)
-        tags = [dataclasses.replace(t, complete=False) if written_after_fence(t, fence_times) else t
+        epochs = fences(root)
+        tags = [dataclasses.replace(t, complete=False) if completed_after_fence(root, t, epochs) else t
                 for t in list_tags(root)]
         for victim in retention_victims(tags, keep):
             delete_tag(root, victim.tag)

@@ -43,10 +43,13 @@ class _StopFlag:
         self.requested = True
 
 
-def _attempt() -> int | None:
-    """The pod contract's ATTEMPT (set by the operator): this gang's attempt, for fencing."""
-    value = os.environ.get("ATTEMPT", "")
-    return int(value) if value.isdigit() else None
+def _epoch() -> tuple[int, int] | None:
+    """This gang's (run creation, attempt), from the pod contract (TRAINING_RUN_CREATED, ATTEMPT),
+    for fencing; None outside the operator."""
+    attempt, created = os.environ.get("ATTEMPT", ""), os.environ.get("TRAINING_RUN_CREATED", "")
+    if not attempt.isdigit():
+        return None
+    return (int(created) if created.isdigit() else 0, int(attempt))
 
 
 class Trainer:
@@ -78,7 +81,7 @@ class Trainer:
         host_group = dist.new_group(backend="gloo") if ps.is_distributed and backend != "cpu" else None
         self.stop = _StopFlag()
         # a gang fenced by a newer attempt (checkpoint.py) stops as on SIGTERM, agreed at a step
-        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group, attempt=_attempt(),
+        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group, epoch=_epoch(),
                                  on_fenced=self.stop.set)
         self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
         self.step = 0
@@ -354,7 +357,8 @@ class Trainer:
             if self.stop_agreed:  # every rank saw it at the same step
                 if ps.rank == 0:
                     log.warning("%s: stopping after step %d, %s",
-                                f"fenced by attempt {self.ckpt.fenced_by}" if self.ckpt.fenced_by else "SIGTERM",
+                                f"fenced by {self.ckpt.describe(self.ckpt.fenced_by)}" if self.ckpt.fenced_by
+                                else "SIGTERM",
                                 self.step,
                                 "saving it" if cfg.checkpoint.save_on_stop and cfg.checkpoint.enabled() and not saved
                                 else "finalizing checkpoints")

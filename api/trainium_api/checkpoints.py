@@ -8,17 +8,21 @@ this module. No torch; works on local paths and any fsspec URL (s3:// through s3
     <root>/<tag>/scheduler.pt, user_content.pt
     <root>/<tag>/meta.json         step, tokens, data position, config digest, file list
     <root>/<tag>/done              completion marker, written last
-    <root>/fence/attempt_<n>       raised by attempt n's gang before it picks where to resume
+    <root>/fence/run_<c>_attempt_<n>   raised by the gang of attempt n of the run created at c
+                                       before it picks where to resume
 
-A tag counts only with ``done``. Fencing across attempts (our trainer's layout): the gang of
-attempt n (the pod contract's ATTEMPT) raises ``fence/attempt_<n>`` first; a gang of an older
-attempt that sees a newer fence never begins a save, never writes ``done`` and never deletes
-(its saves check the fence before their begin marker, before ``done`` and before retention),
-and a tag whose ``done`` a fenced attempt wrote at or after the fence (by the store's own
-clock: both are the store's modification times) is not complete for selection. Each tag
-records the attempt that wrote it (``meta.json``'s ``attempt``). The newest complete tag is the one with the highest step;
-NxD orders by the ``done`` marker's modification time, and :func:`newest_complete` checks that
-both agree. Shard file names and retention (what only the trainer writes and deletes) are in
+A tag counts only with ``done``. Fencing across attempts (our trainer's layout): a gang's epoch
+is (its run's creation time, its attempt), from the pod contract's TRAINING_RUN_CREATED and
+ATTEMPT, so a run deleted and created again under the same store supersedes every gang of the
+old one. Rank 0 of a new gang raises its fence first, recording the complete tags it sees; a
+gang that finds a newer epoch's fence never begins a save, never writes ``done`` and never
+deletes (its saves look before their begin marker, before ``done`` and before retention). Each
+tag records its writer's epoch (``meta.json``'s ``writer``); a tag an older epoch completed
+that the first newer fence does not list was completed after that fence (no clock is
+compared): it is never resumed from and counts as torn for retention.
+
+The newest complete tag is the one with the highest step; NxD orders by the ``done`` marker's
+modification time, and :func:`newest_complete` checks that both agree. Shard file names and retention (what only the trainer writes and deletes) are in
 trainer.ckpt_store.
 """
 
@@ -38,7 +42,10 @@ log = logging.getLogger(__name__)
 
 BEGIN, DONE, META = "checkpoint", "done", "meta.json"
 FENCE = "fence"
-_FENCE_NAME = re.compile(r"^attempt_(\d+)$")
+_FENCE_NAME = re.compile(r"^run_(\d+)_attempt_(\d+)$")
+Epoch = tuple[int, int]
+"""(the run's creation time, its attempt): a later run's gangs supersede every gang of an earlier
+one of the same store, and within a run a later attempt's supersede an earlier one's."""
 _STEP_TAG = re.compile(r"^step_(\d+)$")
 # Checkpoint layouts the operator can read (spec.trainer.checkpointLayout):
 #   trainer  ours (above): step_<n> tags; newest complete = highest step
@@ -64,10 +71,21 @@ class TagInfo:
     meta: dict = field(default_factory=dict)
 
     @property
+    def writer(self) -> Epoch | None:
+        """The epoch of the gang that wrote it (None: written without one, e.g. outside the
+        operator, or by an older release)."""
+        return _epoch(self.meta.get("writer"))
+
+    @property
     def attempt(self) -> int | None:
-        """The attempt whose gang wrote it (None: written without one, e.g. outside the operator)."""
-        value = self.meta.get("attempt")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return self.writer[1] if self.writer else None
+
+
+def _epoch(value) -> Epoch | None:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and \
+            all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return (value[0], value[1])
+    return None
 
 
 def store_fs(root: str):
@@ -131,43 +149,78 @@ def list_tags(root: str, read_meta: bool = True, layout: str = "trainer") -> lis
     return tags
 
 
-def raise_fence(root: str, attempt: int) -> None:
-    """Attempt ``attempt``'s gang exists: every older attempt's gang is fenced from now on.
-    One object per attempt, never rewritten (no read-modify-write race between two gangs)."""
+def raise_fence(root: str, epoch: Epoch, complete: list[TagInfo]) -> None:
+    """The gang of ``epoch`` exists: every gang of an older epoch is fenced from now on.
+    ``complete``: the complete tags this gang saw just before (listed first: a tag an older gang
+    completes between that listing and the fence counts as late, the safe side). One object per
+    epoch, never rewritten (no read-modify-write race between two gangs)."""
     fs, base = store_fs(root)
-    path = f"{base}/{FENCE}/attempt_{attempt}"
+    path = f"{base}/{FENCE}/run_{epoch[0]}_attempt_{epoch[1]}"
     if not fs.exists(path):
         fs.makedirs(f"{base}/{FENCE}", exist_ok=True)
-        fs.pipe_file(path, json.dumps({"attempt": attempt, "time": time.time()}).encode())
+        body = {"run": epoch[0], "attempt": epoch[1], "time": time.time(),
+                "complete": [[t.tag, list(t.writer) if t.writer else None] for t in complete]}
+        fs.pipe_file(path, json.dumps(body).encode())
 
 
-def fences(root: str) -> dict[int, float | None]:
-    """Attempt -> when the store wrote its fence (its modification time)."""
+def fences(root: str) -> list[Epoch]:
+    """The epochs whose fence is raised in the store."""
     fs, base = store_fs(root)
     fs.invalidate_cache()
     try:
-        entries = fs.ls(f"{base}/{FENCE}", detail=True)
+        names = fs.ls(f"{base}/{FENCE}", detail=False)
     except FileNotFoundError:
-        return {}
-    out: dict[int, float | None] = {}
-    for entry in entries:
-        m = _FENCE_NAME.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
-        if m and entry.get("type") != "directory":
-            out[int(m.group(1))] = _mtime(entry)
-    return out
+        return []
+    out = []
+    for name in names:
+        m = _FENCE_NAME.match(name.rstrip("/").rsplit("/", 1)[-1])
+        if m:
+            out.append((int(m.group(1)), int(m.group(2))))
+    return sorted(out)
 
 
-def newer_fence(root: str, attempt: int) -> int | None:
-    """The newest attempt fenced above ``attempt`` (its gang must stop writing), or None."""
-    return max((a for a in fences(root) if a > attempt), default=None)
+def newer_fence(root: str, epoch: Epoch) -> Epoch | None:
+    """The newest epoch fenced above ``epoch`` (its gang must stop writing), or None."""
+    return max((e for e in fences(root) if e > epoch), default=None)
 
 
-def written_after_fence(tag: TagInfo, fence_times: dict[int, float | None]) -> bool:
-    """``tag``'s ``done`` came at or after a newer attempt's fence: its writer was fenced by
-    then, so what it holds may be torn or overtaken; it is not resumed from."""
-    if tag.attempt is None or tag.done_mtime is None:
+_FENCE_LISTS: dict[tuple[str, Epoch], set | None] = {}  # fences are never rewritten: read once
+
+
+def _fence_list(root: str, epoch: Epoch) -> set | None:
+    """The complete tags (name, writer) the gang of ``epoch`` saw when it raised its fence;
+    None when the fence cannot be read (then it decides nothing: a garbled fence must not make
+    good checkpoints look late, which retention would delete)."""
+    key = (root, epoch)
+    if key not in _FENCE_LISTS:
+        fs, base = store_fs(root)
+        try:
+            body = json.loads(fs.cat_file(f"{base}/{FENCE}/run_{epoch[0]}_attempt_{epoch[1]}"))
+            listed = {(name, _epoch(writer)) for name, writer in body["complete"]}
+        except FileNotFoundError:
+            return None  # not there (yet): ask again next time
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("unreadable fence %s of %s: %s; it decides nothing", epoch, root, exc)
+            listed = None
+        if len(_FENCE_LISTS) > 4096:
+            _FENCE_LISTS.clear()
+        _FENCE_LISTS[key] = listed
+    return _FENCE_LISTS[key]
+
+
+def completed_after_fence(root: str, tag: TagInfo, epochs: list[Epoch]) -> bool:
+    """``tag`` was completed by a gang after a newer epoch's gang had fenced it: the first fence
+    above its writer does not list it. Such a tag may be torn or overtaken; it is not resumed
+    from. No clock is compared (the store's modification times come from clients' clocks on
+    shared file systems, and S3's have one-second resolution)."""
+    writer = tag.writer
+    if writer is None or not tag.complete:
         return False
-    return any(a > tag.attempt and at is not None and tag.done_mtime >= at for a, at in fence_times.items())
+    above = [e for e in epochs if e > writer]
+    if not above:
+        return False
+    listed = _fence_list(root, min(above))
+    return listed is not None and (tag.tag, writer) not in listed
 
 
 def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
@@ -182,10 +235,10 @@ def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
         return None
     if layout == "nxdt":
         return max(complete, key=lambda t: (t.step, t.done_mtime or 0.0))
-    fence_times = fences(root)
-    late = [t.tag for t in complete if written_after_fence(t, fence_times)]
+    epochs = fences(root)
+    late = [t.tag for t in complete if completed_after_fence(root, t, epochs)]
     if late:
-        log.warning("not resuming from %s: completed by a fenced attempt after the fence", ", ".join(late))
+        log.warning("not resuming from %s: completed by a fenced gang after the fence", ", ".join(late))
         complete = [t for t in complete if t.tag not in late]
         if not complete:
             return None

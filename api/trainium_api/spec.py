@@ -88,9 +88,10 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
 InstanceType = Literal[tuple(INSTANCE_TYPES)]  # type: ignore[valid-type]
 
 TRAINER_IDENTITY = "trainium-trainer"
-"""The operator's trainer identities are named ``trainium-trainer-<run>`` (one per run); the bare
-name is what an operator before per-run identities defaulted spec.serviceAccountName to, and is
-read as the default."""
+"""The operator's trainer identities are named ``trainium-trainer-<run>`` (one per run), a prefix
+no spec may name. The bare name is the namespace-wide identity of earlier releases, which
+defaulted spec.serviceAccountName to it: such a run keeps it (an admin may have given it an IAM
+role), with the run's Role bound to it too."""
 
 
 def trainer_identity(run_name: str) -> str:
@@ -98,7 +99,7 @@ def trainer_identity(run_name: str) -> str:
     return f"{TRAINER_IDENTITY}-{run_name}"
 # The pod contract's variables, volumes and mount paths (docs/architecture.md 3.2; the operator
 # sets them): spec.env and spec.volumes may not override them.
-CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "ATTEMPT",
+CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE")
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
@@ -642,14 +643,12 @@ class TrainingRunSpec(RunConfig):
 
     def trainer_service_account(self, run_name: str) -> str:
         """The trainer pods' ServiceAccount: the run's own unless the spec names another."""
-        if self.service_account_name in (None, TRAINER_IDENTITY):
-            return trainer_identity(run_name)
-        return self.service_account_name
+        return self.service_account_name or trainer_identity(run_name)
 
     @property
     def own_trainer_identity(self) -> bool:
         """The operator makes the trainer's ServiceAccount (the spec names none of its own)."""
-        return self.service_account_name in (None, TRAINER_IDENTITY)
+        return self.service_account_name is None
 
     def quarantine_limit(self) -> int:
         return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)

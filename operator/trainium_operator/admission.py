@@ -16,6 +16,8 @@ The operator ensures these objects where it creates the trainer's RBAC; the char
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 
 import yaml
@@ -26,6 +28,7 @@ from trainium_api.spec import TRAINER_IDENTITY
 from .plan import MANAGED_BY
 
 POLICY = "trainium-trainer-own-pod-progress"
+DIGEST = "trainium.dev/policy-digest"  # of the objects' specs: an operator replaces a policy not its own
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 CHART_COPY = "charts/trainium-operator/templates/trainer-policy.yaml"
 LABELS = {**MANAGED_BY, "app.kubernetes.io/part-of": "trainium-operator"}
@@ -74,6 +77,9 @@ def trainer_policy() -> list[dict]:
     }
     binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
                "metadata": dict(meta), "spec": {"policyName": POLICY, "validationActions": ["Deny"]}}
+    for obj in (policy, binding):
+        digest = hashlib.sha256(json.dumps(obj["spec"], sort_keys=True).encode()).hexdigest()[:16]
+        obj["metadata"] = {**obj["metadata"], "annotations": {DIGEST: digest}}
     return [policy, binding]
 
 

@@ -44,15 +44,18 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
         children.done(run, target)
 
     errors, away = [], None
-    for obj, future in [(obj, _POOL.submit(one, obj, target)) for obj, target in due]:
-        try:
-            future.result()
-        except Exception as exc:
-            if api_unreachable(exc, connection_only=True):
-                away = away or exc  # no answer at all: the API server is away (ApiHealth's to report)
-                continue
-            # anything the server answered, a 5xx included (a webhook that fails), is the run's
-            errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
+    # two waves: a RoleBinding after its Role (the API server resolves the Role to check that
+    # the operator holds what it binds: before the Role exists the binding is refused)
+    for wave in ([d for d in due if d[0]["kind"] != "RoleBinding"], [d for d in due if d[0]["kind"] == "RoleBinding"]):
+        for obj, future in [(obj, _POOL.submit(one, obj, target)) for obj, target in wave]:
+            try:
+                future.result()
+            except Exception as exc:
+                if api_unreachable(exc, connection_only=True):
+                    away = away or exc  # no answer at all: the API server is away (ApiHealth's to report)
+                    continue
+                # anything the server answered, a 5xx included (a webhook that fails), is the run's
+                errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
     if away is not None:
         raise away
     children.set_error(run, "; ".join(errors))

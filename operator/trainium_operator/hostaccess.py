@@ -16,6 +16,7 @@ another team's bucket or path.
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -44,6 +45,12 @@ class HostAccess:
     {namespace} standing for the run's namespace (e.g. s3://ckpt/{namespace}); the operator lists
     them with its own identity. Empty: any s3:// bucket or absolute path (one team's cluster)."""
 
+    trainer_account_annotations: tuple[tuple[str, str], ...] = ()
+    """Annotations of every run's own trainer ServiceAccount (KEY=VALUE, {namespace} standing for
+    the run's namespace in VALUE), e.g. eks.amazonaws.com/role-arn=arn:aws:iam::ACCOUNT:role/
+    trainer-{namespace} so that the pods reach the namespace's checkpoint store with IRSA. Set
+    when the account is made (a change reaches runs created after it)."""
+
     def validate(self) -> None:
         if self.compile_cache_scope not in get_args(CacheScope):
             raise ValueError(f"--host-compile-cache-scope must be one of {', '.join(get_args(CacheScope))}, "
@@ -65,13 +72,16 @@ class HostAccess:
                 raise ValueError(f"--checkpoint-prefix must be s3://BUCKET[/PATH] or an absolute path below /, without "
                                  f"'..', {{namespace}} for the run's namespace; got {prefix!r}")
 
+    def trainer_account_metadata(self, namespace: str) -> dict[str, str]:
+        return {key: value.replace("{namespace}", namespace) for key, value in self.trainer_account_annotations}
+
     def check_checkpoint_store(self, uri: str, namespace: str) -> None:
         """Refuse a checkpoint.uri outside the stores allowed for ``namespace``, naming the field."""
         if not self.checkpoint_prefixes:
             return
         allowed = [p.replace("{namespace}", namespace) for p in self.checkpoint_prefixes]
-        path = _store_path(uri)
-        if path is None or not any(_under(path, _store_path(p)) for p in allowed):
+        path = _resolved(_store_path(uri))
+        if path is None or not any(_under(path, _resolved(_store_path(p))) for p in allowed):
             raise ConfigError("spec.checkpoint.uri", f"{uri} is not under a checkpoint store the operator allows "
                                                      f"in namespace {namespace} ({', '.join(allowed)})")
 
@@ -135,9 +145,19 @@ def _store_path(uri: str) -> str | None:
     it is neither s3://BUCKET[/KEY] nor absolute, or climbs ('..')."""
     if uri.startswith("s3://"):
         bucket, _, key = uri[len("s3://"):].partition("/")
-        norm = normalised(f"/{bucket}/{key}") if bucket else None
-        return f"s3:{norm}" if norm and norm != "/" else None
+        parts = key.rstrip("/").split("/") if key.rstrip("/") else []
+        if not bucket or any(p in ("", ".", "..") for p in parts):
+            return None  # S3 keys are literal: 'a//b' or 'a/./b' is refused, not normalised
+        return "s3:/" + "/".join([bucket, *parts])
     return normalised(uri)
+
+
+def _resolved(path: str | None) -> str | None:
+    """A file-system store as the operator would reach it (a tenant's symlink followed); S3
+    keys as they are."""
+    if path is None or path.startswith("s3:"):
+        return path
+    return normalised(os.path.realpath(path))
 
 
 def normalised(path: str) -> str | None:
@@ -152,7 +172,15 @@ def from_flags(args) -> HostAccess:
     return HostAccess(compile_cache_root=args.host_compile_cache_root,
                       compile_cache_scope=args.host_compile_cache_scope,
                       volume_prefixes=tuple(args.host_volume_prefix or ()),
-                      checkpoint_prefixes=tuple(args.checkpoint_prefix or ()))
+                      checkpoint_prefixes=tuple(args.checkpoint_prefix or ()),
+                      trainer_account_annotations=tuple(_key_value(a) for a in args.trainer_account_annotation or ()))
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--trainer-account-annotation must be KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def add_flags(ap) -> None:
@@ -168,3 +196,5 @@ def add_flags(ap) -> None:
                     help=docs["volume_prefixes"] + " (repeatable)")
     ap.add_argument("--checkpoint-prefix", action="append", default=[],
                     help=docs["checkpoint_prefixes"] + " (repeatable)")
+    ap.add_argument("--trainer-account-annotation", action="append", default=[], metavar="KEY=VALUE",
+                    help=docs["trainer_account_annotations"] + " (repeatable)")

@@ -11,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from trainium_api import API_GROUP, API_VERSION, PLURAL
 
+from .admission import DIGEST
 from .observe import controller_uid
 from .plan import QUARANTINE_TAINT
 
@@ -69,16 +70,35 @@ class Kube:
             self.rbac.replace_namespaced_role(name, ns, body, **T)
 
     def ensure_cluster_policy(self, obj: dict) -> None:
-        """Create a cluster-scoped admission policy object if missing. Best effort: without the
-        right to create it (an older install) or on a cluster without the API (before 1.30) the
-        run still starts, with a warning; trainers are then limited by RBAC alone."""
-        create = {"ValidatingAdmissionPolicy": self.admission.create_validating_admission_policy,
-                  "ValidatingAdmissionPolicyBinding": self.admission.create_validating_admission_policy_binding}
+        """Create a cluster-scoped admission policy object if missing, and replace one whose
+        digest (admission.DIGEST) differs: a policy an earlier release made matches other
+        identities. Best effort: without the rights (an older install) or on a cluster without
+        the API (before 1.30) the run still starts, with a warning; trainers are then limited by
+        RBAC alone."""
+        kind = obj["kind"].removeprefix("ValidatingAdmissionPolicy") or "Policy"  # Policy or Binding
+        create = {"Policy": self.admission.create_validating_admission_policy,
+                  "Binding": self.admission.create_validating_admission_policy_binding}[kind]
+        read = {"Policy": self.admission.read_validating_admission_policy,
+                "Binding": self.admission.read_validating_admission_policy_binding}[kind]
+        replace = {"Policy": self.admission.replace_validating_admission_policy,
+                   "Binding": self.admission.replace_validating_admission_policy_binding}[kind]
+        name = obj["metadata"]["name"]
         try:
-            create[obj["kind"]](obj, **T)
+            try:
+                create(obj, **T)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            found = self.core.api_client.sanitize_for_serialization(read(name, **T))
+            want = obj["metadata"].get("annotations", {}).get(DIGEST)
+            if (found["metadata"].get("annotations") or {}).get(DIGEST) != want:
+                log.info("replacing %s %s: it is not this release's", obj["kind"], name)
+                replace(name, {**obj, "metadata": {**obj["metadata"],
+                                                   "resourceVersion": found["metadata"]["resourceVersion"]}}, **T)
         except ApiException as exc:
             if exc.status == 409:
-                return
+                return  # written meanwhile: the next check compares again
             if exc.status in (403, 404):
                 log.warning("cannot create %s %s (%s %s): trainers are limited by RBAC alone", obj["kind"],
                             obj["metadata"]["name"], exc.status, exc.reason)

@@ -13,6 +13,7 @@ no ConfigMap. An NxDT command is told which checkpoint to resume from (resume_ar
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import yaml
 
@@ -41,6 +42,16 @@ NEURON_ENV = {  # docs/neuron.md, "Running on EKS"
 def owner_reference(run: dict) -> dict:
     return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": run["metadata"]["name"],
             "uid": run["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _created(run: dict) -> int:
+    """The run's creation time, epoch seconds (0 when unknown): with ATTEMPT it orders the gangs
+    of one checkpoint store, a run created again under the same name and store included."""
+    stamp = run["metadata"].get("creationTimestamp")
+    try:
+        return int(datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()) if stamp else 0
+    except ValueError:
+        return 0
 
 
 def pod_name(run_name: str, attempt: int, index: int) -> str:
@@ -79,15 +90,18 @@ def service(run: dict) -> dict:
                                {"name": "metrics", "port": METRICS_PORT}]}}
 
 
-def trainer_identity_objects(run: dict, spec: TrainingRunSpec) -> list[dict]:
+def trainer_identity_objects(run: dict, spec: TrainingRunSpec, annotations: dict[str, str] | None = None) -> list[dict]:
     """The trainer's identity for the run's life: its own ServiceAccount (unless the spec names
-    one) and the RoleBinding of the run's trainer Role (trainer_role) to whichever it is. Owned by
-    the run: the garbage collector deletes them with it."""
+    one), with ``annotations`` (the operator's, e.g. an IAM role), and the RoleBinding of the
+    run's trainer Role (trainer_role) to whichever it is. Owned by the run: the garbage
+    collector deletes them with it."""
     name = run["metadata"]["name"]
     meta = {"name": trainer_identity(name), "labels": {LABEL_RUN: name, **MANAGED_BY},
             "ownerReferences": [owner_reference(run)]}
     account = spec.trainer_service_account(name)
-    objs = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)}] if spec.own_trainer_identity else []
+    objs = [{"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {**meta, **({"annotations": dict(annotations)} if annotations else {})}}] \
+        if spec.own_trainer_identity else []
     return objs + [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": trainer_identity(name)},
                     "subjects": [{"kind": "ServiceAccount", "name": account,
@@ -176,7 +190,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     master = f"{name}-0.{name}.{ns}.svc"
     env = {"MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "NNODES": str(spec.nodes),
            "NODE_RANK": str(index), "NPROC_PER_NODE": str(spec.processes_per_node), "TRAINING_RUN": name,
-           "ATTEMPT": str(attempt), "CHECKPOINT_URI": spec.run.checkpoint.uri, "RESUME": "auto",
+           "TRAINING_RUN_CREATED": str(_created(run)), "ATTEMPT": str(attempt), "CHECKPOINT_URI": spec.run.checkpoint.uri, "RESUME": "auto",
            "NEURON_COMPILE_CACHE_URL": spec.compile_cache.path}
     if itype["neuron"]:
         env.update(NEURON_ENV)

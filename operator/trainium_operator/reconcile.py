@@ -254,7 +254,8 @@ def _children(p: Pass) -> None:
     creates what is missing; the effects come before any pod's. (The trainer's Role is ensured
     after the phase step: it names the pods of the attempt that step may start.)"""
     spec = p.spec
-    p.effects += [Ensure(o) for o in plan.trainer_identity_objects(p.run, spec)]
+    p.effects += [Ensure(o) for o in plan.trainer_identity_objects(
+        p.run, spec, p.host.trainer_account_metadata(p.run["metadata"]["namespace"]))]
     if spec.own_trainer_identity:
         p.effects += [Ensure(o) for o in admission.trainer_policy()]
     p.effects.append(Ensure(plan.service(p.run)))

@@ -24,6 +24,7 @@ from trainium_api.spec import (
     GROUPS,
     INSTANCE_TYPES,
     LAYOUTS,
+    TRAINER_IDENTITY,
     TrainerConfig,
     TrainingRunSpec,
 )
@@ -73,6 +74,10 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     if not s.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
     check_checkpoint_uri(s.checkpoint.uri)
+    if (s.service_account_name or "").startswith(TRAINER_IDENTITY + "-"):
+        raise ConfigError("spec.serviceAccountName", f"{s.service_account_name}: names {TRAINER_IDENTITY}-* are the "
+                          "operator's per-run trainer identities (another run's would reach its pods); leave the "
+                          "field unset for this run's own")
     _check_env(s.env)
     _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path)
     return s

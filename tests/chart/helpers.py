@@ -35,9 +35,10 @@ OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in traini
 CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kube.quarantine reads + patches
                  ("", "namespaces", {"list", "watch"}),  # kopf observes namespaces and CRDs
                  ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}),
-                 # the trainer admission policy (admission.py), created where it is missing
-                 ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"create"}),
-                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"create"})]
+                 # the trainer admission policy (admission.py), created where it is missing and
+                 # replaced where its digest is not this release's
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"get", "create", "update"}),
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"get", "create", "update"})]
 
 
 def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

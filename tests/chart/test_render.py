@@ -159,6 +159,12 @@ def test_host_access_values_become_operator_flags_which_it_accepts():
     dep = one(render({"checkpointPrefixes": ["s3://ckpt/{namespace}", "/fsx/{namespace}"]}), "Deployment")
     assert [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--checkpoint")] == [
         "--checkpoint-prefix=s3://ckpt/{namespace}", "--checkpoint-prefix=/fsx/{namespace}"]
+    dep = one(render({"trainer": {"serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:r/t-{namespace}"}}}),
+              "Deployment")
+    flags = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--trainer")]
+    assert flags == ["--trainer-account-annotation=eks.amazonaws.com/role-arn=arn:r/t-{namespace}"]
+    res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
+    assert res.returncode == 0
 
 
 @pytest.mark.parametrize("values,words", [

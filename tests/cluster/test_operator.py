@@ -596,6 +596,9 @@ def test_a_trainer_token_reaches_only_its_runs_current_pods(local_cluster, core_
     with pytest.raises(ApiException):  # a named account is the user's: the operator makes none
         core_api.read_namespaced_service_account(trainer_identity("named"), namespace)
     wait_until(lambda: allowed("named") == {p.metadata.name for p in named}, what="the Role names attempt 1's pods")
+    # the RoleBinding is made after its Role (before it exists the API server refuses the binding)
+    refused = [e.message for e in core_api.list_namespaced_event(namespace).items if e.reason == "CreateFailed"]
+    assert not refused, refused
 
     def token(account: str, pod) -> client.CoreV1Api:
         return _client_for(local_cluster, core_api.create_namespaced_service_account_token(account, namespace, {

@@ -100,3 +100,26 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
     core_api.patch_namespaced_pod(neighbour, namespace, {"metadata": {"labels": {"app": "moved"}}})
     print("\ntrainer token: own pod's progress allowed; neighbour's pod, other annotations, labels and "
           "finalizers refused by the admission policy")
+
+
+def test_a_policy_an_earlier_release_made_is_replaced(local_cluster):
+    """An earlier release's policy matched only the namespace-wide identity: the operator
+    replaces a policy whose digest is not this release's (and leaves its own alone)."""
+    from kubernetes import client
+
+    from trainium_operator.kube import Kube
+    adm = client.AdmissionregistrationV1Api(local_cluster.api_client())
+    kube = Kube(local_cluster.api_client())
+    policy = admission.trainer_policy()[0]
+    kube.ensure_cluster_policy(policy)  # present (another test may have made it) or made now
+    old = adm.read_validating_admission_policy(admission.POLICY)
+    old.spec.match_conditions[0].expression = "request.userInfo.username.endsWith(':trainium-trainer')"
+    old.metadata.annotations = {}
+    adm.replace_validating_admission_policy(admission.POLICY, old)
+    kube.ensure_cluster_policy(policy)
+    now = adm.read_validating_admission_policy(admission.POLICY)
+    assert now.metadata.annotations[admission.DIGEST] == policy["metadata"]["annotations"][admission.DIGEST]
+    assert now.spec.match_conditions[0].expression == policy["spec"]["matchConditions"][0]["expression"]
+    version = now.metadata.resource_version
+    kube.ensure_cluster_policy(policy)  # its own: not written again
+    assert adm.read_validating_admission_policy(admission.POLICY).metadata.resource_version == version

@@ -185,41 +185,56 @@ def test_a_gang_cut_off_from_the_control_plane_is_fenced_by_the_next_attempt(e2e
     live on, training and saving, hearing of no deletion, while the operator quarantines the node
     and starts attempt 2 elsewhere. Attempt 2's rank 0 raises its fence in the checkpoint store
     before it picks where to resume; attempt 1's next save sees the fence, writes no marker,
-    deletes nothing, and its gang stops. Then: no tag keeps a ``done`` attempt 1 wrote after the
-    fence, attempt 2 resumed from a tag completed before it, and every step both gangs trained
-    has the same loss and gradient norm bitwise (attempt 1 is the uninterrupted run up to where
-    it was fenced)."""
+    deletes nothing, and its gang stops. Then: no tag was completed by attempt 1 after the fence,
+    attempt 2 resumed from a tag completed before it, and every step both gangs trained has the
+    same loss and gradient norm bitwise (attempt 1 is the uninterrupted run up to where it was
+    fenced)."""
     from localcluster import faults
     from trainium_api import checkpoints
     body = spec_for("cutoff", tiny_data, tmp_path)
     body["spec"]["nodes"] = 1
-    body["spec"]["training"] = {**body["spec"]["training"], "steps": 240}  # attempt 1 outlives the failover (about 40 s)
+    # never reached: attempt 1 must outlive the failover (about 40 s), and the test ends once
+    # attempt 2 has trained past where attempt 1 was fenced
+    body["spec"]["training"] = {**body["spec"]["training"], "steps": 2000}
     d = Drill(e2e.cluster, e2e.namespace("cut-off"), body)
     d.create()
     d.wait_step(FAULT_AT, 240)
     node = d.running_pod(0).spec.node_name
     faults.node_partition(e2e.core, node)
     d.note("partitioned")
-    st = finish(d, timeout=400)
-    assert st["restarts"] == {"node": 1} and st["quarantinedNodes"] == [node], st
 
-    records = drill.read_losses(d.losses_path)
-    old = {r["step"]: r for r in records if r.get("startStep", 0) == 0}
-    new = {r["step"]: r for r in records if r.get("startStep", 0) > 0}
+    def cut_off_log() -> str:
+        return "".join((Path(r["dir"]) / drill.podprocs.LOG).read_text(errors="replace")
+                       for r in drill.podprocs.all_records(e2e.cluster.pods_dir)
+                       if r.get("namespace") == d.ns and r["name"] == "cutoff-a1-0"
+                       and (Path(r["dir"]) / drill.podprocs.LOG).exists())
+
+    def by_attempt() -> tuple[dict, dict]:
+        records = drill.read_losses(d.losses_path)
+        return ({r["step"]: r for r in records if r.get("startStep", 0) == 0},
+                {r["step"]: r for r in records if r.get("startStep", 0) > 0})
+
+    def past_the_fence() -> bool:
+        old, new = by_attempt()
+        return bool(new) and max(new) > max(old) and "fenced by attempt 2: stopping after step" in cut_off_log()
+    d.wait(past_the_fence, 300, "attempt 2 to train past where the cut-off attempt 1 was fenced")
+    st = d.status()
+    assert st["attempt"] == 2 and st["restarts"] == {"node": 1} and st["quarantinedNodes"] == [node], st
+    old, new = by_attempt()
     resumed = min(new) - 1
-    fence_at = checkpoints.fences(d.ckpt_uri)[2]
+    epochs = checkpoints.fences(d.ckpt_uri)
+    assert [e[1] for e in epochs] == [1, 2]
     tags = [t for t in checkpoints.list_tags(d.ckpt_uri) if t.complete]
-    late = [t.tag for t in tags if t.attempt == 1 and t.done_mtime >= fence_at]
-    print(f"\ncut off: attempt 1 trained to step {max(old)}, fenced; attempt 2 resumed at step {resumed}; complete "
-          f"tags {[(t.step, t.attempt) for t in tags]}; late done markers {late}")
+    late = [t.tag for t in tags if checkpoints.completed_after_fence(d.ckpt_uri, t, epochs)]
+    print(f"\ncut off: attempt 1 trained to step {max(old)}, fenced; attempt 2 resumed at step {resumed}, now at "
+          f"{max(new)}; complete tags {[(t.step, t.attempt) for t in tags]}; late done markers {late}")
     assert not late
     resumed_tag = next(t for t in tags if t.step == resumed)  # a complete tag, and one from before the fence
-    assert resumed_tag.attempt == 1 and resumed_tag.done_mtime < fence_at
+    assert resumed_tag.attempt == 1 and resumed_tag.tag not in late
     both = sorted(set(old) & set(new))
     assert both and max(old) > resumed, (max(old), resumed)  # attempt 1 trained on past the resume point
     for step in both:
         assert (old[step]["loss"], old[step]["gradNorm"]) == (new[step]["loss"], new[step]["gradNorm"]), step
-    assert sorted(new) == list(range(resumed + 1, 241))
-    logs = [p for rec in drill.podprocs.all_records(e2e.cluster.pods_dir)
-            if rec["name"] == "cutoff-a1-0" and (p := Path(rec["dir"]) / drill.podprocs.LOG).exists()]
-    assert any("fenced by attempt 2: stopping after step" in p.read_text(errors="replace") for p in logs)
+    assert sorted(new) == list(range(resumed + 1, max(new) + 1))
+    d.custom.delete_namespaced_custom_object(drill.GROUP, drill.VERSION, d.ns, drill.PLURAL, d.name)
+    d.wait(lambda: not d.pods(), 60, "the run's pods to go with it")

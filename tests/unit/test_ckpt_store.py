@@ -124,24 +124,22 @@ def test_unknown_layout_is_refused(tmp_path):
 
 # -- fencing across attempts ------------------------------------------------------------------
 
-def _tag_of(root, step, attempt, done_at):
+def _tag_of(root, step, writer):
     d = make_tag(root, step)
-    (d / "meta.json").write_text(json.dumps({"step": step, "attempt": attempt}))
-    os.utime(d / "done", (done_at, done_at))
+    (d / "meta.json").write_text(json.dumps({"step": step, "writer": list(writer)}))
 
 
-def test_a_tag_a_fenced_attempt_completed_after_the_fence_is_neither_resumed_nor_kept(tmp_path):
-    root, t0 = str(tmp_path), 1_800_000_000
-    _tag_of(tmp_path, 10, 1, t0)
-    checkpoints.raise_fence(root, 2)  # attempt 2's gang started at t0 + 5 (the store's clock)
-    fence = tmp_path / checkpoints.FENCE / "attempt_2"
-    os.utime(fence, (t0 + 5, t0 + 5))
-    checkpoints.raise_fence(root, 2)  # idempotent: the fence keeps its time
-    assert checkpoints.fences(root) == {2: t0 + 5}
-    _tag_of(tmp_path, 20, 1, t0 + 10)  # attempt 1, cut off, completed step 20 after the fence
-    assert checkpoints.newer_fence(root, 1) == 2 and checkpoints.newer_fence(root, 2) is None
-    assert checkpoints.newest_complete(root).tag == "step_10"
-    _tag_of(tmp_path, 30, 2, t0 + 20)  # attempt 2's own, complete
+def test_a_tag_a_fenced_gang_completed_after_the_fence_is_neither_resumed_nor_kept(tmp_path):
+    root, run = str(tmp_path), 1_800_000_000
+    _tag_of(tmp_path, 10, (run, 1))
+    complete = [t for t in checkpoints.list_tags(root) if t.complete]
+    checkpoints.raise_fence(root, (run, 2), complete)  # attempt 2's gang starts: it saw step_10
+    checkpoints.raise_fence(root, (run, 2), [])  # never rewritten
+    assert checkpoints.fences(root) == [(run, 2)]
+    _tag_of(tmp_path, 20, (run, 1))  # attempt 1, cut off, completed step 20 after the fence
+    assert checkpoints.newer_fence(root, (run, 1)) == (run, 2) and checkpoints.newer_fence(root, (run, 2)) is None
+    assert checkpoints.newest_complete(root).tag == "step_10"  # whatever the files' clocks say
+    _tag_of(tmp_path, 30, (run, 2))  # attempt 2's own, complete
     assert checkpoints.newest_complete(root).tag == "step_30"
     # retention counts the late tag as a torn save: kept while newer than every complete one
     # (above), deleted once older; the newest complete is never deleted
@@ -149,9 +147,28 @@ def test_a_tag_a_fenced_attempt_completed_after_the_fence_is_neither_resumed_nor
     assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoints.FENCE, "step_30"]
 
 
+def test_a_run_created_again_on_the_same_store_fences_every_gang_of_the_old_one(tmp_path):
+    root, old_run, new_run = str(tmp_path), 1_800_000_000, 1_800_000_500
+    _tag_of(tmp_path, 10, (old_run, 7))
+    checkpoints.raise_fence(root, (old_run, 7), [])
+    checkpoints.raise_fence(root, (new_run, 1), [t for t in checkpoints.list_tags(root) if t.complete])
+    assert checkpoints.newer_fence(root, (old_run, 7)) == (new_run, 1)  # the old run's gang stops
+    assert checkpoints.newer_fence(root, (new_run, 1)) is None  # the new run's attempt 1 is not fenced by 7
+    assert checkpoints.newest_complete(root).tag == "step_10"  # and resumes from the old run's checkpoint
+
+
+def test_an_unreadable_fence_makes_no_good_checkpoint_look_late(tmp_path):
+    root = str(tmp_path)
+    _tag_of(tmp_path, 10, (1, 1))
+    (tmp_path / checkpoints.FENCE).mkdir()
+    (tmp_path / checkpoints.FENCE / "run_1_attempt_2").write_text("garbage")
+    assert checkpoints.newest_complete(root).tag == "step_10"
+    assert ckpt_store.apply_retention(root, keep=1) == []
+
+
 def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(tmp_path):
     """The trainer's writer (trainer.checkpoint.Checkpointer, one process): attempt 1 saves;
-    attempt 2 starts (raises its fence, resumes from step 10); attempt 1's next save begins
+    attempt 2 starts (raises its fence, resumes from step 20); attempt 1's next save begins
     nothing, completes nothing, deletes nothing, and asks the loop to stop. Attempt 2 rewriting
     a tag that has a done removes it before writing anything."""
     import threading
@@ -171,13 +188,13 @@ def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(t
         ck.wait()
         return ck.results[-1]
     stopped = threading.Event()
-    old = Checkpointer(cfg, ps, attempt=1, on_fenced=stopped.set)
-    assert old.select_resume() is None and checkpoints.fences(str(root)).keys() == {1}
+    old = Checkpointer(cfg, ps, epoch=(5, 1), on_fenced=stopped.set)
+    assert old.select_resume() is None and checkpoints.fences(str(root)) == [(5, 1)]
     assert save(old, 10).ok and save(old, 20).ok  # keep=1: step_10 deleted by attempt 1's retention
-    new = Checkpointer(cfg, ps, attempt=2)
+    new = Checkpointer(cfg, ps, epoch=(5, 2))
     assert new.select_resume().tag == "step_20"
     late = save(old, 30)
-    assert not late.ok and late.error == "fenced by attempt 2" and stopped.is_set() and old.fenced_by == 2
+    assert not late.ok and late.error == "fenced by attempt 2" and stopped.is_set() and old.fenced_by == (5, 2)
     assert not (root / "step_30").exists()  # not even a begin marker
     assert sorted(p.name for p in root.iterdir()) == [checkpoints.FENCE, "step_20"]  # nothing deleted
     # attempt 2 rewrites step_20 (say it resumed from an older tag): done goes first
@@ -185,6 +202,6 @@ def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(t
     new.save(20, {"w": torch.zeros(2)}, {"state": {}}, {}, {}, {"step": 20, "layout": layout})
     time.sleep(0.5)
     assert not (root / "step_20" / checkpoints.DONE).exists()  # in flight: step_20 does not count
-    assert json.loads((root / "step_20" / checkpoints.BEGIN).read_text()) == {"attempt": 2}
+    assert json.loads((root / "step_20" / checkpoints.BEGIN).read_text()) == {"writer": [5, 2]}
     new.wait()
-    assert new.results[-1].ok and checkpoints.newest_complete(str(root)).attempt == 2
+    assert new.results[-1].ok and checkpoints.newest_complete(str(root)).writer == (5, 2)

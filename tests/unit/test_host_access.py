@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_operator_core import RUN, SPEC
+from trainium_api.fields import ConfigError
 from trainium_api.status import TrainingRunStatus
 from trainium_operator import plan
 from trainium_operator.hostaccess import HostAccess, normalised
@@ -124,6 +125,7 @@ TEAM_STORES = HostAccess(checkpoint_prefixes=("s3://ckpt/{namespace}", "/fsx/{na
     ("s3://ckpt/ns-other/r", False),  # a prefix is a whole path segment
     ("s3://ckpt/other/r", False), ("s3://other-bucket/ns/r", False), ("/etc/trainium", False),
     ("/fsx/ns/../other/r", False), ("s3://ckpt/ns/../other", False),  # climbing out is refused, not resolved
+    ("s3://ckpt/ns//r", False), ("s3://ckpt/ns/./r", False),  # S3 keys are literal: not normalised either
 ])
 def test_a_checkpoint_store_outside_the_namespaces_prefixes_is_refused_naming_the_field(uri, allowed):
     spec, err = spec_in_force({**RUN, "spec": {**SPEC, "checkpoint": {"uri": uri}}}, TrainingRunStatus(), TEAM_STORES)
@@ -154,3 +156,13 @@ def test_the_lister_never_lists_a_store_the_namespace_may_not_name():
 def test_a_checkpoint_prefix_that_is_no_store_is_refused_at_start(prefix):
     with pytest.raises(ValueError, match="--checkpoint-prefix"):
         HostAccess(checkpoint_prefixes=(prefix,)).validate()
+
+
+def test_a_tenants_symlink_does_not_lead_the_operator_into_another_namespaces_store(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b" / "runs").mkdir(parents=True)
+    (tmp_path / "a" / "x").symlink_to(tmp_path / "b")
+    stores = HostAccess(checkpoint_prefixes=(f"{tmp_path}/{{namespace}}",))
+    stores.check_checkpoint_store(f"{tmp_path}/a/own-run", "a")
+    with pytest.raises(ConfigError, match="spec.checkpoint.uri"):
+        stores.check_checkpoint_store(f"{tmp_path}/a/x/runs", "a")

@@ -78,10 +78,22 @@ def test_the_trainer_identity_reaches_only_the_current_attempts_pods():
     # before the first attempt no rule at all: a rule without resourceNames would allow every pod
     assert plan.trainer_role(RUN, s, 0)["rules"] == []
     made = {o["kind"]: o for o in plan.trainer_identity_objects(RUN, s)}
-    assert set(made) == {"ServiceAccount", "RoleBinding"}
+    assert set(made) == {"ServiceAccount", "RoleBinding"} and "annotations" not in made["ServiceAccount"]["metadata"]
+    # the operator's annotations (an IAM role per namespace, say) on the run's own account
+    from trainium_operator.hostaccess import HostAccess
+    irsa = HostAccess(trainer_account_annotations=(("eks.amazonaws.com/role-arn", "arn:aws:iam::1:role/t-{namespace}"),))
+    account = plan.trainer_identity_objects(RUN, s, irsa.trainer_account_metadata("ns"))[0]
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/t-ns"}
     assert made["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "trainium-trainer-r", "namespace": "ns"}]
-    # the bare name an older operator defaulted the field to means the run's own identity
-    assert parse({**SPEC, "serviceAccountName": "trainium-trainer"}).trainer_service_account("r") == "trainium-trainer-r"
+    # a run of an earlier release (the field defaulted to the namespace-wide identity) keeps it:
+    # an admin may have given it an IAM role; the run's Role is bound to it too
+    legacy = parse({**SPEC, "serviceAccountName": "trainium-trainer"})
+    assert legacy.trainer_service_account("r") == "trainium-trainer"
+    assert [o["kind"] for o in plan.trainer_identity_objects(RUN, legacy)] == ["RoleBinding"]
+    # another run's identity is not for the taking
+    with pytest.raises(ConfigError) as err:
+        parse({**SPEC, "serviceAccountName": "trainium-trainer-other"})
+    assert err.value.field == "spec.serviceAccountName"
     named = parse({**SPEC, "serviceAccountName": "team"})  # the user's own: bound, not made
     assert plan.pods(RUN, named, 1, [])[0]["spec"]["serviceAccountName"] == "team"
     made = {o["kind"]: o for o in plan.trainer_identity_objects(RUN, named)}
