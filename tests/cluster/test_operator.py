@@ -239,6 +239,12 @@ OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the oper
     ("another namespace's checkpoint store", {"checkpoint": {"uri": "s3://team-checkpoints/another-team/r"}},
      "spec.checkpoint.uri"),
     ("the operator's own file system", {"checkpoint": {"uri": "/var/run/secrets/kubernetes.io"}}, "spec.checkpoint.uri"),
+    ("the instance metadata endpoint as a store", {"checkpoint": {"uri": "http://169.254.169.254/latest/"}},
+     "spec.checkpoint.uri"),
+    ("a volume source reaching storage the namespace does not own",
+     {"volumes": [{"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}]}, "spec.volumes[0].nfs"),
+    ("another run's trainer identity", {"serviceAccountName": "trainium-trainer-someone-else"},
+     "spec.serviceAccountName"),
 ]
 
 
