@@ -137,3 +137,32 @@ def test_children_are_asked_for_at_most_every_recheck_interval_and_shared_ones_o
     target = {**role, "metadata": {**role["metadata"], "namespace": "ns"}}
     assert not children.due(("ns", "r"), target)
     assert children.due(("ns", "r"), {**newer, "metadata": target["metadata"]})
+
+
+def test_a_pass_creating_no_pod_rechecks_children_in_the_background():
+    """Periodic re-checks of a running run's children do not hold its pass; what they find
+    (a Service someone's quota now refuses) is in the cache for the next pass's status."""
+    import threading
+    from dataclasses import replace
+
+    from trainium_operator.effects import Ensure
+    run, first = _first_pass()
+    children = ChildCache()
+    gate = threading.Event()
+
+    class SlowKube(FakeKube):
+        def ensure(self, obj):
+            gate.wait(10)  # an API server that takes its time
+            super().ensure(obj)
+    kube = SlowKube({"Service": _api(403, "exceeded quota: services")})
+    steady = replace(first, effects=[e for e in first.effects if not (isinstance(e, Ensure) and e.obj["kind"] == "Pod")])
+    apply(kube, run, steady, children)  # returns at once: no pod waits for the children
+    assert not [k for k, _ in kube.calls if k == "Service"] and children.error("ns", "r") == ""
+    apply(kube, run, steady, children)  # one re-check per run at a time
+    gate.set()
+    for _ in range(100):
+        if children.error("ns", "r"):
+            break
+        threading.Event().wait(0.05)
+    assert "exceeded quota: services" in children.error("ns", "r")
+    assert [k for k, _ in kube.calls].count("Service") == 1
