@@ -18,14 +18,15 @@ BASES = [
     {"image": "img", "nodes": 2, "instanceType": "cpu", "processesPerNode": 1, "model": {"preset": "tiny"},
      "training": {"seqLen": 128, "globalBatchSize": 8, "microBatchSize": 4, "steps": 10},
      "data": {"sources": [{"uri": "/d/a", "weight": 1}], "tokenizer": "/d/t.json"},
-     "checkpoint": {"uri": "/tmp/fuzz-ckpt", "intervalSteps": 5}},
+     "checkpoint": {"uri": "/tmp/trainium-operator-tests/fuzz-ckpt", "intervalSteps": 5}},
     {"image": "img", "nodes": 1, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
      "parallelism": {"tensor": 8, "sequenceParallel": True, "zero1": True},
      "training": {"seqLen": 4096, "globalBatchSize": 64, "microBatchSize": 1},
-     "data": {"sources": [{"uri": "s3://c/"}], "tokenizer": "s3://c/t.json"}, "checkpoint": {"uri": "/tmp/fuzz-ckpt-trn"}},
+     "data": {"sources": [{"uri": "s3://c/"}], "tokenizer": "s3://c/t.json"},
+     "checkpoint": {"uri": "/tmp/trainium-operator-tests/fuzz-ckpt-trn"}},
     {"image": "img", "nodes": 2, "instanceType": "cpu", "processesPerNode": 2,
      "trainer": {"kind": "command", "progressFormat": "nxd", "command": ["train.py", "--steps", "10"]},
-     "checkpoint": {"uri": "/tmp/fuzz-ckpt"}},
+     "checkpoint": {"uri": "/tmp/trainium-operator-tests/fuzz-ckpt"}},
 ]
 MAX_NODES = 4
 
