@@ -4,6 +4,11 @@ torchrun with the exit-code contract kept: torchrun itself exits 1 whenever a wo
 which would hide the difference between "fatal, do not retry" and "retry". This wrapper runs
 torchrun in-process and exits with FATAL if any worker exited FATAL, RETRYABLE if any exited
 RETRYABLE, TERMINATED on SIGTERM, and 1 for any other failure. The pod contract's command.
+
+When a worker fails, what the Neuron runtime printed about it (a hardware fault, a request for a
+new process, a lost peer: trainium_api.runtimefaults) goes into the container's termination
+message, at the path the operator names in TERMINATION_LOG_ENV (its pods set it to the
+container's terminationMessagePath; unset, nothing is written: we are not in such a pod).
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import subprocess
 import sys
 import time
 
-from trainium_api import exitcodes
-from trainium_api.launch import PRECOMPILE_FLAG
+from trainium_api import exitcodes, runtimefaults
+from trainium_api.launch import PRECOMPILE_FLAG, TERMINATION_LOG_ENV
+
+from .outputwatch import OutputWatch
 
 # Neuron pre-compilation: `--neuron-precompile-steps N` first runs the same command under
 # `neuron_parallel_compile`, which executes no graph but extracts every graph of N steps and
@@ -74,6 +81,32 @@ def exit_code_for(worker_codes: list[int]) -> int:
     return exitcodes.TERMINATED
 
 
+def culprit_view(finding: runtimefaults.Finding | None, worker_codes: list[int]) -> runtimefaults.Finding | None:
+    """A "lost a peer" finding is dropped when a worker of this pod was itself killed by a signal
+    (other than torchrun's SIGTERM to the survivors): the output is one stream for all local
+    ranks, so the peer lines may be its neighbours' words about it, and this pod holds the
+    culprit. Device and restart findings always stand."""
+    if finding is not None and finding.kind == "peer" and any(
+            c < 0 and c != -signal.SIGTERM for c in worker_codes):
+        return None
+    return finding
+
+
+def report_fault(finding: runtimefaults.Finding | None, path: str | None) -> None:
+    """Say what the runtime said, on stderr and (in a pod) in the termination message."""
+    if finding is None:
+        return
+    print(f"trainer.launch: the Neuron runtime reported {finding.status} ({finding.kind}): {finding.evidence}",
+          file=sys.stderr, flush=True)
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(runtimefaults.format_message(finding))
+    except OSError as exc:
+        print(f"trainer.launch: could not write the termination message to {path}: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -86,15 +119,20 @@ def main(argv: list[str] | None = None) -> int:
         if code != exitcodes.OK:
             return code
     args = parse_args(argv)
+    watch = OutputWatch().start()
     try:
         run(args)
     except ChildFailedError as exc:
+        finding = watch.stop()
         codes = [f.exitcode for f in exc.failures.values()]
         code = exit_code_for(codes)
         print(f"trainer.launch: workers exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
+        report_fault(culprit_view(finding, codes), os.environ.get(TERMINATION_LOG_ENV))
         return code
     except SignalException:
         return exitcodes.TERMINATED
+    finally:
+        watch.stop()
     return exitcodes.OK
 
 

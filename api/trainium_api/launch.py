@@ -7,3 +7,7 @@ sides read one spelling without the operator importing the trainer.
 # `--neuron-precompile-steps N` (spec.compileCache.precompileSteps): trainer.launch first runs the
 # same command under neuron_parallel_compile for N steps, then the real run.
 PRECOMPILE_FLAG = "--neuron-precompile-steps"
+
+# Where trainer.launch writes what the Neuron runtime said when a worker failed: the operator
+# sets this variable to the container's terminationMessagePath (trainium_api.runtimefaults).
+TERMINATION_LOG_ENV = "TRAINER_TERMINATION_LOG"

@@ -33,6 +33,7 @@ from .fields import (
     path_of,
 )
 from .layout import Layout
+from .runtimefaults import TERMINATION_MESSAGE_PATH
 
 # --------------------------------------------------------------------------------------------
 # Enumerations (the tuples other modules use are derived from the types)
@@ -100,10 +101,11 @@ def trainer_identity(run_name: str) -> str:
 # The pod contract's variables, volumes and mount paths (docs/architecture.md 3.2; the operator
 # sets them): spec.env and spec.volumes may not override them.
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
-                "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE")
+                "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE",
+                "TRAINER_TERMINATION_LOG")
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
-CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm")
+CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
 # Named groups a progress regex may have (trainer.watch reads them).
 REGEX_GROUPS = ("step", "loss", "throughput")
 

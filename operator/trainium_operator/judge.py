@@ -13,7 +13,10 @@ Every rule lives here, in this order:
   device      NeuronHealth error; allocatable below capacity for longer
               than guard.device_settle_seconds (a device-plugin restart
               re-registers its devices within seconds)                   -> neuron-device
-  exit        a pod failed (evicted: its own reason wins)                -> application | eviction
+  runtime     a failed pod's termination message says the Neuron runtime
+              reported a hardware fault (trainer.launch wrote it)       -> neuron-device
+  exit        a pod failed (evicted: its own reason wins); a pod that
+              only lost a peer is blamed last                           -> application | eviction
   vanished    a pod deleted or missing                                    -> eviction
   hang        no first step startupTimeoutSeconds after the gang ran, or
               no step change for the hang timeout                        -> hang
@@ -24,6 +27,8 @@ Holds (a signal that is not acted on yet, with why and until when):
   settle      a node Unknown for less than guard.settle_seconds (it may be the first of a
               disruption); a Neuron device shortfall for less than guard.device_settle_seconds
   outage      a node that went Unknown around an API outage (its lease could not be renewed)
+  culprit     every failed pod only lost a peer while others still run: wait
+              guard.culprit_wait_seconds for the one that names the fault
   disruption  lost nodes and hangs while a mass disruption lasts (guard.max_hold_seconds)
 The hang clock restarts at the end of a disruption and of an API outage (progress could not
 reach us meanwhile).
@@ -103,7 +108,8 @@ def judge(seen: Observed, clocks: Clocks, guards: Guards) -> Judgement:
                       outage_end(guards, seen.now)) or None
     failure, hold = find_failure(seen.spec, seen.gang, seen.nodes, now=seen.now, expected_pods=seen.spec.nodes,
                                  gang_running_since=clocks.gang_running_time, step_seconds=clocks.step_seconds,
-                                 last_step_change=last_change, device_settle=guards.guard.device_settle_seconds)
+                                 last_step_change=last_change, device_settle=guards.guard.device_settle_seconds,
+                                 culprit_wait=guards.guard.culprit_wait_seconds)
     return _hold(seen, clocks, guards, failure, hold)
 
 
@@ -138,7 +144,8 @@ def hang_timeout(spec: TrainingRunSpec, step_seconds: float | None) -> float:
 
 def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeView], *, now: float,
                  expected_pods: int, gang_running_since: float | None, step_seconds: float | None,
-                 last_step_change: float | None, device_settle: float = 0.0) -> tuple[Failure | None, Hold | None]:
+                 last_step_change: float | None, device_settle: float = 0.0,
+                 culprit_wait: float = 0.0) -> tuple[Failure | None, Hold | None]:
     """The most specific failure in the current attempt, or None, and a signal held back from
     being one. Order: a fatal exit first (no retry), then hardware and node signals (so the bad
     node is quarantined rather than blaming the rank that died with it), then crashed ranks,
@@ -167,11 +174,27 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         if n.ready != "True":
             kind = "unreachable" if n.ready == "Unknown" else "NotReady"
             return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed), hold
-    for p in gang.pods:
-        if p.phase == "Failed" and not succeeded(p):
-            cause = "eviction" if p.reason in EVICTION_REASONS else "application"
-            return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip(),
-                           node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished), hold
+    failed = [p for p in gang.pods if p.phase == "Failed" and not succeeded(p)]
+    culprit = next((p for p in failed if p.runtime_fault and p.runtime_fault.kind == "device"), None)
+    if culprit:  # the node whose rank the runtime named, not the first pod that noticed
+        return Failure("neuron-device", f"pod {culprit.name} on node {culprit.node} failed: exit {culprit.exit_code}; "
+                       f"{culprit.message}", node=culprit.node or "", pod=culprit.name, exit_code=culprit.exit_code,
+                       since=culprit.finished), hold
+    if failed:
+        blamed = [p for p in failed if not (p.runtime_fault and p.runtime_fault.kind == "peer")]
+        if not blamed:
+            first = min(p.finished or now for p in failed)
+            running = [p for p in gang.pods if p.phase == "Running" and not p.deleting]
+            if running and now - first < culprit_wait:
+                return None, hold or Hold(f"pod {failed[0].name} lost a peer ({failed[0].message}): waiting for the "
+                                          "pod that caused it", first + culprit_wait)
+            blamed = failed
+        p = blamed[0]
+        cause = "eviction" if p.reason in EVICTION_REASONS else "application"
+        note = ("; the runtime asks only for a new process: the node is kept"
+                if p.runtime_fault and p.runtime_fault.kind == "restart" else "")
+        return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip() + note,
+                       node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished), hold
     deleting = [p for p in gang.pods if p.deleting]
     if deleting or len(gang.pods) < expected_pods:
         who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trainium_api import progress
+from trainium_api import progress, runtimefaults
 from trainium_api.spec import Cause
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
@@ -61,6 +61,7 @@ class PodView:
     progress_errors: list[str] = field(default_factory=list)  # fields of its annotation dropped
     owner: str | None = None  # the uid of the run that controls it
     gone_by: float | None = None  # a deleting pod's deletionTimestamp: when its grace period ends
+    runtime_fault: runtimefaults.Finding | None = None  # what the Neuron runtime said, from its termination message
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -73,14 +74,15 @@ def pod_view(pod: dict) -> PodView:
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     labels = meta.get("labels") or {}
     exit_code, reason, message = None, status.get("reason") or "", status.get("message") or ""
-    finished, waiting = None, ""
+    finished, waiting, fault = None, "", None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         term = state.get("terminated")
         if term:
             exit_code = term.get("exitCode")
             reason = reason if reason in EVICTION_REASONS else (term.get("reason") or reason)
-            message = term.get("message") or message
+            fault = runtimefaults.parse_message(term.get("message"))
+            message = fault.describe() if fault else (term.get("message") or message)
             finished = _ts(term.get("finishedAt"))
         wait = state.get("waiting")
         if wait and not waiting:
@@ -105,7 +107,7 @@ def pod_view(pod: dict) -> PodView:
                    progress=report, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
-                   gone_by=_ts(meta.get("deletionTimestamp")))
+                   gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault)
 
 
 def _label_int(labels: dict, key: str) -> int:

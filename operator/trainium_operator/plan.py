@@ -18,7 +18,8 @@ from datetime import datetime
 import yaml
 
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api.launch import PRECOMPILE_FLAG
+from trainium_api.launch import PRECOMPILE_FLAG, TERMINATION_LOG_ENV
+from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
 from trainium_api.status import CheckpointRef
@@ -191,7 +192,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     env = {"MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "NNODES": str(spec.nodes),
            "NODE_RANK": str(index), "NPROC_PER_NODE": str(spec.processes_per_node), "TRAINING_RUN": name,
            "TRAINING_RUN_CREATED": str(_created(run)), "ATTEMPT": str(attempt), "CHECKPOINT_URI": spec.run.checkpoint.uri, "RESUME": "auto",
-           "NEURON_COMPILE_CACHE_URL": spec.compile_cache.path}
+           "NEURON_COMPILE_CACHE_URL": spec.compile_cache.path,
+           TERMINATION_LOG_ENV: TERMINATION_MESSAGE_PATH}  # what the runtime said goes there (trainer.launch)
     if itype["neuron"]:
         env.update(NEURON_ENV)
         env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)
@@ -218,6 +220,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
             "name": "trainer", "image": spec.image, "command": command, "env": env_list,
             "resources": {"limits": resources, "requests": resources} if resources else {},
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+            "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "File",
             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                              {"name": "compile-cache", "mountPath": spec.compile_cache.path}],
             "securityContext": container_security(itype),

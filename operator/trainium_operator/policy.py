@@ -53,11 +53,18 @@ class DisruptionGuard:
     failure: the Neuron device plugin restarting (an upgrade, a crash) unregisters the devices
     and registers them again within seconds; a device really lost stays missing."""
 
+    culprit_wait_seconds: float = 5.0
+    """When every pod that failed so far only lost a peer (the Neuron runtime said so: a
+    collective that never completed, a closed connection) while others still run, wait this long
+    for the pod that caused it to fail and name its node: the rank with the hardware fault may
+    still be timing out in the runtime. Then the first failed pod is blamed as before."""
+
     def validate(self) -> None:
         if not 0 < self.threshold <= 1:
             raise ValueError(f"disruption threshold must be in (0, 1], got {self.threshold}")
         if self.min_nodes < 1 or min(self.max_hold_seconds, self.settle_seconds, self.outage_grace_seconds,
-                                         self.outage_min_seconds, self.device_settle_seconds) < 0:
+                                         self.outage_min_seconds, self.device_settle_seconds,
+                                         self.culprit_wait_seconds) < 0:
             raise ValueError("disruption min nodes must be at least 1, and its seconds not negative")
 
 

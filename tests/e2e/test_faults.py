@@ -28,8 +28,8 @@ STEPS = 40
 FAULT_AT = 18  # steps trained before the fault (checkpoints every 5: step 15 is complete by then)
 CHECKPOINT_EVERY = 5
 CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "neuron-device",
-         "hang": "hang", "operator-kill": "application", "evict": "eviction"}
-QUARANTINES = ("node-not-ready", "neuron-error")
+         "runtime-fault": "neuron-device", "hang": "hang", "operator-kill": "application", "evict": "eviction"}
+QUARANTINES = ("node-not-ready", "neuron-error", "runtime-fault")
 
 
 def spec_for(name: str, tiny_data, workdir):

@@ -16,17 +16,22 @@ from trainium_operator.spec import parse
 
 NOW = 10_000.0
 GUARD = DisruptionGuard(settle_seconds=10, device_settle_seconds=30, outage_min_seconds=10, outage_grace_seconds=60,
-                        max_hold_seconds=900)
+                        max_hold_seconds=900, culprit_wait_seconds=5)
+HBM = ("neuron-runtime-fault: device NRT_EXEC_HW_ERR_HBM_UE local-rank -\n(FATAL-RT-UNDEFINED-STATE) Uncorrectable HBM "
+       "memory error is detected. Execution results may be invalid.")
+PEER = "neuron-runtime-fault: peer PEER_CLOSED local-rank -\nConnection closed by peer [10.0.0.2]:29500"
+NUMERICAL = "neuron-runtime-fault: restart NRT_EXEC_COMPLETED_WITH_NUM_ERR local-rank 3\nstatus NRT_EXEC_COMPLETED_WITH_NUM_ERR"
 
 
 def pod(i: int, phase: str = "Running", step: int | None = 50, code: int | None = None, reason: str = "",
-        node: str | None = "", deleting: bool = False, waiting: str = "", scheduled_ago: float = 500.0) -> dict:
+        node: str | None = "", deleting: bool = False, waiting: str = "", scheduled_ago: float = 500.0,
+        term: str = "", finished_ago: float = 1.0) -> dict:
     status: dict = {"phase": phase}
     if reason:
         status["reason"] = reason
     if code is not None:
-        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": code, "reason": "Error",
-                                                                 "finishedAt": NOW - 1}}}]
+        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": code, "reason": "Error", "message": term,
+                                                                 "finishedAt": NOW - finished_ago}}}]
     if waiting:
         status["containerStatuses"] = [{"state": {"waiting": {"reason": waiting, "message": "secret x not found"}}}]
     status["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": NOW - scheduled_ago}]
@@ -62,6 +67,7 @@ class Row:
     fatal: bool = False
     hold: str = ""  # a word the hold's reason must contain ("" = no hold)
     disruption: bool = False  # a disruption in force after the pass
+    node: str | None = None  # the node the failure names, when the row says
 
 
 RUNNING = {"gang_running_time": NOW - 300, "last_step_time": NOW - 5, "step_seconds": 1.0}
@@ -80,6 +86,22 @@ ROWS = [
     Row("a settling device does not hide a crash", nodes={1: node(1, alloc=0, short_for=5)},
         pods={2: pod(2, "Failed", code=1)}, cause="application"),
     Row("crashed rank", pods={3: pod(3, "Failed", code=1)}, cause="application"),
+    Row("the runtime names a hardware fault: that pod's node, though a peer's pod failed first",
+        pods={0: pod(0, "Failed", code=1, term=PEER, finished_ago=3), 2: pod(2, "Failed", code=1, term=HBM)},
+        cause="neuron-device", node="n2"),
+    Row("a pod that only lost a peer waits for the pod that caused it",
+        pods={0: pod(0, "Failed", code=1, term=PEER, finished_ago=2)}, hold="caused"),
+    Row("past the culprit wait, the pod that lost its peer is blamed",
+        pods={0: pod(0, "Failed", code=1, term=PEER, finished_ago=6)}, cause="application", node="n0"),
+    Row("a plain crash is blamed before a pod that lost its peer",
+        pods={0: pod(0, "Failed", code=1, term=PEER), 1: pod(1, "Failed", code=1)}, cause="application", node="n1"),
+    Row("every pod lost a peer and none still runs: no wait",
+        pods={i: pod(i, "Failed", code=1, term=PEER) for i in range(4)}, cause="application", node="n0"),
+    Row("the runtime asks only for a new process: a crash, the node kept",
+        pods={1: pod(1, "Failed", code=1, term=NUMERICAL)}, cause="application", node="n1"),
+    Row("a fault message with an unknown status is a plain crash",
+        pods={1: pod(1, "Failed", code=1, term=HBM.replace("NRT_EXEC_HW_ERR_HBM_UE", "NRT_MADE_UP"))},
+        cause="application"),
     Row("evicted pod: its own reason wins over its exit code", pods={3: pod(3, "Failed", code=137, reason="Evicted")},
         cause="eviction"),
     Row("evicted pod that exited 0 did not succeed", pods={3: pod(3, "Failed", code=0, reason="Evicted")},
@@ -161,6 +183,8 @@ def test_judge(row: Row):
     assert (verdict.failure.cause if verdict.failure else None) == row.cause, verdict
     if row.cause:
         assert verdict.failure.fatal == row.fatal and verdict.failure.message
+    if row.node is not None:
+        assert verdict.failure.node == row.node, verdict.failure
     assert (row.hold in verdict.hold.reason if row.hold else verdict.hold is None or row.cause), verdict.hold
     assert (verdict.disruption is not None) == row.disruption, verdict.disruption
 

@@ -107,6 +107,9 @@ def test_volumes_materialise_at_the_spec_paths(tmp_path):
     script = podspec.start_script(p, "tiny-0", tmp_path / "hosts")
     assert "hostname tiny-0" in script and "mount -t tmpfs" in script and script.rstrip().endswith('exec "$@"')
     assert f"mount --bind {vol / 'config'} /etc/trainium" in script and "remount,bind,ro /etc/trainium" in script
+    # the kubelet's termination message file, mounted where the container says (its default path)
+    assert by_target["/dev/termination-log"].source == str(tmp_path / "pod" / podspec.TERMINATION_MESSAGE_FILE)
+    assert by_target["/dev/termination-log"].is_file and not by_target["/dev/termination-log"].read_only
 
 
 def test_unsupported_volume_and_missing_configmap_are_named(tmp_path):

@@ -43,7 +43,7 @@ NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
                "device-loss": (faults.device_loss, faults.device_restore),
                "delete-node": (faults.delete_node, None)}
 POD_FAULTS = {"pod-fail": faults.pod_fail, "evict": faults.evict_pod}
-PROCESS_FAULTS = ("hang", "kill-rank")  # on the processes of process-backed pods
+PROCESS_FAULTS = ("hang", "kill-rank", "runtime-fault")  # on the processes of process-backed pods
 CONTROL_PLANE_FAULTS = {"apiserver-down": faults.apiserver_down, "etcd-restart": faults.etcd_restart}  # TARGET: seconds
 
 
@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.kind == "kill-rank":
                 rank, pid = faults.kill_rank(cluster.pods_dir, args.namespace, args.target, args.rank)
                 print(f"fault kill-rank {args.target}: SIGKILL rank {rank} (pid {pid})")
+            elif args.kind == "runtime-fault":
+                rank, pid = faults.runtime_fault(cluster.pods_dir, args.namespace, args.target)
+                print(f"fault runtime-fault {args.target}: rank {rank} (pid {pid}) printed an HBM error and was SIGKILLed")
             else:
                 fn = faults.hang_pod if args.cmd == "fault" else faults.unhang_pod
                 pids = fn(cluster.pods_dir, args.namespace, args.target)

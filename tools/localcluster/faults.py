@@ -263,6 +263,30 @@ def kill_rank(pods_root, namespace: str, pod: str, rank: int | None = None) -> t
     return rank, workers[rank]
 
 
+HBM_FAULT_LINE = ("(FATAL-RT-UNDEFINED-STATE) Uncorrectable HBM memory error is detected. Execution results may be "
+                  "invalid. Please terminate this instance to prevent future impact from the hardware error.")
+"""What the Neuron runtime prints for an unrepairable HBM error (aws-neuron-sdk,
+neuron-runtime/nrt-troubleshoot.rst, "Hardware errors")."""
+
+
+def runtime_fault(pods_root, namespace: str, pod: str, line: str = HBM_FAULT_LINE) -> tuple[int, int]:
+    """A rank dies of a Neuron hardware fault: ``line`` appears on the lowest worker's stdout (written
+    into the very stream it prints to, /proc/<pid>/fd/1: a STAND-IN for the runtime, which
+    does not exist here), then the worker is SIGKILLed. Returns (rank, pid)."""
+    import os
+    import signal
+
+    from . import podprocs
+    workers = podprocs.worker_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod)))
+    if not workers:
+        raise LookupError(f"pod {namespace}/{pod} has no torchrun workers (yet)")
+    rank = min(workers)
+    with open(f"/proc/{workers[rank]}/fd/1", "w") as out:
+        out.write(line + "\n")
+    os.kill(workers[rank], signal.SIGKILL)
+    return rank, workers[rank]
+
+
 # -- faults of the control plane itself (the Cluster's own components) ------------------------
 
 

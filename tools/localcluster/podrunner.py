@@ -480,6 +480,7 @@ class Runner:
             raise
         prepared.env.update({"LD_PRELOAD": str(self.shim), "LOCALPOD_IP": rec.ip,
                              "LOCALPOD": f"{ns}/{name}/{uid}"})  # LOCALPOD: how tests map processes to pods
+        (pod_dir / podspec.TERMINATION_MESSAGE_FILE).touch()
         self.pods[uid] = rec
         self._write_hosts()
         script = pod_dir / "start.sh"
@@ -581,7 +582,7 @@ class Runner:
         pod = self.objects.get(uid)
         if pod is None or rec.lost:
             return
-        self._report_terminated(rec, exit_code, rec.reason, "")
+        self._report_terminated(rec, exit_code, rec.reason, self._termination_message(rec))
         if rec.deleting:
             self._finalize(pod)
 
@@ -635,6 +636,14 @@ class Runner:
             "containerStatuses": [{"name": container["name"], "image": container.get("image", ""), "imageID": "",
                                    "containerID": f"process://{rec.initPid}", "ready": False, "started": False,
                                    "restartCount": 0, "state": {"terminated": term}}]})
+
+    @staticmethod
+    def _termination_message(rec: PodRecord) -> str:
+        try:
+            with open(Path(rec.dir) / podspec.TERMINATION_MESSAGE_FILE, "rb") as f:
+                return f.read(podspec.TERMINATION_MESSAGE_LIMIT).decode(errors="replace")
+        except OSError:
+            return ""
 
     @staticmethod
     def _log_tail(rec: PodRecord, lines: int = 80, limit: int = 2048) -> str:

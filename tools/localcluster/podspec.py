@@ -46,6 +46,10 @@ class Sources(Protocol):
               pod_name: str, pod_uid: str) -> str: ...
 
 
+TERMINATION_MESSAGE_FILE = "termination-log"
+TERMINATION_MESSAGE_LIMIT = 4096  # bytes the kubelet keeps of it
+
+
 @dataclass
 class Mount:
     source: str
@@ -273,6 +277,11 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
                 sub.mkdir(parents=True)
             mount.source, mount.is_file = str(sub), sub.is_file()
         mounts.append(mount)
+    # the kubelet's per-container file at terminationMessagePath, read back when the container ends
+    # (the runner creates it; the mount point is made once on this host's /dev, and only each
+    # pod's namespace, where this file is mounted over it, writes there)
+    message = pod_dir / TERMINATION_MESSAGE_FILE
+    mounts.append(Mount(str(message), container.get("terminationMessagePath") or "/dev/termination-log", is_file=True))
     return Prepared(env=env, argv=argv, workdir=container.get("workingDir") or "/", mounts=mounts)
 
 
