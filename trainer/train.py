@@ -67,6 +67,7 @@ class Trainer:
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
         self.heldout = self._heldout_batches()
         self.eval_perplexity: float | None = None
+        self.compute_seconds: float | None = None  # smoothed time before each step's first collective
         tp = ps.layers()  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
@@ -248,6 +249,7 @@ class Trainer:
         of the last stage holds the same loss, so the world sum / loss_holders is the mean over
         data-parallel ranks. With pipeline stages the micro batches run on the 1F1B schedule."""
         ps, tcfg = self.ps, self.cfg.training
+        began = time.perf_counter()
         inputs, targets = self.data.next_batch(tcfg.global_batch_size)
         inputs, targets = local_batch(inputs, targets, ps.dp_rank, ps.dp)
         accum = ps.layout.grad_accum_steps
@@ -261,9 +263,19 @@ class Trainer:
                 loss.backward()
                 loss_sum += loss.detach().float()
         shared = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=ps.device)])
+        if not ps.runtime.lazy:  # a lazy device has only built the graph by now: nothing to time
+            self._note_compute(time.perf_counter() - began)
         if ps.is_distributed:
             dist.all_reduce(shared)
         return shared
+
+    def _note_compute(self, seconds: float) -> None:
+        """This rank's time before the step's first collective (data, forward, backward): what a
+        slow node stretches, while its peers' show up as waiting in that collective instead.
+        Smoothed over steps; the progress report carries it (straggler detection). With pipeline
+        stages it includes the schedule's own point-to-point waits."""
+        prev = self.compute_seconds
+        self.compute_seconds = seconds if prev is None else 0.7 * prev + 0.3 * seconds
 
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step on an eager device. Returns (loss, grad_norm, stop_requested)
@@ -409,7 +421,7 @@ class Trainer:
             step, loss, tps, ended = self._last
             self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
-                                 eval_perplexity=self.eval_perplexity)
+                                 eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds)
 
     def close(self) -> None:
         self.ckpt.wait()

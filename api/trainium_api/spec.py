@@ -48,6 +48,7 @@ TrainerKind = Literal["builtin", "command"]
 ProgressFormat = Literal["nxd", "nxdt", "regex"]
 CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
 Unset = Literal[""]
+StragglerPolicy = Literal["off", "report", "replace"]
 """The empty string: a field that is not set (a builtin trainer has no progress format)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -418,6 +419,8 @@ class RestartBudget:
     """Restarts after a pod placed on a node did not start its container within
     startupTimeoutSeconds (image pull errors, a missing Secret or ConfigMap key, a volume that
     never mounts)."""
+    straggler: NonNegative = 3
+    """Restarts after a straggler's node was quarantined (faultTolerance.stragglers replace)."""
 
     def for_cause(self, cause: str) -> int:
         return getattr(self, cause.replace("-", "_"))
@@ -458,8 +461,21 @@ class FaultToleranceConfig:
     infrastructure's: they spend their own budgets and neither count nor break the streak)."""
     teardown_grace_seconds: NonNegativeNumber = 30.0
     """Grace period for a gang's pods to exit on SIGTERM before they are force-deleted."""
+    stragglers: StragglerPolicy = "report"
+    """A pod whose compute time per step (the trainer's progress report: the time before the
+    step's first collective) is above stragglerFactor x the median of the other pods for
+    stragglerReports consecutive reports is a straggler. report: an event, a metric and
+    status.current.stragglers; replace: also quarantine its node and restart the gang (budget
+    restartBudget.straggler); off: not watched."""
+    straggler_factor: PositiveNumber = 1.5
+    """How much slower than the other pods' median a pod's compute time must be (more than 1)."""
+    straggler_reports: AtLeastOne = 5
+    """Consecutive progress reports above the factor before a pod is called a straggler."""
 
     def validate(self) -> None:
+        if self.straggler_factor <= 1:
+            raise ConfigError("faultTolerance.stragglerFactor",
+                              f"must be more than 1 (a pod slower than the others' median), got {self.straggler_factor}")
         h = self.hang_timeout_seconds
         if h != "auto":
             try:

@@ -128,6 +128,21 @@ class FailureRecord(_Written):
 
 
 @dataclass
+class StragglerStreak(_Written):
+    """One pod's run of progress reports whose compute time was above the straggler factor."""
+    pod: str = ""
+    node: str = ""
+    reports: int = 0
+    """Consecutive reports above the factor (0: its newest was not)."""
+    report_time: float | None = None
+    """The newest report counted (a report is counted once)."""
+    ratio: float | None = None
+    """Its compute time over the other pods' median, in the newest report."""
+    flagged_time: float | None = None
+    """When the streak reached faultTolerance.stragglerReports (None: not a straggler now)."""
+
+
+@dataclass
 class AttemptStatus(_Written):
     """One attempt of the run, from its start to the end of its teardown (status.current);
     the next attempt starts with a new one. Failures (status.failures) name attempts by number."""
@@ -143,6 +158,9 @@ class AttemptStatus(_Written):
     """When the attempt failed and its pods were told to stop."""
     restart_not_before: float | None = None
     """Backoff: the next attempt starts no earlier."""
+    stragglers: list[StragglerStreak] = field(default_factory=list)
+    """Pods with a straggler streak going (faultTolerance.stragglers); a list, so that the
+    status's merge patch replaces it whole and a streak that ended goes."""
 
 
 @dataclass

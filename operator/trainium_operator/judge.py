@@ -23,6 +23,8 @@ Every rule lives here, in this order:
   startup     a pod placed on a node that has not started its container
               startupTimeoutSeconds after it was placed                  -> startup
   scheduling  pods unscheduled for scheduleTimeoutSeconds                -> scheduling
+  straggler   with faultTolerance.stragglers replace, and nothing above: a pod
+              flagged by stragglers.update                               -> straggler
 Holds (a signal that is not acted on yet, with why and until when):
   settle      a node Unknown for less than guard.settle_seconds (it may be the first of a
               disruption); a Neuron device shortfall for less than guard.device_settle_seconds
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 
 from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
-from trainium_api.status import Disruption, TrainingRunStatus
+from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
 
 from .observe import EVICTION_REASONS, Failure, GangState, NodeView, not_started, succeeded
 from .policy import DISRUPTION_CAUSES, DisruptionGuard
@@ -66,11 +68,14 @@ class Clocks:
     """A disruption in force when the pass began."""
     disruption_end_time: float | None = None
     quarantined: tuple[str, ...] = ()
+    stragglers: tuple[StragglerStreak, ...] = ()
+    """Pods flagged as stragglers now (stragglers.update, this pass)."""
 
     @classmethod
-    def of(cls, status: TrainingRunStatus, last_step_time: float | None) -> "Clocks":
+    def of(cls, status: TrainingRunStatus, last_step_time: float | None,
+           stragglers: tuple[StragglerStreak, ...] = ()) -> "Clocks":
         return cls(status.current.start_time, status.current.gang_running_time, status.step_seconds, last_step_time,
-                   status.disruption, status.disruption_end_time, tuple(status.quarantined_nodes))
+                   status.disruption, status.disruption_end_time, tuple(status.quarantined_nodes), stragglers)
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,11 @@ def judge(seen: Observed, clocks: Clocks, guards: Guards) -> Judgement:
                                  gang_running_since=clocks.gang_running_time, step_seconds=clocks.step_seconds,
                                  last_step_change=last_change, device_settle=guards.guard.device_settle_seconds,
                                  culprit_wait=guards.guard.culprit_wait_seconds)
+    if failure is None and clocks.stragglers and seen.spec.fault_tolerance.stragglers == "replace":
+        s = clocks.stragglers[0]
+        failure = Failure("straggler", f"pod {s.pod} on node {s.node} is a straggler: its compute time per step was "
+                          f"{s.ratio:g}x the other pods' median in {s.reports} reports in a row", node=s.node,
+                          pod=s.pod, since=s.flagged_time)
     return _hold(seen, clocks, guards, failure, hold)
 
 

@@ -49,6 +49,8 @@ hang_timeout_seconds = _run_gauge("trainium_run_hang_timeout_seconds",
                                   "No-progress time after which the operator restarts the gang as hung")
 created_time = _run_gauge("trainium_run_created_timestamp_seconds", "When the operator started the run")
 quarantined = _run_gauge("trainium_run_quarantined_nodes", "Nodes the run quarantined that are still tainted")
+stragglers = _run_gauge("trainium_run_stragglers", "Pods of the current attempt flagged as stragglers "
+                        "(faultTolerance.stragglers; status.current.stragglers)")
 api_unreachable = Gauge("trainium_operator_api_unreachable",
                         "1 while this operator cannot reach the API server (its /readyz probe fails or is "
                         "slow): hang and lost-node detection are held", registry=REGISTRY)
@@ -66,7 +68,7 @@ for _cause in CAUSES:  # present from the start, so the first failure of a cause
 
 _SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, eval_perplexity, checkpoint_step,
            checkpoint_time,
-           checkpoint_interval, hang_timeout_seconds, created_time, quarantined)
+           checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers)
 
 
 def serve(port: int) -> None:
@@ -116,6 +118,7 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
     _set(checkpoint_time, labels, ck.time if ck else None)
     _set(created_time, labels, status.created_time)
     quarantined.labels(*labels).set(len(status.quarantined_nodes))
+    stragglers.labels(*labels).set(sum(s.flagged_time is not None for s in status.current.stragglers))
     if spec is not None:
         _set(checkpoint_interval, labels, expected_checkpoint_interval(spec, status.step_seconds))
         _set(hang_timeout_seconds, labels, hang_timeout(spec, status.step_seconds))

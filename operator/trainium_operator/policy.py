@@ -68,6 +68,8 @@ class DisruptionGuard:
             raise ValueError("disruption min nodes must be at least 1, and its seconds not negative")
 
 
+# Failures whose node is quarantined (faultTolerance.quarantine): the node is the fault.
+QUARANTINE_CAUSES = ("node", "neuron-device", "straggler")
 # Failures a disruption can fake: a node that looks lost, a gang whose progress cannot reach us.
 DISRUPTION_CAUSES = ("node", "hang")
 
@@ -150,7 +152,7 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
         return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
     node = ""
-    if ft.quarantine and failure.node and failure.cause in ("node", "neuron-device") and failure.node not in quarantined:
+    if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in quarantined:
         if len(quarantined) + 1 > spec.quarantine_limit():
             return Action("fail", f"cluster unhealthy: quarantining {failure.node} would exceed "
                           f"{spec.quarantine_limit()} quarantined nodes ({', '.join(quarantined)})")

@@ -36,13 +36,14 @@ from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, CheckpointRef, Condition, Disruption,
                                  FailureRecord, Suspension, TrainingRunStatus)
 
-from . import admission, goodput, plan
+from . import admission, goodput, plan, stragglers
 from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
 from .hostaccess import HostAccess
 from .judge import Clocks, Guards, Observed, judge
 from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
 from .observer import Snapshot, read_status, snapshot
 from .policy import DisruptionGuard, count, counters_from, decide
+from .stragglers import flagged
 
 __all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "reconcile_objects", "read_status"]
 
@@ -405,6 +406,7 @@ def _supervise(p: Pass) -> None:
     spec, old, new = p.spec, p.old, p.new
     gang = gang_state(p.current)
     _track_progress(p, gang)
+    _watch_stragglers(p)
     if old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
@@ -427,6 +429,19 @@ def _supervise(p: Pass) -> None:
     if gang.running == spec.nodes:
         _gang_running(p, gang)
     _account(p, p.now)
+
+
+def _watch_stragglers(p: Pass) -> None:
+    """status.current.stragglers from this pass's progress reports; an event for each pod that
+    became a straggler (with stragglers replace, the judge then acts on it)."""
+    streaks, new_ones = stragglers.update(p.old.current.stragglers, p.current, p.spec.fault_tolerance, p.now)
+    p.new.current.stragglers = streaks
+    replacing = p.spec.fault_tolerance.stragglers == "replace"
+    for s in new_ones:
+        p.event("Straggler", f"pod {s.pod} on node {s.node}: compute time per step {s.ratio:g}x the other pods' "
+                f"median in {s.reports} reports in a row"
+                + ("; its node is quarantined and the gang restarted" if replacing else " (stragglers: report)"),
+                warning=True)
 
 
 def _report_startup(p: Pass) -> None:
@@ -472,7 +487,8 @@ def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
     """Ask the judge; record a disruption's start and end; act on a failure. Returns whether
     the attempt failed."""
     seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error)
-    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time), Guards(p.guard, p.disruption, p.api_outage))
+    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, tuple(flagged(p.new.current.stragglers))),
+                    Guards(p.guard, p.disruption, p.api_outage))
     _record_disruption(p, verdict.disruption)
     if verdict.failure:
         _on_failure(p, verdict.failure, gang)
