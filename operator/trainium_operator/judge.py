@@ -193,9 +193,11 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     if failed:
         blamed = [p for p in failed if not (p.runtime_fault and p.runtime_fault.kind == "peer")]
         if not blamed:
-            first = min(p.finished or now for p in failed)
+            # since the first of them finished (a pod with no finish time holds nothing: the
+            # wait must end even when the kubelet did not say when)
+            first = min((p.finished for p in failed if p.finished is not None), default=None)
             running = [p for p in gang.pods if p.phase == "Running" and not p.deleting]
-            if running and now - first < culprit_wait:
+            if running and first is not None and now - first < culprit_wait:
                 return None, hold or Hold(f"pod {failed[0].name} lost a peer ({failed[0].message}): waiting for the "
                                           "pod that caused it", first + culprit_wait)
             blamed = failed

@@ -60,7 +60,7 @@ def test_env_volumes_names_status_and_logs(local_cluster, core_api, namespace, p
         "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token-ok",
         "df -t tmpfs /dev/shm >/dev/null && echo shm-tmpfs",
         "python3 -c 'import urllib.request as u; print(\"web says\", u.urlopen(\"http://web.sub:9400/\").status)'",
-        "exit 3"])
+        "printf 'why it ended' > /dev/termination-log", "exit 3"])
     env = [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -80,6 +80,7 @@ def test_env_volumes_names_status_and_logs(local_cluster, core_api, namespace, p
     st = core_api.read_namespaced_pod("client", namespace).status
     term = st.container_statuses[0].state.terminated
     assert term.exit_code == 3 and term.reason == "Error" and term.finished_at and st.pod_ip.startswith("127.")
+    assert term.message == "why it ended"  # the kubelet's termination message file, per container
     ips = {core_api.read_namespaced_pod(n, namespace).status.pod_ip for n in ("web", "web2", "client")}
     assert len(ips) == 3
     log = local_cluster.kubectl("logs", "-n", namespace, "client").stdout  # through the API server's proxy

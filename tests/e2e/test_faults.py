@@ -28,8 +28,9 @@ STEPS = 40
 FAULT_AT = 18  # steps trained before the fault (checkpoints every 5: step 15 is complete by then)
 CHECKPOINT_EVERY = 5
 CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "neuron-device",
-         "runtime-fault": "neuron-device", "hang": "hang", "operator-kill": "application", "evict": "eviction"}
-QUARANTINES = ("node-not-ready", "neuron-error", "runtime-fault")
+         "runtime-fault": "neuron-device", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
+         "evict": "eviction"}
+QUARANTINES = ("node-not-ready", "neuron-error", "runtime-fault", "straggler")
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -74,6 +75,9 @@ def test_fault_is_survived_with_exact_resume(e2e, reference, tiny_data, tmp_path
     body = spec_for("tiny", tiny_data, tmp_path)
     if fault == "hang":
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "hangTimeoutFloorSeconds": 8}
+    if fault == "straggler":  # pod 0's workers get a fifth of the time (a slow node)
+        body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "stragglers": "replace",
+                                          "stragglerReports": 3}
     survive(e2e, reference, e2e.namespace(fault), body, fault)
 
 
@@ -148,8 +152,10 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
           f"trainer: median step {truth.step_seconds:.3f}s, productive {truth.productive_seconds:.1f}s of "
           f"{truth.wall_seconds:.1f}s")
 
-    # the operator saw the right failure, once
+    # the operator saw the right failure, once, for the right reason
     assert st["restarts"] == {CAUSE[fault]: 1}, st["restarts"]
+    reason = {"runtime-fault": "NRT_EXEC_HW_ERR_HBM_UE", "straggler": "is a straggler"}.get(fault, "")
+    assert reason in st["failures"][-1]["message"], st["failures"][-1]
     # bitwise: every step's loss and gradient norm as in the uninterrupted run
     assert sorted(truth.losses) == sorted(reference.losses)
     for step, rec in reference.losses.items():

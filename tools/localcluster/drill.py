@@ -29,7 +29,7 @@ from .nodes import create_nodes
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
-FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "hang", "operator-kill", "evict")
+FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "straggler", "hang", "operator-kill", "evict")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
 
@@ -284,6 +284,9 @@ class Drill:
             return node
         if kind == "neuron-error":
             faults.neuron_error(self.core, node)
+            return node
+        if kind == "straggler":  # the run needs faultTolerance.stragglers: replace to act on it
+            self.slowed = faults.SlowPod(self.cluster.pods_dir, self.ns, pname)
             return node
         if kind == "runtime-fault":
             faults.runtime_fault(self.cluster.pods_dir, self.ns, pname)

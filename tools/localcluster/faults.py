@@ -245,6 +245,52 @@ def unhang_pod(pods_root, namespace: str, pod: str) -> list[int]:
                                signal.SIGCONT)
 
 
+class SlowPod:
+    """A slow node: the pod's torchrun workers get ``share`` of the time, SIGSTOPped and
+    SIGCONTed in turn every ``period`` seconds by a thread, until ``stop()`` or until the workers
+    are gone (then the thread ends by itself). Their computation stretches; nothing fails."""
+
+    def __init__(self, pods_root, namespace: str, pod: str, share: float = 0.2, period: float = 0.1):
+        import threading
+
+        from . import podprocs
+        self.pids = list(podprocs.worker_pids(podprocs.live_init_pid(
+            podprocs.latest_pod_dir(pods_root, namespace, pod))).values())
+        if not self.pids:
+            raise LookupError(f"pod {namespace}/{pod} has no torchrun workers (yet)")
+        self.share, self.period = share, period
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._cycle, daemon=True, name=f"slow-{pod}")
+        self._thread.start()
+
+    def _signal(self, sig) -> bool:
+        import os
+        alive = False
+        for pid in self.pids:
+            try:
+                os.kill(pid, sig)
+                alive = True
+            except ProcessLookupError:
+                pass
+        return alive
+
+    def _cycle(self) -> None:
+        import signal
+        try:
+            while not self._stopped.is_set():
+                if not self._signal(signal.SIGSTOP):
+                    return
+                self._stopped.wait(self.period * (1 - self.share))
+                self._signal(signal.SIGCONT)
+                self._stopped.wait(self.period * self.share)
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(5)
+
+
 def kill_rank(pods_root, namespace: str, pod: str, rank: int | None = None) -> tuple[int, int]:
     """SIGKILL one torchrun worker of the pod (global ``rank``; default the pod's lowest), as a
     crashed rank. Returns (rank, pid)."""
