@@ -130,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         report_fault(culprit_view(finding, codes), os.environ.get(TERMINATION_LOG_ENV))
         return code
     except SignalException:
+        # stopped (a teardown): a rank whose runtime reported a hardware fault before it was
+        # told to stop is still this node's fault (the operator reads it in teardown); a lost
+        # peer is not worth saying here, everyone lost one
+        finding = watch.stop()
+        if finding is not None and finding.kind != "peer":
+            report_fault(finding, os.environ.get(TERMINATION_LOG_ENV))
         return exitcodes.TERMINATED
     finally:
         watch.stop()

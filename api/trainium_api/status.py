@@ -234,6 +234,11 @@ class TrainingRunStatus(_Written):
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until
     the operator's node cache shows it (a node seen tainted and later without it was returned by
     an admin; one never seen tainted was not quarantined yet)."""
+    avoided_nodes: list[str] = field(default_factory=list)
+    """Nodes this run's own pods named as faulty (the Neuron runtime's words in a termination
+    message, a straggler): this run's pods stay off them, but no taint is written, because a
+    run's pods do not judge a node for the whole cluster (unless the operator runs with
+    --trust-pod-fault-reports, which quarantines them instead)."""
     failures: list[FailureRecord] = field(default_factory=list)
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0

@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     from .policy import DisruptionGuard
     docs = field_docs(DisruptionGuard)
     for f in dataclasses.fields(DisruptionGuard):  # --disruption-threshold, --disruption-min-nodes, ...
+        if isinstance(f.default, bool):  # a switch: --trust-pod-fault-reports / --no-trust-pod-fault-reports
+            ap.add_argument(GUARD_SWITCHES[f.name], dest=f"disruption_{f.name}", action=argparse.BooleanOptionalAction,
+                            default=f.default, help=docs.get(f.name, ""))
+            continue
         ap.add_argument("--disruption-" + f.name.replace("_", "-"), dest=f"disruption_{f.name}", type=type(f.default),
                         default=f.default, help=f"{docs.get(f.name, '')} (default {f.default})")
     from . import hostaccess
@@ -133,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             return exit_now(0)
         log.warning("stepped down; standing by again")
     return 0
+
+
+GUARD_SWITCHES = {"trust_pod_reports": "--trust-pod-fault-reports"}
+"""The DisruptionGuard switches' flags (the numbers are --disruption-<name>)."""
 
 
 def exit_now(code: int) -> int:

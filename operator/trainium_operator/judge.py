@@ -44,7 +44,7 @@ from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
 
-from .observe import EVICTION_REASONS, Failure, GangState, NodeView, not_started, succeeded
+from .observe import EVICTION_REASONS, Failure, GangState, NodeView, PodView, not_started, succeeded
 from .policy import DISRUPTION_CAUSES, DisruptionGuard
 
 
@@ -69,7 +69,8 @@ class Clocks:
     disruption_end_time: float | None = None
     quarantined: tuple[str, ...] = ()
     stragglers: tuple[StragglerStreak, ...] = ()
-    """Pods flagged as stragglers now (stragglers.update, this pass)."""
+    """Pods flagged as stragglers now (stragglers.update, this pass) that the gang may be
+    restarted for (policy.straggler_replace_allowed): none when it may not."""
 
     @classmethod
     def of(cls, status: TrainingRunStatus, last_step_time: float | None,
@@ -115,11 +116,11 @@ def judge(seen: Observed, clocks: Clocks, guards: Guards) -> Judgement:
                                  gang_running_since=clocks.gang_running_time, step_seconds=clocks.step_seconds,
                                  last_step_change=last_change, device_settle=guards.guard.device_settle_seconds,
                                  culprit_wait=guards.guard.culprit_wait_seconds)
-    if failure is None and clocks.stragglers and seen.spec.fault_tolerance.stragglers == "replace":
-        s = clocks.stragglers[0]
+    if failure is None and hold is None and clocks.stragglers and seen.spec.fault_tolerance.stragglers == "replace":
+        s = max(clocks.stragglers, key=lambda x: x.ratio or 0.0)  # the slowest: a TP partner waits on it
         failure = Failure("straggler", f"pod {s.pod} on node {s.node} is a straggler: its compute time per step was "
                           f"{s.ratio:g}x the other pods' median in {s.reports} reports in a row", node=s.node,
-                          pod=s.pod, since=s.flagged_time)
+                          pod=s.pod, since=s.flagged_time, pod_reported=True)
     return _hold(seen, clocks, guards, failure, hold)
 
 
@@ -185,11 +186,11 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
             kind = "unreachable" if n.ready == "Unknown" else "NotReady"
             return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed), hold
     failed = [p for p in gang.pods if p.phase == "Failed" and not succeeded(p)]
-    culprit = next((p for p in failed if p.runtime_fault and p.runtime_fault.kind == "device"), None)
+    culprit = next(iter(device_culprits(failed)), None)
     if culprit:  # the node whose rank the runtime named, not the first pod that noticed
         return Failure("neuron-device", f"pod {culprit.name} on node {culprit.node} failed: exit {culprit.exit_code}; "
                        f"{culprit.message}", node=culprit.node or "", pod=culprit.name, exit_code=culprit.exit_code,
-                       since=culprit.finished), hold
+                       since=culprit.finished, pod_reported=True), hold
     if failed:
         blamed = [p for p in failed if not (p.runtime_fault and p.runtime_fault.kind == "peer")]
         if not blamed:
@@ -197,7 +198,7 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
             # wait must end even when the kubelet did not say when)
             first = min((p.finished for p in failed if p.finished is not None), default=None)
             running = [p for p in gang.pods if p.phase == "Running" and not p.deleting]
-            if running and first is not None and now - first < culprit_wait:
+            if running and first is not None and 0 <= now - first < culprit_wait:  # (a node clock ahead holds nothing)
                 return None, hold or Hold(f"pod {failed[0].name} lost a peer ({failed[0].message}): waiting for the "
                                           "pod that caused it", first + culprit_wait)
             blamed = failed
@@ -239,6 +240,14 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         return Failure("scheduling", f"{len(pending)} pod(s) unscheduled for "
                        f"{ft.schedule_timeout_seconds:.0f}s: {why}"), hold
     return None, hold
+
+
+def device_culprits(pods: list[PodView]) -> list[PodView]:
+    """Failed pods whose termination message carries the Neuron runtime's report of a hardware
+    fault (trainium_api.runtimefaults): their nodes are the fault. Also read in teardown, for a
+    culprit whose runtime timed out after its peers' failure was acted on."""
+    return [p for p in pods if p.phase == "Failed" and p.node and p.runtime_fault is not None
+            and p.runtime_fault.kind == "device"]
 
 
 def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | None,

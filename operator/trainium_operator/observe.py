@@ -167,6 +167,9 @@ class Failure:
     fatal: bool = False
     exit_code: int | None = None
     since: float | None = None  # when the signal appeared (container finished, condition changed)
+    pod_reported: bool = False
+    """The evidence is the run's own pods' words (a termination message, a progress report),
+    which the run's author controls: it may keep this run off the node, not taint it for all."""
 
 
 @dataclass

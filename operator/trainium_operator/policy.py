@@ -53,6 +53,11 @@ class DisruptionGuard:
     failure: the Neuron device plugin restarting (an upgrade, a crash) unregisters the devices
     and registers them again within seconds; a device really lost stays missing."""
 
+    trust_pod_reports: bool = False
+    """Quarantine (taint, for every run) a node that only a run's own pods named as faulty: the
+    Neuron runtime's words in a termination message, a straggler report. Off by default: those
+    are written by the run author's code, so such a node is only avoided by that run
+    (status.avoidedNodes). Turn on where every run's image is trusted."""
     culprit_wait_seconds: float = 5.0
     """When every pod that failed so far only lost a peer (the Neuron runtime said so: a
     collective that never completed, a closed connection) while others still run, wait this long
@@ -109,6 +114,8 @@ class Action:
     reason: str
     quarantine_node: str = ""
     delay_seconds: float = 0.0
+    avoid_node: str = ""
+    """Keep this run's pods off the node, without a taint (the evidence is the run's own)."""
 
 
 def count(counters: FailureCounters, cause: str, time: float, checkpoint_step: int | None,
@@ -132,10 +139,28 @@ def counters_from(history: list[FailureRecord], window_seconds: float) -> Failur
     return counters
 
 
+def excluded_node(node: str, cause: str, pod_reported: bool, trust_pod_reports: bool) -> tuple[str, str]:
+    """(node to quarantine, node to avoid) for a failure of ``cause`` on ``node``."""
+    if not node or cause not in QUARANTINE_CAUSES:
+        return "", ""
+    return ("", node) if pod_reported and not trust_pod_reports else (node, "")
+
+
+def straggler_replace_allowed(spec: TrainingRunSpec, counters: FailureCounters, excluded: list[str],
+                              now: float) -> bool:
+    """Whether a straggler may restart the gang: only when its node can be left out and the
+    straggler budget has room. A slow node is not worth failing the run for: otherwise it is
+    only reported."""
+    ft = spec.fault_tolerance
+    window = ft.budget_window_minutes * 60
+    spent = len([t for t in counters.recent.get("straggler", []) if now - t <= window])
+    return ft.quarantine and len(excluded) + 1 <= spec.quarantine_limit() and spent < ft.restart_budget.straggler
+
+
 def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],
-           checkpoint_step: int | None, now: float) -> Action:
+           checkpoint_step: int | None, now: float, avoided: list[str] = (), trust_pod_reports: bool = False) -> Action:
     """``counters``: the run's earlier failures, counted (status.failureCounters);
-    ``quarantined``: nodes already quarantined for this run."""
+    ``quarantined``, ``avoided``: nodes this run already keeps out (tainted, or only avoided)."""
     ft = spec.fault_tolerance
     if failure.fatal:
         return Action("fail", f"fatal error, not retried: {failure.message}")
@@ -151,13 +176,14 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
     if failure.cause in JOB_CAUSES and streak >= ft.no_progress_restarts:
         return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
-    node = ""
-    if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in quarantined:
-        if len(quarantined) + 1 > spec.quarantine_limit():
-            return Action("fail", f"cluster unhealthy: quarantining {failure.node} would exceed "
-                          f"{spec.quarantine_limit()} quarantined nodes ({', '.join(quarantined)})")
-        node = failure.node
+    node, avoid = "", ""
+    excluded = [*quarantined, *avoided]
+    if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in excluded:
+        if len(excluded) + 1 > spec.quarantine_limit():
+            return Action("fail", f"cluster unhealthy: leaving out {failure.node} would exceed "
+                          f"{spec.quarantine_limit()} quarantined or avoided nodes ({', '.join(excluded)})")
+        node, avoid = excluded_node(failure.node, failure.cause, failure.pod_reported, trust_pod_reports)
     failures_in_window = sum(len(ts) for ts in recent.values())
     delay = min(ft.max_backoff_seconds, ft.backoff_seconds * (2 ** min(failures_in_window, 30))) \
         if ft.backoff_seconds else 0.0
-    return Action("restart", failure.message, quarantine_node=node, delay_seconds=delay)
+    return Action("restart", failure.message, quarantine_node=node, delay_seconds=delay, avoid_node=avoid)

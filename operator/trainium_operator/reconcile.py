@@ -34,15 +34,15 @@ from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, CheckpointRef, Condition, Disruption,
-                                 FailureRecord, Suspension, TrainingRunStatus)
+                                 FailureRecord, StragglerStreak, Suspension, TrainingRunStatus)
 
 from . import admission, goodput, plan, stragglers
 from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
 from .hostaccess import HostAccess
-from .judge import Clocks, Guards, Observed, judge
+from .judge import Clocks, Guards, Observed, device_culprits, judge
 from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
 from .observer import Snapshot, read_status, snapshot
-from .policy import DisruptionGuard, count, counters_from, decide
+from .policy import DisruptionGuard, count, counters_from, decide, excluded_node, straggler_replace_allowed
 from .stragglers import flagged
 
 __all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "reconcile_objects", "read_status"]
@@ -346,7 +346,7 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     resume = p.checkpoint or p.old.last_checkpoint
     new.phase, new.attempt = "Starting", attempt
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume)  # nothing of the last one carries over
-    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, new.quarantined_nodes, resume, p.host)]
+    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _excluded(new), resume, p.host)]
     p.event(reason, f"attempt {attempt}: {message}" + (
         f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
 
@@ -355,6 +355,7 @@ def _teardown(p: Pass) -> None:
     """Delete the failed attempt (force after the grace period), then start the next one once
     every pod of every attempt is gone and the backoff has passed."""
     _note_teardown_progress(p)
+    _late_culprits(p)
     _stop(p, p.current, p.old.current.teardown_start_time or p.now)
     if p.current or p.stale:
         return
@@ -363,9 +364,40 @@ def _teardown(p: Pass) -> None:
         last.teardown_done_time = p.now
     if p.now < (p.old.current.restart_not_before or 0):
         return
-    quarantined = p.new.quarantined_nodes
+    excluded = _excluded(p.new)
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
-        f", avoiding {len(quarantined)} quarantined node(s)" if quarantined else ""))
+        f", avoiding {len(excluded)} quarantined or avoided node(s)" if excluded else ""))
+
+
+def _excluded(status: TrainingRunStatus) -> list[str]:
+    """Nodes the run's pods stay off: quarantined (tainted) and avoided (this run's own word)."""
+    return [*status.quarantined_nodes, *(n for n in status.avoided_nodes if n not in status.quarantined_nodes)]
+
+
+def _avoid(p: Pass, node: str, why: str) -> None:
+    p.new.avoided_nodes = p.new.avoided_nodes + [node]
+    p.event("NodeAvoided", f"{node}: {why}; this run's pods stay off it (no taint: the evidence is the run's own "
+            "pods' words; an operator run with --trust-pod-fault-reports quarantines instead)", warning=True)
+
+
+def _late_culprits(p: Pass) -> None:
+    """A pod of the failed attempt that ends in teardown with the Neuron runtime's report of a
+    hardware fault (its runtime timed out after the pod that lost a peer was acted on): its node
+    is left out of the next attempt all the same, within the quarantine limit."""
+    if not p.spec.fault_tolerance.quarantine:
+        return
+    for pod in device_culprits(p.current):
+        if pod.node in _excluded(p.new) or len(_excluded(p.new)) + 1 > p.spec.quarantine_limit():
+            continue
+        why = f"pod {pod.name} reported in teardown: {pod.message}"
+        node, avoid = excluded_node(pod.node, "neuron-device", True, p.guard.trust_pod_reports)
+        if node:
+            p.effects.append(Quarantine(node, why))
+            p.new.quarantined_nodes = p.new.quarantined_nodes + [node]
+            p.new.quarantine_pending = p.new.quarantine_pending + [node]
+            p.event("NodeQuarantined", f"{node}: {why}", warning=True)
+        else:
+            _avoid(p, avoid, why)
 
 
 def _suspended_since(p: Pass) -> float:
@@ -410,7 +442,7 @@ def _supervise(p: Pass) -> None:
     if old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
-        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, new.quarantined_nodes,
+        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _excluded(new),
                                       old.current.resume_checkpoint, p.host))  # or the API server refused some
                       for i in range(spec.nodes) if i not in have]
         _act(p, gang, complete=False)
@@ -434,14 +466,24 @@ def _supervise(p: Pass) -> None:
 def _watch_stragglers(p: Pass) -> None:
     """status.current.stragglers from this pass's progress reports; an event for each pod that
     became a straggler (with stragglers replace, the judge then acts on it)."""
-    streaks, new_ones = stragglers.update(p.old.current.stragglers, p.current, p.spec.fault_tolerance, p.now)
+    streaks, new_ones = stragglers.update(p.old.current.stragglers, p.current, p.spec, p.now)
     p.new.current.stragglers = streaks
-    replacing = p.spec.fault_tolerance.stragglers == "replace"
     for s in new_ones:
         p.event("Straggler", f"pod {s.pod} on node {s.node}: compute time per step {s.ratio:g}x the other pods' "
-                f"median in {s.reports} reports in a row"
-                + ("; its node is quarantined and the gang restarted" if replacing else " (stragglers: report)"),
+                f"median in {s.reports} reports in a row (stragglers: {p.spec.fault_tolerance.stragglers})",
                 warning=True)
+
+
+def _replaceable_stragglers(p: Pass) -> tuple[StragglerStreak, ...]:
+    """The flagged stragglers the judge may restart the gang for: with stragglers replace, and
+    only while the node can be left out and the budget has room (else they are reported only)."""
+    found = flagged(p.new.current.stragglers)
+    if not found or p.spec.fault_tolerance.stragglers != "replace":
+        return ()
+    counters = p.old.failure_counters or counters_from(p.new.failures, p.spec.fault_tolerance.budget_window_minutes * 60)
+    if not straggler_replace_allowed(p.spec, counters, _excluded(p.new), p.now):
+        return ()
+    return tuple(s for s in found if s.node not in _excluded(p.new))
 
 
 def _report_startup(p: Pass) -> None:
@@ -487,7 +529,7 @@ def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
     """Ask the judge; record a disruption's start and end; act on a failure. Returns whether
     the attempt failed."""
     seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error)
-    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, tuple(flagged(p.new.current.stragglers))),
+    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, _replaceable_stragglers(p)),
                     Guards(p.guard, p.disruption, p.api_outage))
     _record_disruption(p, verdict.disruption)
     if verdict.failure:
@@ -575,7 +617,8 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     ckpt_step = ckpt.step if ckpt else None
     window = spec.fault_tolerance.budget_window_minutes * 60
     counters = old.failure_counters or counters_from(history, window)
-    action = decide(failure, spec, counters, new.quarantined_nodes, ckpt_step, now)
+    action = decide(failure, spec, counters, new.quarantined_nodes, ckpt_step, now, new.avoided_nodes,
+                    p.guard.trust_pod_reports)
     record = FailureRecord(
         id=(old.failure_count or len(history)) + 1, time=now, cause=failure.cause, action=action.kind,
         node=failure.node, pod=failure.pod, message=failure.message[:500], attempt=old.attempt,
@@ -611,6 +654,8 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
         new.quarantine_pending = new.quarantine_pending + [action.quarantine_node]
         p.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
+    if action.avoid_node:
+        _avoid(p, action.avoid_node, failure.message)
     p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"
             + (f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""), warning=True)
     p.delete(p.current)

@@ -6,43 +6,71 @@ the step's first collective, ``computeSeconds`` in its progress annotation): a s
 stretches its own, while its peers' stay short and their wait shows up in the collective. A
 pod whose compute time is above ``stragglerFactor`` x the median of the *other* pods (so one
 slow pod of two is still seen) in ``stragglerReports`` consecutive reports is a straggler.
-Each report is counted once (by its time); a report at or under the factor ends the streak.
+
+Guards (the reports are written by the run's own code, and not every layout can be compared):
+each report counts once (by its time); only reports within STALE_INTERVALS progress intervals
+of the newest are compared (a pod whose reports stopped is not anyone's baseline); values under
+MIN_SECONDS are ignored; layouts where a pod's compute time includes waiting on other pods are
+not watched (pipeline stages; a tensor-parallel group wider than a pod): ``watchable`` says why.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from statistics import median
 
-from trainium_api.spec import FaultToleranceConfig
+from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import StragglerStreak
 
 from .observe import PodView
 
+MIN_SECONDS = 1e-3
+STALE_INTERVALS = 3
 
-def update(streaks: list[StragglerStreak], pods: list[PodView], ft: FaultToleranceConfig,
+
+def watchable(spec: TrainingRunSpec) -> str:
+    """Why this run's compute times cannot be compared across pods ("" when they can)."""
+    if spec.fault_tolerance.stragglers == "off":
+        return "faultTolerance.stragglers is off"
+    if spec.trainer.is_command:
+        return "a command trainer reports no compute time"
+    par = spec.run.parallelism
+    if par.pipeline > 1:
+        return "pipeline stages wait on each other before their first collective"
+    if par.tensor > (spec.processes_per_node or 1):
+        return "a tensor-parallel group spans pods: its pods wait on each other inside the forward pass"
+    return ""
+
+
+def update(streaks: list[StragglerStreak], pods: list[PodView], spec: TrainingRunSpec,
            now: float) -> tuple[list[StragglerStreak], list[StragglerStreak]]:
     """The streaks after this pass's reports (pods with one going), and those that made their
     pod a straggler in this pass."""
-    if ft.stragglers == "off":
+    if watchable(spec):
         return [], []
+    ft = spec.fault_tolerance
+    reporting = {p.name: p for p in pods if p.phase == "Running" and not p.deleting and p.progress
+                 and (p.progress.get("computeSeconds") or 0.0) >= MIN_SECONDS and p.progress.get("time")}
+    if reporting:
+        newest = max(p.progress["time"] for p in reporting.values())
+        fresh = STALE_INTERVALS * max(spec.run.logging.progress_interval_seconds, 1.0)
+        reporting = {k: p for k, p in reporting.items() if newest - p.progress["time"] <= fresh}
     by_pod = {s.pod: s for s in streaks}
-    reporting = {p.name: p for p in pods if p.progress and p.progress.get("computeSeconds")
-                 and p.phase == "Running" and not p.deleting}
     out: list[StragglerStreak] = []
     flagged: list[StragglerStreak] = []
     for name, p in sorted(reporting.items()):
         old = by_pod.get(name, StragglerStreak(pod=name, node=p.node or ""))
         others = [o.progress["computeSeconds"] for o in reporting.values() if o.name != name]
-        report_time = p.progress.get("time")
-        if not others or report_time is None or report_time == old.report_time:
+        report_time = p.progress["time"]
+        if not others or report_time == old.report_time:
             if old.reports:
                 out.append(old)  # no new report from it (or no one to compare with): unchanged
             continue
-        ratio = round(p.progress["computeSeconds"] / median(others), 3)
-        if ratio <= ft.straggler_factor:
+        ratio = p.progress["computeSeconds"] / median(others)
+        if not math.isfinite(ratio) or ratio <= ft.straggler_factor:
             continue  # the streak ends
-        new = replace(old, reports=old.reports + 1, report_time=report_time, ratio=ratio)
+        new = replace(old, reports=old.reports + 1, report_time=report_time, ratio=round(ratio, 3))
         if new.reports >= ft.straggler_reports and new.flagged_time is None:
             new = replace(new, flagged_time=now)
             flagged.append(new)

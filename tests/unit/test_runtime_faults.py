@@ -54,3 +54,46 @@ def test_evidence_is_printable_and_bounded():
     text = "neuron-runtime-fault: device NRT_EXEC_HW_ERR_NC_UE local-rank 0\n\x1b[31mred\x07" + "y" * 5000
     f = rf.parse_message(text)
     assert f.evidence.startswith("[31mred") and len(f.evidence) <= rf.EVIDENCE_LIMIT and f.evidence.isprintable()
+
+
+ORPHAN_SCRIPT = r"""
+import os, subprocess, sys, time
+from trainer.outputwatch import OutputWatch
+w = OutputWatch().start()
+subprocess.Popen(["sh", "-c", "sleep 1; echo ORPHAN"])  # outlives the launcher's workers, holds stdout
+print("(FATAL-RT-UNDEFINED-STATE) [ND 0][NC 1] Uncorrectable memory error is detected, metadata: 0x1.", flush=True)
+t = time.monotonic()
+found = w.stop(timeout=0.2)
+assert time.monotonic() - t < 1.0
+assert w.stop() == found  # a second stop neither waits nor changes anything
+with open(sys.argv[1], "w") as f:  # the next file opened must not receive the orphan's output
+    f.write("mine\n")
+time.sleep(2)
+print("status", found.status, flush=True)
+"""
+
+
+def test_the_watch_lets_go_of_a_stream_an_orphan_still_holds(tmp_path):
+    """A process that outlives the workers keeps the pipe: stop() returns within its timeout, the
+    orphan's output still reaches the original stream, and no file opened afterwards gets it."""
+    import subprocess
+    import sys
+    out = tmp_path / "after.txt"
+    root = Path(__file__).parents[2]
+    res = subprocess.run([sys.executable, "-c", ORPHAN_SCRIPT, str(out)], capture_output=True, text=True, timeout=60,
+                         cwd=root, env={"PYTHONPATH": f"{root / 'api'}:{root}", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert out.read_text() == "mine\n"
+    lines = res.stdout.splitlines()
+    assert "ORPHAN" in lines and "status NRT_EXEC_HW_ERR_NC_UE" in lines, res.stdout
+
+
+def test_only_recent_findings_count(monkeypatch):
+    from trainer import outputwatch
+    w = outputwatch.OutputWatch()
+    clock = [1000.0]
+    monkeypatch.setattr(outputwatch.time, "monotonic", lambda: clock[0])
+    w.see("NRT_EXEC_COMPLETED_WITH_NUM_ERR")  # an early NaN warning
+    clock[0] += outputwatch.RECENT_SECONDS + 1
+    w.see("Connection reset by peer")
+    assert w.finding().kind == "peer"  # the stale restart finding no longer outranks it

@@ -3,13 +3,10 @@ the policy's quarantine for it). Pure."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from tests.unit.test_judge import GUARD, NOW, node, pod
 from tests.unit.test_operator_core import SPEC
-from trainium_api.spec import FaultToleranceConfig
 from trainium_api.status import FailureCounters
 from trainium_operator import stragglers
 from trainium_operator.judge import Clocks, Guards, Observed, judge
@@ -17,7 +14,11 @@ from trainium_operator.observe import gang_state, node_view, pod_view
 from trainium_operator.policy import decide
 from trainium_operator.spec import parse
 
-FT = FaultToleranceConfig(straggler_factor=1.5, straggler_reports=3)
+def spec_with(**ft):
+    return parse({**SPEC, "faultTolerance": {"stragglerFactor": 1.5, "stragglerReports": 3, **ft}})
+
+
+FT = spec_with()
 
 
 def reports(t: float, compute: dict[int, float]) -> list:
@@ -30,7 +31,7 @@ def reports(t: float, compute: dict[int, float]) -> list:
     return out
 
 
-def run(rounds: list[dict[int, float]], ft: FaultToleranceConfig = FT, same_time: bool = False):
+def run(rounds: list[dict[int, float]], ft=FT, same_time: bool = False):
     streaks, flagged = [], []
     for r, compute in enumerate(rounds):
         streaks, new = stragglers.update(streaks, reports(NOW if same_time else NOW + r, compute), ft, NOW + r)
@@ -60,7 +61,7 @@ def test_a_report_is_counted_once():
 
 def test_at_the_factor_is_not_slow_and_off_watches_nothing():
     assert run([{2: 0.3}] * 5) == ([], [])  # exactly 1.5x
-    assert run([{2: 0.5}] * 5, ft=replace(FT, stragglers="off")) == ([], [])
+    assert run([{2: 0.5}] * 5, ft=spec_with(stragglers="off")) == ([], [])
 
 
 def test_two_pods_one_slow_is_seen():
@@ -90,8 +91,12 @@ def test_the_judge_acts_on_a_straggler_only_when_told_to_replace(mode, cause):
     assert (verdict.failure.cause if verdict.failure else None) == cause
     if cause:
         assert verdict.failure.node == "n2" and "2.5x" in verdict.failure.message
+        # the evidence is the run's own: its pods avoid the node, no taint for everyone ...
         action = decide(verdict.failure, spec, FailureCounters(), [], 40, NOW)
-        assert action.kind == "restart" and action.quarantine_node == "n2"
+        assert action.kind == "restart" and (action.quarantine_node, action.avoid_node) == ("", "n2")
+        # ... unless the operator trusts pod reports
+        action = decide(verdict.failure, spec, FailureCounters(), [], 40, NOW, trust_pod_reports=True)
+        assert (action.quarantine_node, action.avoid_node) == ("n2", "")
 
 
 def test_bad_values_are_refused_with_the_field_named():
@@ -100,3 +105,49 @@ def test_bad_values_are_refused_with_the_field_named():
                          ({"stragglerReports": 0}, "stragglerReports")]:
         with pytest.raises(ConfigError, match=field):
             parse({**SPEC, "faultTolerance": patch})
+
+
+def test_stale_tiny_and_absurd_reports_are_not_compared():
+    # a pod whose reports stopped long ago is no one's baseline
+    views = reports(NOW, {2: 0.5})
+    views[0].progress["time"] = NOW - 3600
+    views[1].progress["time"] = NOW - 3600
+    views[3].progress["time"] = NOW - 3600
+    assert stragglers.update([], views, FT, NOW) == ([], [])
+    # a tiny value cannot make a ratio of infinity (it would not even be JSON in the status)
+    views = reports(NOW, {0: 5e-324, 1: 5e-324, 3: 5e-324, 2: 1e6})
+    streaks, _ = stragglers.update([], views, FT, NOW)
+    assert streaks == []
+
+
+@pytest.mark.parametrize("patch, why", [
+    ({"parallelism": {"tensor": 8, "pipeline": 2, "sequenceParallel": True}}, "pipeline"),
+    ({"faultTolerance": {"stragglers": "off"}}, "off"),
+])
+def test_layouts_that_wait_on_other_pods_are_not_watched(patch, why):
+    spec = parse({**SPEC, **patch})
+    assert why in stragglers.watchable(spec)
+    assert stragglers.update([], reports(NOW, {2: 0.5}), spec, NOW) == ([], [])
+    assert stragglers.watchable(FT) == ""
+
+
+def test_replace_only_while_the_node_can_be_left_out_and_the_budget_has_room():
+    from trainium_operator.policy import straggler_replace_allowed
+    spec = spec_with(stragglers="replace")
+    assert straggler_replace_allowed(spec, FailureCounters(), [], NOW)
+    assert not straggler_replace_allowed(spec, FailureCounters(), ["a"] * spec.quarantine_limit(), NOW)
+    assert not straggler_replace_allowed(spec, FailureCounters(recent={"straggler": [NOW - 1] * 3}), [], NOW)
+    assert not straggler_replace_allowed(spec_with(stragglers="replace", quarantine=False), FailureCounters(), [], NOW)
+
+
+def test_a_hold_keeps_the_straggler_rule_quiet():
+    from tests.unit.test_judge import PEER
+    spec = spec_with(stragglers="replace")
+    streaks, flagged = run([{2: 0.5}] * 3)
+    pods = reports(NOW, {2: 0.5})
+    held = pod(0, "Failed", code=1, term=PEER, finished_ago=1)
+    pods[0] = pod_view(held)
+    nodes = {f"n{i}": node_view(node(i)) for i in range(4)}
+    clocks = Clocks(gang_running_time=NOW - 300, last_step_time=NOW - 1, step_seconds=1.0, stragglers=tuple(flagged))
+    verdict = judge(Observed(spec, gang_state(pods), nodes, NOW), clocks, Guards(GUARD))
+    assert verdict.failure is None and "caused" in verdict.hold.reason
