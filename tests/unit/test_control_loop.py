@@ -412,3 +412,39 @@ def test_a_pod_never_sent_sigterm_is_stopped_gracefully_however_late():
                     if e.kind == "delete_pod"]
         r = reconcile_objects(_run(status, **spec), going, nodes, now=191.0)
         assert {(e.name, e.grace) for e in r.effects if e.kind == "delete_pod"} == {(f"r-a1-{i}", 0) for i in range(4)}
+
+
+HBM_MESSAGE = ("neuron-runtime-fault: device NRT_EXEC_HW_ERR_HBM_UE local-rank -\n(FATAL-RT-UNDEFINED-STATE) "
+               "Uncorrectable HBM memory error is detected. Execution results may be invalid.")
+
+
+def _ended(i: int, code: int, message: str = "") -> object:
+    term = {"exitCode": code, "reason": "Error", "finishedAt": "2026-01-01T00:00:00Z"}
+    if message:
+        term["message"] = message
+    return pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)}},
+                     "spec": {"nodeName": f"n{i}"},
+                     "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": term}}]}})
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_culprit_that_reports_in_teardown_still_keeps_its_node_out(trust):
+    """The victim's failure was acted on first (an application failure); the pod whose runtime
+    timed out later ends in teardown saying so: its node is left out of the next attempt:
+    avoided by this run (no taint: the run's own words), or quarantined when trusted."""
+    from trainium_operator.policy import DisruptionGuard
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Restarting", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0,
+              "current": {"gangRunningTime": 5.0, "teardownStartTime": 100.0, "restartNotBefore": 100.0},
+              "failures": [{"id": 1, "time": 100.0, "cause": "application", "action": "restart", "node": "n0",
+                            "pod": "r-a1-0", "attempt": 1}], "failureCount": 1, "restarts": {"application": 1}}
+    pods = [_ended(0, 1), _ended(1, 143), _ended(2, 1, HBM_MESSAGE), _ended(3, 143)]
+    r = reconcile_objects(_run(status), pods, nodes, now=103.0, guard=DisruptionGuard(trust_pod_reports=trust))
+    field = "quarantined_nodes" if trust else "avoided_nodes"
+    assert getattr(r.after, field) == ["n2"] and not getattr(r.after, "avoided_nodes" if trust else "quarantined_nodes")
+    assert [e for e in r.effects if e.kind == "quarantine"] if trust else not [e for e in r.effects if e.kind == "quarantine"]
+    # the next attempt's pods stay off it
+    run = _after(r, _run(status))
+    r = reconcile_objects(run, [], nodes, now=104.0, guard=DisruptionGuard(trust_pod_reports=trust))
+    pods = [e.obj for e in r.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
+    assert pods and all("n2" in str(p["spec"]["affinity"]["nodeAffinity"]) for p in pods)
