@@ -52,6 +52,22 @@ def _epoch() -> tuple[int, int] | None:
     return (int(created) if created.isdigit() else 0, int(attempt))
 
 
+def source_list(data) -> list[dict]:
+    """data.sources as saved in a checkpoint's meta: what the data positions belong to."""
+    return [{"uri": src.uri, "weight": src.weight} for src in data.sources]
+
+
+def changed_data(meta: dict, data) -> tuple[str, str, str] | None:
+    """(field, then, now) when the checkpoint was written with other sources or another
+    tokenizer than ``data``; None when the same (or the checkpoint predates the record)."""
+    saved = meta.get("dataSources")
+    if saved is not None and saved != source_list(data):
+        return "data.sources", json.dumps(saved), json.dumps(source_list(data))
+    if meta.get("tokenizer") not in (None, data.tokenizer):
+        return "data.tokenizer", str(meta["tokenizer"]), data.tokenizer
+    return None
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -133,12 +149,23 @@ class Trainer:
             log.info("init.from %s ignored: a checkpoint exists", self.cfg.init.from_)
         state = self.ckpt.load(tag, self.layout_meta())
         meta = state["meta"]
+        changed = changed_data(meta, self.cfg.data)
+        if changed and not self.cfg.data.allow_changed_sources:
+            raise exitcodes.FatalError(f"{changed[0]}: checkpoint {tag.tag} was written with {changed[1]}, the config "
+                                       f"now has {changed[2]}; its data positions belong to the old data. Set "
+                                       f"data.allowChangedSources: true to resume the model and read the new data "
+                                       f"from its beginning")
         if meta.get("configDigest") != self.cfg.digest() and self.ps.rank == 0:
             log.warning("checkpoint %s was written with a different model/data config (digest %s, now %s)",
                         tag.tag, meta.get("configDigest"), self.cfg.digest())
         self.model.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
-        self.data.load_state(meta["data"])
+        if changed:
+            if self.ps.rank == 0:
+                log.warning("%s changed since checkpoint %s (data.allowChangedSources): the new data is read from "
+                            "its beginning", changed[0], tag.tag)
+        else:
+            self.data.load_state(meta["data"])
         self.health.load_state(state["user_content"]["health"])
         torch.set_rng_state(state["user_content"]["torch_rng"])
         self.step, self.tokens = meta["step"], meta["tokens"]
@@ -169,6 +196,7 @@ class Trainer:
         meta = {"step": self.step, "tokens": self.tokens, "data": self.data.state(),
                 "configDigest": self.cfg.digest(), "layout": self.layout_meta(),
                 "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer,
+                "dataSources": source_list(self.cfg.data),
                 "eosToken": self.cfg.data.eos_token}
         user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}
         result = self.ckpt.save(self.step, self.model.state_dict(), self.optim.state_dict(),

@@ -286,6 +286,11 @@ class DataConfig:
     """Evaluate on data.heldOut every N steps (0: only at the end). Ignored without heldOut."""
     eval_batches: AtLeastOne = 4
     """Global batches of held-out data per evaluation (the same batches every time)."""
+    allow_changed_sources: bool = False
+    """Resume from a checkpoint written with other data.sources (a URI, a prefix or a weight
+    changed) or another data.tokenizer. Refused by default, naming the field: the saved data
+    positions belong to the old sources. true: the model and optimizer resume and the new
+    sources are read from their beginning (continual pre-training on new data)."""
 
     def validate(self, tokenizer_optional: bool = False) -> None:
         if not self.sources:
@@ -386,7 +391,8 @@ class RunConfig:
     def digest(self) -> str:
         """Hash of everything that shapes the model and the sample order (not intervals/logging)."""
         from .load import to_dict
-        data = {k: v for k, v in to_dict(self.data).items() if k not in ("heldOut", "evalIntervalSteps", "evalBatches")}
+        data = {k: v for k, v in to_dict(self.data).items()
+                if k not in ("heldOut", "evalIntervalSteps", "evalBatches", "allowChangedSources")}
         relevant = {"model": to_dict(self.model), "parallelism": to_dict(self.parallelism),
                     "data": data, "seed": self.training.seed,
                     "seqLen": self.training.seq_len, "globalBatchSize": self.training.global_batch_size}

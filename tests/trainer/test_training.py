@@ -172,3 +172,19 @@ def test_nan_guard(tiny_data, tmp_path, policy):
         assert res.returncode == exitcodes.FATAL and "health.nanPolicy=stop" in res.stderr, res.stderr[-2000:]
     else:
         assert res.returncode == 0 and "update skipped" in res.stderr, res.stderr[-2000:]
+
+
+def test_changed_data_sources_are_refused_at_resume_unless_allowed(tiny_data, tmp_path):
+    """A checkpoint's data positions belong to the sources it was written with: resuming with
+    another source list (a weight, a URI or a prefix changed) or another tokenizer is refused,
+    naming the field, unless data.allowChangedSources says to read the new data from its start."""
+    base = overrides(tiny_data, tmp_path, "d", "training.steps=2", "checkpoint.intervalSteps=2")
+    assert run_trainer(1, base).returncode == 0
+    reweighted = [f"data.sources=[{{uri: {tiny_data['stories']}, weight: 1}}, {{uri: {tiny_data['facts']}, weight: 1}}]"]
+    res = run_trainer(1, [*base, "training.steps=4", *reweighted])
+    assert res.returncode == exitcodes.FATAL, res.stderr[-3000:]
+    assert "data.sources: checkpoint step_2 was written with" in res.stderr and "allowChangedSources" in res.stderr
+    res = run_trainer(1, [*base, "training.steps=4", *reweighted, "data.allowChangedSources=true"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stderr and "the new data is read from its beginning" in res.stderr
+    assert sorted(read_losses(tmp_path / "d.jsonl")) == [1, 2, 3, 4]
