@@ -63,6 +63,15 @@ class Positive:
 
 
 @dataclass(frozen=True)
+class Above:
+    """value > bound (Positive is Above(0))."""
+    bound: float
+
+    def refuses(self, value: Any) -> str | None:
+        return f"must be more than {self.bound:g}" if value <= self.bound else None
+
+
+@dataclass(frozen=True)
 class MinLen:
     """At least this many characters (a string) or items (a list)."""
     length: int

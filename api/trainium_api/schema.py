@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, get_args, get_origin
 
-from .fields import FieldInfo, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
+from .fields import Above, FieldInfo, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
 
 _TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
@@ -43,6 +43,8 @@ def field_schema(cls: type, f: FieldInfo) -> dict:
             s["minimum"] = mark.bound if isinstance(mark.bound, float) and not mark.bound.is_integer() else int(mark.bound)
         elif isinstance(mark, Positive):
             s.update(minimum=0, exclusiveMinimum=True)
+        elif isinstance(mark, Above):
+            s.update(minimum=mark.bound, exclusiveMinimum=True)
         elif isinstance(mark, MinLen) and "type" in s:
             s["minItems" if s["type"] == "array" else "minLength"] = mark.length
     if f.doc:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from .fields import (
     DERIVED,
+    Above,
     ConfigError,
     Doc,
     IntOrString,
@@ -473,15 +474,12 @@ class FaultToleranceConfig:
     stragglerReports consecutive reports is a straggler. report: an event, a metric and
     status.current.stragglers; replace: also quarantine its node and restart the gang (budget
     restartBudget.straggler); off: not watched."""
-    straggler_factor: PositiveNumber = 1.5
+    straggler_factor: Annotated[float, Above(1)] = 1.5
     """How much slower than the other pods' median a pod's compute time must be (more than 1)."""
     straggler_reports: AtLeastOne = 5
     """Consecutive progress reports above the factor before a pod is called a straggler."""
 
     def validate(self) -> None:
-        if self.straggler_factor <= 1:
-            raise ConfigError("faultTolerance.stragglerFactor",
-                              f"must be more than 1 (a pod slower than the others' median), got {self.straggler_factor}")
         h = self.hang_timeout_seconds
         if h != "auto":
             try:

@@ -11,7 +11,7 @@ from typing import get_args, get_origin
 import pytest
 import yaml
 
-from trainium_api.fields import IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
+from trainium_api.fields import Above, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import TrainingRunStatus
 from trainium_operator import crd
@@ -70,9 +70,10 @@ def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
             assert prop.get("x-kubernetes-preserve-unknown-fields") is True, at
         else:
             assert prop["type"] == JSON_TYPES[tp], at
-        minimum = f.mark(Min)
-        assert prop.get("minimum") == (minimum.bound if minimum else 0 if f.mark(Positive) else None), at
-        assert prop.get("exclusiveMinimum", False) == bool(f.mark(Positive)), at
+        minimum, above = f.mark(Min), f.mark(Above)
+        assert prop.get("minimum") == (minimum.bound if minimum else 0 if f.mark(Positive) else
+                                       above.bound if above else None), at
+        assert prop.get("exclusiveMinimum", False) == bool(f.mark(Positive) or above), at
         min_len = f.mark(MinLen) if "type" in prop else None  # the loader checks an untyped node's
         assert prop.get("minItems", prop.get("minLength")) == (min_len.length if min_len else None), at
         assert prop.get("nullable", False) == (f.optional and f.enum is None), at
