@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
+        # the pod is ending: a SIGTERM now (a teardown) must not cut the report short (torch's
+        # handler is still installed and would raise out of this block)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         finding = watch.stop()
         codes = [f.exitcode for f in exc.failures.values()]
         code = exit_code_for(codes)
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         report_fault(culprit_view(finding, codes), os.environ.get(TERMINATION_LOG_ENV))
         return code
     except SignalException:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # stopped (a teardown): a rank whose runtime reported a hardware fault before it was
         # told to stop is still this node's fault (the operator reads it in teardown); a lost
         # peer is not worth saying here, everyone lost one

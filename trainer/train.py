@@ -57,14 +57,23 @@ def source_list(data) -> list[dict]:
     return [{"uri": src.uri, "weight": src.weight} for src in data.sources]
 
 
+def _uris(sources: list[dict]) -> list[str]:
+    return [str(s["uri"]).rstrip("/") for s in sources]  # a trailing slash names the same folder
+
+
 def changed_data(meta: dict, data) -> tuple[str, str, str] | None:
-    """(field, then, now) when the checkpoint was written with other sources or another
-    tokenizer than ``data``; None when the same (or the checkpoint predates the record)."""
+    """(field, then, now) when the checkpoint's data positions do not belong to ``data``: other
+    source URIs (a prefix changed, a source added, removed or reordered), another tokenizer,
+    end-of-document token, text field or packing. None when they do (a weight may change: the
+    positions stay valid, the mix going forward follows the new weights), or when the
+    checkpoint predates the record."""
     saved = meta.get("dataSources")
-    if saved is not None and saved != source_list(data):
-        return "data.sources", json.dumps(saved), json.dumps(source_list(data))
-    if meta.get("tokenizer") not in (None, data.tokenizer):
-        return "data.tokenizer", str(meta["tokenizer"]), data.tokenizer
+    if saved is not None and _uris(saved) != _uris(source_list(data)):
+        return "data.sources", json.dumps(_uris(saved)), json.dumps(_uris(source_list(data)))
+    for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("textField", data.text_field),
+                     ("packing", data.packing)):
+        if key in meta and meta[key] != now:
+            return f"data.{key}", json.dumps(meta[key]), json.dumps(now)
     return None
 
 
@@ -196,7 +205,8 @@ class Trainer:
         meta = {"step": self.step, "tokens": self.tokens, "data": self.data.state(),
                 "configDigest": self.cfg.digest(), "layout": self.layout_meta(),
                 "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer,
-                "dataSources": source_list(self.cfg.data),
+                "dataSources": source_list(self.cfg.data), "textField": self.cfg.data.text_field,
+                "packing": self.cfg.data.packing,
                 "eosToken": self.cfg.data.eos_token}
         user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}
         result = self.ckpt.save(self.step, self.model.state_dict(), self.optim.state_dict(),

@@ -288,10 +288,12 @@ class DataConfig:
     eval_batches: AtLeastOne = 4
     """Global batches of held-out data per evaluation (the same batches every time)."""
     allow_changed_sources: bool = False
-    """Resume from a checkpoint written with other data.sources (a URI, a prefix or a weight
-    changed) or another data.tokenizer. Refused by default, naming the field: the saved data
+    """Resume from a checkpoint written with other data.sources (a URI or a prefix changed, a
+    source added, removed or reordered) or another data.tokenizer. Refused by default, naming the field: the saved data
     positions belong to the old sources. true: the model and optimizer resume and the new
-    sources are read from their beginning (continual pre-training on new data)."""
+    sources are read from their beginning (continual pre-training on new data). A changed
+    weight alone is not refused: the positions stay valid. Also refused: another eosToken,
+    textField or packing. Our trainer only: a command trainer's checkpoints are its own."""
 
     def validate(self, tokenizer_optional: bool = False) -> None:
         if not self.sources:
@@ -461,7 +463,8 @@ class FaultToleranceConfig:
     quarantine: bool = True
     """Taint and label a node whose failure caused a restart, so no attempt lands there again."""
     max_quarantined_nodes: NonNegative = 0
-    """Beyond this many quarantined nodes the run fails as 'cluster unhealthy' (0 = nodes / 4, at least 1)."""
+    """Beyond this many quarantined or avoided nodes (status.quarantinedNodes, avoidedNodes) the
+    run fails as 'cluster unhealthy' (0 = nodes / 4, at least 1)."""
     no_progress_restarts: AtLeastOne = 3
     """Fail after this many consecutive restarts for application errors or hangs without the
     checkpoint step advancing (node, Neuron device, eviction and scheduling failures are the

@@ -128,6 +128,15 @@ class FailureRecord(_Written):
 
 
 @dataclass
+class AvoidedNode(_Written):
+    """A node the run keeps its pods off on its own pods' word (status.avoidedNodes)."""
+    node: str = ""
+    time: float = 0.0
+    """Since when: the run tries it again budgetWindowMinutes later."""
+    reason: str = ""
+
+
+@dataclass
 class StragglerStreak(_Written):
     """One pod's run of progress reports whose compute time was above the straggler factor."""
     pod: str = ""
@@ -158,6 +167,9 @@ class AttemptStatus(_Written):
     """When the attempt failed and its pods were told to stop."""
     restart_not_before: float | None = None
     """Backoff: the next attempt starts no earlier."""
+    late_culprit: str = ""
+    """The node of a pod that reported a hardware fault only in this attempt's teardown (one per
+    teardown: the others were stopped with it)."""
     stragglers: list[StragglerStreak] = field(default_factory=list)
     """Pods with a straggler streak going (faultTolerance.stragglers); a list, so that the
     status's merge patch replaces it whole and a streak that ended goes."""
@@ -234,11 +246,12 @@ class TrainingRunStatus(_Written):
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until
     the operator's node cache shows it (a node seen tainted and later without it was returned by
     an admin; one never seen tainted was not quarantined yet)."""
-    avoided_nodes: list[str] = field(default_factory=list)
+    avoided_nodes: list[AvoidedNode] = field(default_factory=list)
     """Nodes this run's own pods named as faulty (the Neuron runtime's words in a termination
-    message, a straggler): this run's pods stay off them, but no taint is written, because a
-    run's pods do not judge a node for the whole cluster (unless the operator runs with
-    --trust-pod-fault-reports, which quarantines them instead)."""
+    message, a straggler, a late culprit in teardown): this run's pods stay off them for
+    faultTolerance.budgetWindowMinutes, but no taint is written, because a run's pods do not
+    judge a node for the whole cluster (unless the operator runs with --trust-pod-fault-reports,
+    which quarantines them instead). They count toward maxQuarantinedNodes while avoided."""
     failures: list[FailureRecord] = field(default_factory=list)
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0

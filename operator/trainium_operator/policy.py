@@ -177,7 +177,7 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
         return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
     node, avoid = "", ""
-    excluded = [*quarantined, *avoided]
+    excluded = [*quarantined, *(n for n in avoided if n not in quarantined)]
     if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in excluded:
         if len(excluded) + 1 > spec.quarantine_limit():
             return Action("fail", f"cluster unhealthy: leaving out {failure.node} would exceed "

@@ -33,7 +33,8 @@ from typing import Callable
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
-from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, CheckpointRef, Condition, Disruption,
+from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, AvoidedNode, CheckpointRef, Condition,
+                                 Disruption,
                                  FailureRecord, StragglerStreak, Suspension, TrainingRunStatus)
 
 from . import admission, goodput, plan, stragglers
@@ -42,7 +43,7 @@ from .hostaccess import HostAccess
 from .judge import Clocks, Guards, Observed, device_culprits, judge
 from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
 from .observer import Snapshot, read_status, snapshot
-from .policy import DisruptionGuard, count, counters_from, decide, excluded_node, straggler_replace_allowed
+from .policy import DisruptionGuard, count, counters_from, decide, straggler_replace_allowed
 from .stragglers import flagged
 
 __all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "reconcile_objects", "read_status"]
@@ -221,6 +222,7 @@ def _observe(p: Pass) -> None:
     if p.checkpoint and p.checkpoint.step != (p.old.last_checkpoint.step if p.old.last_checkpoint else None):
         new.last_checkpoint = p.checkpoint
     _still_quarantined(p)
+    _still_avoided(p)
     # left over from an attempt whose teardown an earlier operator did not finish
     p.delete(p.stale, grace=0)
 
@@ -371,33 +373,44 @@ def _teardown(p: Pass) -> None:
 
 def _excluded(status: TrainingRunStatus) -> list[str]:
     """Nodes the run's pods stay off: quarantined (tainted) and avoided (this run's own word)."""
-    return [*status.quarantined_nodes, *(n for n in status.avoided_nodes if n not in status.quarantined_nodes)]
+    return [*status.quarantined_nodes, *(a.node for a in status.avoided_nodes if a.node not in status.quarantined_nodes)]
 
 
 def _avoid(p: Pass, node: str, why: str) -> None:
-    p.new.avoided_nodes = p.new.avoided_nodes + [node]
-    p.event("NodeAvoided", f"{node}: {why}; this run's pods stay off it (no taint: the evidence is the run's own "
-            "pods' words; an operator run with --trust-pod-fault-reports quarantines instead)", warning=True)
+    p.new.avoided_nodes = p.new.avoided_nodes + [AvoidedNode(node=node, time=p.now, reason=why[:300])]
+    p.event("NodeAvoided", f"{node}: {why}; this run's pods stay off it for "
+            f"{p.spec.fault_tolerance.budget_window_minutes:g} min (no taint: the evidence is the run's own pods' "
+            "words; an operator run with --trust-pod-fault-reports quarantines instead)", warning=True)
+
+
+def _still_avoided(p: Pass) -> None:
+    """A pod's word keeps the run off a node for the budget window, then the node may be tried
+    again (a repaired node keeps its name; a replaced one never comes back)."""
+    window = p.spec.fault_tolerance.budget_window_minutes * 60
+    kept = [a for a in p.old.avoided_nodes if p.now - a.time < window]
+    if len(kept) != len(p.old.avoided_nodes):
+        p.new.avoided_nodes = kept
 
 
 def _late_culprits(p: Pass) -> None:
     """A pod of the failed attempt that ends in teardown with the Neuron runtime's report of a
     hardware fault (its runtime timed out after the pod that lost a peer was acted on): its node
     is left out of the next attempt all the same, within the quarantine limit."""
-    if not p.spec.fault_tolerance.quarantine:
+    if not p.spec.fault_tolerance.quarantine or p.old.current.late_culprit:
+        return  # one per teardown: the first to end with the report
+    last = p.new.failures[-1] if p.new.failures else None
+    culprit = next((x for x in device_culprits(p.current) if not last or x.node != last.node), None)
+    if culprit is None or culprit.node in _excluded(p.new):
         return
-    for pod in device_culprits(p.current):
-        if pod.node in _excluded(p.new) or len(_excluded(p.new)) + 1 > p.spec.quarantine_limit():
-            continue
-        why = f"pod {pod.name} reported in teardown: {pod.message}"
-        node, avoid = excluded_node(pod.node, "neuron-device", True, p.guard.trust_pod_reports)
-        if node:
-            p.effects.append(Quarantine(node, why))
-            p.new.quarantined_nodes = p.new.quarantined_nodes + [node]
-            p.new.quarantine_pending = p.new.quarantine_pending + [node]
-            p.event("NodeQuarantined", f"{node}: {why}", warning=True)
-        else:
-            _avoid(p, avoid, why)
+    why = f"pod {culprit.name} reported in teardown: {culprit.message}"
+    if len(_excluded(p.new)) + 1 > p.spec.quarantine_limit():
+        p.event("LateCulpritKept", f"{culprit.node}: {why}; not avoided: the run already leaves out "
+                f"{p.spec.quarantine_limit()} node(s) (maxQuarantinedNodes)", warning=True)
+    else:
+        # only avoided, trusted or not: a late report is tied to no failure record, and a taint is
+        # retried from one (_still_quarantined)
+        _avoid(p, culprit.node, why)
+    p.new.current.late_culprit = culprit.node
 
 
 def _suspended_since(p: Pass) -> float:
@@ -617,7 +630,8 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     ckpt_step = ckpt.step if ckpt else None
     window = spec.fault_tolerance.budget_window_minutes * 60
     counters = old.failure_counters or counters_from(history, window)
-    action = decide(failure, spec, counters, new.quarantined_nodes, ckpt_step, now, new.avoided_nodes,
+    action = decide(failure, spec, counters, new.quarantined_nodes, ckpt_step, now,
+                    [a.node for a in new.avoided_nodes if a.node not in new.quarantined_nodes],
                     p.guard.trust_pod_reports)
     record = FailureRecord(
         id=(old.failure_count or len(history)) + 1, time=now, cause=failure.cause, action=action.kind,

@@ -180,11 +180,18 @@ def test_changed_data_sources_are_refused_at_resume_unless_allowed(tiny_data, tm
     naming the field, unless data.allowChangedSources says to read the new data from its start."""
     base = overrides(tiny_data, tmp_path, "d", "training.steps=2", "checkpoint.intervalSteps=2")
     assert run_trainer(1, base).returncode == 0
-    reweighted = [f"data.sources=[{{uri: {tiny_data['stories']}, weight: 1}}, {{uri: {tiny_data['facts']}, weight: 1}}]"]
-    res = run_trainer(1, [*base, "training.steps=4", *reweighted])
+    # a weight is not the source list: the positions stay valid, the resume goes on
+    reweighted = [f"data.sources=[{{uri: {tiny_data['stories']}/, weight: 1}}, {{uri: {tiny_data['facts']}, weight: 1}}]"]
+    res = run_trainer(1, [*base, "training.steps=3", "checkpoint.intervalSteps=3", *reweighted])
+    assert res.returncode == 0 and "resumed from" in res.stderr, res.stderr[-3000:]
+    # one source swapped for another (the same count): refused, naming the field
+    swapped = [f"data.sources=[{{uri: {tiny_data['stories']}, weight: 3}}, {{uri: {tiny_data['stories']}, weight: 1}}]"]
+    res = run_trainer(1, [*base, "training.steps=4", *swapped])
     assert res.returncode == exitcodes.FATAL, res.stderr[-3000:]
-    assert "data.sources: checkpoint step_2 was written with" in res.stderr and "allowChangedSources" in res.stderr
-    res = run_trainer(1, [*base, "training.steps=4", *reweighted, "data.allowChangedSources=true"])
+    assert "data.sources: checkpoint step_3 was written with" in res.stderr and "allowChangedSources" in res.stderr
+    res = run_trainer(1, [*base, "training.steps=4", "data.packing=false"])
+    assert res.returncode == exitcodes.FATAL and "data.packing: checkpoint step_3" in res.stderr, res.stderr[-3000:]
+    res = run_trainer(1, [*base, "training.steps=4", *swapped, "data.allowChangedSources=true"])
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stderr and "the new data is read from its beginning" in res.stderr
     assert sorted(read_losses(tmp_path / "d.jsonl")) == [1, 2, 3, 4]
