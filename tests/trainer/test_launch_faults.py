@@ -28,7 +28,7 @@ WORKER = f"""
 import os, sys, time
 rank, mode = int(os.environ["RANK"]), sys.argv[1]
 if mode == "ok":  # one write per line: two ranks share the stream
-    os.write(1, f"rank {{rank}} done\n".encode())
+    os.write(1, f"rank {{rank}} done\\n".encode())
     sys.exit(0)
 if rank == 0:  # the rank that loses its peer: says so, then waits to be stopped by torchrun
     print("RuntimeError: Connection closed by peer [127.0.0.1]:29500", file=sys.stderr, flush=True)
