@@ -17,6 +17,7 @@ not watched (pipeline stages; a tensor-parallel group wider than a pod): ``watch
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import replace
 from statistics import median
 
@@ -59,15 +60,18 @@ def update(streaks: list[StragglerStreak], pods: list[PodView], spec: TrainingRu
     by_pod = {s.pod: s for s in streaks}
     out: list[StragglerStreak] = []
     flagged: list[StragglerStreak] = []
+    every = sorted(p.progress["computeSeconds"] for p in reporting.values())  # once: 128 pods a pass
     for name, p in sorted(reporting.items()):
         old = by_pod.get(name, StragglerStreak(pod=name, node=p.node or ""))
-        others = [o.progress["computeSeconds"] for o in reporting.values() if o.name != name]
+        mine = p.progress["computeSeconds"]
+        at = bisect_left(every, mine)
+        others = every[:at] + every[at + 1:]  # still sorted: median() is linear on it
         report_time = p.progress["time"]
         if not others or report_time == old.report_time:
             if old.reports:
                 out.append(old)  # no new report from it (or no one to compare with): unchanged
             continue
-        ratio = p.progress["computeSeconds"] / median(others)
+        ratio = mine / median(others)
         if not math.isfinite(ratio) or ratio <= ft.straggler_factor:
             continue  # the streak ends
         new = replace(old, reports=old.reports + 1, report_time=report_time, ratio=round(ratio, 3))
