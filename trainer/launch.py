@@ -21,7 +21,7 @@ import sys
 import time
 
 from trainium_api import exitcodes, runtimefaults
-from trainium_api.launch import PRECOMPILE_FLAG, TERMINATION_LOG_ENV
+from trainium_api.launch import PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, TERMINATION_LOG_ENV
 
 from .outputwatch import OutputWatch
 
@@ -33,19 +33,56 @@ PRECOMPILE_ENV = "TRAINER_PRECOMPILE_STEPS"
 # PRECOMPILE_FLAG is in trainium_api.launch: the operator writes it into the pod command.
 
 
-def _pop_precompile(argv: list[str]) -> int:
-    """Remove our flag from torchrun's arguments; returns its value (0: off)."""
+def _pop_flag(argv: list[str], flag: str) -> str:
+    """Remove one of our flags from torchrun's arguments; returns its value ("" when absent)."""
     for i, arg in enumerate(argv):
-        if arg == PRECOMPILE_FLAG and i + 1 < len(argv):
+        if arg == flag and i + 1 < len(argv):
             value = argv[i + 1]
             del argv[i:i + 2]
-            return int(value)
-        if arg.startswith(PRECOMPILE_FLAG + "="):
+            return value
+        if arg.startswith(flag + "="):
             del argv[i]
-            return int(arg.split("=", 1)[1])
+            return arg.split("=", 1)[1]
         if arg == "-m" or not arg.startswith("-"):
             break  # the trainer's own arguments begin
-    return 0
+    return ""
+
+
+def _pop_precompile(argv: list[str]) -> int:
+    """Remove the pre-compile flag; returns its value (0: off)."""
+    return int(_pop_flag(argv, PRECOMPILE_FLAG) or 0)
+
+
+def preflight(args, value: str) -> int:
+    """The gang's pre-flight check (trainer.preflight) under torchrun, with the same rendezvous
+    (on the next port: a node that finished the check early must not reach the real run's store
+    while another still holds the check's). ``value``: FACTOR,TIMEOUT. On success the real run's
+    workers learn how long it took (their progress reports carry it: goodput's preflight phase)."""
+    import copy
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    check = copy.deepcopy(args)
+    check.module, check.no_python = True, False
+    check.training_script, check.training_script_args = "trainer.preflight", value.split(",")
+    check.max_restarts = 0
+    if not getattr(check, "standalone", False):
+        check.master_port = int(check.master_port) + 1
+    print(f"trainer.launch: pre-flight check ({value})", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        run(check)
+    except ChildFailedError as exc:
+        codes = [f.exitcode for f in exc.failures.values()]
+        code = exit_code_for(codes)
+        print(f"trainer.launch: pre-flight check exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
+        return code
+    except SignalException:
+        return exitcodes.TERMINATED
+    os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
+    return exitcodes.OK
 
 
 def precompile(argv: list[str], steps: int) -> int:
@@ -72,6 +109,8 @@ def exit_code_for(worker_codes: list[int]) -> int:
         return exitcodes.OK
     if any(exitcodes.is_fatal(c) for c in worker_codes):
         return exitcodes.FATAL
+    if exitcodes.PREFLIGHT in worker_codes:
+        return exitcodes.PREFLIGHT
     if exitcodes.RETRYABLE in worker_codes:
         return exitcodes.RETRYABLE
     terminated = (exitcodes.TERMINATED, -signal.SIGTERM)
@@ -118,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         code = precompile(argv, steps)
         if code != exitcodes.OK:
             return code
+    check = _pop_flag(argv, PREFLIGHT_FLAG)
     args = parse_args(argv)
+    if check and os.environ.get(PRECOMPILE_ENV) is None:
+        code = preflight(args, check)
+        if code != exitcodes.OK:
+            return code
     watch = OutputWatch().start()
     try:
         run(args)

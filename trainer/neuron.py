@@ -338,3 +338,39 @@ class NxDPipeline:
         if self.ps.is_last_stage and loss is not None:
             return loss.float()
         return torch.zeros((), device=self.ps.device)
+
+
+# -- the pre-flight check's device part (trainer.preflight) ---------------------------------------
+# Written against the Neuron tools' documented behaviour, never run here (no Trainium):
+# the Neuron device plugin gives the container one /dev/neuronN per allocated device;
+# `neuron-ls` (aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst) lists the devices the
+# driver sees and fails when it cannot; `nccom-test -r N allr` (nccom-test.rst) runs an
+# all-reduce over N NeuronCores of this node and exits non-zero when it fails. Only the exit
+# statuses and the device files are read: neuron-ls's JSON changes format in Neuron 2.34.
+
+NCCOM_TEST_TIMEOUT = 120.0
+
+
+def preflight_devices(expected: int, local_rank: int) -> list[str]:
+    """What is wrong with this node's Neuron devices ([] when nothing): checked by local rank 0
+    only (the others return [] at once; the node's verdict takes the worst of its ranks)."""
+    import re
+    import shutil
+    import subprocess
+    if local_rank != 0:
+        return []
+    found = sorted(n for n in os.listdir("/dev") if re.fullmatch(r"neuron\d+", n))
+    if len(found) != expected:
+        return [f"{len(found)} Neuron devices in the container, the instance type has {expected}"]
+    for tool, argv in (("neuron-ls", ["neuron-ls"]),
+                       ("nccom-test", ["nccom-test", "-r", os.environ.get("NEURON_RT_NUM_CORES", "2"), "allr"])):
+        if shutil.which(tool) is None:
+            return [f"{tool} is not on PATH (it ships with the Neuron training images)"]
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=NCCOM_TEST_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return [f"{tool} did not finish in {NCCOM_TEST_TIMEOUT:.0f}s"]
+        if res.returncode != 0:
+            last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            return [f"{' '.join(argv)} exited {res.returncode}: {last[0][:200]}"]
+    return []

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from trainium_api import exitcodes
+from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
 from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout, to_dict
@@ -93,6 +94,9 @@ class Trainer:
         self.heldout = self._heldout_batches()
         self.eval_perplexity: float | None = None
         self.compute_seconds: float | None = None  # smoothed time before each step's first collective
+        # what the pre-flight check before this run took (trainer.launch), for goodput
+        self.preflight_seconds = float(os.environ[PREFLIGHT_SECONDS_ENV]) if os.environ.get(PREFLIGHT_SECONDS_ENV) \
+            else None
         tp = ps.layers()  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
@@ -459,7 +463,8 @@ class Trainer:
             step, loss, tps, ended = self._last
             self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
-                                 eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds)
+                                 eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
+                                 preflight_seconds=self.preflight_seconds)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -11,3 +11,9 @@ PRECOMPILE_FLAG = "--neuron-precompile-steps"
 # Where trainer.launch writes what the Neuron runtime said when a worker failed: the operator
 # sets this variable to the container's terminationMessagePath (trainium_api.runtimefaults).
 TERMINATION_LOG_ENV = "TRAINER_TERMINATION_LOG"
+
+# `--preflight FACTOR,TIMEOUT` (spec.faultTolerance.preflight): trainer.launch first runs the
+# pre-flight check (trainer.preflight) with the same torchrun arguments, then the real run.
+PREFLIGHT_FLAG = "--preflight"
+# The seconds the check took, for the real run's progress reports (goodput's preflight phase).
+PREFLIGHT_SECONDS_ENV = "TRAINER_PREFLIGHT_SECONDS"

@@ -50,6 +50,7 @@ ProgressFormat = Literal["nxd", "nxdt", "regex"]
 CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
 Unset = Literal[""]
 StragglerPolicy = Literal["off", "report", "replace"]
+PreflightMode = Literal["auto", "on", "off"]
 """The empty string: a field that is not set (a builtin trainer has no progress format)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -104,7 +105,7 @@ def trainer_identity(run_name: str) -> str:
 # sets them): spec.env and spec.volumes may not override them.
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE",
-                "TRAINER_TERMINATION_LOG")
+                "TRAINER_TERMINATION_LOG", "NODE_NAME")
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
 CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
@@ -430,6 +431,8 @@ class RestartBudget:
     never mounts)."""
     straggler: NonNegative = 3
     """Restarts after a straggler's node was quarantined (faultTolerance.stragglers replace)."""
+    preflight: NonNegative = 10
+    """Restarts after a node failed the pre-flight check (faultTolerance.preflight)."""
 
     def for_cause(self, cause: str) -> int:
         return getattr(self, cause.replace("-", "_"))
@@ -481,6 +484,19 @@ class FaultToleranceConfig:
     """How much slower than the other pods' median a pod's compute time must be (more than 1)."""
     straggler_reports: AtLeastOne = 5
     """Consecutive progress reports above the factor before a pod is called a straggler."""
+    preflight: PreflightMode = "auto"
+    """Before each attempt trains, every pod runs a check with the collectives the trainer
+    uses: a timed matmul per rank, a timed all-reduce across the gang and, with 3 nodes or
+    more, a timed all-reduce between pairs of nodes (each node in two pairs), and on Neuron the
+    device count (neuron-ls) and a node-local collective test (nccom-test). A node that fails,
+    or is more than preflightSlowFactor x slower than the median node, is left out and the gang
+    restarts without it (cause preflight) before any graph is loaded. auto: on for Trainium
+    instance types (a bad device or link found after the gang loaded its graphs costs a whole
+    restart there), off elsewhere (a small run restarts in seconds)."""
+    preflight_slow_factor: Annotated[float, Above(1)] = 2.0
+    """How much slower than the median node a node may be in the pre-flight check."""
+    preflight_timeout_seconds: PositiveNumber = 300.0
+    """The pre-flight check's time budget (its collectives time out after it)."""
 
     def validate(self) -> None:
         h = self.hang_timeout_seconds
@@ -674,6 +690,11 @@ class TrainingRunSpec(RunConfig):
     def own_trainer_identity(self) -> bool:
         """The operator makes the trainer's ServiceAccount (the spec names none of its own)."""
         return self.service_account_name is None
+
+    def preflight_on(self) -> bool:
+        """faultTolerance.preflight in force: on, or auto on a Trainium instance type."""
+        mode = self.fault_tolerance.preflight
+        return mode == "on" or (mode == "auto" and bool(INSTANCE_TYPES[self.instance_type]["neuron"]))
 
     def quarantine_limit(self) -> int:
         return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)

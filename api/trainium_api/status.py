@@ -71,6 +71,8 @@ class LostSeconds(_Written):
     """Teardown done (or creation) -> the new attempt trains again."""
     recompute: float = 0.0
     """Steps trained after the checkpoint resumed from, trained again."""
+    preflight: float = 0.0
+    """The pre-flight check (faultTolerance.preflight): each attempt's, and attempts that failed it."""
 
 
 @dataclass
@@ -167,6 +169,8 @@ class AttemptStatus(_Written):
     """When the attempt failed and its pods were told to stop."""
     restart_not_before: float | None = None
     """Backoff: the next attempt starts no earlier."""
+    preflight_seconds: float | None = None
+    """What this attempt's pre-flight check took (its first progress report says)."""
     late_culprit: str = ""
     """The node of a pod that reported a hardware fault only in this attempt's teardown (one per
     teardown: the others were stopped with it)."""
@@ -259,6 +263,8 @@ class TrainingRunStatus(_Written):
     failure_counters: FailureCounters | None = None
     """Running counts of every failure for the failure policy (None: an older operator's
     status; counted from status.failures then)."""
+    preflight_seconds: float = 0.0
+    """Every attempt's pre-flight check, in total (goodput's preflight phase)."""
     goodput_archive: GoodputArchive | None = None
     goodput: Goodput | None = None
     disruption: Disruption | None = None

@@ -11,6 +11,8 @@ end of teardown:
              checkpoint load, compile). The new attempt's first report (``resumedTime``) came
              ``resumedSteps`` steps after it resumed; its training began that many step times
              earlier. A failure that never resumed is closed by the next failure.
+  preflight  the new attempt's pre-flight check (its first report says how long), taken out of
+             schedule; and for a failure of cause preflight, its last step -> detection
   recompute  steps trained after the checkpoint the new attempt resumed from (``resumedStep``;
              before it resumed, the newest complete checkpoint), lost and trained again:
              (failed attempt's last step - resumed step) x step time. When that checkpoint is
@@ -55,7 +57,10 @@ def _walk(lost: LostSeconds, previous_end: float, failures: list[FailureRecord],
             # least that far: those steps survive and are not lost (progress reports are
             # rate-limited; the newest one can be behind the checkpoint)
             last_step = min(detected, last_step + (base - step) * step_s)
-        lost.detect += max(0.0, detected - last_step)
+        if f.cause == "preflight":  # the attempt never trained: its check, up to detection
+            lost.preflight += max(0.0, detected - last_step)
+        else:
+            lost.detect += max(0.0, detected - last_step)
         torn_down = f.teardown_done_time or nxt or now
         lost.teardown += max(0.0, torn_down - max(detected, last_step))
         if f.resumed_time:
@@ -87,10 +92,13 @@ def archive(previous: GoodputArchive | None, created: float, first_progress: flo
 
 def account(created: float, first_progress: float | None, failures: list[FailureRecord], now: float,
             step_seconds: float | None = None, first_progress_steps: int | None = None,
-            archived: GoodputArchive | None = None, suspension: Suspension | None = None) -> Goodput:
+            archived: GoodputArchive | None = None, suspension: Suspension | None = None,
+            preflight_seconds: float = 0.0) -> Goodput:
     """Goodput from the run's start: the archived totals (failures no longer kept) plus the
     kept timeline. Time suspended is left out of the wall time (neither productive nor lost);
-    restarting after a resume is lost as schedule time."""
+    restarting after a resume is lost as schedule time. ``preflight_seconds``: what the
+    attempts' pre-flight checks took (status.preflightSeconds), inside their schedule time,
+    counted as its own phase."""
     step_s = step_seconds or 0.0
     if archived:
         lost, previous_end = dataclasses.replace(archived.lost_seconds), archived.until
@@ -103,6 +111,9 @@ def account(created: float, first_progress: float | None, failures: list[Failure
         lost.recompute += suspension.recompute_seconds
         lost.schedule += suspension.restart_seconds + (
             max(0.0, now - suspension.resumed_time) if suspension.resumed_time is not None else 0.0)
+    moved = min(lost.schedule, max(0.0, preflight_seconds))
+    lost.schedule -= moved
+    lost.preflight += moved
     wall = max(0.0, now - created - paused)
     total_lost = min(wall, sum(getattr(lost, p) for p in PHASES))
     productive = wall - total_lost

@@ -15,6 +15,7 @@ Every rule lives here, in this order:
               re-registers its devices within seconds)                   -> neuron-device
   runtime     a failed pod's termination message says the Neuron runtime
               reported a hardware fault (trainer.launch wrote it)       -> neuron-device
+  preflight   a pod exited PREFLIGHT: the pre-flight check named its node   -> preflight
   exit        a pod failed (evicted: its own reason wins); a pod that
               only lost a peer is blamed last                           -> application | eviction
   vanished    a pod deleted or missing                                    -> eviction
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainium_api.exitcodes import PREFLIGHT as PREFLIGHT_EXIT
 from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
@@ -191,6 +193,11 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         return Failure("neuron-device", f"pod {culprit.name} on node {culprit.node} failed: exit {culprit.exit_code}; "
                        f"{culprit.message}", node=culprit.node or "", pod=culprit.name, exit_code=culprit.exit_code,
                        since=culprit.finished, pod_reported=True), hold
+    checked = next((p for p in failed if p.exit_code == PREFLIGHT_EXIT), None)
+    if checked:  # the pre-flight check named this pod's node (the others wait to be stopped)
+        return Failure("preflight", f"pod {checked.name} on node {checked.node} failed the pre-flight check: "
+                       f"{checked.preflight_failure or checked.message or 'no reason given'}", node=checked.node or "",
+                       pod=checked.name, exit_code=checked.exit_code, since=checked.finished, pod_reported=True), hold
     if failed:
         blamed = [p for p in failed if not (p.runtime_fault and p.runtime_fault.kind == "peer")]
         if not blamed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trainium_api import progress, runtimefaults
+from trainium_api import preflight, progress, runtimefaults
 from trainium_api.spec import Cause
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
@@ -62,6 +62,7 @@ class PodView:
     owner: str | None = None  # the uid of the run that controls it
     gone_by: float | None = None  # a deleting pod's deletionTimestamp: when its grace period ends
     runtime_fault: runtimefaults.Finding | None = None  # what the Neuron runtime said, from its termination message
+    preflight_failure: str | None = None  # why its node failed the pre-flight check, from its termination message
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -74,7 +75,7 @@ def pod_view(pod: dict) -> PodView:
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     labels = meta.get("labels") or {}
     exit_code, reason, message = None, status.get("reason") or "", status.get("message") or ""
-    finished, waiting, fault = None, "", None
+    finished, waiting, fault, failed_check = None, "", None, None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         term = state.get("terminated")
@@ -82,7 +83,8 @@ def pod_view(pod: dict) -> PodView:
             exit_code = term.get("exitCode")
             reason = reason if reason in EVICTION_REASONS else (term.get("reason") or reason)
             fault = runtimefaults.parse_message(term.get("message"))
-            message = fault.describe() if fault else (term.get("message") or message)
+            failed_check = preflight.parse_message(term.get("message"))
+            message = fault.describe() if fault else failed_check or term.get("message") or message
             finished = _ts(term.get("finishedAt"))
         wait = state.get("waiting")
         if wait and not waiting:
@@ -107,7 +109,7 @@ def pod_view(pod: dict) -> PodView:
                    progress=report, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
-                   gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault)
+                   gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check)
 
 
 def _label_int(labels: dict, key: str) -> int:
@@ -187,6 +189,7 @@ class GangState:
     last_progress_time: float | None
     start_step: int | None = None  # where the reporting processes began (their checkpoint), if known
     eval_perplexity: float | None = None  # newest held-out perplexity, when the run evaluates
+    preflight_seconds: float | None = None  # what the attempt's pre-flight check took (its reports say)
 
     @property
     def size(self) -> int:
@@ -207,7 +210,9 @@ def gang_state(pods: list[PodView]) -> GangState:
         last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None),
         start_step=newest.get("startStep") if newest else None,
         eval_perplexity=next((r["evalPerplexity"] for r in sorted(reports, key=lambda r: -r["step"])
-                              if r.get("evalPerplexity") is not None), None))
+                              if r.get("evalPerplexity") is not None), None),
+        preflight_seconds=max((r["preflightSeconds"] for r in reports if r.get("preflightSeconds") is not None),
+                              default=None))
 
 
 def succeeded(p: PodView) -> bool:

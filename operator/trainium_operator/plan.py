@@ -18,7 +18,7 @@ from datetime import datetime
 import yaml
 
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api.launch import PRECOMPILE_FLAG, TERMINATION_LOG_ENV
+from trainium_api.launch import PRECOMPILE_FLAG, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
@@ -159,7 +159,9 @@ def resume_arguments(spec: TrainingRunSpec, checkpoint: CheckpointRef | None) ->
 def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: CheckpointRef | None) -> list[str]:
     precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
                   if spec.compile_cache.precompile_steps else [])
-    launch = ["python", "-m", "trainer.launch", *precompile, "--nnodes", str(spec.nodes), "--node_rank", str(index),
+    ft = spec.fault_tolerance
+    check = [PREFLIGHT_FLAG, f"{ft.preflight_slow_factor:g},{ft.preflight_timeout_seconds:g}"] if spec.preflight_on() else []
+    launch = ["python", "-m", "trainer.launch", *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
               "--master_port", str(MASTER_PORT)]
     if not spec.trainer.is_command:
@@ -200,7 +202,10 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         env["NEURON_CC_FLAGS"] = (f"--model-type transformer --distribution-strategy=llm-training "
                                   f"--cache_dir={spec.compile_cache.path}")
     env_list = [{"name": k, "value": v} for k, v in env.items()]
+    if itype["neuron"] and spec.preflight_on():  # the pre-flight check counts the container's devices
+        env_list.append({"name": "TRAINER_PREFLIGHT_DEVICES", "value": itype["resources"]["aws.amazon.com/neuron"]})
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
     command = _command(spec, index, master, checkpoint)

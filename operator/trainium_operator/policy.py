@@ -74,7 +74,7 @@ class DisruptionGuard:
 
 
 # Failures whose node is quarantined (faultTolerance.quarantine): the node is the fault.
-QUARANTINE_CAUSES = ("node", "neuron-device", "straggler")
+QUARANTINE_CAUSES = ("node", "neuron-device", "straggler", "preflight")
 # Failures a disruption can fake: a node that looks lost, a gang whose progress cannot reach us.
 DISRUPTION_CAUSES = ("node", "hang")
 

@@ -58,7 +58,7 @@ def test_enumerations_have_one_source():
     from trainium_api import checkpoints
     assert watch.PROGRESS_FORMATS is api.PROGRESS_FORMATS and checkpoints.LAYOUTS is api.LAYOUTS
     assert api.CAUSES == ("application", "node", "neuron-device", "hang", "eviction", "scheduling", "startup",
-                          "straggler")
+                          "straggler", "preflight")
     assert set(api.INSTANCE_TYPES) == set(next(f for f in api_fields(api.TrainingRunSpec)
                                                if f.name == "instance_type").enum)
 
@@ -71,7 +71,8 @@ FULL = {"phase": "Running", "attempt": 3, "createdTime": 1.0, "restarts": {"node
                       "recoveredTime": 12.0, "recoveredAfter": 3.0}],
         "failureCount": 1, "disruption": {"since": 3.0, "message": "3 of 4 nodes"},
         "goodput": {"wallSeconds": 10.0, "productiveSeconds": 8.0,
-                    "lostSeconds": {"detect": 1.0, "teardown": 1.0, "schedule": 0.0, "recompute": 0.0},
+                    "lostSeconds": {"detect": 1.0, "teardown": 1.0, "schedule": 0.0, "recompute": 0.0,
+                                    "preflight": 0.0},
                     "effectiveRatio": 0.8}}
 
 

@@ -1,0 +1,25 @@
+"""The pre-flight check's verdict on a node, as the failing pod's termination message says it
+(trainer.preflight writes it, the operator reads it: docs/architecture.md 4). The message is
+written by code in the run's pod: parsed strictly, bounded, and only ever about that pod's node.
+"""
+
+from __future__ import annotations
+
+MESSAGE_PREFIX = "preflight-failed:"
+REASON_LIMIT = 300
+
+
+def format_message(reason: str) -> str:
+    return f"{MESSAGE_PREFIX} {_clean(reason)}\n"
+
+
+def parse_message(text: str | None) -> str | None:
+    """Why this pod's node failed the check, or None when the message is not such a verdict."""
+    if not text or not isinstance(text, str) or not text.startswith(MESSAGE_PREFIX):
+        return None
+    reason = _clean(text[len(MESSAGE_PREFIX):].splitlines()[0] if text[len(MESSAGE_PREFIX):].strip() else "")
+    return reason or "no reason given"
+
+
+def _clean(text: str) -> str:
+    return "".join(c if c.isprintable() else " " for c in text).strip()[:REASON_LIMIT]

@@ -1,0 +1,109 @@
+"""The pre-flight check under the real launcher and torchrun: three "nodes" (three launchers on
+this machine, one rank each, a static rendezvous as in a pod), one of them slowed by having its
+processes SIGSTOPped and SIGCONTed in turn (a slow node: a tenth of the time). The slow node's
+launcher exits PREFLIGHT (76) with the reason in its termination message; the others wait to be
+stopped (the operator's teardown: SIGTERM). Without a slow node, every launcher goes on to the
+real run, which learns how long the check took."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, descendants, trainer_env
+from trainium_api import exitcodes, preflight
+from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, TERMINATION_LOG_ENV
+
+pytestmark = pytest.mark.trainer
+NODES = 3
+SCRIPT = f"import os; print('real run; the check took', os.environ.get({PREFLIGHT_SECONDS_ENV!r}), flush=True)\n"
+
+
+def two_free_ports() -> int:
+    """A port p with p + 1 free too (the check's rendezvous is on the next port)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def launch(tmp: Path, factor: float, port: int) -> list[subprocess.Popen]:
+    script = tmp / "real.py"
+    script.write_text(SCRIPT)
+    return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, f"{factor},60", "--nnodes",
+                              str(NODES), "--node_rank", str(i), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+                              "--master_port", str(port), str(script)], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=trainer_env(NODE_NAME=f"node-{i}", **{TERMINATION_LOG_ENV: str(tmp / f"term-{i}")}))
+            for i in range(NODES)]
+
+
+def slow(pid: int, stop: threading.Event, share: float = 0.1, period: float = 0.1) -> None:
+    """SIGSTOP/SIGCONT the launcher and everything it starts, in turn, until ``stop``."""
+    while not stop.is_set():
+        procs = [pid, *descendants(pid)]
+        for sig, wait in ((signal.SIGSTOP, period * (1 - share)), (signal.SIGCONT, period * share)):
+            for p in procs:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(wait)
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_slow_node_is_named_by_the_check_and_the_others_wait_to_be_stopped(tmp_path):
+    procs = launch(tmp_path, 3.0, two_free_ports())
+    stop = threading.Event()
+    slower = threading.Thread(target=slow, args=(procs[2].pid, stop), daemon=True)
+    slower.start()
+    try:
+        out, err = procs[2].communicate(timeout=240)
+    finally:
+        stop.set()
+        slower.join(5)
+    assert procs[2].returncode == exitcodes.PREFLIGHT, err[-3000:]
+    reason = preflight.parse_message((tmp_path / "term-2").read_text())
+    assert reason and reason.startswith("node node-2: matmul"), reason
+    assert "real run" not in out
+    time.sleep(1)
+    for p in procs[:2]:
+        assert p.poll() is None  # the healthy nodes wait for the teardown ...
+        p.send_signal(signal.SIGTERM)
+    for p in procs[:2]:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == exitcodes.TERMINATED, err[-2000:]  # ... and stop on it
+        assert "another node failed (node node-2: matmul" in err
+    assert not (tmp_path / "term-0").exists() and not (tmp_path / "term-1").exists()
+
+
+def test_a_healthy_gang_passes_and_the_real_run_learns_how_long_it_took(tmp_path):
+    procs = launch(tmp_path, 20.0, two_free_ports())
+    errs = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+        took = float(out.split("the check took")[1].split()[0])
+        assert 0 < took < 120, out
+        errs.append(err)
+    summary = next(line for line in errs[0].splitlines() if line.startswith("trainer.preflight: 3 nodes, 3 ranks"))
+    assert "3 node pairs; passed" in summary, summary  # rank 0 says what it measured

@@ -1,0 +1,99 @@
+"""The pre-flight check's verdict (trainer.preflight.verdict, pure), its message, the judge's
+preflight rule and goodput's preflight phase."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_judge import GUARD, NOW, node, pod
+from tests.unit.test_operator_core import SPEC
+from trainer.preflight import pairings, verdict
+from trainium_api import exitcodes, preflight
+from trainium_api.status import FailureRecord
+from trainium_operator import goodput
+from trainium_operator.judge import Clocks, Guards, Observed, judge
+from trainium_operator.observe import gang_state, node_view, pod_view
+from trainium_operator.policy import decide
+from trainium_operator.spec import parse
+
+
+def results(matmul: dict[int, float], nodes: int = 4, ranks: int = 2, errors: dict[int, str] | None = None) -> list:
+    return [{"node": f"n{n}", "node_rank": n, "local_rank": r, "matmul": matmul.get(n, 0.01) * (1 + r / 100),
+             "allreduce": 0.002, "errors": [errors[n]] if errors and n in errors and r == 0 else []}
+            for n in range(nodes) for r in range(ranks)]
+
+
+def test_every_node_is_in_two_pairs():
+    for n in (3, 4, 5, 8, 9):
+        pairs = pairings(n)
+        assert all(sum(x in p for p in pairs) == 2 for x in range(n)), (n, pairs)
+        assert all(a != b for a, b in pairs)
+
+
+def test_healthy_gang_passes():
+    assert verdict(results({}), {(0, 1): 0.01, (2, 3): 0.01, (1, 2): 0.011, (3, 0): 0.01}, 2.0) == {}
+
+
+def test_a_slow_node_is_named_by_its_slowest_rank():
+    named = verdict(results({2: 0.05}), {}, 2.0)
+    assert list(named) == [2] and "n2: matmul 50" in named[2]
+
+
+def test_a_device_error_is_named():
+    named = verdict(results({}, errors={1: "15 Neuron devices in the container, the instance type has 16"}), {}, 2.0)
+    assert named == {1: "node n1: 15 Neuron devices in the container, the instance type has 16"}
+
+
+def test_a_slow_link_names_the_node_both_of_its_pairs_share():
+    """Node 2's link is slow: both of its pairs, (2,3) and (1,2), are slow; 1 and 3 each have one
+    fast pair, so only 2 is named (not the whole gang)."""
+    links = {(0, 1): 0.01, (2, 3): 0.05, (1, 2): 0.05, (3, 0): 0.01}
+    named = verdict(results({}), links, 2.0)
+    assert list(named) == [2] and "pair partners" in named[2]
+
+
+def test_the_message_is_parsed_strictly():
+    text = preflight.format_message("node n2: matmul 50.0 ms\x1b[0m")
+    assert preflight.parse_message(text) == "node n2: matmul 50.0 ms [0m"
+    assert preflight.parse_message("oops") is None and preflight.parse_message(None) is None
+    assert len(preflight.parse_message(preflight.MESSAGE_PREFIX + " " + "x" * 5000)) == preflight.REASON_LIMIT
+
+
+def test_the_judge_names_the_node_the_check_failed_and_the_run_avoids_it():
+    spec = parse({**SPEC, "faultTolerance": {"preflight": "on"}})
+    failed = pod(1, "Failed", step=None, code=exitcodes.PREFLIGHT, term=preflight.format_message("node n1: slow"))
+    pods = [pod_view(failed)] + [pod_view(pod(i, step=None)) for i in (0, 2, 3)]
+    nodes = {f"n{i}": node_view(node(i)) for i in range(4)}
+    verdict_ = judge(Observed(spec, gang_state(pods), nodes, NOW), Clocks(gang_running_time=NOW - 5), Guards(GUARD))
+    f = verdict_.failure
+    assert (f.cause, f.node, f.pod_reported) == ("preflight", "n1", True) and "node n1: slow" in f.message
+    from trainium_api.status import FailureCounters
+    action = decide(f, spec, FailureCounters(), [], None, NOW)
+    assert action.kind == "restart" and action.avoid_node == "n1"
+
+
+@pytest.mark.parametrize("mode, itype, on", [("auto", "trn1.32xlarge", True), ("auto", "cpu", False),
+                                             ("on", "cpu", True), ("off", "trn1.32xlarge", False)])
+def test_auto_is_on_for_trainium_only(mode, itype, on):
+    body = {**SPEC, "instanceType": itype, "faultTolerance": {"preflight": mode}}
+    if itype == "cpu":
+        body = {**body, "parallelism": {"tensor": 1}, "model": {"preset": "tiny"}}
+    assert parse(body).preflight_on() is on
+
+
+def test_bad_values_are_refused_with_the_field_named():
+    from trainium_api.spec import ConfigError
+    for patch, field in [({"preflight": "maybe"}, "preflight"), ({"preflightSlowFactor": 1}, "preflightSlowFactor"),
+                         ({"preflightTimeoutSeconds": 0}, "preflightTimeoutSeconds")]:
+        with pytest.raises(ConfigError, match=field):
+            parse({**SPEC, "faultTolerance": patch})
+
+
+def test_goodput_counts_the_check_as_its_own_phase():
+    """Creation at 0, the gang trains from 30 s of which the check took 8 s; then a failed check
+    on attempt 2 (cause preflight) from its gang start at 60 to detection at 70."""
+    g = goodput.account(0.0, 30.0, [], 40.0, 1.0, 0, preflight_seconds=8.0)
+    assert (g.lost_seconds.schedule, g.lost_seconds.preflight) == (22.0, 8.0)
+    failed_check = FailureRecord(id=1, time=70.0, cause="preflight", last_progress_time=60.0, teardown_done_time=71.0)
+    g = goodput.account(0.0, 30.0, [failed_check], 80.0, 1.0, 0, preflight_seconds=8.0)
+    assert g.lost_seconds.preflight == 18.0 and g.lost_seconds.detect == 0.0

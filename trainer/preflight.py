@@ -1,0 +1,172 @@
+"""python -m trainer.preflight FACTOR TIMEOUT: the gang's pre-flight check (faultTolerance.preflight).
+
+trainer.launch runs it under torchrun, with the run's own torchrun arguments, before the real
+run: every rank of every pod takes part, with the collectives the trainer will use (gloo here;
+on Neuron, the device checks of trainer.neuron first). Checks:
+
+- compute: timed matmuls on every rank (samples of 30 512x512 matmuls, the median of 5); a
+  node is as slow as its slowest rank;
+- links: a timed all-reduce across the gang, and with 3 nodes or more a timed all-reduce between
+  pairs of nodes' local rank 0 (ring pairs (0,1),(2,3),... then (1,2),(3,4),...,(n-1,0): each
+  node is in two pairs, so a slow link names the node both of its pairs share, DLRover-style,
+  rather than blaming the gang);
+- devices (Neuron): neuron-ls's device count against the instance type, and nccom-test on the
+  node's cores.
+
+A node slower than FACTOR x the median node, or failing a device check, is named. Every rank
+computes the same verdict from the same gathered results; the ranks of a named node exit
+PREFLIGHT (76) and its local rank 0 writes the reason into the container's termination message;
+the other ranks wait (the operator tears the gang down once it sees the named pod fail) and
+exit RETRYABLE if that takes longer than TIMEOUT. No node named: exit 0, the real run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+from trainium_api import exitcodes, preflight
+from trainium_api.launch import TERMINATION_LOG_ENV
+
+MATMUL_SIZE = 512
+MATMULS_PER_SAMPLE = 30  # one sample ~0.1 s on a CPU core: long enough that a slowdown shows in each
+REPEATS = 5
+ALLREDUCE_FLOATS = 1 << 18  # 1 MiB
+MIN_SECONDS = 1e-4  # below this a median is noise, not a baseline
+
+
+def log(msg: str) -> None:
+    print(f"trainer.preflight: {msg}", file=sys.stderr, flush=True)
+
+
+def timed(fn, repeats: int = REPEATS) -> float:
+    fn()  # warm-up: the first call pays allocation and connection setup
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def pairings(nodes: int) -> list[tuple[int, int]]:
+    """Ring pairs: (0,1),(2,3),... then (1,2),(3,4),...,(n-1,0); every node in two pairs."""
+    first = [(i, i + 1) for i in range(0, nodes - 1, 2)]
+    second = [(i, (i + 1) % nodes) for i in range(1, nodes, 2)]
+    if nodes % 2:  # the odd one out of the first round
+        first.append((nodes - 1, 0))
+    return first + second
+
+
+def verdict(results: list[dict], links: dict[tuple[int, int], float], factor: float) -> dict[int, str]:
+    """node rank -> why it fails the check. Pure: every rank computes the same from the same
+    gathered results. ``results``: one per rank ({node, node_rank, matmul, errors});
+    ``links``: pair -> all-reduce seconds."""
+    named: dict[int, str] = {}
+    by_node: dict[int, list[dict]] = {}
+    for r in results:
+        by_node.setdefault(r["node_rank"], []).append(r)
+    for node_rank, ranks in sorted(by_node.items()):
+        errors = [e for r in ranks for e in r["errors"]]
+        if errors:
+            named[node_rank] = f"node {ranks[0]['node']}: {errors[0]}"
+    slowest = {n: max(r["matmul"] for r in ranks) for n, ranks in by_node.items()}
+    if len(slowest) >= 2:
+        for n, t in sorted(slowest.items()):
+            others = [v for k, v in slowest.items() if k != n]
+            base = statistics.median(others)
+            if base >= MIN_SECONDS and t > factor * base and n not in named:
+                named[n] = (f"node {by_node[n][0]['node']}: matmul {t * 1e3:.1f} ms, {t / base:.1f}x the other "
+                            f"nodes' median {base * 1e3:.1f} ms")
+    for n in sorted(by_node):
+        # a node whose every pair is slow against the pairs it is not in: its link, not a partner's
+        mine = [pair for pair in links if n in pair]
+        others = [t for pair, t in links.items() if n not in pair]
+        if len(mine) < 2 or not others or n in named:
+            continue
+        base = statistics.median(others)
+        if base >= MIN_SECONDS and all(links[pair] > factor * base for pair in mine):
+            worst = max(links[pair] for pair in mine)
+            named[n] = (f"node {by_node[n][0]['node']}: all-reduce with each of its pair partners up to "
+                        f"{worst * 1e3:.1f} ms, more than {factor:g}x the other pairs' median {base * 1e3:.1f} ms")
+    return named
+
+
+def main(argv: list[str]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    factor, timeout = float(argv[0]), float(argv[1])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
+    node = os.environ.get("NODE_NAME") or socket.gethostname()
+    started = time.perf_counter()
+    errors: list[str] = []
+    if os.environ.get("TRAINER_PREFLIGHT_DEVICES"):  # Neuron: trainer.neuron (not run here)
+        from .neuron import preflight_devices
+        errors = preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank)
+    torch.manual_seed(rank)
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
+    matmul = timed(lambda: [a @ a for _ in range(MATMULS_PER_SAMPLE)])
+    buf = torch.ones(ALLREDUCE_FLOATS)
+    allreduce = timed(lambda: dist.all_reduce(buf))
+    mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
+            "allreduce": allreduce, "errors": errors}
+    results: list = [None] * world
+    dist.all_gather_object(results, mine)
+    # pairs of nodes, through each node's local rank 0 (every rank creates every group, in order)
+    leaders = sorted({r["node_rank"]: i for i, r in enumerate(results) if r["local_rank"] == 0}.items())
+    links: dict[tuple[int, int], float] = {}
+    if len(leaders) >= 3:
+        ranks_of = dict(leaders)
+        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]]) for pair in pairings(len(leaders))}
+        timings: dict = {}
+        for pair, group in groups.items():
+            if node_rank in pair and local_rank == 0:
+                pbuf = torch.ones(ALLREDUCE_FLOATS)
+                timings[pair] = timed(lambda: dist.all_reduce(pbuf, group=group))
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, timings)
+        for t in gathered:
+            for pair, seconds in (t or {}).items():
+                links[pair] = max(links.get(pair, 0.0), seconds)
+    named = verdict(results, links, factor)
+    took = time.perf_counter() - started
+    if rank == 0:
+        nodes = {r["node_rank"]: r for r in results}
+        log(f"{len(nodes)} nodes, {world} ranks, {took:.1f}s: matmul median "
+            f"{statistics.median(r['matmul'] for r in results) * 1e3:.1f} ms, gang all-reduce "
+            f"{max(r['allreduce'] for r in results) * 1e3:.1f} ms"
+            + (f", {len(links)} node pairs" if links else "") + ("; failed: " + "; ".join(named.values()) if named
+                                                                    else "; passed"))
+    if not named:
+        dist.destroy_process_group()
+        return exitcodes.OK
+    if node_rank in named:
+        if local_rank == 0 and os.environ.get(TERMINATION_LOG_ENV):
+            try:
+                with open(os.environ[TERMINATION_LOG_ENV], "w") as f:
+                    f.write(preflight.format_message(named[node_rank]))
+            except OSError as exc:
+                log(f"could not write the termination message: {exc}")
+        log(f"this node failed: {named[node_rank]}")
+        return exitcodes.PREFLIGHT
+    # a healthy node: the operator stops the gang once the named node's pod has failed
+    log(f"another node failed ({'; '.join(named.values())}); waiting to be stopped")
+    time.sleep(timeout)
+    return exitcodes.RETRYABLE
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # a verdict against the gang leaves the process group up while the peers wait or have gone:
+    # gloo's threads can abort the interpreter's teardown, turning PREFLIGHT into a signal
+    os._exit(code)
