@@ -174,7 +174,8 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
     # quarantined nodes never ran a pod again
     records = [r for r in drill.podprocs.all_records(e2e.cluster.pods_dir) if r["namespace"] == ns]
     if fault in QUARANTINES + AVOIDS:
-        assert st.get("quarantinedNodes" if fault in QUARANTINES else "avoidedNodes") == [hit], st
+        kept_out = st.get("quarantinedNodes") if fault in QUARANTINES else [a["node"] for a in st.get("avoidedNodes", [])]
+        assert kept_out == [hit], st
         assert not [r["name"] for r in records if r["node"] == hit and r["created"] > fault_time]
     if fault not in QUARANTINES:
         assert not st.get("quarantinedNodes")
@@ -249,3 +250,37 @@ def test_a_gang_cut_off_from_the_control_plane_is_fenced_by_the_next_attempt(e2e
     assert sorted(new) == list(range(resumed + 1, max(new) + 1))
     d.custom.delete_namespaced_custom_object(drill.GROUP, drill.VERSION, d.ns, drill.PLURAL, d.name)
     d.wait(lambda: not d.pods(), 60, "the run's pods to go with it")
+
+
+def test_a_slow_node_is_found_by_the_preflight_check_and_the_run_starts_on_the_others(e2e, reference, tiny_data,
+                                                                                       tmp_path):
+    """faultTolerance.preflight on: pod 0's node is slowed from the pod's start (every process of
+    the pod gets a tenth of the time), so the check before training names it (cause preflight);
+    the run avoids that node, starts again on the others and trains exactly as the reference
+    (bitwise); the check's seconds are goodput's preflight phase."""
+    from localcluster import faults
+    body = spec_for("pre", tiny_data, tmp_path)
+    body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "preflight": "on", "preflightSlowFactor": 3}
+    d = Drill(e2e.cluster, e2e.namespace("preflight"), body)
+    d.create()
+
+    def started():
+        try:
+            return faults.SlowPod(e2e.cluster.pods_dir, d.ns, "pre-a1-0", share=0.1, whole=True)
+        except (LookupError, OSError):
+            return None
+    slowed = d.wait(started, 120, "pod 0 of attempt 1 to start its processes", interval=0.05)
+    node = d.core.read_namespaced_pod("pre-a1-0", d.ns).spec.node_name
+    try:
+        st = finish(d)
+    finally:
+        slowed.stop()
+    failure = st["failures"][-1]
+    print(f"\npreflight: {failure['message']}; goodput {st['goodput']}")
+    assert st["restarts"] == {"preflight": 1} and failure["cause"] == "preflight" and failure["node"] == node, st
+    assert [a["node"] for a in st["avoidedNodes"]] == [node] and not st.get("quarantinedNodes")
+    assert st["goodput"]["lostSeconds"]["preflight"] > 0 and st["preflightSeconds"] > 0
+    truth = drill.ground_truth(d.losses_path, st["createdTime"])
+    assert sorted(truth.losses) == sorted(reference.losses)
+    for step, rec in reference.losses.items():
+        assert (truth.losses[step]["loss"], truth.losses[step]["gradNorm"]) == (rec["loss"], rec["gradNorm"]), step

@@ -246,16 +246,21 @@ def unhang_pod(pods_root, namespace: str, pod: str) -> list[int]:
 
 
 class SlowPod:
-    """A slow node: the pod's torchrun workers get ``share`` of the time, SIGSTOPped and
-    SIGCONTed in turn every ``period`` seconds by a thread, until ``stop()`` or until the workers
-    are gone (then the thread ends by itself). Their computation stretches; nothing fails."""
+    """A slow node: the pod's torchrun workers (``whole``: every process of the pod, found again
+    each period, so a pod slowed from its start stays slow as it starts its workers) get
+    ``share`` of the time, SIGSTOPped and SIGCONTed in turn every ``period`` seconds by a
+    thread, until ``stop()`` or until they are gone (then the thread ends by itself). Their
+    computation stretches; nothing fails."""
 
-    def __init__(self, pods_root, namespace: str, pod: str, share: float = 0.2, period: float = 0.1):
+    def __init__(self, pods_root, namespace: str, pod: str, share: float = 0.2, period: float = 0.1,
+                 whole: bool = False):
         import threading
 
         from . import podprocs
-        self.pids = list(podprocs.worker_pids(podprocs.live_init_pid(
-            podprocs.latest_pod_dir(pods_root, namespace, pod))).values())
+        self.init_pid = podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod))
+        self.whole = whole
+        self.pids = (podprocs.namespace_pids(self.init_pid) if whole
+                     else list(podprocs.worker_pids(self.init_pid).values()))
         if not self.pids:
             raise LookupError(f"pod {namespace}/{pod} has no torchrun workers (yet)")
         self.share, self.period = share, period
@@ -276,8 +281,12 @@ class SlowPod:
 
     def _cycle(self) -> None:
         import signal
+
+        from . import podprocs
         try:
             while not self._stopped.is_set():
+                if self.whole:
+                    self.pids = podprocs.namespace_pids(self.init_pid) or self.pids
                 if not self._signal(signal.SIGSTOP):
                     return
                 self._stopped.wait(self.period * (1 - self.share))
