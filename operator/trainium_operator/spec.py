@@ -30,6 +30,10 @@ from trainium_api.spec import (
 )
 
 
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes object name (RFC 1123 subdomain), as a ServiceAccount's must be."""
+
+
 def _prefix(err: ConfigError) -> ConfigError:
     path = err.field if err.field.startswith("spec.") else f"spec.{err.field}"
     return ConfigError(path, err.message)
@@ -74,6 +78,10 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
     if not s.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
     check_checkpoint_uri(s.checkpoint.uri)
+    if s.service_account_name is not None and not DNS_SUBDOMAIN.fullmatch(s.service_account_name):
+        # found by the cluster tier's spec fuzzing: the RoleBinding naming it could never be made
+        raise ConfigError("spec.serviceAccountName", f"{s.service_account_name!r} is not a ServiceAccount name "
+                          "(lowercase letters, digits, '-' and '.', at most 253 characters)")
     if (s.service_account_name or "").startswith(TRAINER_IDENTITY + "-"):
         raise ConfigError("spec.serviceAccountName", f"{s.service_account_name}: names {TRAINER_IDENTITY}-* are the "
                           "operator's per-run trainer identities (another run's would reach its pods); leave the "

@@ -94,6 +94,12 @@ def test_the_trainer_identity_reaches_only_the_current_attempts_pods():
     with pytest.raises(ConfigError) as err:
         parse({**SPEC, "serviceAccountName": "trainium-trainer-other"})
     assert err.value.field == "spec.serviceAccountName"
+    # a name no ServiceAccount can have (found by the cluster tier's spec fuzzing: its
+    # RoleBinding was refused on every pass and the run never started nor said why)
+    for bad in ("4\U00108d6ad", "Team", "-x", "x" * 254):
+        with pytest.raises(ConfigError) as err:
+            parse({**SPEC, "serviceAccountName": bad})
+        assert err.value.field == "spec.serviceAccountName"
     named = parse({**SPEC, "serviceAccountName": "team"})  # the user's own: bound, not made
     assert plan.pods(RUN, named, 1, [])[0]["spec"]["serviceAccountName"] == "team"
     made = {o["kind"]: o for o in plan.trainer_identity_objects(RUN, named)}
