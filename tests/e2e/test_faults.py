@@ -76,7 +76,7 @@ def test_fault_is_survived_with_exact_resume(e2e, reference, tiny_data, tmp_path
     body = spec_for("tiny", tiny_data, tmp_path)
     if fault == "hang":
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "hangTimeoutFloorSeconds": 8}
-    if fault == "straggler":  # pod 0's workers get a fifth of the time (a slow node)
+    if fault == "straggler":  # pod 0's workers get a third of the time (a slow node)
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "stragglers": "replace",
                                           "stragglerReports": 3}
     survive(e2e, reference, e2e.namespace(fault), body, fault)

@@ -286,7 +286,7 @@ class Drill:
             faults.neuron_error(self.core, node)
             return node
         if kind == "straggler":  # the run needs faultTolerance.stragglers: replace to act on it
-            self.slowed = faults.SlowPod(self.cluster.pods_dir, self.ns, pname)
+            self.slowed = faults.SlowPod(self.cluster.pods_dir, self.ns, pname, share=0.35)
             return node
         if kind == "runtime-fault":
             faults.runtime_fault(self.cluster.pods_dir, self.ns, pname)
