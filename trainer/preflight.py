@@ -107,6 +107,14 @@ def main(argv: list[str]) -> int:
     node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
     node = os.environ.get("NODE_NAME") or socket.gethostname()
     started = time.perf_counter()
+    passed = {n for n in os.environ.get("TRAINER_PREFLIGHT_PASSED", "").split(",") if n}
+    trusted: list = [None] * world
+    dist.all_gather_object(trusted, node in passed)
+    if all(trusted):  # every node passed this run's check recently (faultTolerance.preflightSkipMinutes)
+        if rank == 0:
+            log("skipped: every node of the gang passed the check within the last preflightSkipMinutes")
+        dist.destroy_process_group()
+        return exitcodes.OK
     errors: list[str] = []
     if os.environ.get("TRAINER_PREFLIGHT_DEVICES"):  # Neuron: trainer.neuron (not run here)
         from .neuron import preflight_devices

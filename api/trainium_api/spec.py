@@ -105,7 +105,10 @@ def trainer_identity(run_name: str) -> str:
 # sets them): spec.env and spec.volumes may not override them.
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE",
-                "TRAINER_TERMINATION_LOG", "NODE_NAME")
+                "TRAINER_TERMINATION_LOG", "NODE_NAME", "TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED")
+CONDITIONAL_ENV = ("TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED")
+"""Contract variables set only with faultTolerance.preflight in force (the devices on Neuron, the
+nodes that passed recently when there are any)."""
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
 CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
@@ -497,6 +500,10 @@ class FaultToleranceConfig:
     """How much slower than the median node a node may be in the pre-flight check."""
     preflight_timeout_seconds: PositiveNumber = 300.0
     """The pre-flight check's time budget (its collectives time out after it)."""
+    preflight_skip_minutes: NonNegativeNumber = 60.0
+    """An attempt whose every node passed this run's check within this many minutes skips it
+    (a restart onto the same healthy nodes pays nothing); a node that has not is checked with
+    the whole gang. 0: check every attempt."""
 
     def validate(self) -> None:
         h = self.hang_timeout_seconds

@@ -139,6 +139,14 @@ class AvoidedNode(_Written):
 
 
 @dataclass
+class PreflightPass(_Written):
+    """A node that passed this run's pre-flight check (status.preflightPassed)."""
+    node: str = ""
+    time: float = 0.0
+    """When the attempt it passed with first reported progress."""
+
+
+@dataclass
 class StragglerStreak(_Written):
     """One pod's run of progress reports whose compute time was above the straggler factor."""
     pod: str = ""
@@ -171,6 +179,9 @@ class AttemptStatus(_Written):
     """Backoff: the next attempt starts no earlier."""
     preflight_seconds: float | None = None
     """What this attempt's pre-flight check took (its first progress report says)."""
+    preflight_trusted: list[str] = field(default_factory=list)
+    """Nodes this attempt's pods were told passed the check recently: when every pod is on one,
+    the check is skipped (faultTolerance.preflightSkipMinutes)."""
     late_culprit: str = ""
     """The node of a pod that reported a hardware fault only in this attempt's teardown (one per
     teardown: the others were stopped with it)."""
@@ -265,6 +276,8 @@ class TrainingRunStatus(_Written):
     status; counted from status.failures then)."""
     preflight_seconds: float = 0.0
     """Every attempt's pre-flight check, in total (goodput's preflight phase)."""
+    preflight_passed: list[PreflightPass] = field(default_factory=list)
+    """Nodes that passed this run's pre-flight check within faultTolerance.preflightSkipMinutes."""
     goodput_archive: GoodputArchive | None = None
     goodput: Goodput | None = None
     disruption: Disruption | None = None

@@ -133,11 +133,12 @@ def config_map(run: dict, spec: TrainingRunSpec) -> dict:
 
 
 def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str],
-         checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess()) -> list[dict]:
+         checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess(),
+         preflight_trusted: list[str] = ()) -> list[dict]:
     """``checkpoint``: the newest complete checkpoint ({tag, step, uri, ...}) when the attempt
     starts, or None; a command trainer's pods are told about it (resume_arguments). ``host``:
     where the compile cache lives on the node (the operator's configuration)."""
-    return [pod(run, spec, attempt, i, excluded_nodes, checkpoint, host) for i in range(spec.nodes)]
+    return [pod(run, spec, attempt, i, excluded_nodes, checkpoint, host, preflight_trusted) for i in range(spec.nodes)]
 
 
 # NxD Training resumes from the newest *.ckpt by modification time without checking that it is
@@ -187,7 +188,10 @@ def container_security(itype: dict) -> dict:
 
 
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
-        checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess()) -> dict:
+        checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess(),
+        preflight_trusted: list[str] = ()) -> dict:
+    """``preflight_trusted``: nodes that passed the run's pre-flight check recently (the
+    attempt's, status.current.preflightTrusted): when every pod is on one, the check is skipped."""
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
     itype = INSTANCE_TYPES[spec.instance_type]
     master = f"{name}-0.{name}.{ns}.svc"
@@ -204,6 +208,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     env_list = [{"name": k, "value": v} for k, v in env.items()]
     if itype["neuron"] and spec.preflight_on():  # the pre-flight check counts the container's devices
         env_list.append({"name": "TRAINER_PREFLIGHT_DEVICES", "value": itype["resources"]["aws.amazon.com/neuron"]})
+    if spec.preflight_on() and preflight_trusted:
+        env_list.append({"name": "TRAINER_PREFLIGHT_PASSED", "value": ",".join(sorted(preflight_trusted))})
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                  {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]

@@ -34,7 +34,7 @@ from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, AvoidedNode, CheckpointRef, Condition,
-                                 Disruption,
+                                 Disruption, PreflightPass,
                                  FailureRecord, StragglerStreak, Suspension, TrainingRunStatus)
 
 from . import admission, goodput, plan, stragglers
@@ -347,8 +347,10 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     new = p.new
     resume = p.checkpoint or p.old.last_checkpoint
     new.phase, new.attempt = "Starting", attempt
-    new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume)  # nothing of the last one carries over
-    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _excluded(new), resume, p.host)]
+    new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume,  # nothing of the last one carries over
+                                preflight_trusted=_preflight_trusted(p))
+    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _excluded(new), resume, p.host,
+                                                   new.current.preflight_trusted)]
     p.event(reason, f"attempt {attempt}: {message}" + (
         f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
 
@@ -369,6 +371,16 @@ def _teardown(p: Pass) -> None:
     excluded = _excluded(p.new)
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
         f", avoiding {len(excluded)} quarantined or avoided node(s)" if excluded else ""))
+
+
+def _recent_passes(p: Pass) -> list[PreflightPass]:
+    window = p.spec.fault_tolerance.preflight_skip_minutes * 60
+    return [pp for pp in p.new.preflight_passed if p.now - pp.time < window]
+
+
+def _preflight_trusted(p: Pass) -> list[str]:
+    """Nodes the next attempt may skip the pre-flight check on (they passed it recently)."""
+    return sorted({pp.node for pp in _recent_passes(p)}) if p.spec.preflight_on() else []
 
 
 def _excluded(status: TrainingRunStatus) -> list[str]:
@@ -455,8 +467,8 @@ def _supervise(p: Pass) -> None:
     if old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
-        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _excluded(new),
-                                      old.current.resume_checkpoint, p.host))  # or the API server refused some
+        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _excluded(new),  # or the API server refused some
+                                      old.current.resume_checkpoint, p.host, old.current.preflight_trusted))
                       for i in range(spec.nodes) if i not in have]
         _act(p, gang, complete=False)
         return
@@ -608,6 +620,12 @@ def _track_progress(p: Pass, gang: GangState) -> None:
     if gang.preflight_seconds is not None and old.current.preflight_seconds is None:  # once per attempt
         new.current.preflight_seconds = gang.preflight_seconds
         new.preflight_seconds = round(old.preflight_seconds + gang.preflight_seconds, 2)
+        # the attempt's nodes passed now; a node it trusted keeps the time it passed at (a
+        # skipped check verified nothing), so it is checked again once that time runs out
+        trusted = set(old.current.preflight_trusted)
+        fresh = {x.node for x in p.current if x.node and x.node not in trusted}
+        new.preflight_passed = [pp for pp in _recent_passes(p) if pp.node not in fresh] + \
+            [PreflightPass(node=n, time=now) for n in sorted(fresh)]
     if not old.first_progress_time:
         new.first_progress_time = gang.last_progress_time or now  # the trainer's step end time
         new.first_progress_steps = gang.step - (gang.start_step or 0)  # steps trained by then

@@ -42,14 +42,15 @@ def two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def launch(tmp: Path, factor: float, port: int) -> list[subprocess.Popen]:
+def launch(tmp: Path, factor: float, port: int, **env: str) -> list[subprocess.Popen]:
     script = tmp / "real.py"
     script.write_text(SCRIPT)
     return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, f"{factor},60", "--nnodes",
                               str(NODES), "--node_rank", str(i), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                               "--master_port", str(port), str(script)], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=trainer_env(NODE_NAME=f"node-{i}", **{TERMINATION_LOG_ENV: str(tmp / f"term-{i}")}))
+                             env=trainer_env(NODE_NAME=f"node-{i}", **{TERMINATION_LOG_ENV: str(tmp / f"term-{i}")},
+                                             **env))
             for i in range(NODES)]
 
 
@@ -107,3 +108,17 @@ def test_a_healthy_gang_passes_and_the_real_run_learns_how_long_it_took(tmp_path
         errs.append(err)
     summary = next(line for line in errs[0].splitlines() if line.startswith("trainer.preflight: 3 nodes, 3 ranks"))
     assert "3 node pairs; passed" in summary, summary  # rank 0 says what it measured
+
+
+def test_a_gang_on_nodes_that_all_passed_recently_skips_the_check(tmp_path):
+    """The operator names the nodes that passed this run's check recently; a slow node among
+    them is not looked at again (that is what skipping means), so every launcher runs on."""
+    procs = launch(tmp_path, 3.0, two_free_ports(), TRAINER_PREFLIGHT_PASSED="node-0,node-1,node-2")
+    stop = threading.Event()
+    threading.Thread(target=slow, args=(procs[2].pid, stop, 0.5), daemon=True).start()
+    try:
+        errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        stop.set()
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
+    assert "trainer.preflight: skipped: every node of the gang passed" in errs[0]

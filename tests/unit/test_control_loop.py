@@ -454,3 +454,38 @@ def test_a_culprit_that_reports_in_teardown_still_keeps_its_node_out(trust):
     later["status"] = {**later["status"], "phase": "Running", "attempt": 2}
     r = reconcile_objects(later, [], nodes, now=104.0 + 3601, guard=DisruptionGuard(trust_pod_reports=trust))
     assert r.after.avoided_nodes == []
+
+
+def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_attempt():
+    """The attempt's first report says how long its check took: its nodes passed then. The next
+    attempt's pods are told so (every pod on such a node: the check is skipped), until
+    preflightSkipMinutes have passed since; a node a skipped check trusted keeps its old time."""
+    import json
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    pods = _reporting(1, 3, 99.0)
+    for p in pods:
+        p.progress["preflightSeconds"] = 4.5
+    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 50.0,
+                "current": {"gangRunningTime": 40.0, "lastStep": 2, "lastStepTime": 90.0}})
+    r = reconcile_objects(run, pods, nodes, now=100.0)
+    assert r.after.preflight_seconds == 4.5 and r.after.current.preflight_seconds == 4.5
+    assert sorted((pp.node, pp.time) for pp in r.after.preflight_passed) == [(f"n{i}", 100.0) for i in range(4)]
+    assert r.after.goodput.lost_seconds.preflight == 4.5
+    # a later report of the same attempt adds nothing
+    again = reconcile_objects(_after(r, run), pods, nodes, now=101.0)
+    assert again.after.preflight_seconds == 4.5
+    # the next attempt (teardown done, no pods left) trusts them ...
+    restarting = _after(r, run)
+    restarting["status"] = {**restarting["status"], "phase": "Restarting",
+                            "current": {**restarting["status"]["current"], "teardownStartTime": 200.0,
+                                        "restartNotBefore": 200.0}}
+    r2 = reconcile_objects(restarting, [], nodes, now=300.0)
+    made = [e.obj for e in r2.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
+    env = {e["name"]: e.get("value") for e in made[0]["spec"]["containers"][0]["env"]}
+    assert env["TRAINER_PREFLIGHT_PASSED"] == "n0,n1,n2,n3" and r2.after.current.preflight_trusted == [
+        "n0", "n1", "n2", "n3"]
+    assert "--preflight" in made[0]["spec"]["containers"][0]["command"]
+    # ... until preflightSkipMinutes (60) have passed since they passed
+    r3 = reconcile_objects(restarting, [], nodes, now=100.0 + 3601)
+    made = [e.obj for e in r3.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
+    assert "TRAINER_PREFLIGHT_PASSED" not in json.dumps(made[0]["spec"]["containers"][0]["env"])
