@@ -76,7 +76,9 @@ def preflight(args, value: str) -> int:
         run(check)
     except ChildFailedError as exc:
         codes = [f.exitcode for f in exc.failures.values()]
-        code = exit_code_for(codes)
+        # 76 means "this node failed the check" only here: a training worker's 76 is a crash
+        code = exitcodes.PREFLIGHT if exitcodes.PREFLIGHT in codes and not any(
+            exitcodes.is_fatal(c) for c in codes) else exit_code_for(codes)
         print(f"trainer.launch: pre-flight check exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
         return code
     except SignalException:
@@ -109,8 +111,6 @@ def exit_code_for(worker_codes: list[int]) -> int:
         return exitcodes.OK
     if any(exitcodes.is_fatal(c) for c in worker_codes):
         return exitcodes.FATAL
-    if exitcodes.PREFLIGHT in worker_codes:
-        return exitcodes.PREFLIGHT
     if exitcodes.RETRYABLE in worker_codes:
         return exitcodes.RETRYABLE
     terminated = (exitcodes.TERMINATED, -signal.SIGTERM)
@@ -153,14 +153,14 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     steps = _pop_precompile(argv)
-    if steps > 0:
-        code = precompile(argv, steps)
-        if code != exitcodes.OK:
-            return code
     check = _pop_flag(argv, PREFLIGHT_FLAG)
     args = parse_args(argv)
-    if check and os.environ.get(PRECOMPILE_ENV) is None:
+    if check and os.environ.get(PRECOMPILE_ENV) is None:  # before pre-compiling: it costs seconds, that minutes
         code = preflight(args, check)
+        if code != exitcodes.OK:
+            return code
+    if steps > 0:
+        code = precompile(argv, steps)
         if code != exitcodes.OK:
             return code
     watch = OutputWatch().start()

@@ -365,7 +365,7 @@ def preflight_devices(expected: int, local_rank: int) -> list[str]:
     for tool, argv in (("neuron-ls", ["neuron-ls"]),
                        ("nccom-test", ["nccom-test", "-r", os.environ.get("NEURON_RT_NUM_CORES", "2"), "allr"])):
         if shutil.which(tool) is None:
-            return [f"{tool} is not on PATH (it ships with the Neuron training images)"]
+            return [f"{tool} is not on PATH (it ships with the Neuron training images)"]  # on every node: FATAL
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=NCCOM_TEST_TIMEOUT)
         except subprocess.TimeoutExpired:

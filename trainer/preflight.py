@@ -116,12 +116,19 @@ def main(argv: list[str]) -> int:
         dist.destroy_process_group()
         return exitcodes.OK
     errors: list[str] = []
-    if os.environ.get("TRAINER_PREFLIGHT_DEVICES"):  # Neuron: trainer.neuron (not run here)
-        from .neuron import preflight_devices
-        errors = preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank)
-    torch.manual_seed(rank)
-    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-    matmul = timed(lambda: [a @ a for _ in range(MATMULS_PER_SAMPLE)])
+    torch.set_num_threads(1)  # one thread a rank: the node's ranks must not time each other's contention
+    try:  # a check that breaks on this rank names its node (a hang is the collectives' timeout's)
+        if os.environ.get("TRAINER_PREFLIGHT_DEVICES"):  # Neuron: trainer.neuron (not run here)
+            from .neuron import preflight_devices
+            errors = preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank)
+        torch.manual_seed(rank)
+        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
+        matmul = timed(lambda: [a @ a for _ in range(MATMULS_PER_SAMPLE)])
+        if not torch.isfinite(a @ a).all():
+            errors.append("matmul produced non-finite values")
+    except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
+        errors.append(f"the check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200])
+        matmul = 0.0
     buf = torch.ones(ALLREDUCE_FLOATS)
     allreduce = timed(lambda: dist.all_reduce(buf))
     mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
@@ -146,6 +153,14 @@ def main(argv: list[str]) -> int:
                 links[pair] = max(links.get(pair, 0.0), seconds)
     named = verdict(results, links, factor)
     took = time.perf_counter() - started
+    nodes = len({r["node_rank"] for r in results})
+    if nodes >= 2 and len(named) > nodes // 2:
+        # most nodes "failed": the image or the cluster is wrong (a missing tool, a setting), not a
+        # node; naming one would leave out one healthy node per restart
+        if rank == 0:
+            log(f"the check failed on {len(named)} of {nodes} nodes: {next(iter(named.values()))}; this is not one "
+                "node's fault (the image or the cluster's setup): not retried")
+        return exitcodes.FATAL
     if rank == 0:
         nodes = {r["node_rank"]: r for r in results}
         log(f"{len(nodes)} nodes, {world} ranks, {took:.1f}s: matmul median "

@@ -49,7 +49,7 @@ class Min:
     bound: float
 
     def refuses(self, value: Any) -> str | None:
-        if value < self.bound:
+        if not value >= self.bound:  # NaN compares false: refused too
             return "must not be negative" if self.bound == 0 else f"must be at least {self.bound:g}"
         return None
 
@@ -59,7 +59,7 @@ class Positive:
     """value > 0."""
 
     def refuses(self, value: Any) -> str | None:
-        return "must be positive" if value <= 0 else None
+        return "must be positive" if not value > 0 else None  # NaN compares false: refused too
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Above:
     bound: float
 
     def refuses(self, value: Any) -> str | None:
-        return f"must be more than {self.bound:g}" if value <= self.bound else None
+        return f"must be more than {self.bound:g}" if not value > self.bound else None
 
 
 @dataclass(frozen=True)

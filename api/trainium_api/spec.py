@@ -506,6 +506,16 @@ class FaultToleranceConfig:
     the whole gang. 0: check every attempt."""
 
     def validate(self) -> None:
+        for key, value, most in (("preflightTimeoutSeconds", self.preflight_timeout_seconds, 3600.0),
+                                 ("preflightSlowFactor", self.preflight_slow_factor, 1000.0),
+                                 ("stragglerFactor", self.straggler_factor, 1000.0),
+                                 ("preflightSkipMinutes", self.preflight_skip_minutes, 10080.0)):
+            if not value <= most:  # infinity too: the API server cannot carry it
+                raise ConfigError(f"faultTolerance.{key}", f"must be at most {most:g}, got {value}")
+        if self.preflight_timeout_seconds < 30:
+            raise ConfigError("faultTolerance.preflightTimeoutSeconds",
+                              f"must be at least 30 (the device tools and the collectives share it), got "
+                              f"{self.preflight_timeout_seconds:g}")
         h = self.hang_timeout_seconds
         if h != "auto":
             try:

@@ -11,8 +11,9 @@ end of teardown:
              checkpoint load, compile). The new attempt's first report (``resumedTime``) came
              ``resumedSteps`` steps after it resumed; its training began that many step times
              earlier. A failure that never resumed is closed by the next failure.
-  preflight  the new attempt's pre-flight check (its first report says how long), taken out of
-             schedule; and for a failure of cause preflight, its last step -> detection
+  preflight  the attempts' pre-flight checks (status.preflightSeconds: a passing attempt's first
+             report says how long; a failed check, its gang running -> detection), taken out of
+             schedule
   recompute  steps trained after the checkpoint the new attempt resumed from (``resumedStep``;
              before it resumed, the newest complete checkpoint), lost and trained again:
              (failed attempt's last step - resumed step) x step time. When that checkpoint is
@@ -57,10 +58,7 @@ def _walk(lost: LostSeconds, previous_end: float, failures: list[FailureRecord],
             # least that far: those steps survive and are not lost (progress reports are
             # rate-limited; the newest one can be behind the checkpoint)
             last_step = min(detected, last_step + (base - step) * step_s)
-        if f.cause == "preflight":  # the attempt never trained: its check, up to detection
-            lost.preflight += max(0.0, detected - last_step)
-        else:
-            lost.detect += max(0.0, detected - last_step)
+        lost.detect += max(0.0, detected - last_step)
         torn_down = f.teardown_done_time or nxt or now
         lost.teardown += max(0.0, torn_down - max(detected, last_step))
         if f.resumed_time:

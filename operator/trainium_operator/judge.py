@@ -193,7 +193,10 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         return Failure("neuron-device", f"pod {culprit.name} on node {culprit.node} failed: exit {culprit.exit_code}; "
                        f"{culprit.message}", node=culprit.node or "", pod=culprit.name, exit_code=culprit.exit_code,
                        since=culprit.finished, pod_reported=True), hold
-    checked = next((p for p in failed if p.exit_code == PREFLIGHT_EXIT), None)
+    # 76 counts as the check's verdict only while the check can run: preflight in force, the
+    # attempt not training yet, the reason in the message (a training worker's 76 is a crash)
+    checked = next((p for p in failed if p.exit_code == PREFLIGHT_EXIT and p.preflight_failure
+                    and spec.preflight_on() and gang.step is None), None)
     if checked:  # the pre-flight check named this pod's node (the others wait to be stopped)
         return Failure("preflight", f"pod {checked.name} on node {checked.node} failed the pre-flight check: "
                        f"{checked.preflight_failure or checked.message or 'no reason given'}", node=checked.node or "",

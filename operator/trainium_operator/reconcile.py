@@ -680,6 +680,11 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         p.delete(p.current)
         _account(p, now)
         return
+    if failure.cause == "preflight" and old.current.gang_running_time:  # the failed check's seconds
+        new.preflight_seconds = round(new.preflight_seconds + max(0.0, now - old.current.gang_running_time), 2)
+    # a node blamed, or every node after a hang (a device hang looks like one), is checked again
+    new.preflight_passed = [] if failure.cause == "hang" else [pp for pp in new.preflight_passed
+                                                               if pp.node != failure.node]
     new.restarts = {**old.restarts, failure.cause: old.restarts.get(failure.cause, 0) + 1}
     new.restart_count = sum(new.restarts.values())
     new.phase, new.message = "Restarting", action.reason

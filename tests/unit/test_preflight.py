@@ -90,10 +90,49 @@ def test_bad_values_are_refused_with_the_field_named():
 
 
 def test_goodput_counts_the_check_as_its_own_phase():
-    """Creation at 0, the gang trains from 30 s of which the check took 8 s; then a failed check
-    on attempt 2 (cause preflight) from its gang start at 60 to detection at 70."""
+    """Created at 0, training from 30 (its check took 8 s); a hang at 100 (last step 95, torn
+    down 105); attempt 2 ran from 110 and failed its check at 130 (20 s of checking); attempt 3
+    checked for 15 s and trained from 160. The 43 s of checks come out of schedule."""
     g = goodput.account(0.0, 30.0, [], 40.0, 1.0, 0, preflight_seconds=8.0)
     assert (g.lost_seconds.schedule, g.lost_seconds.preflight) == (22.0, 8.0)
-    failed_check = FailureRecord(id=1, time=70.0, cause="preflight", last_progress_time=60.0, teardown_done_time=71.0)
-    g = goodput.account(0.0, 30.0, [failed_check], 80.0, 1.0, 0, preflight_seconds=8.0)
-    assert g.lost_seconds.preflight == 18.0 and g.lost_seconds.detect == 0.0
+    hang = FailureRecord(id=1, time=100.0, cause="hang", last_progress_time=95.0, teardown_done_time=105.0)
+    failed_check = FailureRecord(id=2, time=130.0, cause="preflight", teardown_done_time=131.0, resumed_time=160.0,
+                                 resumed_steps=0)
+    g = goodput.account(0.0, 30.0, [hang, failed_check], 200.0, 1.0, 0, preflight_seconds=43.0)
+    assert g.lost_seconds.preflight == 43.0 and g.lost_seconds.schedule == 84.0 - 43.0
+    assert (g.lost_seconds.detect, g.lost_seconds.teardown) == (5.0, 6.0)
+
+
+def test_a_failed_check_adds_its_seconds_and_a_blamed_node_is_checked_again():
+    from tests.unit.test_control_loop import _run
+    from trainium_operator.reconcile import reconcile_objects
+    from tests.unit.test_operator_core import _node
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    failed = pod(1, "Failed", step=None, code=exitcodes.PREFLIGHT, term=preflight.format_message("node n1: slow"))
+    pods = [pod_view(failed)] + [pod_view(pod(i, step=None)) for i in (0, 2, 3)]
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "preflightSeconds": 8.0,
+                "preflightPassed": [{"node": "n1", "time": NOW - 100}, {"node": "n2", "time": NOW - 100}],
+                "current": {"startTime": NOW - 30, "gangRunningTime": NOW - 20}})
+    r = reconcile_objects(run, pods, nodes, now=NOW)
+    assert r.after.failures[-1].cause == "preflight" and r.after.preflight_seconds == 28.0
+    assert [pp.node for pp in r.after.preflight_passed] == ["n2"]
+    # a 76 from a run that is training, or without the check's message, is an ordinary crash
+    spec = parse({**SPEC, "faultTolerance": {"preflight": "on"}})
+    training = [pod_view(pod(1, "Failed", step=30, code=exitcodes.PREFLIGHT, term=preflight.format_message("x")))] + \
+        [pod_view(pod(i)) for i in (0, 2, 3)]
+    nodes_v = {f"n{i}": node_view(node(i)) for i in range(4)}
+    v = judge(Observed(spec, gang_state(training), nodes_v, NOW), Clocks(gang_running_time=NOW - 5), Guards(GUARD))
+    assert v.failure.cause == "application"
+    bare = [pod_view(pod(1, "Failed", step=None, code=exitcodes.PREFLIGHT))] + [pod_view(pod(i, step=None)) for i in (0, 2, 3)]
+    v = judge(Observed(spec, gang_state(bare), nodes_v, NOW), Clocks(gang_running_time=NOW - 5), Guards(GUARD))
+    assert v.failure.cause == "application"
+
+
+def test_a_timeout_or_factor_out_of_range_is_refused():
+    from trainium_api.spec import ConfigError
+    for patch, field in [({"preflightTimeoutSeconds": 1e15}, "preflightTimeoutSeconds"),
+                         ({"preflightTimeoutSeconds": 5}, "preflightTimeoutSeconds"),
+                         ({"preflightSlowFactor": float("nan")}, "preflightSlowFactor"),
+                         ({"stragglerFactor": float("inf")}, "stragglerFactor")]:
+        with pytest.raises(ConfigError, match=field):
+            parse({**SPEC, "faultTolerance": patch})
