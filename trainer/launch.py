@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 import signal
 import subprocess
 import sys
 import time
 
 from trainium_api import exitcodes, runtimefaults
-from trainium_api.launch import PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, TERMINATION_LOG_ENV
+from trainium_api.launch import (PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
+                                 TERMINATION_LOG_ENV)
 
 from .outputwatch import OutputWatch
 
@@ -84,6 +86,11 @@ def preflight(args, value: str) -> int:
     except SignalException:
         return exitcodes.TERMINATED
     os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
+    if os.environ.get(PREFLIGHT_SECONDS_FILE_ENV):  # a command trainer's watch reports it
+        try:
+            Path(os.environ[PREFLIGHT_SECONDS_FILE_ENV]).write_text(os.environ[PREFLIGHT_SECONDS_ENV])
+        except OSError as exc:
+            print(f"trainer.launch: could not pass the check's seconds on: {exc}", file=sys.stderr)
     return exitcodes.OK
 
 

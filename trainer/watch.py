@@ -30,10 +30,13 @@ import signal
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
+from trainium_api.launch import PREFLIGHT_SECONDS_FILE_ENV
 from trainium_api.spec import PROGRESS_FORMATS, check_regex
 
 from . import progress
@@ -153,7 +156,15 @@ class Tracker:
             tps = (sample.throughput * self.tokens_per_sample
                    if sample.throughput is not None and self.tokens_per_sample else None)
             self.reporter.report(sample.step, tps, sample.loss, None, step_time=self.clock(),
-                                 start_step=self.start_step)
+                                 start_step=self.start_step, preflight_seconds=self.preflight_seconds())
+
+    def preflight_seconds(self) -> float | None:
+        """What the launcher's pre-flight check took (it writes the file once the check passed)."""
+        path = os.environ.get(PREFLIGHT_SECONDS_FILE_ENV)
+        try:
+            return float(Path(path).read_text()) if path else None
+        except (OSError, ValueError):
+            return None
 
 
 def _pump(src, dst, segments: Segments, tracker: Tracker) -> None:
@@ -217,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     reporter = progress.ProgressReporter(args.interval)
+    # the launcher (our child) writes the pre-flight check's seconds here; we report them
+    os.environ.setdefault(PREFLIGHT_SECONDS_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="trainer-watch-"),
+                                                                   "preflight-seconds"))
     tracker = Tracker(parse, reporter, args.tokens_per_sample, args.start_step)
     try:
         code = run(command, tracker)

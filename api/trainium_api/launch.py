@@ -17,3 +17,5 @@ TERMINATION_LOG_ENV = "TRAINER_TERMINATION_LOG"
 PREFLIGHT_FLAG = "--preflight"
 # The seconds the check took, for the real run's progress reports (goodput's preflight phase).
 PREFLIGHT_SECONDS_ENV = "TRAINER_PREFLIGHT_SECONDS"
+# ...and, for a command trainer, into this file (trainer.watch, the launcher's parent, names it).
+PREFLIGHT_SECONDS_FILE_ENV = "TRAINER_PREFLIGHT_SECONDS_FILE"

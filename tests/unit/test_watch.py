@@ -27,9 +27,10 @@ class Recorder:
     def __init__(self):
         self.reports = []
 
-    def report(self, step, tokens_per_second, loss, last_checkpoint_step, step_time=None, start_step=0):
+    def report(self, step, tokens_per_second, loss, last_checkpoint_step, step_time=None, start_step=0,
+               preflight_seconds=None):
         self.reports.append({"step": step, "tps": tokens_per_second, "loss": loss, "time": step_time,
-                             "start": start_step})
+                             "start": start_step, "preflight": preflight_seconds})
 
 
 def stream_of(sample: dict) -> bytes:
@@ -148,3 +149,17 @@ def test_bad_invocations_are_refused():
     proc = _watch(["--format", "nxd", "--", "/nonexistent/script"])
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 127 and b"cannot run" in err
+
+
+def test_the_launchers_preflight_seconds_reach_the_report(tmp_path, monkeypatch):
+    """The launcher (the watch's child) writes what its pre-flight check took into the file the
+    watch names; the watch's reports carry it (goodput's preflight phase, the skip's record)."""
+    from trainium_api.launch import PREFLIGHT_SECONDS_FILE_ENV
+    seconds = tmp_path / "preflight-seconds"
+    monkeypatch.setenv(PREFLIGHT_SECONDS_FILE_ENV, str(seconds))
+    rec = Recorder()
+    tracker = watch.Tracker(watch.parse_nxdt, rec)
+    tracker.segment("Epoch 0:   1%|          | 1/100 [00:01<02:00, global_step=1.000, reduced_train_loss=9.0]")
+    seconds.write_text("4.25")
+    tracker.segment("Epoch 0:   2%|          | 2/100 [00:02<02:00, global_step=2.000, reduced_train_loss=8.0]")
+    assert [r["preflight"] for r in rec.reports] == [None, 4.25]
