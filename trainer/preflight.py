@@ -36,6 +36,7 @@ MATMUL_SIZE = 512
 MATMULS_PER_SAMPLE = 30  # one sample ~0.1 s on a CPU core: long enough that a slowdown shows in each
 REPEATS = 5
 ALLREDUCE_FLOATS = 1 << 18  # 1 MiB
+ALLREDUCES_PER_SAMPLE = 10  # a sample spans tens of ms: one lucky or unlucky all-reduce decides nothing
 MIN_SECONDS = 1e-4  # below this a median is noise, not a baseline
 
 
@@ -82,10 +83,13 @@ def verdict(results: list[dict], links: dict[tuple[int, int], float], factor: fl
             if base >= MIN_SECONDS and t > factor * base and n not in named:
                 named[n] = (f"node {by_node[n][0]['node']}: matmul {t * 1e3:.1f} ms, {t / base:.1f}x the other "
                             f"nodes' median {base * 1e3:.1f} ms")
+    compute_named = set(named)
     for n in sorted(by_node):
-        # a node whose every pair is slow against the pairs it is not in: its link, not a partner's
-        mine = [pair for pair in links if n in pair]
-        others = [t for pair, t in links.items() if n not in pair]
+        # a node whose every pair is slow against the pairs it is not in: its link, not a
+        # partner's. A pair with a node already named is no evidence about the other (that node's
+        # slowness explains it; with 3 nodes it would name a healthy node too)
+        mine = [pair for pair in links if n in pair and not (set(pair) - {n}) & compute_named]
+        others = [t for pair, t in links.items() if n not in pair and not set(pair) & compute_named]
         if len(mine) < 2 or not others or n in named:
             continue
         base = statistics.median(others)
@@ -130,7 +134,7 @@ def main(argv: list[str]) -> int:
         errors.append(f"the check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200])
         matmul = 0.0
     buf = torch.ones(ALLREDUCE_FLOATS)
-    allreduce = timed(lambda: dist.all_reduce(buf))
+    allreduce = timed(lambda: [dist.all_reduce(buf) for _ in range(ALLREDUCES_PER_SAMPLE)])
     mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
             "allreduce": allreduce, "errors": errors}
     results: list = [None] * world
@@ -145,7 +149,7 @@ def main(argv: list[str]) -> int:
         for pair, group in groups.items():
             if node_rank in pair and local_rank == 0:
                 pbuf = torch.ones(ALLREDUCE_FLOATS)
-                timings[pair] = timed(lambda: dist.all_reduce(pbuf, group=group))
+                timings[pair] = timed(lambda: [dist.all_reduce(pbuf, group=group) for _ in range(ALLREDUCES_PER_SAMPLE)])
         gathered: list = [None] * world
         dist.all_gather_object(gathered, timings)
         for t in gathered:

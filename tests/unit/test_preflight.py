@@ -52,6 +52,15 @@ def test_a_slow_link_names_the_node_both_of_its_pairs_share():
     assert list(named) == [2] and "pair partners" in named[2]
 
 
+def test_a_node_named_for_compute_does_not_get_its_pair_partners_named():
+    """3 nodes, node 2 slow: both pairs with node 2 are slow, and a noisy (0,1) must not make
+    node 0 or 1 look like the link's culprit (found by a cold CI run: the run failed as 'most
+    nodes failed' instead of naming node 2)."""
+    links = {(0, 1): 0.05, (2, 0): 0.2, (1, 2): 0.01}
+    named = verdict(results({2: 0.5}, nodes=3), links, 3.0)
+    assert list(named) == [2] and "matmul" in named[2]
+
+
 def test_the_message_is_parsed_strictly():
     text = preflight.format_message("node n2: matmul 50.0 ms\x1b[0m")
     assert preflight.parse_message(text) == "node n2: matmul 50.0 ms [0m"
