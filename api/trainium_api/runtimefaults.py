@@ -69,22 +69,20 @@ SIGNATURES: tuple[Signature, ...] = (
          "a NeuronCore never completed its execution (hang on compute): the instance is to be replaced"),
     _sig("NRT_HW_ERROR", "device", r"NEURON_HW_ERR=[A-Z_]+", "the driver reported a hardware error"),
     # -- the status names, as frameworks print them when a runtime call fails ------------------
-    _sig("NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", "device", r"\bNRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE\b",
-         "repairable uncorrectable HBM error"),
-    _sig("NRT_EXEC_HW_ERR_HBM_UE", "device", r"\bNRT_EXEC_HW_ERR_HBM_UE\b", "uncorrectable HBM error"),
-    _sig("NRT_EXEC_HW_ERR_NC_UE", "device", r"\bNRT_EXEC_HW_ERR_NC_UE\b", "uncorrectable NeuronCore error"),
-    _sig("NRT_EXEC_HW_ERR_DMA_ABORT", "device", r"\bNRT_EXEC_HW_ERR_DMA_ABORT\b", "a DMA engine aborted"),
-    _sig("NRT_EXEC_UNIT_UNRECOVERABLE", "device", r"\bNRT_EXEC_UNIT_UNRECOVERABLE\b",
-         "an execution unit is unrecoverable"),
-    # -- the runtime asks for a new process, not a new node ------------------------------------
-    _sig("NRT_EXEC_COMPLETED_WITH_NUM_ERR", "restart", r"\bNRT_EXEC_COMPLETED_WITH_NUM_ERR\b",
-         "execution completed with numerical errors (NaN)"),
-    _sig("NRT_EXEC_SW_NQ_OVERFLOW", "restart", r"\bNRT_EXEC_SW_NQ_OVERFLOW\b",
-         "the runtime's notification queue overflowed"),
-    # -- this rank lost a peer: the culprit is another rank --------------------------------------
+    *(_sig(status, kind, rf"\b{status}\b", what) for status, kind, what in (
+        ("NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", "device", "repairable uncorrectable HBM error"),
+        ("NRT_EXEC_HW_ERR_HBM_UE", "device", "uncorrectable HBM error"),
+        ("NRT_EXEC_HW_ERR_NC_UE", "device", "uncorrectable NeuronCore error"),
+        ("NRT_EXEC_HW_ERR_DMA_ABORT", "device", "a DMA engine aborted"),
+        ("NRT_EXEC_UNIT_UNRECOVERABLE", "device", "an execution unit is unrecoverable"),
+        # the runtime asks for a new process, not a new node
+        ("NRT_EXEC_COMPLETED_WITH_NUM_ERR", "restart", "execution completed with numerical errors (NaN)"),
+        ("NRT_EXEC_SW_NQ_OVERFLOW", "restart", "the runtime's notification queue overflowed"),
+        # this rank lost a peer: the culprit is another rank
+        ("NRT_EXEC_HW_ERR_COLLECTIVES", "peer", "a collective never completed: a hardware error on this or another worker"),
+    )),
+    # -- this rank lost a peer: the runtime's and gloo's words -----------------------------------
     _sig("NRT_EXEC_HW_ERR_COLLECTIVES", "peer", r"suspected hang in collectives operation",
-         "a collective never completed: a hardware error on this or another worker"),
-    _sig("NRT_EXEC_HW_ERR_COLLECTIVES", "peer", r"\bNRT_EXEC_HW_ERR_COLLECTIVES\b",
          "a collective never completed: a hardware error on this or another worker"),
     _sig("PEER_CLOSED", "peer", r"(?i:connection closed by (?:remote )?peer|connection reset by peer)",
          "a peer closed its connection"),

@@ -652,7 +652,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     window = spec.fault_tolerance.budget_window_minutes * 60
     counters = old.failure_counters or counters_from(history, window)
     action = decide(failure, spec, counters, new.quarantined_nodes, ckpt_step, now,
-                    [a.node for a in new.avoided_nodes if a.node not in new.quarantined_nodes],
+                    [a.node for a in new.avoided_nodes],  # decide counts a node in both once
                     p.guard.trust_pod_reports)
     record = FailureRecord(
         id=(old.failure_count or len(history)) + 1, time=now, cause=failure.cause, action=action.kind,

@@ -36,7 +36,7 @@ def watchable(spec: TrainingRunSpec) -> str:
         return "faultTolerance.stragglers is off"
     if spec.trainer.is_command:
         return "a command trainer reports no compute time"
-    par = spec.run.parallelism
+    par = spec.parallelism  # the spec's own group (spec.run would build a RunConfig every pass)
     if par.pipeline > 1:
         return "pipeline stages wait on each other before their first collective"
     if par.tensor > (spec.processes_per_node or 1):
@@ -55,7 +55,7 @@ def update(streaks: list[StragglerStreak], pods: list[PodView], spec: TrainingRu
                  and (p.progress.get("computeSeconds") or 0.0) >= MIN_SECONDS and p.progress.get("time")}
     if reporting:
         newest = max(p.progress["time"] for p in reporting.values())
-        fresh = STALE_INTERVALS * max(spec.run.logging.progress_interval_seconds, 1.0)
+        fresh = STALE_INTERVALS * max(spec.logging.progress_interval_seconds, 1.0)
         reporting = {k: p for k, p in reporting.items() if newest - p.progress["time"] <= fresh}
     by_pod = {s.pod: s for s in streaks}
     out: list[StragglerStreak] = []

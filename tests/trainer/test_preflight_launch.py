@@ -7,17 +7,16 @@ real run, which learns how long the check took."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from localcluster.faults import SlowProcesses
 from tests.conftest import ROOT, descendants, trainer_env
 from trainium_api import exitcodes, preflight
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, TERMINATION_LOG_ENV
@@ -54,34 +53,18 @@ def launch(tmp: Path, factor: float, port: int, **env: str) -> list[subprocess.P
             for i in range(NODES)]
 
 
-def slow(pid: int, stop: threading.Event, share: float = 0.1, period: float = 0.1) -> None:
-    """SIGSTOP/SIGCONT the launcher and everything it starts, in turn, until ``stop``."""
-    while not stop.is_set():
-        procs = [pid, *descendants(pid)]
-        for sig, wait in ((signal.SIGSTOP, period * (1 - share)), (signal.SIGCONT, period * share)):
-            for p in procs:
-                try:
-                    os.kill(p, sig)
-                except ProcessLookupError:
-                    pass
-            time.sleep(wait)
-    for p in [pid, *descendants(pid)]:
-        try:
-            os.kill(p, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+def slow(pid: int, share: float = 0.1) -> SlowProcesses:
+    """The launcher and everything it starts, slowed to ``share`` of the time."""
+    return SlowProcesses(lambda: [pid, *descendants(pid)], share=share, name=f"slow-{pid}")
 
 
 def test_a_slow_node_is_named_by_the_check_and_the_others_wait_to_be_stopped(tmp_path):
     procs = launch(tmp_path, 3.0, two_free_ports())
-    stop = threading.Event()
-    slower = threading.Thread(target=slow, args=(procs[2].pid, stop), daemon=True)
-    slower.start()
+    slower = slow(procs[2].pid)
     try:
         out, err = procs[2].communicate(timeout=240)
     finally:
-        stop.set()
-        slower.join(5)
+        slower.stop()
     assert procs[2].returncode == exitcodes.PREFLIGHT, err[-3000:]
     reason = preflight.parse_message((tmp_path / "term-2").read_text())
     assert reason and reason.startswith("node node-2: matmul"), reason
@@ -114,11 +97,10 @@ def test_a_gang_on_nodes_that_all_passed_recently_skips_the_check(tmp_path):
     """The operator names the nodes that passed this run's check recently; a slow node among
     them is not looked at again (that is what skipping means), so every launcher runs on."""
     procs = launch(tmp_path, 3.0, two_free_ports(), TRAINER_PREFLIGHT_PASSED="node-0,node-1,node-2")
-    stop = threading.Event()
-    threading.Thread(target=slow, args=(procs[2].pid, stop, 0.5), daemon=True).start()
+    slower = slow(procs[2].pid, 0.5)
     try:
         errs = [p.communicate(timeout=240)[1] for p in procs]
     finally:
-        stop.set()
+        slower.stop()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
     assert "trainer.preflight: skipped: every node of the gang passed" in errs[0]

@@ -245,48 +245,37 @@ def unhang_pod(pods_root, namespace: str, pod: str) -> list[int]:
                                signal.SIGCONT)
 
 
-class SlowPod:
-    """A slow node: the pod's torchrun workers (``whole``: every process of the pod, found again
-    each period, so a pod slowed from its start stays slow as it starts its workers) get
-    ``share`` of the time, SIGSTOPped and SIGCONTed in turn every ``period`` seconds by a
-    thread, until ``stop()`` or until they are gone (then the thread ends by itself). Their
-    computation stretches; nothing fails."""
+class SlowProcesses:
+    """Slow processes down: those ``find()`` returns (asked again each period, so processes
+    started meanwhile are slowed too) get ``share`` of the time, SIGSTOPped and SIGCONTed in turn
+    every ``period`` seconds by a thread, until ``stop()`` or until none is left (then the thread
+    ends by itself, after a last SIGCONT). Their computation stretches; nothing fails."""
 
-    def __init__(self, pods_root, namespace: str, pod: str, share: float = 0.2, period: float = 0.1,
-                 whole: bool = False):
+    def __init__(self, find, share: float = 0.2, period: float = 0.1, name: str = "slow"):
         import threading
-
-        from . import podprocs
-        self.init_pid = podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod))
-        self.whole = whole
-        self.pids = (podprocs.namespace_pids(self.init_pid) if whole
-                     else list(podprocs.worker_pids(self.init_pid).values()))
+        self.find, self.share, self.period = find, share, period
+        self.pids = find()
         if not self.pids:
-            raise LookupError(f"pod {namespace}/{pod} has no torchrun workers (yet)")
-        self.share, self.period = share, period
+            raise LookupError(f"{name}: no processes to slow (yet)")
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._cycle, daemon=True, name=f"slow-{pod}")
+        self._thread = threading.Thread(target=self._cycle, daemon=True, name=name)
         self._thread.start()
 
     def _signal(self, sig) -> bool:
+        import contextlib
         import os
         alive = False
         for pid in self.pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # gone meanwhile
                 os.kill(pid, sig)
                 alive = True
-            except ProcessLookupError:
-                pass
         return alive
 
     def _cycle(self) -> None:
         import signal
-
-        from . import podprocs
         try:
             while not self._stopped.is_set():
-                if self.whole:
-                    self.pids = podprocs.namespace_pids(self.init_pid) or self.pids
+                self.pids = self.find() or self.pids
                 if not self._signal(signal.SIGSTOP):
                     return
                 self._stopped.wait(self.period * (1 - self.share))
@@ -298,6 +287,19 @@ class SlowPod:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(5)
+
+
+def SlowPod(pods_root, namespace: str, pod: str, share: float = 0.2, period: float = 0.1,  # noqa: N802
+            whole: bool = False) -> SlowProcesses:
+    """A slow node: the pod's torchrun workers (``whole``: every process of the pod, so a pod
+    slowed from its start stays slow as it starts its workers) slowed by SlowProcesses."""
+    from . import podprocs
+    init_pid = podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod))
+
+    def find() -> list[int]:
+        return (podprocs.namespace_pids(init_pid) if whole
+                else list(podprocs.worker_pids(init_pid).values()))
+    return SlowProcesses(find, share, period, name=f"slow-{namespace}/{pod}")
 
 
 def kill_rank(pods_root, namespace: str, pod: str, rank: int | None = None) -> tuple[int, int]:
