@@ -1,44 +1,61 @@
-"""Text shards -> tokenized, packed, mixed rows, with a position that resumes exactly.
+"""Data sources -> packed, mixed rows, with a position that resumes exactly.
 
-Every rank computes the same global stream of rows (row n is drawn from a source chosen by a
-counter-based hash of (seed, n) with the configured weights), and a data-parallel rank keeps
-its slice of each global batch. So the sample order depends only on the seed and the global
-batch size, never on the parallel layout, and a single process sees the same global batches
-as any TP x DP run. The position (row counter plus each source's epoch/file/document/offset)
-is a small JSON-able dict saved in every checkpoint.
+The global stream of rows is the same on every rank and for every parallel layout: row n is
+drawn from a source chosen by a counter-based hash of (seed, n) with the configured weights,
+and a global batch is the next ``globalBatchSize`` rows. A data-parallel rank keeps its
+contiguous slice of each global batch. So a single process sees the same global batches as
+any TP x DP run, and a run resumed on another number of nodes sees the same data.
 
-Shards are .jsonl (one {"text": ...} object a line), .parquet or .arrow (IPC file or stream),
-found under a directory, a glob, or a single path, on any fsspec file system (local, s3://).
+Two kinds of source:
+
+- **prepared** (a directory ``python -m trainer.prepare`` wrote; trainer.prepared): token shards
+  found by arithmetic. Every rank advances every source's row counter for the whole batch (no
+  I/O) but reads only the byte ranges of its own rows; no tokenizer runs. For real runs.
+- **raw text**: .jsonl (one {"text": ...} object a line), .parquet or .arrow (IPC file or
+  stream) shards under a directory, a glob or one path. Documents must be tokenized in order
+  to know where rows begin, so every rank reads and tokenizes the whole stream and keeps its
+  rows. For small runs and tests.
+
+Both read through fsspec (local, s3://), and both give the same rows for the same corpus and
+tokenizer. The position (the row counter plus each source's position: rows handed out for a
+prepared source, epoch/file/document/offset for raw text) is a small dict saved in every
+checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass, replace
 
 import fsspec
 import torch
 
 from .config import ConfigError, DataConfig
+from .prepared import PreparedSource, is_prepared, shard_order, tokenizer_digest
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 TOKENIZE_CHUNK = 256  # documents per encode_batch call
 
 
-def load_tokenizer(cfg: DataConfig):
+def read_tokenizer(uri: str, eos_token: str):
+    """(tokenizer, sha256 of its JSON); the digest is what prepared data is checked against."""
     from tokenizers import Tokenizer
 
     try:
-        with fsspec.open(cfg.tokenizer, "r") as fh:
-            tok = Tokenizer.from_str(fh.read())
+        with fsspec.open(uri, "r") as fh:
+            text = fh.read()
+        tok = Tokenizer.from_str(text)
     except FileNotFoundError:
-        raise ConfigError("data.tokenizer", f"file not found: {cfg.tokenizer}") from None
+        raise ConfigError("data.tokenizer", f"file not found: {uri}") from None
     except Exception as exc:  # tokenizers raises plain Exception subclasses on bad JSON
-        raise ConfigError("data.tokenizer", f"cannot read tokenizer {cfg.tokenizer}: {exc}") from None
-    if tok.token_to_id(cfg.eos_token) is None:
-        raise ConfigError("data.eosToken", f"{cfg.eos_token!r} is not in the tokenizer {cfg.tokenizer}")
-    return tok
+        raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
+    if tok.token_to_id(eos_token) is None:
+        raise ConfigError("data.eosToken", f"{eos_token!r} is not in the tokenizer {uri}")
+    return tok, tokenizer_digest(text)
+
+
+def load_tokenizer(cfg: DataConfig):
+    return read_tokenizer(cfg.tokenizer, cfg.eos_token)[0]
 
 
 def list_shards(uri: str, field_path: str) -> list[str]:
@@ -88,7 +105,9 @@ class SourcePosition:
 
 
 class DocumentSource:
-    """Reads one source's shards in a seeded per-epoch order and hands out tokens."""
+    """Reads one raw-text source's shards in a seeded per-epoch order and hands out tokens."""
+
+    random_access = False
 
     def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int):
         self.index, self.cfg, self.tokenizer, self.eos_id, self.seed = index, cfg, tokenizer, eos_id, seed
@@ -99,10 +118,7 @@ class DocumentSource:
         self._tokens: dict[int, list[int]] = {}
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.shards)))
-        if self.cfg.shuffle:
-            random.Random(self.seed * 1_000_003 + self.index * 7919 + epoch).shuffle(order)
-        return order
+        return shard_order(self.seed, self.index, epoch, len(self.shards), self.cfg.shuffle)
 
     def _ensure_loaded(self) -> None:
         key = (self.pos.epoch, self.pos.file)
@@ -155,6 +171,19 @@ class DocumentSource:
         self._advance_doc()
         return toks
 
+    def next_row(self, n: int, packing: bool) -> list[int]:
+        return self.take(n) if packing else self.take_document(n)
+
+    def state(self) -> dict:
+        return vars(self.pos).copy()
+
+    def load_state(self, state: dict) -> None:
+        if "rows" in state:
+            raise ConfigError(f"data.sources[{self.index}].uri", "the checkpoint's position for this source is "
+                              "in prepared shards; this source is now raw text. Resume with the prepared source, "
+                              "or set data.allowChangedSources: true to start this source from its beginning")
+        self.pos = SourcePosition(**state)
+
 
 def _mix_uniform(seed: int, row: int) -> float:
     """A uniform draw in [0, 1) from (seed, row) alone: splitmix64, so no RNG state to save."""
@@ -171,13 +200,17 @@ class PackedDataset:
 
     def __init__(self, cfg: DataConfig, seq_len: int, seed: int, vocab_size: int):
         self.cfg, self.seq_len, self.seed = cfg, seq_len, seed
-        self.tokenizer = load_tokenizer(cfg)
+        self.tokenizer, digest = read_tokenizer(cfg.tokenizer, cfg.eos_token)
         if self.tokenizer.get_vocab_size() > vocab_size:
             raise ConfigError("model.vocabSize", f"{vocab_size} is smaller than the tokenizer's vocabulary "
                               f"({self.tokenizer.get_vocab_size()}, {cfg.tokenizer})")
         eos = self.tokenizer.token_to_id(cfg.eos_token)
         self.pad_id = eos
-        self.sources = [DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed) for i, s in enumerate(cfg.sources)]
+        self.sources = [
+            PreparedSource(i, s.uri, seed=seed, shuffle=cfg.shuffle, tokenizer_sha256=digest,
+                           eos_token=cfg.eos_token, tokenizer_uri=cfg.tokenizer) if is_prepared(s.uri)
+            else DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed)
+            for i, s in enumerate(cfg.sources)]
         total = sum(s.weight for s in cfg.sources)
         acc, self.cumulative = 0.0, []
         for s in cfg.sources:
@@ -185,32 +218,55 @@ class PackedDataset:
             self.cumulative.append(acc)
         self.row = 0
 
-    def _pick_source(self, row: int) -> DocumentSource:
+    @property
+    def reads_all_rows(self) -> bool:
+        """Whether a raw-text source makes every rank read and tokenize the whole stream."""
+        return not all(src.random_access for src in self.sources)
+
+    def _pick_source(self, row: int):
         u = _mix_uniform(self.seed, row)
         for src, edge in zip(self.sources, self.cumulative):
             if u < edge:
                 return src
         return self.sources[-1]
 
-    def next_row(self) -> tuple[list[int], list[int]]:
-        src = self._pick_source(self.row)
-        self.row += 1
+    def _pair(self, toks) -> tuple[list[int], list[int]]:
+        toks = [int(t) for t in toks]
         if self.cfg.packing:
-            toks = src.take(self.seq_len + 1)
             return toks[:-1], toks[1:]
-        toks = src.take_document(self.seq_len + 1)
         pad = self.seq_len + 1 - len(toks)
-        inputs = (toks + [self.pad_id] * pad)[:-1]
-        targets = toks[1:] + [self.IGNORE] * pad
-        return inputs, targets
+        return (toks + [self.pad_id] * pad)[:-1], toks[1:] + [self.IGNORE] * pad
 
-    def next_batch(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [self.next_row() for _ in range(rows)]
+    def next_batch(self, rows: int, dp_rank: int = 0, dp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Data-parallel rank ``dp_rank``'s contiguous slice (rows // dp of them) of the next
+        global batch of ``rows``. Every rank advances the stream by the whole batch; prepared
+        sources are read only for the kept rows."""
+        n, keep = self.seq_len + 1, rows // dp
+        lo = dp_rank * keep
+        found: list = [None] * keep
+        wanted: dict[int, list[tuple[int, int]]] = {}  # source -> (slot, source row)
+        for i in range(rows):
+            src = self._pick_source(self.row)
+            self.row += 1
+            mine = lo <= i < lo + keep
+            if src.random_access:
+                j = src.claim()
+                if mine:
+                    wanted.setdefault(src.index, []).append((i - lo, j))
+            else:
+                toks = src.next_row(n, self.cfg.packing)  # raw text: read in order, kept or not
+                if mine:
+                    found[i - lo] = toks
+        for index, items in wanted.items():
+            rows_toks = self.sources[index].read([j for _, j in items], n, self.cfg.packing)
+            for (slot, _), toks in zip(items, rows_toks):
+                found[slot] = toks
+        pairs = [self._pair(t) for t in found]
         return (torch.tensor([p[0] for p in pairs], dtype=torch.long),
                 torch.tensor([p[1] for p in pairs], dtype=torch.long))
 
     def state(self) -> dict:
-        return {"row": self.row, "sources": [vars(s.pos).copy() for s in self.sources]}
+        return {"row": self.row, "sources": [s.state() for s in self.sources]}
 
     def load_state(self, state: dict) -> None:
         if len(state["sources"]) != len(self.sources):
@@ -218,19 +274,15 @@ class PackedDataset:
                               f"the config {len(self.sources)}")
         self.row = state["row"]
         for src, pos in zip(self.sources, state["sources"]):
-            src.pos = SourcePosition(**pos)
+            src.load_state(pos)
 
 
 def heldout_batches(data: DataConfig, seq_len: int, seed: int, vocab_size: int, global_batch: int,
-                    batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``batches`` global batches of ``data.held_out``: the same ones at every
-    evaluation, in training and in ``trainer.evaluate``, so perplexities compare."""
+                    batches: int, dp_rank: int = 0, dp: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This data-parallel rank's slices of the first ``batches`` global batches of
+    ``data.held_out``: the same ones at every evaluation, in training and in
+    ``trainer.evaluate``, so perplexities compare. Prepared held-out data is read per rank."""
     held = replace(data, sources=data.held_out, held_out=[])
     stream = PackedDataset(held, seq_len, seed, vocab_size)
-    return [stream.next_batch(global_batch) for _ in range(batches)]
+    return [stream.next_batch(global_batch, dp_rank, dp) for _ in range(batches)]
 
-
-def local_batch(inputs: torch.Tensor, targets: torch.Tensor, dp_rank: int, dp: int):
-    """This data-parallel rank's contiguous slice of a global batch."""
-    n = inputs.shape[0] // dp
-    return inputs[dp_rank * n:(dp_rank + 1) * n], targets[dp_rank * n:(dp_rank + 1) * n]

@@ -77,8 +77,18 @@ def generate(out: str, docs: int = 4000, seed: int = 0) -> dict[str, str]:
     return {"stories": f"{out}/stories", "facts": f"{out}/facts", "tokenizer": f"{out}/tokenizer.json"}
 
 
+def paths(out: str) -> dict[str, str]:
+    """The corpus's raw sources, the tokenizer, and the same sources prepared (trainer.prepare)."""
+    return {"stories": f"{out}/stories", "facts": f"{out}/facts", "tokenizer": f"{out}/tokenizer.json",
+            "stories_prepared": f"{out}/prepared/stories", "facts_prepared": f"{out}/prepared/facts"}
+
+
 def ensure(out: str) -> dict[str, str]:
-    """Generate into OUT once; later calls reuse the files."""
+    """Generate into OUT once, and prepare its token shards once; later calls reuse the files.
+    Each is made in a private directory and renamed into place: concurrent callers never see
+    a half-written one."""
+    import shutil
+
     if not os.path.exists(f"{out}/tokenizer.json"):
         tmp = f"{out}.tmp{os.getpid()}"
         generate(tmp)
@@ -86,9 +96,25 @@ def ensure(out: str) -> dict[str, str]:
         try:
             os.rename(tmp, out)
         except OSError:  # another process won the race; theirs is identical
-            import shutil
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"stories": f"{out}/stories", "facts": f"{out}/facts", "tokenizer": f"{out}/tokenizer.json"}
+    found = paths(out)
+    if not os.path.exists(f"{out}/prepared"):
+        from .config import DataConfig
+        from .prepare import Preparer
+
+        defaults, tmp = DataConfig(), f"{out}/prepared.tmp{os.getpid()}"
+        for name in ("stories", "facts"):
+            prep = Preparer(found[name], found["tokenizer"], f"{tmp}/{name}", defaults.eos_token, defaults.text_field)
+            prep.claim_directory()
+            for k in range(len(prep.shards)):
+                prep.prepare_shard(k)
+            if not prep.finish():
+                raise RuntimeError(f"preparing {found[name]} left shards incomplete")
+        try:
+            os.rename(tmp, f"{out}/prepared")
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return found
 
 
 def main() -> None:

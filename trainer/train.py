@@ -18,7 +18,7 @@ from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
 from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout, to_dict
-from .data import PackedDataset, heldout_batches, local_batch
+from .data import PackedDataset, heldout_batches
 from .health import GradNormMonitor, finite
 from .launch import PRECOMPILE_ENV
 from .metrics import TrainerMetrics, device_peak, mfu
@@ -91,6 +91,10 @@ class Trainer:
         if backend == "cpu":
             torch.use_deterministic_algorithms(True)
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
+        if self.data.reads_all_rows and ps.dp > 1 and ps.rank == 0:
+            log.warning("data: raw-text sources are read and tokenized whole by every rank (%d ranks); "
+                        "prepare them once (python -m trainer.prepare) so each rank reads only its rows",
+                        ps.world_size)
         self.heldout = self._heldout_batches()
         self.eval_perplexity: float | None = None
         self.compute_seconds: float | None = None  # smoothed time before each step's first collective
@@ -237,9 +241,8 @@ class Trainer:
         if not cfg.data.held_out:
             return []
         t = cfg.training
-        return [local_batch(inputs, targets, self.ps.dp_rank, self.ps.dp) for inputs, targets in
-                heldout_batches(cfg.data, t.seq_len, t.seed, cfg.model.vocab_size, t.global_batch_size,
-                                cfg.data.eval_batches)]
+        return heldout_batches(cfg.data, t.seq_len, t.seed, cfg.model.vocab_size, t.global_batch_size,
+                               cfg.data.eval_batches, self.ps.dp_rank, self.ps.dp)
 
     def evaluate(self) -> tuple[float, float]:
         """Mean token loss and perplexity on the held-out batches (all ranks take part)."""
@@ -292,8 +295,7 @@ class Trainer:
         data-parallel ranks. With pipeline stages the micro batches run on the 1F1B schedule."""
         ps, tcfg = self.ps, self.cfg.training
         began = time.perf_counter()
-        inputs, targets = self.data.next_batch(tcfg.global_batch_size)
-        inputs, targets = local_batch(inputs, targets, ps.dp_rank, ps.dp)
+        inputs, targets = self.data.next_batch(tcfg.global_batch_size, ps.dp_rank, ps.dp)
         accum = ps.layout.grad_accum_steps
         if self.pipeline is not None:
             loss_sum = self.pipeline.forward_backward(inputs, targets)

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from trainer.config import ConfigError, DataConfig, DataSource, from_dict
-from trainer.data import PackedDataset, list_shards, local_batch, read_texts
+from trainer.data import PackedDataset, list_shards, read_texts
 
 
 def dataset(tiny, **kw):
@@ -57,9 +57,9 @@ def test_no_packing_pads_and_masks(tiny_data):
     assert (y == -100).any()
 
 
-def test_local_batch_slices_by_dp_rank(tiny_data):
+def test_a_data_parallel_rank_gets_its_contiguous_slice(tiny_data):
     x, y = dataset(tiny_data).next_batch(8)
-    parts = [local_batch(x, y, r, 4)[0] for r in range(4)]
+    parts = [dataset(tiny_data).next_batch(8, r, 4)[0] for r in range(4)]
     assert all(p.shape[0] == 2 for p in parts)
     assert (parts[1] == x[2:4]).all()
 
