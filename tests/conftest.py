@@ -34,8 +34,10 @@ def tiny_run_spec(**merge: dict):
     return parse(body)
 
 
-def data_overrides(tiny: dict[str, str]) -> list[str]:
-    return [f"data.sources=[{{uri: {tiny['stories']}, weight: 3}}, {{uri: {tiny['facts']}, weight: 1}}]",
+def data_overrides(tiny: dict[str, str], prepared: bool = False) -> list[str]:
+    """The tiny corpus's two sources, as raw text or as the token shards trainer.prepare made."""
+    suffix = "_prepared" if prepared else ""
+    return [f"data.sources=[{{uri: {tiny['stories' + suffix]}, weight: 3}}, {{uri: {tiny['facts' + suffix]}, weight: 1}}]",
             f"data.tokenizer={tiny['tokenizer']}"]
 
 

@@ -31,7 +31,7 @@ import fsspec
 import torch
 
 from .config import ConfigError, DataConfig
-from .prepared import PreparedSource, is_prepared, shard_order, tokenizer_digest
+from .prepared import MANIFEST, PreparedSource, is_being_prepared, is_prepared, shard_order, tokenizer_digest
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 TOKENIZE_CHUNK = 256  # documents per encode_batch call
@@ -111,6 +111,10 @@ class DocumentSource:
 
     def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int):
         self.index, self.cfg, self.tokenizer, self.eos_id, self.seed = index, cfg, tokenizer, eos_id, seed
+        if is_being_prepared(uri):  # else its prepare-params.json would read as a raw .json shard
+            raise ConfigError(f"data.sources[{index}].uri", f"{uri} is being prepared: python -m trainer.prepare "
+                              f"has not finished there (no {MANIFEST} yet). Wait for it (or run it again to "
+                              f"finish) and restart")
         self.shards = list_shards(uri, f"data.sources[{index}].uri")
         self.pos = SourcePosition()
         self._loaded: tuple[int, int] | None = None  # (epoch, file) whose texts are cached

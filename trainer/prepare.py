@@ -27,9 +27,7 @@ import numpy as np
 from .config import ConfigError, DataConfig
 from .data import TOKENIZE_CHUNK, list_shards, read_texts, read_tokenizer
 from .indexed import IndexFormatError, decode_index, encode_index, token_dtype
-from .prepared import MANIFEST, Manifest, PreparedShard
-
-PARAMS = "prepare-params.json"  # what the shards under DIR were made with; guards reruns
+from .prepared import MANIFEST, PARAMS, Manifest, PreparedShard
 
 
 def shard_name(k: int) -> str:
@@ -96,16 +94,18 @@ class Preparer:
         self.fs.pipe_file(self._path(name + ".idx"), encode_index(lengths, self.dtype))
         return PreparedShard(name, len(lengths), int(lengths.sum()), self.shards[k])
 
-    def finish(self) -> bool:
-        """Write the manifest if every shard is complete (whichever part finishes last)."""
+    def finish(self) -> int:
+        """Write the manifest if every shard is complete (whichever part finishes last);
+        returns how many shards are still missing."""
         done = [self.complete(k) for k in range(len(self.shards))]
-        if any(d is None for d in done):
-            return False
+        missing = sum(d is None for d in done)
+        if missing:
+            return missing
         manifest = Manifest(tokenizer_sha256=self.digest, eos_token=self.eos_token, eos_id=self.eos_id,
                             dtype=np.dtype(self.dtype).name, shards=done, tokenizer=self.tokenizer_uri,
                             text_field=self.text_field)
         self.fs.pipe_file(self._path(MANIFEST), manifest.to_json().encode())
-        return True
+        return 0
 
 
 def _human(n: float) -> str:
@@ -150,12 +150,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{n}/{len(mine)}] {shard.name} {verb}: {shard.documents} documents, {_human(shard.tokens)} "
                   f"tokens in {time.monotonic() - started:.1f} s ({_human(tokens_done / max(elapsed, 1e-9))} "
                   f"tokens/s overall, about {eta:.0f} s left)  <- {prep.shards[k]}", flush=True)
-        if prep.finish():
+        missing = prep.finish()
+        if not missing:
             print(f"prepare: complete; {args.out}/{MANIFEST} written. Use {args.out} as a data.sources URI.",
                   flush=True)
         else:
-            print("prepare: this part is done; the manifest is written by the part that completes the last "
-                  "shard", flush=True)
+            print(f"prepare: this part is done; {missing} of {len(prep.shards)} shards are still missing (other "
+                  f"parts: --parts {args.parts}); the part that completes the last one writes the manifest",
+                  flush=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -28,6 +29,8 @@ from .config import ConfigError
 from .indexed import IndexFormatError, ShardIndex, decode_index, decode_tokens
 
 MANIFEST = "prepared.json"
+PARAMS = "prepare-params.json"  # written first by trainer.prepare: a directory being prepared
+SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
 FORMAT = "megatron-indexed"
 FORMAT_VERSION = 1
 
@@ -83,6 +86,9 @@ class Manifest:
                 raise ValueError(f"token dtype {manifest.dtype!r}")
             if any(s.documents < 0 or s.tokens < 0 for s in shards):
                 raise ValueError("negative counts")
+            bad = [s.name for s in shards if not isinstance(s.name, str) or not SHARD_NAME.fullmatch(s.name)]
+            if bad:  # names are paths under the directory: never another directory's files
+                raise ValueError(f"shard names {bad[:3]} are not plain file names")
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ConfigError(field_path, f"{where} is not a manifest this trainer can read: {exc}") from None
         return manifest
@@ -97,6 +103,15 @@ def is_prepared(uri: str) -> bool:
     if any(c in uri for c in "*?["):
         return False
     fs, path = fsspec.core.url_to_fs(manifest_uri(uri))
+    try:
+        return fs.isfile(path)
+    except (OSError, PermissionError):
+        return False
+
+
+def is_being_prepared(uri: str) -> bool:
+    """A directory trainer.prepare began but has not finished (no manifest yet)."""
+    fs, path = fsspec.core.url_to_fs(uri.rstrip("/") + "/" + PARAMS)
     try:
         return fs.isfile(path)
     except (OSError, PermissionError):

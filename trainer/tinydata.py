@@ -6,6 +6,7 @@ Writes two sources in different formats so mixing and every reader are exercised
   OUT_DIR/stories/part-0000{0..3}.jsonl    short templated stories (learnable structure)
   OUT_DIR/facts/part-0000{0,1}.parquet     arithmetic and comparison facts
   OUT_DIR/tokenizer.json                   byte-level BPE, 512 tokens, trained on both
+  OUT_DIR/prepared/{stories,facts}/        both tokenized into token shards (trainer.prepare)
 The text is produced from a seeded grammar, so every machine generates identical files.
 """
 
@@ -99,17 +100,8 @@ def ensure(out: str) -> dict[str, str]:
             shutil.rmtree(tmp, ignore_errors=True)
     found = paths(out)
     if not os.path.exists(f"{out}/prepared"):
-        from .config import DataConfig
-        from .prepare import Preparer
-
-        defaults, tmp = DataConfig(), f"{out}/prepared.tmp{os.getpid()}"
-        for name in ("stories", "facts"):
-            prep = Preparer(found[name], found["tokenizer"], f"{tmp}/{name}", defaults.eos_token, defaults.text_field)
-            prep.claim_directory()
-            for k in range(len(prep.shards)):
-                prep.prepare_shard(k)
-            if not prep.finish():
-                raise RuntimeError(f"preparing {found[name]} left shards incomplete")
+        tmp = f"{out}/prepared.tmp{os.getpid()}"
+        prepare(found, tmp)
         try:
             os.rename(tmp, f"{out}/prepared")
         except OSError:
@@ -117,13 +109,30 @@ def ensure(out: str) -> dict[str, str]:
     return found
 
 
+def prepare(found: dict[str, str], dest: str) -> None:
+    """Both sources' token shards under DEST (what python -m trainer.prepare makes)."""
+    from .config import DataConfig
+    from .prepare import Preparer
+
+    defaults = DataConfig()
+    for name in ("stories", "facts"):
+        prep = Preparer(found[name], found["tokenizer"], f"{dest}/{name}", defaults.eos_token, defaults.text_field)
+        prep.claim_directory()
+        for k in range(len(prep.shards)):
+            prep.prepare_shard(k)
+        if prep.finish():
+            raise RuntimeError(f"preparing {found[name]} left shards incomplete")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--docs", type=int, default=4000)
     args = ap.parse_args()
-    paths = generate(args.out, args.docs)
-    print(json.dumps(paths, indent=2))
+    generate(args.out, args.docs)
+    found = paths(args.out)
+    prepare(found, f"{args.out}/prepared")
+    print(json.dumps(found, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ROOT, data_overrides, read_losses, run_trainer, trainer_cmd, trainer_env
 from trainium_api import checkpoints, exitcodes
@@ -37,6 +38,7 @@ class FaultProxy:
         proxy = self
         self.failing = threading.Event()
         self.failed_puts = 0
+        self.requests: list[tuple[str, str, str | None, int]] = []  # (method, path, Range, body bytes)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -61,6 +63,7 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                proxy.requests.append((self.command, self.path, self.headers.get("Range"), len(data)))
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "content-length", "connection"):
@@ -179,6 +182,37 @@ def _run_with_fault(s3, tmp_path, name: str, steps: int, transient: bool):
     assert proxy.failed_puts > 0
     tags = {t.tag: t for t in checkpoints.list_tags(f"s3://ckpt/{name}")}
     return proc.returncode, err, tags
+
+
+def test_prepared_data_on_s3_each_rank_reads_only_its_rows(s3, tmp_path, tiny_data):
+    """trainer.prepare from s3:// to s3://, then four data-parallel ranks read it: together
+    they rebuild the global batch of the local prepared copy bitwise, and the server saw one
+    ranged GET per rank and step carrying exactly that rank's tokens."""
+    from trainer.config import from_dict
+    from trainer.data import PackedDataset
+
+    env, proxy = s3["env"], s3["proxy"]
+    store_env(env)
+    out = "s3://data/prepared/stories"
+    res = subprocess.run([sys.executable, "-m", "trainer.prepare", "--source", "s3://data/tiny/stories",
+                          "--tokenizer", "s3://data/tiny/tokenizer.json", "--out", out],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and f"{out}/prepared.json written" in res.stdout, res.stdout + res.stderr
+
+    def stream(uri):
+        data = from_dict({"data": {"sources": [{"uri": uri}], "tokenizer": tiny_data["tokenizer"]}}).data
+        return PackedDataset(data, 64, 7, 512)
+
+    local = stream(tiny_data["stories_prepared"])
+    ref = [local.next_batch(16) for _ in range(4)]
+    ranks = [stream(out) for _ in range(4)]
+    proxy.requests.clear()
+    for x, y in ref:
+        parts = [r.next_batch(16, i, 4) for i, r in enumerate(ranks)]
+        assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
+    reads = [r for r in proxy.requests if r[0] == "GET" and r[2]]
+    assert len(reads) == len(proxy.requests) == 4 * 4, proxy.requests
+    assert all(r[1].startswith("/data/prepared/stories/part-") and r[3] == 4 * 65 * 2 for r in reads)
 
 
 def test_transient_store_failure_mid_save_is_never_marked_done(s3, tmp_path):

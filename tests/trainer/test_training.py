@@ -17,8 +17,8 @@ from trainium_api import checkpoints, exitcodes
 pytestmark = pytest.mark.trainer
 
 
-def overrides(tiny, tmp: Path, name: str, *extra: str) -> list[str]:
-    return [*data_overrides(tiny), f"logging.lossesFile={tmp / (name + '.jsonl')}", "logging.interval=1",
+def overrides(tiny, tmp: Path, name: str, *extra: str, prepared: bool = False) -> list[str]:
+    return [*data_overrides(tiny, prepared), f"logging.lossesFile={tmp / (name + '.jsonl')}", "logging.interval=1",
             f"checkpoint.uri={tmp / (name + '-ckpt')}", *extra]
 
 
@@ -65,19 +65,21 @@ def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, w
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("layout", [
-    ["parallelism.tensor=2", "parallelism.zero1=true", "parallelism.sequenceParallel=true"],
-    ["parallelism.pipeline=2", "parallelism.zero1=true"],
-], ids=["tp2-dp2-zero1-sp", "pp2-dp2-zero1"])
-def test_sigkill_during_async_save_then_exact_resume(layout, tiny_data, tmp_path):
+@pytest.mark.parametrize("layout, prepared", [
+    (["parallelism.tensor=2", "parallelism.zero1=true", "parallelism.sequenceParallel=true"], False),
+    (["parallelism.pipeline=2", "parallelism.zero1=true"], True),
+], ids=["tp2-dp2-zero1-sp", "pp2-dp2-zero1-prepared-data"])
+def test_sigkill_during_async_save_then_exact_resume(layout, prepared, tiny_data, tmp_path):
     """Kill every rank after step_6 is complete and while step_9 is being written; the
     restart skips the torn tag, resumes from step_6 and reproduces every later loss bitwise.
-    With pipeline stages every stage's shard files (pp_rank_00, pp_rank_01) must be there."""
+    With pipeline stages every stage's shard files (pp_rank_00, pp_rank_01) must be there.
+    The pipeline case reads pre-tokenized shards (trainer.prepare): each data rank reads only
+    its rows, and the position it resumes from is the prepared sources' row counts."""
     common = ["training.steps=12", "checkpoint.intervalSteps=3", *layout]
-    ref = run_trainer(4, overrides(tiny_data, tmp_path, "ref", *common))
+    ref = run_trainer(4, overrides(tiny_data, tmp_path, "ref", *common, prepared=prepared))
     assert ref.returncode == 0, ref.stderr[-3000:]
 
-    run = overrides(tiny_data, tmp_path, "crash", *common)
+    run = overrides(tiny_data, tmp_path, "crash", *common, prepared=prepared)
     ckpt = tmp_path / "crash-ckpt"
     proc = subprocess.Popen(trainer_cmd(4, run), cwd=ROOT, env=trainer_env(TRAINER_FAULT_CKPT_WRITE_DELAY="1.5"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -107,6 +109,8 @@ def test_sigkill_during_async_save_then_exact_resume(layout, tiny_data, tmp_path
     assert checkpoints.newest_complete(str(ckpt)).step == 12
     meta = json.loads((ckpt / "step_12" / checkpoints.META).read_text())
     assert all((ckpt / "step_12" / f).exists() for f in meta["files"])
+    if prepared:
+        assert [set(src) for src in meta["data"]["sources"]] == [{"rows"}, {"rows"}]
     if "parallelism.pipeline=2" in layout:
         assert "model/dp_rank_00_tp_rank_00_pp_rank_01.pt" in meta["files"]
         assert "optim/dp_rank_01_tp_rank_00_pp_rank_01.pt" in meta["files"]  # ZeRO-1: per data rank

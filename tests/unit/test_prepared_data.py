@@ -147,7 +147,7 @@ def copy_prepared(src: str, dst: Path) -> str:
     return str(dst)
 
 
-@pytest.mark.parametrize("damage", ["short-bin", "garbage-idx", "garbage-manifest", "empty"])
+@pytest.mark.parametrize("damage", ["short-bin", "garbage-idx", "garbage-manifest", "empty", "escaping-name"])
 def test_damaged_prepared_data_is_named_not_read(tmp_path, tiny_data, damage):
     root = Path(copy_prepared(tiny_data["facts_prepared"], tmp_path / "facts"))
     manifest = json.loads((root / MANIFEST).read_text())
@@ -158,14 +158,27 @@ def test_damaged_prepared_data_is_named_not_read(tmp_path, tiny_data, damage):
         (root / "part-00001.idx").write_bytes(b"MMIDIDX\x00\x00" + b"\xff" * 40)
     elif damage == "garbage-manifest":
         (root / MANIFEST).write_text('{"format": "megatron-indexed", "version": 1, "shards": 3}')
-    else:
+    elif damage == "empty":
         manifest["shards"] = []
+        (root / MANIFEST).write_text(json.dumps(manifest))
+    else:  # a manifest naming another directory's files
+        manifest["shards"][0]["name"] = "../stories/part-00000"
         (root / MANIFEST).write_text(json.dumps(manifest))
     cfg = config([{"uri": str(root)}], tiny_data["tokenizer"], packing=damage != "garbage-idx")
     with pytest.raises(ConfigError) as err:
         ds = PackedDataset(cfg, 64, 7, 512)
         batches(ds, 200, 16)  # the damaged shard is reached within two epochs
     assert err.value.field == "data.sources[0].uri", str(err.value)
+
+
+def test_a_source_still_being_prepared_says_so(tmp_path, tiny_data, capsys):
+    out = tmp_path / "half"
+    assert prepare_main(["--source", tiny_data["stories"], "--tokenizer", tiny_data["tokenizer"], "--out", str(out),
+                         "--parts", "4", "--index", "3"]) == 0
+    assert "3 of 4 shards are still missing" in capsys.readouterr().out
+    with pytest.raises(ConfigError) as err:
+        PackedDataset(config([{"uri": str(out)}], tiny_data["tokenizer"]), 64, 7, 512)
+    assert err.value.field == "data.sources[0].uri" and "is being prepared" in str(err.value)
 
 
 def test_prepare_resumes_shares_work_between_parts_and_refuses_mixing(tmp_path, tiny_data, capsys):

@@ -54,12 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, interrupted)
     from trainer import tinydata
 
-    say(f"generating the offline corpus and tokenizer in {WORK / 'data'} (once)")
+    say(f"generating the offline corpus and tokenizer in {WORK / 'data'}, and tokenizing it into token shards "
+        f"(python -m trainer.prepare) so each rank reads only its rows (once)")
     data = tinydata.ensure(str(WORK / "data"))
     body = yaml.safe_load(drill.EXAMPLE.read_text())
     body["spec"]["training"]["steps"] = args.steps
     body["spec"]["data"] = {**body["spec"]["data"], "tokenizer": data["tokenizer"],
-                            "sources": [{"uri": data["stories"], "weight": 3}, {"uri": data["facts"], "weight": 1}]}
+                            "sources": [{"uri": data["stories_prepared"], "weight": 3},
+                                        {"uri": data["facts_prepared"], "weight": 1}]}
     d_ckpt, d_losses = Path(body["spec"]["checkpoint"]["uri"]), Path(body["spec"]["logging"]["lossesFile"])
     for old in (d_ckpt, d_losses):  # a fresh run each time
         if old.is_dir():

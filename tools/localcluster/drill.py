@@ -33,12 +33,16 @@ FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "strag
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
 
-def manifest(name: str, data: dict[str, str], workdir: Path, **groups) -> dict:
-    """examples/tiny-local-run.yaml with its paths under ``workdir`` and groups merged in."""
+def manifest(name: str, data: dict[str, str], workdir: Path, prepared: bool = True, **groups) -> dict:
+    """examples/tiny-local-run.yaml with its paths under ``workdir`` and groups merged in. The
+    data are the tiny corpus's token shards (trainer.prepare), as a real run's would be, unless
+    ``prepared`` is false (raw text, tokenized by every rank)."""
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"] = {"name": name}
     spec = body["spec"]
-    spec["data"]["sources"] = [{"uri": data["stories"], "weight": 3}, {"uri": data["facts"], "weight": 1}]
+    suffix = "_prepared" if prepared else ""
+    spec["data"]["sources"] = [{"uri": data["stories" + suffix], "weight": 3},
+                               {"uri": data["facts" + suffix], "weight": 1}]
     spec["data"]["tokenizer"] = data["tokenizer"]
     spec["checkpoint"]["uri"] = str(workdir / f"{name}-ckpt")
     spec["logging"]["lossesFile"] = str(workdir / f"{name}-losses.jsonl")
