@@ -51,3 +51,9 @@ def test_apiserver_down_and_etcd_restart_are_ridden_out(e2e, tiny_data, tmp_path
     print(f"control plane outages: run Succeeded at attempt 1; goodput status {gp['effectiveRatio']:.3f} vs truth "
           f"{truth.ratio:.3f}")
     assert abs(gp["effectiveRatio"] - truth.ratio) <= 0.02
+    # The controllers came back too: a new namespace gets its default ServiceAccount (kube-
+    # controller-manager re-lists after the outage, with backoff), so later tests start on a
+    # working control plane rather than racing its recovery.
+    t0 = time.monotonic()
+    drill.new_namespace(e2e.core, "e2e-after-outage", timeout=120)
+    print(f"a new namespace was ready {time.monotonic() - t0:.1f}s after the run ended")

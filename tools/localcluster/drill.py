@@ -326,7 +326,7 @@ def process_nodes(cluster: Cluster, count: int, prefix: str) -> list[str]:
     raise RuntimeError(f"process nodes {names} not Ready after 60s")
 
 
-def new_namespace(core, name: str, timeout: float = 30) -> str:
+def new_namespace(core, name: str, timeout: float = 60) -> str:
     """Create a namespace and wait for what pods need: the default ServiceAccount and the API
     server's CA ConfigMap (the service-account token volume mounts it)."""
     core.create_namespace({"metadata": {"name": name}})
