@@ -22,10 +22,12 @@ import sys
 import time
 
 from trainium_api import exitcodes, runtimefaults
+from trainium_api import preflight as verdicts
 from trainium_api.launch import (PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
                                  TERMINATION_LOG_ENV)
 
 from .outputwatch import OutputWatch
+from .progress import annotate_own_pod
 
 # Neuron pre-compilation: `--neuron-precompile-steps N` first runs the same command under
 # `neuron_parallel_compile`, which executes no graph but extracts every graph of N steps and
@@ -73,6 +75,8 @@ def preflight(args, value: str) -> int:
     if not getattr(check, "standalone", False):
         check.master_port = int(check.master_port) + 1
     print(f"trainer.launch: pre-flight check ({value})", file=sys.stderr, flush=True)
+    # the run's Preflight phase comes from this (the operator cannot tell the check from a slow start)
+    annotate_own_pod(verdicts.ANNOTATION, verdicts.RUNNING)
     started = time.monotonic()
     try:
         run(check)
@@ -86,6 +90,7 @@ def preflight(args, value: str) -> int:
     except SignalException:
         return exitcodes.TERMINATED
     os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
+    annotate_own_pod(verdicts.ANNOTATION, verdicts.DONE)
     if os.environ.get(PREFLIGHT_SECONDS_FILE_ENV):  # a command trainer's watch reports it
         try:
             Path(os.environ[PREFLIGHT_SECONDS_FILE_ENV]).write_text(os.environ[PREFLIGHT_SECONDS_ENV])

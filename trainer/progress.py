@@ -24,6 +24,40 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 RETRY_SECONDS = 1.0  # the least pause before a failed report is sent again
 
 
+def connect_api():
+    """A CoreV1Api as the pod's own identity (in cluster) or $KUBECONFIG's; None outside both
+    or when the API server cannot be reached (reports are then off, never an error)."""
+    try:
+        from kubernetes import client, config
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        elif os.environ.get("KUBECONFIG"):
+            # named here: the client read $KUBECONFIG when it was imported, maybe before it was set
+            config.load_kube_config(config_file=os.environ["KUBECONFIG"])
+        else:
+            return None
+        return client.CoreV1Api()
+    except Exception as exc:
+        log.warning("progress annotation off: cannot reach the API server (%s)", exc)
+        return None
+
+
+def annotate_own_pod(key: str, value: str) -> bool:
+    """Set one annotation on this pod ($POD_NAME), once, within REQUEST_TIMEOUT_SECONDS.
+    Whether it was written; a failure is logged, never raised (it costs only what is shown)."""
+    pod = os.environ.get("POD_NAME")
+    api = connect_api() if pod else None
+    if api is None:
+        return False
+    try:
+        api.patch_namespaced_pod(pod, os.environ.get("POD_NAMESPACE", "default"),
+                                 {"metadata": {"annotations": {key: value}}}, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        return True
+    except Exception as exc:
+        log.warning("could not set %s on pod %s: %s", key, pod, exc)
+        return False
+
+
 class ProgressReporter:
     """Rate-limited, non-blocking annotation writer. ``report`` never raises."""
 
@@ -52,19 +86,7 @@ class ProgressReporter:
         return self._api is not None
 
     def _connect(self):
-        try:
-            from kubernetes import client, config
-            if os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config()
-            elif os.environ.get("KUBECONFIG"):
-                # named here: the client read $KUBECONFIG when it was imported, maybe before it was set
-                config.load_kube_config(config_file=os.environ["KUBECONFIG"])
-            else:
-                return None
-            return client.CoreV1Api()
-        except Exception as exc:
-            log.warning("progress annotation off: cannot reach the API server (%s)", exc)
-            return None
+        return connect_api()
 
     def report(self, step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
                force: bool = False, step_time: float | None = None, start_step: int = 0,

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal, get_args
 
 from .spec import Cause
 
-Phase = Literal["Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Starting", "Preflight", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
 ConditionStatus = Literal["True", "False", "Unknown"]

@@ -6,7 +6,8 @@ run's current attempt (plan.trainer_role), but RBAC cannot say "only your own po
 annotation". This policy can: a request from a trainer identity that updates a pod is allowed only on the pod its
 token is bound to (``request.userInfo.extra["authentication.kubernetes.io/pod-name"]``, set by
 the API server for pod-bound tokens, which every pod's projected token is) and only if nothing
-but the progress annotation changes. So one run's trainer cannot forge another run's progress.
+but the progress and pre-flight annotations change. So one run's trainer cannot forge another
+run's progress.
 
     python -m trainium_operator.admission            print it
     python -m trainium_operator.admission --write    update the chart's copy (a test checks drift)
@@ -22,7 +23,7 @@ import sys
 
 import yaml
 
-from trainium_api.progress import ANNOTATION
+from trainium_api import preflight, progress
 from trainium_api.spec import TRAINER_IDENTITY
 
 from .plan import MANAGED_BY
@@ -32,13 +33,15 @@ DIGEST = "trainium.dev/policy-digest"  # of the objects' specs: an operator repl
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 CHART_COPY = "charts/trainium-operator/templates/trainer-policy.yaml"
 LABELS = {**MANAGED_BY, "app.kubernetes.io/part-of": "trainium-operator"}
+# what a trainer writes on its own pod: its progress, and its launcher's pre-flight state
+TRAINER_ANNOTATIONS = (progress.ANNOTATION, preflight.ANNOTATION)
 
 
-def _same_map(field: str, skip: str = "") -> str:
-    """CEL: a metadata map (labels, annotations) equal before and after, ignoring key ``skip``."""
+def _same_map(field: str, skip: tuple[str, ...] = ()) -> str:
+    """CEL: a metadata map (labels, annotations) equal before and after, ignoring the keys ``skip``."""
     new = f"(has(object.metadata.{field}) ? object.metadata.{field} : {{}})"
     old = f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {{}})"
-    keep = f".filter(k, k != '{skip}')" if skip else ""
+    keep = f".filter(k, !(k in {json.dumps(list(skip))}))" if skip else ""
     return (f"{new}{keep}.all(k, k in {old} && {old}[k] == {new}[k]) && "
             f"{old}{keep}.all(k, k in {new})")
 
@@ -67,10 +70,10 @@ def trainer_policy() -> list[dict]:
                  "messageExpression": "'a trainer may update only the pod its token is bound to, not ' + "
                                       "object.metadata.name",
                  "reason": "Forbidden"},
-                {"expression": " && ".join([_same_map("annotations", ANNOTATION), _same_map("labels"),
+                {"expression": " && ".join([_same_map("annotations", TRAINER_ANNOTATIONS), _same_map("labels"),
                                             _same_list("finalizers"), _same_list("ownerReferences"),
                                             "object.spec == oldObject.spec"]),
-                 "message": f"a trainer may change only the {ANNOTATION} annotation of its pod",
+                 "message": f"a trainer may change only the {' and '.join(TRAINER_ANNOTATIONS)} annotations of its pod",
                  "reason": "Forbidden"},
             ],
         },

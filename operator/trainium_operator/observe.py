@@ -63,6 +63,7 @@ class PodView:
     gone_by: float | None = None  # a deleting pod's deletionTimestamp: when its grace period ends
     runtime_fault: runtimefaults.Finding | None = None  # what the Neuron runtime said, from its termination message
     preflight_failure: str | None = None  # why its node failed the pre-flight check, from its termination message
+    preflight_running: bool = False  # its launcher says the pre-flight check is under way (its annotation)
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -109,7 +110,8 @@ def pod_view(pod: dict) -> PodView:
                    progress=report, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
-                   gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check)
+                   gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check,
+                   preflight_running=preflight.is_running(meta.get("annotations")))
 
 
 def _label_int(labels: dict, key: str) -> int:
@@ -190,6 +192,7 @@ class GangState:
     start_step: int | None = None  # where the reporting processes began (their checkpoint), if known
     eval_perplexity: float | None = None  # newest held-out perplexity, when the run evaluates
     preflight_seconds: float | None = None  # what the attempt's pre-flight check took (its reports say)
+    preflight_running: bool = False  # a pod of the gang says its pre-flight check is under way
 
     @property
     def size(self) -> int:
@@ -212,7 +215,8 @@ def gang_state(pods: list[PodView]) -> GangState:
         eval_perplexity=next((r["evalPerplexity"] for r in sorted(reports, key=lambda r: -r["step"])
                               if r.get("evalPerplexity") is not None), None),
         preflight_seconds=max((r["preflightSeconds"] for r in reports if r.get("preflightSeconds") is not None),
-                              default=None))
+                              default=None),
+        preflight_running=any(p.preflight_running and not p.deleting for p in pods))
 
 
 def succeeded(p: PodView) -> bool:

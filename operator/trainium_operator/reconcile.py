@@ -576,6 +576,9 @@ def _record_disruption(p: Pass, now_in_force: Disruption | None) -> None:
                 f"no quarantine and no restart for up to {p.guard.max_hold_seconds:.0f}s", warning=True)
 
 
+PREFLIGHT_MESSAGE = "attempt {attempt}: the pre-flight check of the gang's {nodes} nodes is under way"
+
+
 def _gang_running(p: Pass, gang: GangState) -> None:
     """Every pod Running: the restart's recovery ends here, and its resume at the first report."""
     old, new, last = p.old, p.new, (p.new.failures[-1] if p.new.failures else None)
@@ -586,8 +589,15 @@ def _gang_running(p: Pass, gang: GangState) -> None:
             p.effects.append(ObserveRecovery(copy.copy(last)))
             p.event("Recovered", f"attempt {old.attempt}: all {p.spec.nodes} pods running "
                     f"{last.recovered_after:.1f}s after the failure was detected")
+    trusted = set(old.current.preflight_trusted or ())
+    skipped = all(x.node in trusted for x in gang.pods if not x.deleting)  # the check passes at once
+    if gang.step is None and gang.preflight_running and not skipped and old.phase == "Starting":
+        new.phase, new.message = "Preflight", PREFLIGHT_MESSAGE.format(attempt=old.attempt, nodes=p.spec.nodes)
+        p.event("Preflight", new.message)
     if gang.step is not None and old.phase != "Running":
         new.phase = "Running"
+        if old.phase == "Preflight":
+            new.message = ""
         if new.suspension is not None and new.suspension.resumed_time is not None:
             # training again after a resume: from the resume to the attempt's first step is lost
             began = (gang.last_progress_time or p.now) - (gang.step - (gang.start_step or 0)) * (old.step_seconds or 0.0)

@@ -90,6 +90,8 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
     assert err is not None and err.status in (403, 422) and "only the pod its token is bound to" in err.body, err
     assert patch(mine, progress) is None  # its own pod's progress: allowed
     assert core_api.read_namespaced_pod(mine, namespace).metadata.annotations[ANN] == '{"step": 3}'
+    from trainium_api import preflight
+    assert patch(mine, {"metadata": {"annotations": {preflight.ANNOTATION: preflight.RUNNING}}}) is None  # its launcher's
     for what, body in [("another annotation", {"metadata": {"annotations": {"other": "x"}}}),
                        ("a label", {"metadata": {"labels": {"app": "forged"}}}),
                        ("the progress and a label", {"metadata": {"annotations": {ANN: "{}"}, "labels": {"x": "y"}}}),

@@ -280,6 +280,9 @@ def test_a_slow_node_is_found_by_the_preflight_check_and_the_run_starts_on_the_o
     assert st["restarts"] == {"preflight": 1} and failure["cause"] == "preflight" and failure["node"] == node, st
     assert [a["node"] for a in st["avoidedNodes"]] == [node] and not st.get("quarantinedNodes")
     assert st["goodput"]["lostSeconds"]["preflight"] > 0 and st["preflightSeconds"] > 0
+    # the run showed its Preflight phase while a check ran (the pods' launchers said so)
+    shown = [e.message for e in e2e.core.list_namespaced_event(d.ns).items if e.reason == "Preflight"]
+    assert shown and "pre-flight check of the gang's" in shown[0], shown
     truth = drill.ground_truth(d.losses_path, st["createdTime"])
     assert sorted(truth.losses) == sorted(reference.losses)
     for step, rec in reference.losses.items():

@@ -489,3 +489,35 @@ def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_
     r3 = reconcile_objects(restarting, [], nodes, now=100.0 + 3601)
     made = [e.obj for e in r3.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
     assert "TRAINER_PREFLIGHT_PASSED" not in json.dumps(made[0]["spec"]["containers"][0]["env"])
+
+
+def test_the_run_shows_a_preflight_phase_while_its_pods_say_the_check_runs():
+    """Starting -> Preflight when every pod runs and one says its check is under way (the
+    launcher's annotation); Preflight -> Running at the first report, the message cleared. A
+    check every node of the gang may skip shows no Preflight; a pod's other values are ignored."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+
+    def pods(value, step=None):
+        out = []
+        for i in range(4):
+            ann = {"trainium.dev/preflight": value} if value else {}
+            if step:
+                ann["trainium.dev/progress"] = f'{{"step": {step}, "time": 100.0}}'
+            out.append(pod_view({"metadata": {"name": f"r-a1-{i}", "annotations": ann, "labels": {
+                "trainium.dev/attempt": "1", "trainium.dev/index": str(i)}}, "spec": {"nodeName": f"n{i}"},
+                "status": {"phase": "Running"}}))
+        return out
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": T0})
+    r = reconcile_objects(run, pods("running"), nodes, now=T0 + 5)
+    assert r.status["phase"] == "Preflight" and "pre-flight check of the gang's 4 nodes" in r.after.message
+    assert "Preflight" in [e.reason for e in r.effects if e.kind == "event"]
+    run = _after(r, run)
+    r = reconcile_objects(run, pods("done", step=1), nodes, now=T0 + 20)
+    assert r.status["phase"] == "Running" and r.after.message == ""
+    for value in ("", "passed", "running!"):  # not the launcher's word
+        r = reconcile_objects(_run({"phase": "Starting", "attempt": 1, "createdTime": T0}), pods(value), nodes,
+                              now=T0 + 5)
+        assert r.after.phase == "Starting"
+    trusted = _run({"phase": "Starting", "attempt": 1, "createdTime": T0,
+                    "current": {"preflightTrusted": ["n0", "n1", "n2", "n3"]}})
+    assert reconcile_objects(trusted, pods("running"), nodes, now=T0 + 5).after.phase == "Starting"
