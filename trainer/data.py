@@ -17,9 +17,9 @@ Two kinds of source:
   rows. For small runs and tests.
 
 Both read through fsspec (local, s3://), and both give the same rows for the same corpus and
-tokenizer. The position (the row counter plus each source's position: rows handed out for a
-prepared source, epoch/file/document/offset for raw text) is a small dict saved in every
-checkpoint.
+tokenizer. The position (the row counter plus each source's position: a token offset, or a
+document number, for a prepared source; epoch/file/document/offset for raw text) is a small
+dict saved in every checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import fsspec
 import torch
 
 from .config import ConfigError, DataConfig
-from .prepared import MANIFEST, PreparedSource, is_being_prepared, is_prepared, shard_order, tokenizer_digest
+from .prepared import MANIFEST, PARAMS, PreparedSource, is_being_prepared, is_prepared, shard_order, tokenizer_digest
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 TOKENIZE_CHUNK = 256  # documents per encode_batch call
@@ -71,7 +71,8 @@ def list_shards(uri: str, field_path: str) -> list[str]:
             found = []
     except (OSError, PermissionError) as exc:
         raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
-    shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
+    # a prepared directory's own files are never text (a raw source above one must not read them)
+    shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES) and p.rsplit("/", 1)[-1] not in (MANIFEST, PARAMS))
     if not shards:
         raise ConfigError(field_path, f"no {'/'.join(SHARD_SUFFIXES)} shards found at {uri}")
     return [fs.unstrip_protocol(p) if "://" in uri else p for p in shards]
@@ -109,13 +110,15 @@ class DocumentSource:
 
     random_access = False
 
-    def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int):
+    def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int,
+                 field: str = "data.sources"):
         self.index, self.cfg, self.tokenizer, self.eos_id, self.seed = index, cfg, tokenizer, eos_id, seed
+        self.field_path = f"{field}[{index}].uri"
         if is_being_prepared(uri):  # else its prepare-params.json would read as a raw .json shard
-            raise ConfigError(f"data.sources[{index}].uri", f"{uri} is being prepared: python -m trainer.prepare "
-                              f"has not finished there (no {MANIFEST} yet). Wait for it (or run it again to "
-                              f"finish) and restart")
-        self.shards = list_shards(uri, f"data.sources[{index}].uri")
+            raise ConfigError(self.field_path, f"{uri} is being prepared: python -m trainer.prepare has not "
+                              f"finished there (no {MANIFEST} yet). Wait for it (or run it again to finish) "
+                              f"and restart")
+        self.shards = list_shards(uri, self.field_path)
         self.pos = SourcePosition()
         self._loaded: tuple[int, int] | None = None  # (epoch, file) whose texts are cached
         self._texts: list[str] = []
@@ -182,11 +185,11 @@ class DocumentSource:
         return vars(self.pos).copy()
 
     def load_state(self, state: dict) -> None:
-        if "rows" in state:
-            raise ConfigError(f"data.sources[{self.index}].uri", "the checkpoint's position for this source is "
-                              "in prepared shards; this source is now raw text. Resume with the prepared source, "
-                              "or set data.allowChangedSources: true to start this source from its beginning")
-        self.pos = SourcePosition(**state)
+        try:
+            self.pos = SourcePosition(**state)
+        except TypeError:
+            raise ConfigError(self.field_path, f"the checkpoint's position for this source ({json.dumps(state)}) is "
+                              f"not a raw-text position") from None
 
 
 def _mix_uniform(seed: int, row: int) -> float:
@@ -202,7 +205,7 @@ class PackedDataset:
 
     IGNORE = -100
 
-    def __init__(self, cfg: DataConfig, seq_len: int, seed: int, vocab_size: int):
+    def __init__(self, cfg: DataConfig, seq_len: int, seed: int, vocab_size: int, field: str = "data.sources"):
         self.cfg, self.seq_len, self.seed = cfg, seq_len, seed
         self.tokenizer, digest = read_tokenizer(cfg.tokenizer, cfg.eos_token)
         if self.tokenizer.get_vocab_size() > vocab_size:
@@ -211,9 +214,9 @@ class PackedDataset:
         eos = self.tokenizer.token_to_id(cfg.eos_token)
         self.pad_id = eos
         self.sources = [
-            PreparedSource(i, s.uri, seed=seed, shuffle=cfg.shuffle, tokenizer_sha256=digest,
-                           eos_token=cfg.eos_token, tokenizer_uri=cfg.tokenizer) if is_prepared(s.uri)
-            else DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed)
+            PreparedSource(i, s.uri, seed=seed, shuffle=cfg.shuffle, tokenizer_sha256=digest, eos_token=cfg.eos_token,
+                           tokenizer_uri=cfg.tokenizer, packing=cfg.packing, vocab_size=vocab_size, field=field)
+            if is_prepared(s.uri) else DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed, field)
             for i, s in enumerate(cfg.sources)]
         total = sum(s.weight for s in cfg.sources)
         acc, self.cumulative = 0.0, []
@@ -221,6 +224,11 @@ class PackedDataset:
             acc += s.weight / total
             self.cumulative.append(acc)
         self.row = 0
+
+    @property
+    def kinds(self) -> list[str]:
+        """Each source's kind, saved with its position: a position of one kind means nothing to the other."""
+        return ["prepared" if src.random_access else "raw" for src in self.sources]
 
     @property
     def reads_all_rows(self) -> bool:
@@ -254,7 +262,7 @@ class PackedDataset:
             self.row += 1
             mine = lo <= i < lo + keep
             if src.random_access:
-                j = src.claim()
+                j = src.claim(n)
                 if mine:
                     wanted.setdefault(src.index, []).append((i - lo, j))
             else:
@@ -262,7 +270,7 @@ class PackedDataset:
                 if mine:
                     found[i - lo] = toks
         for index, items in wanted.items():
-            rows_toks = self.sources[index].read([j for _, j in items], n, self.cfg.packing)
+            rows_toks = self.sources[index].read([j for _, j in items], n)
             for (slot, _), toks in zip(items, rows_toks):
                 found[slot] = toks
         pairs = [self._pair(t) for t in found]
@@ -287,6 +295,6 @@ def heldout_batches(data: DataConfig, seq_len: int, seed: int, vocab_size: int, 
     ``data.held_out``: the same ones at every evaluation, in training and in
     ``trainer.evaluate``, so perplexities compare. Prepared held-out data is read per rank."""
     held = replace(data, sources=data.held_out, held_out=[])
-    stream = PackedDataset(held, seq_len, seed, vocab_size)
+    stream = PackedDataset(held, seq_len, seed, vocab_size, field="data.heldOut")
     return [stream.next_batch(global_batch, dp_rank, dp) for _ in range(batches)]
 

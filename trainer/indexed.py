@@ -6,7 +6,7 @@ header (``MMIDIDX\\0\\0``, version 1, the dtype's code, the sequence and documen
 followed by each sequence's length (int32), its byte offset in the ``.bin`` (int64) and the
 document boundaries (int64, sequence indices, starting at 0). We write one sequence per
 document, so Megatron's ``IndexedDataset`` reads our shards and we read shards its builder
-wrote (tests/trainer/test_prepared_data.py checks both ways).
+wrote (tests/unit/test_prepared_data.py checks both ways).
 
 Why this format: a document's or a token range's bytes are found by arithmetic on the index,
 so a rank reads only its rows with one ranged GET per run of consecutive rows (s3fs
@@ -97,9 +97,9 @@ def decode_index(data: bytes, name: str) -> ShardIndex:
     offset += seqs * 8
     bounds = np.frombuffer(data, dtype=np.int64, count=docs, offset=offset)
     itemsize = np.dtype(dtype).itemsize
-    if seqs and (np.any(seq_lengths < 0) or np.any(pointers % itemsize)
+    if seqs and (np.any(seq_lengths < 0) or np.any(pointers < 0) or np.any(pointers % itemsize)
                  or np.any(np.diff(bounds) < 0) or bounds[0] != 0 or bounds[-1] != seqs):
-        raise IndexFormatError(f"{name}: inconsistent index (negative lengths, unaligned pointers or "
+        raise IndexFormatError(f"{name}: inconsistent index (negative lengths or pointers, unaligned pointers or "
                           f"document bounds out of order)")
     first, last = bounds[:-1], bounds[1:] - 1
     nonempty = last >= first

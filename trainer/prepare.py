@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -48,12 +49,33 @@ def tokenize(texts: list[str], tokenizer, eos_id: int, dtype) -> tuple[np.ndarra
 class Preparer:
     def __init__(self, source: str, tokenizer: str, out: str, eos_token: str, text_field: str):
         self.source, self.out, self.text_field = source, out.rstrip("/"), text_field
-        self.tokenizer, self.digest = read_tokenizer(tokenizer, eos_token)
+        try:
+            self.tokenizer, self.digest = read_tokenizer(tokenizer, eos_token)
+        except ConfigError as exc:  # named as this command's flags, not a run's fields
+            flag = {"data.tokenizer": "--tokenizer", "data.eosToken": "--eos-token"}.get(exc.field, exc.field)
+            raise ConfigError(flag, exc.message) from None
         self.tokenizer_uri, self.eos_token = tokenizer, eos_token
         self.eos_id = self.tokenizer.token_to_id(eos_token)
         self.dtype = token_dtype(self.tokenizer.get_vocab_size())
-        self.shards = list_shards(source, "--source")
         self.fs, self.root = fsspec.core.url_to_fs(self.out)
+        _, raw_root = fsspec.core.url_to_fs(source)
+        raw_root = re.split(r"[*?\[]", raw_root)[0].rstrip("/")
+        if self.root == raw_root or self.root.startswith(raw_root + "/"):
+            raise ConfigError("--out", f"{out} is inside --source {source}: its files would be read as raw shards. "
+                              f"Prepare into a directory of its own")
+        self.shards = list_shards(source, "--source")
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    def _write(self, name: str, data: bytes) -> None:
+        """Whole or not at all: an object store's PUT is; a local file is written aside and renamed."""
+        path = self._path(name)
+        if not self.local:
+            self.fs.pipe_file(path, data)
+            return
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -65,13 +87,16 @@ class Preparer:
         self.fs.makedirs(self.root, exist_ok=True)
         path = self._path(PARAMS)
         if self.fs.exists(path):
-            before = json.loads(self.fs.cat_file(path))
-            changed = sorted(k for k in params if before.get(k) != params[k])
+            try:
+                before = json.loads(self.fs.cat_file(path))
+            except ValueError:
+                before = {}
+            changed = sorted(k for k in params if not isinstance(before, dict) or before.get(k) != params[k])
             if changed:
                 raise ConfigError("--out", f"{self.out} holds shards prepared with another {', '.join(changed)}; "
                                   f"prepare into a new directory (or delete this one)")
             return
-        self.fs.pipe_file(path, json.dumps(params, indent=1).encode())
+        self._write(PARAMS, json.dumps(params, indent=1).encode())
 
     def complete(self, k: int) -> PreparedShard | None:
         """Shard k's counts if its index and tokens are both complete, else None."""
@@ -90,8 +115,8 @@ class Preparer:
         tokens, lengths = tokenize(texts, self.tokenizer, self.eos_id, self.dtype)
         name = shard_name(k)
         # tokens first, index second: an index is only ever next to complete tokens
-        self.fs.pipe_file(self._path(name + ".bin"), tokens.astype(np.dtype(self.dtype).newbyteorder("<")).tobytes())
-        self.fs.pipe_file(self._path(name + ".idx"), encode_index(lengths, self.dtype))
+        self._write(name + ".bin", tokens.astype(np.dtype(self.dtype).newbyteorder("<")).tobytes())
+        self._write(name + ".idx", encode_index(lengths, self.dtype))
         return PreparedShard(name, len(lengths), int(lengths.sum()), self.shards[k])
 
     def finish(self) -> int:
@@ -104,7 +129,7 @@ class Preparer:
         manifest = Manifest(tokenizer_sha256=self.digest, eos_token=self.eos_token, eos_id=self.eos_id,
                             dtype=np.dtype(self.dtype).name, shards=done, tokenizer=self.tokenizer_uri,
                             text_field=self.text_field)
-        self.fs.pipe_file(self._path(MANIFEST), manifest.to_json().encode())
+        self._write(MANIFEST, manifest.to_json().encode())
         return 0
 
 

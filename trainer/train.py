@@ -62,7 +62,7 @@ def _uris(sources: list[dict]) -> list[str]:
     return [str(s["uri"]).rstrip("/") for s in sources]  # a trailing slash names the same folder
 
 
-def changed_data(meta: dict, data) -> tuple[str, str, str] | None:
+def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str, str, str] | None:
     """(field, then, now) when the checkpoint's data positions do not belong to ``data``: other
     source URIs (a prefix changed, a source added, removed or reordered), another tokenizer,
     end-of-document token, text field or packing. None when they do (a weight may change: the
@@ -71,6 +71,9 @@ def changed_data(meta: dict, data) -> tuple[str, str, str] | None:
     saved = meta.get("dataSources")
     if saved is not None and _uris(saved) != _uris(source_list(data)):
         return "data.sources", json.dumps(_uris(saved)), json.dumps(_uris(source_list(data)))
+    if kinds is not None and meta.get("dataSourceKinds", kinds) != kinds:  # a directory prepared in place
+        return "data.sources", f"sources of kinds {json.dumps(meta['dataSourceKinds'])}", \
+            f"{json.dumps(kinds)} (raw text or prepared token shards)"
     for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("textField", data.text_field),
                      ("packing", data.packing)):
         if key in meta and meta[key] != now:
@@ -166,7 +169,7 @@ class Trainer:
             log.info("init.from %s ignored: a checkpoint exists", self.cfg.init.from_)
         state = self.ckpt.load(tag, self.layout_meta())
         meta = state["meta"]
-        changed = changed_data(meta, self.cfg.data)
+        changed = changed_data(meta, self.cfg.data, self.data.kinds)
         if changed and not self.cfg.data.allow_changed_sources:
             raise exitcodes.FatalError(f"{changed[0]}: checkpoint {tag.tag} was written with {changed[1]}, the config "
                                        f"now has {changed[2]}; its data positions belong to the old data. Set "
@@ -213,7 +216,8 @@ class Trainer:
         meta = {"step": self.step, "tokens": self.tokens, "data": self.data.state(),
                 "configDigest": self.cfg.digest(), "layout": self.layout_meta(),
                 "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer,
-                "dataSources": source_list(self.cfg.data), "textField": self.cfg.data.text_field,
+                "dataSources": source_list(self.cfg.data), "dataSourceKinds": self.data.kinds,
+                "textField": self.cfg.data.text_field,
                 "packing": self.cfg.data.packing,
                 "eosToken": self.cfg.data.eos_token}
         user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}

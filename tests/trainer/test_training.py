@@ -110,7 +110,8 @@ def test_sigkill_during_async_save_then_exact_resume(layout, prepared, tiny_data
     meta = json.loads((ckpt / "step_12" / checkpoints.META).read_text())
     assert all((ckpt / "step_12" / f).exists() for f in meta["files"])
     if prepared:
-        assert [set(src) for src in meta["data"]["sources"]] == [{"rows"}, {"rows"}]
+        assert [set(src) for src in meta["data"]["sources"]] == [{"tokens"}, {"tokens"}]
+        assert meta["dataSourceKinds"] == ["prepared", "prepared"]
     if "parallelism.pipeline=2" in layout:
         assert "model/dp_rank_00_tp_rank_00_pp_rank_01.pt" in meta["files"]
         assert "optim/dp_rank_01_tp_rank_00_pp_rank_01.pt" in meta["files"]  # ZeRO-1: per data rank

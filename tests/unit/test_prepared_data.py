@@ -96,13 +96,36 @@ def test_a_prepared_position_resumes_exactly(tiny_data, packing):
 
 
 def test_a_position_of_the_other_kind_is_refused_naming_the_source(tiny_data):
+    """A checkpoint's position for a source means nothing to a source of the other kind: resume
+    refuses it (its meta records the kinds) and loading one anyway names the source."""
+    from trainer.train import changed_data
     raw = PackedDataset(config(mixed(tiny_data, "raw"), tiny_data["tokenizer"]), 64, 7, 512)
     prep = PackedDataset(config(mixed(tiny_data, "prepared"), tiny_data["tokenizer"]), 64, 7, 512)
     with pytest.raises(ConfigError) as err:
         prep.load_state(raw.state())
-    assert err.value.field == "data.sources[0].uri" and "raw-text position" in str(err.value)
-    with pytest.raises(ConfigError, match="data.sources\\[0\\].uri.*prepared shards"):
+    assert err.value.field == "data.sources[0].uri" and "not a prepared source's position" in str(err.value)
+    with pytest.raises(ConfigError, match="data.sources\\[0\\].uri.*not a raw-text position"):
         raw.load_state(prep.state())
+    # a directory prepared in place keeps its URI: the kinds saved in the meta tell them apart
+    meta = {"dataSources": [{"uri": s.uri} for s in prep.cfg.sources], "dataSourceKinds": raw.kinds}
+    field, then, now = changed_data(meta, prep.cfg, prep.kinds)
+    assert field == "data.sources" and '"raw"' in then and '"prepared"' in now
+    assert changed_data({**meta, "dataSourceKinds": prep.kinds}, prep.cfg, prep.kinds) is None
+
+
+def test_a_packed_prepared_position_is_a_token_offset_so_another_seq_len_goes_on_like_raw_text(tiny_data):
+    """Resuming with another training.seqLen: raw text goes on at the token it stopped at, and
+    so does a prepared source (its position counts tokens, not rows)."""
+    streams = []
+    for kind in ("raw", "prepared"):
+        cfg = config(mixed(tiny_data, kind), tiny_data["tokenizer"])
+        a = PackedDataset(cfg, 64, 7, 512)
+        batches(a, 5, 16)
+        b = PackedDataset(cfg, 128, 7, 512)
+        b.load_state(json.loads(json.dumps(a.state())))
+        streams.append(batches(b, 3, 8))
+    for x, y in zip(*streams):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
 
 
 def test_megatron_reads_our_shards_and_we_read_megatrons(tmp_path, tiny_data):
@@ -147,7 +170,8 @@ def copy_prepared(src: str, dst: Path) -> str:
     return str(dst)
 
 
-@pytest.mark.parametrize("damage", ["short-bin", "garbage-idx", "garbage-manifest", "empty", "escaping-name"])
+@pytest.mark.parametrize("damage", ["short-bin", "garbage-idx", "garbage-manifest", "empty", "escaping-name",
+                                    "miscounted", "foreign-tokens", "count-types"])
 def test_damaged_prepared_data_is_named_not_read(tmp_path, tiny_data, damage):
     root = Path(copy_prepared(tiny_data["facts_prepared"], tmp_path / "facts"))
     manifest = json.loads((root / MANIFEST).read_text())
@@ -161,14 +185,52 @@ def test_damaged_prepared_data_is_named_not_read(tmp_path, tiny_data, damage):
     elif damage == "empty":
         manifest["shards"] = []
         (root / MANIFEST).write_text(json.dumps(manifest))
-    else:  # a manifest naming another directory's files
+    elif damage == "escaping-name":  # a manifest naming another directory's files
         manifest["shards"][0]["name"] = "../stories/part-00000"
+        (root / MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "miscounted":  # tokens the manifest does not count would be read as others
+        manifest["shards"][1]["tokens"] -= 10
+        (root / MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "foreign-tokens":  # the right size, another vocabulary's ids
+        size = (root / "part-00001.bin").stat().st_size
+        (root / "part-00001.bin").write_bytes(np.full(size // 2, 60000, dtype=np.uint16).tobytes())
+    else:
+        manifest["shards"][0]["documents"] = True
         (root / MANIFEST).write_text(json.dumps(manifest))
     cfg = config([{"uri": str(root)}], tiny_data["tokenizer"], packing=damage != "garbage-idx")
     with pytest.raises(ConfigError) as err:
         ds = PackedDataset(cfg, 64, 7, 512)
         batches(ds, 200, 16)  # the damaged shard is reached within two epochs
     assert err.value.field == "data.sources[0].uri", str(err.value)
+    if damage in ("short-bin", "miscounted"):
+        assert "torn or replaced" in str(err.value)
+
+
+def test_held_out_sources_are_named_as_held_out(tmp_path, tiny_data):
+    from dataclasses import replace
+
+    from trainer.data import heldout_batches
+    root = Path(copy_prepared(tiny_data["facts_prepared"], tmp_path / "facts"))
+    (root / "part-00000.bin").write_bytes(b"")
+    data = replace(config(mixed(tiny_data, "prepared"), tiny_data["tokenizer"]),
+                   held_out=config(["x"], tiny_data["tokenizer"], heldOut=[str(root)]).held_out)
+    with pytest.raises(ConfigError) as err:
+        heldout_batches(data, 64, 7, 512, 8, 1)
+    assert err.value.field == "data.heldOut[0].uri"
+
+
+def test_a_failing_store_is_a_crash_to_retry_not_a_verdict_on_the_data(tiny_data, monkeypatch):
+    """s3fs raises OSError (EIO) once its own retries of a 5xx or a SlowDown are spent: that must
+    reach the launcher as an ordinary crash (restarted), not as a fatal data error."""
+    import errno
+    ds = PackedDataset(config(mixed(tiny_data, "prepared"), tiny_data["tokenizer"]), 64, 7, 512)
+
+    def throttled(*args, **kwargs):  # stands in for the object store, which the test does not own
+        raise OSError(errno.EIO, "SlowDown: Please reduce your request rate")
+    monkeypatch.setattr(ds.sources[0].fs, "cat_ranges", throttled)
+    with pytest.raises(OSError) as err:
+        batches(ds, 4, 16)
+    assert not isinstance(err.value, ConfigError) and err.value.errno == errno.EIO
 
 
 def test_a_source_still_being_prepared_says_so(tmp_path, tiny_data, capsys):
@@ -203,4 +265,11 @@ def test_prepare_resumes_shares_work_between_parts_and_refuses_mixing(tmp_path, 
                          "--out", str(out)]) == 2
     assert "--out" in capsys.readouterr().err
     assert prepare_main([*args, "--index", "2"]) == 2
+    # an output inside the source would be read back as raw shards
+    assert prepare_main(["--source", str(tmp_path), "--tokenizer", tiny_data["tokenizer"],
+                         "--out", str(tmp_path / "inside")]) == 2
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "inside").exists()
+    assert prepare_main(["--source", tiny_data["stories"], "--tokenizer", str(tmp_path / "nope.json"),
+                         "--out", str(tmp_path / "o2")]) == 2
+    assert "error: --tokenizer:" in capsys.readouterr().err
 
