@@ -13,7 +13,7 @@ from trainium_api import API_GROUP, API_VERSION, PLURAL
 
 from .admission import DIGEST
 from .observe import controller_uid
-from .plan import QUARANTINE_TAINT
+from .plan import LABEL_ATTEMPT, QUARANTINE_TAINT
 
 log = logging.getLogger(__name__)
 # Every write gives up after this long: a call the API server holds (etcd away) must neither
@@ -65,6 +65,11 @@ class Kube:
             raise NotOurs(f"{kind} {name} exists and belongs to another object (controlled by {found_owner or 'none'}: "
                           "an earlier run of this name still being deleted, or someone else's): waiting for it to go")
         if kind == "Role" and (found.get("rules") or []) != obj["rules"]:
+            if _attempt_of(found) > _attempt_of(obj):
+                # a stale desire (a background re-check begun before the attempt started, a
+                # pass that read an older status, a replica that lost its lease): reverting the
+                # Role would lock the current attempt's trainers out of their own pods
+                return
             # fenced by the resourceVersion read: a 409 (someone wrote it since) retries next pass
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found["metadata"]["resourceVersion"]}}
             self.rbac.replace_namespaced_role(name, ns, body, **T)
@@ -190,3 +195,9 @@ class Kube:
             self.core.create_namespaced_event(meta["namespace"], body, **T)
         except ApiException as exc:  # events are best effort
             log.warning("event %s for %s failed: %s", reason, meta["name"], exc.reason)
+
+
+def _attempt_of(role: dict) -> int:
+    """The attempt a trainer Role names (its label; -1 when it has none: an earlier release's)."""
+    value = ((role.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT, "")
+    return int(value) if isinstance(value, str) and value.isdigit() else -1

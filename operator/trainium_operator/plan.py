@@ -119,7 +119,9 @@ def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int) -> dict:
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
               "resourceNames": [pod_name(name, attempt, i) for i in range(spec.nodes)]}] if attempt else []
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": trainer_identity(name), "labels": {LABEL_RUN: name, **MANAGED_BY},
+            # the attempt it names: an ensure never moves the Role back to an older one (Kube.ensure)
+            "metadata": {"name": trainer_identity(name), "labels": {LABEL_RUN: name, LABEL_ATTEMPT: str(attempt),
+                                                                     **MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
             "rules": rules}
 

@@ -548,6 +548,43 @@ def test_edits_of_a_live_run(local_cluster, core_api, custom, namespace, operato
                      "application", nodes=2)
 
 
+def test_a_stale_ensure_never_moves_the_trainer_role_back_to_an_older_attempt(local_cluster, core_api, namespace):
+    """CI saw a restarted operator's background re-check of the children, begun with attempt
+    1's Role before the pass that started attempt 2, write attempt 1's pods back over attempt 2's
+    Role: the new gang's trainers were refused their own pods (403) until the run ended, so
+    the operator saw none of attempt 2's progress. Against the real API server: the newer
+    attempt's Role stays."""
+    from kubernetes import client
+
+    from trainium_operator import plan
+    from trainium_operator.kube import Kube
+    from trainium_operator.spec import parse
+    from tests.unit.test_operator_core import SPEC
+    kube = Kube(local_cluster.api_client())
+    rbac = client.RbacAuthorizationV1Api(local_cluster.api_client())
+    owner = core_api.create_namespaced_config_map(namespace, {"metadata": {"name": "role-owner"}}).metadata
+    run = {"apiVersion": "v1", "metadata": {"name": "r", "namespace": namespace, "uid": owner.uid}}
+    spec = parse(SPEC)
+
+    def role(attempt: int) -> dict:
+        obj = plan.trainer_role(run, spec, attempt)
+        obj["metadata"]["namespace"] = namespace
+        obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "role-owner",
+                                               "uid": owner.uid, "controller": True}]
+        return obj
+
+    def names() -> set:
+        return {n for r in rbac.read_namespaced_role(role(1)["metadata"]["name"], namespace).rules or []
+                for n in r.resource_names or []}
+    kube.ensure(role(1))
+    kube.ensure(role(2))
+    assert names() == {plan.pod_name("r", 2, i) for i in range(spec.nodes)}
+    kube.ensure(role(1))  # the stale re-check
+    assert names() == {plan.pod_name("r", 2, i) for i in range(spec.nodes)}
+    kube.ensure(role(3))  # and forward still moves it
+    assert names() == {plan.pod_name("r", 3, i) for i in range(spec.nodes)}
+
+
 def test_a_child_of_an_earlier_run_of_the_same_name_is_not_taken_for_ours(local_cluster, core_api, namespace):
     """A run deleted and created again under its name: the garbage collector may not have
     deleted the old run's ConfigMap yet. Against the real API server, the operator's ensure
