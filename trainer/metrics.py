@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from .config import ModelConfig
 
-# Dense BF16 peak FLOP/s per device a rank drives (one rank per NeuronCore / GPU).
+# Dense BF16 peak FLOP/s per device: a GPU, or one physical NeuronCore (a rank drives
+# NEURON_LOGICAL_NC_CONFIG of them: 1 on trn1, 2 by default on trn2)
 PEAK_FLOPS = {
-    "neuron-trn1": 95e12,   # trn1.32xlarge: 3,040 TFLOPS over 32 NeuronCores (docs/neuron.md)
-    "neuron-trn2": 83.4e12,  # trn2: about 667 TFLOPS dense BF16 per chip of 8 NeuronCores
+    "neuron-trn1": 95e12,   # trn1.32xlarge: 3,040 TFLOPS over 32 NeuronCore-v2 (docs/neuron.md)
+    "neuron-trn2": 83.4e12,  # trn2: 667 TFLOPS dense BF16 per chip of 8 NeuronCore-v3 (docs/neuron.md)
     "cuda-H100": 989e12,
     "cuda-H200": 989e12,
     "cuda-A100": 312e12,
@@ -31,7 +32,13 @@ def device_peak(backend: str, override_tflops: float = 0.0) -> float | None:
             if key.startswith("cuda-") and key[5:] in name:
                 return peak
     if backend == "neuron":
-        return PEAK_FLOPS["neuron-trn1"]
+        import os
+
+        from .neuron import platform_target
+        generation = platform_target()
+        per_core = PEAK_FLOPS.get(f"neuron-{generation}")
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (1 if generation == "trn1" else 2))
+        return per_core * lnc if per_core else None
     return None  # CPUs have no meaningful published bf16 peak
 
 

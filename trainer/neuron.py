@@ -73,6 +73,12 @@ def require(module: str):
                                    f"{_PACKAGES.get(top, top)}; importing {module} failed: {exc}") from None
 
 
+def platform_target() -> str:
+    """The chip generation this process runs on ("trn1", "trn2", ...): torch-neuronx's own
+    answer (``torch_neuronx.utils.get_platform_target``), which NxD also asks to pick kernels."""
+    return str(require("torch_neuronx.utils").get_platform_target())
+
+
 def neuron_available() -> bool:
     """Whether this process can use Trainium (torch-neuronx importable). Cheap enough for 'auto'."""
     return importlib.util.find_spec("torch_neuronx") is not None

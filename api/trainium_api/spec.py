@@ -80,12 +80,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 Preset = Literal[tuple(PRESETS)]  # type: ignore[valid-type]  # the names above, one source
 
-# Instance types: NeuronCores (= trainer processes) per node and the extended resources a pod asks for.
+# Instance types: (logical) NeuronCores (= trainer processes) per node, the extended resources a
+# pod asks for (the whole node: every Trainium device and every EFA interface), and on Trainium
+# the chip generation and its Logical NeuronCore setting (physical cores per trainer process).
+# Sources in docs/neuron.md, "Instance types".
+_TRN2 = {"processes": 64, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"},
+         "neuron": True, "generation": "trn2", "lnc": 2}
 INSTANCE_TYPES: dict[str, dict[str, Any]] = {
     "trn1.32xlarge": {"processes": 32, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "8"},
-                      "neuron": True},
+                      "neuron": True, "generation": "trn1", "lnc": 1},
     "trn1n.32xlarge": {"processes": 32, "resources": {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"},
-                       "neuron": True},
+                       "neuron": True, "generation": "trn1", "lnc": 1},
+    # 16 Trainium2 chips of 8 NeuronCore-v3, grouped in pairs (LNC 2, the default): 64 ranks
+    "trn2.48xlarge": dict(_TRN2),
+    "trn2u.48xlarge": dict(_TRN2),  # a Trn2 UltraServer's member instance
     "cpu": {"processes": 1, "resources": {}, "neuron": False},
     "gpu": {"processes": 8, "resources": {"nvidia.com/gpu": "8"}, "neuron": False},
 }
@@ -105,10 +113,11 @@ def trainer_identity(run_name: str) -> str:
 # sets them): spec.env and spec.volumes may not override them.
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE",
-                "TRAINER_TERMINATION_LOG", "NODE_NAME", "TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED")
-CONDITIONAL_ENV = ("TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED")
+                "TRAINER_TERMINATION_LOG", "NODE_NAME", "TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED",
+                "NEURON_LOGICAL_NC_CONFIG")
+CONDITIONAL_ENV = ("TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED", "NEURON_LOGICAL_NC_CONFIG")
 """Contract variables set only with faultTolerance.preflight in force (the devices on Neuron, the
-nodes that passed recently when there are any)."""
+nodes that passed recently when there are any), and NEURON_LOGICAL_NC_CONFIG on Trainium2."""
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
 CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
@@ -656,9 +665,10 @@ class TrainingRunSpec(RunConfig):
     checkpoint: CheckpointConfig
     """Where checkpoints go (checkpoint.uri is required: a restarted gang resumes from it)."""
     instance_type: InstanceType = "trn1.32xlarge"
-    """trn1.32xlarge (16 Neuron devices, 32 cores, 8 EFA), trn1n.32xlarge (16 EFA), or cpu/gpu for development."""
+    """trn1.32xlarge (16 Neuron devices, 32 cores, 8 EFA), trn1n.32xlarge (16 EFA), trn2.48xlarge or
+    trn2u.48xlarge (16 Trainium2 devices, 64 logical cores, 16 EFA), or cpu/gpu for development."""
     processes_per_node: AtLeastOne | None = None
-    """Trainer ranks per pod (default: 32 on trn1, 1 on cpu, 8 on gpu)."""
+    """Trainer ranks per pod (default: 32 on trn1, 64 on trn2, 1 on cpu, 8 on gpu)."""
     backend: Backend | None = None
     """Trainer backend (default: neuron on trn types, cpu otherwise)."""
     suspend: bool = False

@@ -204,9 +204,13 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
            TERMINATION_LOG_ENV: TERMINATION_MESSAGE_PATH}  # what the runtime said goes there (trainer.launch)
     if itype["neuron"]:
         env.update(NEURON_ENV)
-        env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)
-        env["NEURON_CC_FLAGS"] = (f"--model-type transformer --distribution-strategy=llm-training "
+        env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)  # logical cores on trn2
+        # the compiler's Logical NeuronCore setting must equal the runtime's (docs/neuron.md)
+        lnc = f" --logical-nc-config={itype['lnc']}" if itype["generation"] != "trn1" else ""
+        env["NEURON_CC_FLAGS"] = (f"--model-type transformer --distribution-strategy=llm-training{lnc} "
                                   f"--cache_dir={spec.compile_cache.path}")
+        if itype["generation"] != "trn1":
+            env["NEURON_LOGICAL_NC_CONFIG"] = str(itype["lnc"])
     env_list = [{"name": k, "value": v} for k, v in env.items()]
     if itype["neuron"] and spec.preflight_on():  # the pre-flight check counts the container's devices
         env_list.append({"name": "TRAINER_PREFLIGHT_DEVICES", "value": itype["resources"]["aws.amazon.com/neuron"]})

@@ -168,6 +168,9 @@ def test_examples_apply_and_llama2_7b_recipe_is_accepted(local_cluster, operator
                        status(custom, namespace, "llama2-7b"), what="llama2-7b status")
     assert st["dataParallel"] == 512 and st["worldSize"] == 4096
     assert next(c for c in st["conditions"] if c["type"] == "Valid")["status"] == "True"
+    trn2, _ = wait_until(lambda: status(custom, namespace, "llama3-8b-trn2").get("dataParallel") and
+                         status(custom, namespace, "llama3-8b-trn2"), what="llama3-8b-trn2 status")
+    assert (trn2["worldSize"], trn2["dataParallel"]) == (1024, 256)  # 16 trn2 nodes x 64 ranks, TP 4
     out = local_cluster.kubectl("get", "trun", "-n", namespace).stdout
     print("\n" + out)
     assert "llama2-7b" in out and "512" in out

@@ -27,7 +27,7 @@ def example(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["llama2-7b.yaml", "neox-20b.yaml", "continual-pretraining-llama3-8b.yaml",
-                                  "continual-pretraining-llama2-7b.yaml"])
+                                  "continual-pretraining-llama2-7b.yaml", "llama3-8b-trn2.yaml"])
 def test_trainium_examples_render_pods_whose_trainer_selects_neuron(name, tmp_path):
     spec = parse(example(name))
     rendered = yaml.safe_load(plan.rendered_config(spec))
@@ -39,6 +39,27 @@ def test_trainium_examples_render_pods_whose_trainer_selects_neuron(name, tmp_pa
     path = tmp_path / "run.yaml"
     path.write_text(plan.rendered_config(spec))
     assert load(str(path)).backend == "neuron"
+
+
+def test_trn2_pods_ask_for_the_whole_node_and_set_the_logical_neuroncore_config():
+    """trn2.48xlarge: 16 devices and 16 EFA interfaces, 64 ranks (LNC 2), and the compiler's
+    and runtime's LNC set alike (they must match); trn1 sets neither."""
+    spec = parse(example("llama3-8b-trn2.yaml"))
+    assert (spec.processes_per_node, spec.world_size, spec.layout.data) == (64, 1024, 256)
+    container = plan.pod(RUN, spec, 1, 0, [])["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == "2" and "--logical-nc-config=2" in env["NEURON_CC_FLAGS"]
+    assert env["NEURON_RT_NUM_CORES"] == "64"
+    assert container["resources"]["limits"] == {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"}
+    trn1 = plan.pod(RUN, parse(example("llama2-7b.yaml")), 1, 0, [])["spec"]["containers"][0]
+    trn1_env = {e["name"]: e.get("value") for e in trn1["env"]}
+    assert "NEURON_LOGICAL_NC_CONFIG" not in trn1_env and "logical-nc-config" not in trn1_env["NEURON_CC_FLAGS"]
+    with pytest.raises(ConfigError) as err:  # the operator's own setting: not the user's to change
+        parse({**example("llama3-8b-trn2.yaml"), "env": [{"name": "NEURON_LOGICAL_NC_CONFIG", "value": "1"}]})
+    assert err.value.field.startswith("spec.env")
+    with pytest.raises(ConfigError) as err:  # at most one rank per logical core
+        parse({**example("llama3-8b-trn2.yaml"), "processesPerNode": 128})
+    assert err.value.field == "spec.processesPerNode"
 
 
 def test_neuron_backend_without_the_sdk_exits_fatal_naming_the_package(tmp_path):

@@ -34,6 +34,10 @@ INSTANCE_TYPES = {
     "trn1n.32xlarge": InstanceType("trn1n.32xlarge", {
         "cpu": "128", "memory": "512Gi", "pods": "110", "ephemeral-storage": "7600Gi",
         NEURON: "16", NEURONCORE: "32", EFA: "16"}, _NEURON_TAINT),
+    # 16 Trainium2 devices (128 NeuronCore-v3, 64 logical at LNC 2), 16 EFA, 192 vCPU, 2 TiB.
+    "trn2.48xlarge": InstanceType("trn2.48xlarge", {
+        "cpu": "192", "memory": "2048Gi", "pods": "110", "ephemeral-storage": "7600Gi",
+        NEURON: "16", NEURONCORE: "64", EFA: "16"}, _NEURON_TAINT),
     # A plain CPU node for the operator itself and for CPU demo runs.
     "cpu": InstanceType("m5.2xlarge", {"cpu": "8", "memory": "32Gi", "pods": "110",
                                        "ephemeral-storage": "100Gi"}),
