@@ -76,7 +76,7 @@ def preflight(args, value: str) -> int:
         check.master_port = int(check.master_port) + 1
     print(f"trainer.launch: pre-flight check ({value})", file=sys.stderr, flush=True)
     # the run's Preflight phase comes from this (the operator cannot tell the check from a slow start)
-    annotate_own_pod(verdicts.ANNOTATION, verdicts.RUNNING)
+    announced = annotate_own_pod(verdicts.ANNOTATION, verdicts.RUNNING)
     started = time.monotonic()
     try:
         run(check)
@@ -90,7 +90,7 @@ def preflight(args, value: str) -> int:
     except SignalException:
         return exitcodes.TERMINATED
     os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
-    annotate_own_pod(verdicts.ANNOTATION, verdicts.DONE)
+    annotate_own_pod(verdicts.ANNOTATION, verdicts.DONE, after=announced)
     if os.environ.get(PREFLIGHT_SECONDS_FILE_ENV):  # a command trainer's watch reports it
         try:
             Path(os.environ[PREFLIGHT_SECONDS_FILE_ENV]).write_text(os.environ[PREFLIGHT_SECONDS_ENV])

@@ -36,7 +36,7 @@ def device_peak(backend: str, override_tflops: float = 0.0) -> float | None:
 
         from .neuron import platform_target
         generation = platform_target()
-        per_core = PEAK_FLOPS.get(f"neuron-{generation}")
+        per_core = PEAK_FLOPS.get(f"neuron-{generation}") if generation else None
         lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (1 if generation == "trn1" else 2))
         return per_core * lnc if per_core else None
     return None  # CPUs have no meaningful published bf16 peak

@@ -73,10 +73,17 @@ def require(module: str):
                                    f"{_PACKAGES.get(top, top)}; importing {module} failed: {exc}") from None
 
 
-def platform_target() -> str:
+def platform_target() -> str | None:
     """The chip generation this process runs on ("trn1", "trn2", ...): torch-neuronx's own
-    answer (``torch_neuronx.utils.get_platform_target``), which NxD also asks to pick kernels."""
-    return str(require("torch_neuronx.utils").get_platform_target())
+    answer (``torch_neuronx.utils.get_platform_target``), which NxD also asks to pick kernels.
+    None when it cannot say (an SDK without it, an unreadable instance identity): it feeds only
+    the MFU figure, which must never stop a run."""
+    try:
+        target = importlib.import_module("torch_neuronx.utils").get_platform_target()
+    except Exception:  # noqa: BLE001 - whatever broke, MFU is merely unknown
+        return None
+    target = getattr(target, "value", target)  # some Neuron packages answer with an Enum
+    return str(target).lower() if target else None
 
 
 def neuron_available() -> bool:

@@ -42,20 +42,31 @@ def connect_api():
         return None
 
 
-def annotate_own_pod(key: str, value: str) -> bool:
-    """Set one annotation on this pod ($POD_NAME), once, within REQUEST_TIMEOUT_SECONDS.
-    Whether it was written; a failure is logged, never raised (it costs only what is shown)."""
+def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None) -> threading.Thread | None:
+    """Set one annotation on this pod ($POD_NAME), once, from a daemon thread: the caller never
+    waits for the API server (an unreachable one would hold it for the client's retries). A
+    failure is logged, never raised: it costs only what the run's status shows. ``after``: an
+    earlier write of the same key, waited for first, so the writes land in order. Returns the
+    thread, None outside a pod."""
     pod = os.environ.get("POD_NAME")
-    api = connect_api() if pod else None
-    if api is None:
-        return False
-    try:
-        api.patch_namespaced_pod(pod, os.environ.get("POD_NAMESPACE", "default"),
-                                 {"metadata": {"annotations": {key: value}}}, _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        return True
-    except Exception as exc:
-        log.warning("could not set %s on pod %s: %s", key, pod, exc)
-        return False
+    if not pod:
+        return None
+
+    def write() -> None:
+        if after is not None:
+            after.join()
+        api = connect_api()
+        if api is None:
+            return
+        try:
+            api.patch_namespaced_pod(pod, os.environ.get("POD_NAMESPACE", "default"),
+                                     {"metadata": {"annotations": {key: value}}},
+                                     _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        except Exception as exc:
+            log.warning("could not set %s on pod %s: %s", key, pod, exc)
+    thread = threading.Thread(target=write, name=f"annotate {key}", daemon=True)
+    thread.start()
+    return thread
 
 
 class ProgressReporter:

@@ -114,10 +114,11 @@ def trainer_identity(run_name: str) -> str:
 CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
                 "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE",
                 "TRAINER_TERMINATION_LOG", "NODE_NAME", "TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED",
-                "NEURON_LOGICAL_NC_CONFIG")
-CONDITIONAL_ENV = ("TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED", "NEURON_LOGICAL_NC_CONFIG")
+                "NEURON_LOGICAL_NC_CONFIG", "NEURON_CC_FLAGS")
+CONDITIONAL_ENV = ("TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED", "NEURON_LOGICAL_NC_CONFIG", "NEURON_CC_FLAGS")
 """Contract variables set only with faultTolerance.preflight in force (the devices on Neuron, the
-nodes that passed recently when there are any), and NEURON_LOGICAL_NC_CONFIG on Trainium2."""
+nodes that passed recently when there are any), NEURON_CC_FLAGS on Trainium (more flags:
+compileCache.extraFlags) and NEURON_LOGICAL_NC_CONFIG on Trainium2."""
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
 CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
@@ -546,6 +547,16 @@ class CompileCacheConfig:
     every graph without executing it and compiles them all in parallel into the cache (0: off;
     Neuron backend only). Costs one graph-extraction pass per attempt; saves the serial
     just-in-time compilation of the first steps on nodes whose cache is cold."""
+    extra_flags: str = ""
+    """More Neuron compiler flags, appended to the NEURON_CC_FLAGS the operator sets (e.g. "-O1"):
+    NEURON_CC_FLAGS itself is the operator's (it carries the cache directory and, on trn2, the
+    Logical NeuronCore setting, which must equal the runtime's), so these two may not be given."""
+
+    def validate(self) -> None:
+        for owned in ("--cache_dir", "--logical-nc-config", "-lnc"):
+            if owned in self.extra_flags.split() or any(f.startswith(owned + "=") for f in self.extra_flags.split()):
+                raise ConfigError("compileCache.extraFlags", f"{owned} is set by the operator (the node-local "
+                                  f"cache, the instance type's Logical NeuronCore setting)")
 
 
 

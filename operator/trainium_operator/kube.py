@@ -64,12 +64,15 @@ class Kube:
         if found_owner != owner:
             raise NotOurs(f"{kind} {name} exists and belongs to another object (controlled by {found_owner or 'none'}: "
                           "an earlier run of this name still being deleted, or someone else's): waiting for it to go")
-        if kind == "Role" and (found.get("rules") or []) != obj["rules"]:
+        if kind == "Role" and ((found.get("rules") or []) != obj["rules"] or _attempt_of(found) != _attempt_of(obj)):
             if _attempt_of(found) > _attempt_of(obj):
                 # a stale desire (a background re-check begun before the attempt started, a
                 # pass that read an older status, a replica that lost its lease): reverting the
                 # Role would lock the current attempt's trainers out of their own pods
+                log.warning("%s/%s: left the trainer Role at attempt %d, not moved back to %d", ns, name,
+                            _attempt_of(found), _attempt_of(obj))
                 return
+            # (an older operator's Role has no attempt label: it is written once to get one)
             # fenced by the resourceVersion read: a 409 (someone wrote it since) retries next pass
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found["metadata"]["resourceVersion"]}}
             self.rbac.replace_namespaced_role(name, ns, body, **T)

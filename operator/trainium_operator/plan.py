@@ -207,8 +207,9 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)  # logical cores on trn2
         # the compiler's Logical NeuronCore setting must equal the runtime's (docs/neuron.md)
         lnc = f" --logical-nc-config={itype['lnc']}" if itype["generation"] != "trn1" else ""
+        extra = f" {spec.compile_cache.extra_flags.strip()}" if spec.compile_cache.extra_flags.strip() else ""
         env["NEURON_CC_FLAGS"] = (f"--model-type transformer --distribution-strategy=llm-training{lnc} "
-                                  f"--cache_dir={spec.compile_cache.path}")
+                                  f"--cache_dir={spec.compile_cache.path}{extra}")
         if itype["generation"] != "trn1":
             env["NEURON_LOGICAL_NC_CONFIG"] = str(itype["lnc"])
     env_list = [{"name": k, "value": v} for k, v in env.items()]

@@ -17,7 +17,7 @@ quarantine (:func:`_observe`), then exactly one phase step decides (:func:`_phas
   _create      the first pass: children, then attempt 1
   _teardown    Restarting: delete the failed attempt, wait for it to be gone and the backoff
                to pass, then start the next attempt
-  _supervise   Starting/Running: progress, recreate missing pods, detect failures, succeed
+  _supervise   Starting/Preflight/Running: progress, recreate missing pods, detect failures, succeed
 Invariants: a new attempt's pods are created only after status records the attempt (the
 handler writes the status before it runs the effects) and after every pod of other attempts is
 gone, so two attempts never run at once.
@@ -458,7 +458,7 @@ def _note_teardown_progress(p: Pass) -> None:
 
 
 def _supervise(p: Pass) -> None:
-    """Starting or Running: track progress, recreate pods an earlier operator did not create,
+    """Starting, Preflight or Running: track progress, recreate pods an earlier operator did not create,
     detect failures, and see the gang through to Running and Succeeded."""
     spec, old, new = p.spec, p.old, p.new
     gang = gang_state(p.current)
@@ -594,6 +594,10 @@ def _gang_running(p: Pass, gang: GangState) -> None:
     if gang.step is None and gang.preflight_running and not skipped and old.phase == "Starting":
         new.phase, new.message = "Preflight", PREFLIGHT_MESSAGE.format(attempt=old.attempt, nodes=p.spec.nodes)
         p.event("Preflight", new.message)
+    elif gang.step is None and not gang.preflight_running and old.phase == "Preflight":
+        # the check passed; pre-compiling and the first step's graphs may take minutes more
+        new.phase, new.message = "Starting", f"attempt {old.attempt}: the pre-flight check passed; waiting for the " \
+            f"first step"
     if gang.step is not None and old.phase != "Running":
         new.phase = "Running"
         if old.phase == "Preflight":

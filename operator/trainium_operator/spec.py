@@ -68,6 +68,7 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
             s.layout = derive_layout(s.world_size, s.model, s.parallelism, s.training, s.backend,
                                      s.processes_per_node)
         s.fault_tolerance.validate()
+        s.compile_cache.validate()
     except ConfigError as err:
         raise _prefix(err) from None
     if s.compile_cache.precompile_steps and s.trainer.is_command:

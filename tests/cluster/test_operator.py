@@ -579,8 +579,11 @@ def test_a_stale_ensure_never_moves_the_trainer_role_back_to_an_older_attempt(lo
     def names() -> set:
         return {n for r in rbac.read_namespaced_role(role(1)["metadata"]["name"], namespace).rules or []
                 for n in r.resource_names or []}
-    kube.ensure(role(1))
+    older = role(2)  # an earlier operator's Role: no attempt label; it is given one
+    older["metadata"]["labels"] = {k: v for k, v in older["metadata"]["labels"].items() if k != plan.LABEL_ATTEMPT}
+    kube.ensure(older)
     kube.ensure(role(2))
+    assert rbac.read_namespaced_role(older["metadata"]["name"], namespace).metadata.labels[plan.LABEL_ATTEMPT] == "2"
     assert names() == {plan.pod_name("r", 2, i) for i in range(spec.nodes)}
     kube.ensure(role(1))  # the stale re-check
     assert names() == {plan.pod_name("r", 2, i) for i in range(spec.nodes)}

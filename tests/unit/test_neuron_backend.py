@@ -62,6 +62,45 @@ def test_trn2_pods_ask_for_the_whole_node_and_set_the_logical_neuroncore_config(
     assert err.value.field == "spec.processesPerNode"
 
 
+def test_mfu_peak_follows_the_chip_torch_neuronx_names_and_never_stops_a_run(monkeypatch):
+    """device_peak asks torch-neuronx which chip it runs on (stood in here: the SDK is not on
+    the package index); an Enum answer is read by its value, and an SDK that cannot say leaves
+    MFU unknown instead of failing the trainer's start."""
+    import enum
+    import types
+
+    from trainer.metrics import PEAK_FLOPS, device_peak
+
+    class Target(enum.Enum):
+        TRN2 = "trn2"
+    answers = iter([Target.TRN2, "trn1", RuntimeError("cannot read the instance identity")])
+
+    def get_platform_target():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    fake = types.ModuleType("torch_neuronx.utils")
+    fake.get_platform_target = get_platform_target
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    monkeypatch.setitem(sys.modules, "torch_neuronx.utils", fake)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    assert device_peak("neuron") == PEAK_FLOPS["neuron-trn2"] * 2  # LNC 2 by default on trn2
+    assert device_peak("neuron") == PEAK_FLOPS["neuron-trn1"]
+    assert device_peak("neuron") is None
+
+
+def test_extra_compiler_flags_are_appended_but_not_the_operators_own():
+    body = example("llama3-8b-trn2.yaml")
+    spec = parse({**body, "compileCache": {**body["compileCache"], "extraFlags": "-O1"}})
+    env = {e["name"]: e.get("value") for e in plan.pod(RUN, spec, 1, 0, [])["spec"]["containers"][0]["env"]}
+    assert env["NEURON_CC_FLAGS"].endswith("--cache_dir=/var/tmp/neuron-compile-cache -O1")
+    for flags in ("--cache_dir=/elsewhere", "--logical-nc-config=1"):
+        with pytest.raises(ConfigError) as err:
+            parse({**body, "compileCache": {**body["compileCache"], "extraFlags": flags}})
+        assert err.value.field == "spec.compileCache.extraFlags"
+
+
 def test_neuron_backend_without_the_sdk_exits_fatal_naming_the_package(tmp_path):
     """On a machine without torch-neuronx the Neuron backend stops at once with the fatal exit
     code and says what is missing (it used to refuse the backend as 'not in this release')."""

@@ -7,7 +7,7 @@
   status                       which components run; the kubeconfig path
   env                          print `export KUBECONFIG=...` (eval "$(tools/cluster env)")
   nodes --count N --type T [--processes]
-                               create simulated nodes (trn1.32xlarge, trn1n.32xlarge, cpu);
+                               create simulated nodes (trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge, trn2u.48xlarge, cpu);
                                --processes: process-backed (proc-...), their pods run for real
   logs POD [-n NS] [-f]        a process-backed pod's stdout and stderr
   fault KIND TARGET [...]      inject a fault; `recover KIND TARGET` undoes it

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainium_api.spec import INSTANCE_TYPES as API_TYPES
+
 NEURON, NEURONCORE, EFA = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa"
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # the annotation kwok manages nodes by
 # A process-backed node with this annotation only looks lost (faults.node_partition): the pod
@@ -26,18 +28,23 @@ class InstanceType:
 
 _NEURON_TAINT = ({"key": NEURON, "value": "true", "effect": "NoSchedule"},)
 
+
+def _trainium(name: str, cpu: str, memory: str) -> InstanceType:
+    """A Trainium node: its devices, cores and EFA interfaces as the operator's instance type says
+    (trainium_api.spec.INSTANCE_TYPES, one source), with the host's CPU and memory."""
+    api = API_TYPES[name]
+    return InstanceType(name, {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "7600Gi",
+                               NEURON: api["resources"][NEURON], NEURONCORE: str(api["processes"]),
+                               EFA: api["resources"][EFA]}, _NEURON_TAINT)
+
+
 INSTANCE_TYPES = {
-    # 16 Trainium devices (32 NeuronCores), 8 EFA adapters, 128 vCPU, 512 GiB.
-    "trn1.32xlarge": InstanceType("trn1.32xlarge", {
-        "cpu": "128", "memory": "512Gi", "pods": "110", "ephemeral-storage": "7600Gi",
-        NEURON: "16", NEURONCORE: "32", EFA: "8"}, _NEURON_TAINT),
-    "trn1n.32xlarge": InstanceType("trn1n.32xlarge", {
-        "cpu": "128", "memory": "512Gi", "pods": "110", "ephemeral-storage": "7600Gi",
-        NEURON: "16", NEURONCORE: "32", EFA: "16"}, _NEURON_TAINT),
-    # 16 Trainium2 devices (128 NeuronCore-v3, 64 logical at LNC 2), 16 EFA, 192 vCPU, 2 TiB.
-    "trn2.48xlarge": InstanceType("trn2.48xlarge", {
-        "cpu": "192", "memory": "2048Gi", "pods": "110", "ephemeral-storage": "7600Gi",
-        NEURON: "16", NEURONCORE: "64", EFA: "16"}, _NEURON_TAINT),
+    # 16 Trainium devices (32 NeuronCores), 8 EFA adapters (16 on trn1n), 128 vCPU, 512 GiB.
+    "trn1.32xlarge": _trainium("trn1.32xlarge", "128", "512Gi"),
+    "trn1n.32xlarge": _trainium("trn1n.32xlarge", "128", "512Gi"),
+    # 16 Trainium2 devices (64 logical NeuronCores at LNC 2), 16 EFA, 192 vCPU, 2 TiB.
+    "trn2.48xlarge": _trainium("trn2.48xlarge", "192", "2048Gi"),
+    "trn2u.48xlarge": _trainium("trn2u.48xlarge", "192", "2048Gi"),
     # A plain CPU node for the operator itself and for CPU demo runs.
     "cpu": InstanceType("m5.2xlarge", {"cpu": "8", "memory": "32Gi", "pods": "110",
                                        "ephemeral-storage": "100Gi"}),
