@@ -77,6 +77,8 @@ class TrainerMetrics:
         self.ckpt_stall = gauge("trainer_checkpoint_stall_seconds", "Loop time blocked by the last save")
         self.ckpt_step = gauge("trainer_checkpoint_last_step", "Step of the newest complete checkpoint")
         self.ckpt_failures = counter("trainer_checkpoint_failures", "Checkpoint saves that did not complete")
+        self.restore_seconds = gauge("trainer_restore_seconds",
+                                     "Time this attempt took to read and load the checkpoint it resumed from")
         self.spikes = counter("trainer_grad_spikes", "Steps whose gradient norm spiked")
         self.skipped = counter("trainer_skipped_steps", "Updates skipped for NaN/Inf")
         self.eval_loss = gauge("trainer_eval_loss", "Mean token loss on data.heldOut at the last evaluation")

@@ -100,6 +100,7 @@ class Trainer:
                         ps.world_size)
         self.heldout = self._heldout_batches()
         self.eval_perplexity: float | None = None
+        self.restore_seconds: float | None = None  # what resuming from a checkpoint took (resume)
         self.compute_seconds: float | None = None  # smoothed time before each step's first collective
         # what the pre-flight check before this run took (trainer.launch), for goodput
         self.preflight_seconds = float(os.environ[PREFLIGHT_SECONDS_ENV]) if os.environ.get(PREFLIGHT_SECONDS_ENV) \
@@ -158,6 +159,7 @@ class Trainer:
         return {"tensor": self.ps.tp, "data": self.ps.dp, "pipeline": self.ps.pp, "zero1": self.optim.zero1}
 
     def resume(self) -> None:
+        started = time.perf_counter()
         tag = self.ckpt.select_resume()
         if tag is None:
             if self.cfg.init.from_:
@@ -190,8 +192,13 @@ class Trainer:
         torch.set_rng_state(state["user_content"]["torch_rng"])
         self.step, self.tokens = meta["step"], meta["tokens"]
         self.last_ckpt_step = self.start_step = meta["step"]
+        # what this attempt spent restoring (the store listed, this rank's shards read and
+        # loaded): goodput's restore phase, the slowest pod's report being the gang's
+        self.restore_seconds = time.perf_counter() - started
+        self.metrics.restore_seconds.set(self.restore_seconds)
         if self.ps.rank == 0:
             log.info("resumed from %s at step %d (%d tokens)", tag.uri, self.step, self.tokens)
+            log.info("restore: %s read from the store and loaded in %.2f s", tag.tag, self.restore_seconds)
 
     def initialise_from(self, uri: str) -> None:
         """First start only: weights (not optimizer or data state) from a Hugging Face directory
@@ -470,7 +477,7 @@ class Trainer:
             self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
                                  eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
-                                 preflight_seconds=self.preflight_seconds)
+                                 preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -6,7 +6,8 @@ step ended; ``startStep``: the step this process resumed at, 0 on a fresh start;
 ``evalPerplexity``: the newest held-out perplexity, null without data.heldOut;
 ``computeSeconds``: this pod's smoothed time per step before the step's first collective, what
 straggler detection compares across pods, null where unmeasured; ``preflightSeconds``: what
-this attempt's pre-flight check took, null without one). :func:`payload`
+this attempt's pre-flight check took, null without one; ``restoreSeconds``: what reading and
+loading the checkpoint it resumed from took, null on a fresh start). :func:`payload`
 encodes it, :func:`parse_report` reads it back with every field checked. The writer (a
 background thread that patches the pod) is trainer.progress; the operator and tools need only
 this module.
@@ -20,7 +21,7 @@ import time
 
 ANNOTATION = "trainium.dev/progress"
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity",
-          "computeSeconds", "preflightSeconds")
+          "computeSeconds", "preflightSeconds", "restoreSeconds")
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -30,7 +31,8 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 def payload(step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
             now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None,
-            compute_seconds: float | None = None, preflight_seconds: float | None = None) -> str:
+            compute_seconds: float | None = None, preflight_seconds: float | None = None,
+            restore_seconds: float | None = None) -> str:
     """``tokens_per_second`` and ``loss`` may be None where the writer cannot know them (a
     script whose log has no throughput); the operator then leaves them out of the status."""
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
@@ -38,7 +40,8 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
                        "lastCheckpointStep": last_checkpoint_step, "startStep": start_step,
                        "evalPerplexity": _rounded(eval_perplexity, 4),
                        "computeSeconds": _rounded(compute_seconds, 4),
-                       "preflightSeconds": _rounded(preflight_seconds, 2)},
+                       "preflightSeconds": _rounded(preflight_seconds, 2),
+                       "restoreSeconds": _rounded(restore_seconds, 2)},
                       separators=(",", ":"))
 
 
@@ -49,7 +52,7 @@ _STEP = (int, 0, 2 ** 53)
 _LIMITS: dict[str, tuple[type, float, float]] = {
     "step": _STEP, "time": (float, 0.0, 1e11), "tokensPerSecond": (float, 0.0, 1e15),
     "loss": (float, -1e9, 1e9), "lastCheckpointStep": _STEP, "startStep": _STEP, "evalPerplexity": (float, 0.0, 1e30),
-    "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6)}
+    "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6), "restoreSeconds": (float, 0.0, 1e6)}
 MAX_LENGTH = 4096  # a report is about 150 bytes; a larger annotation is not parsed at all
 
 

@@ -73,6 +73,8 @@ class LostSeconds(_Written):
     """Steps trained after the checkpoint resumed from, trained again."""
     preflight: float = 0.0
     """The pre-flight check (faultTolerance.preflight): each attempt's, and attempts that failed it."""
+    restore: float = 0.0
+    """Reading the checkpoint an attempt resumed from, and loading it into the model and optimizer."""
 
 
 @dataclass
@@ -179,6 +181,8 @@ class AttemptStatus(_Written):
     """Backoff: the next attempt starts no earlier."""
     preflight_seconds: float | None = None
     """What this attempt's pre-flight check took (its first progress report says)."""
+    restore_seconds: float | None = None
+    """What restoring this attempt's checkpoint took (its first progress report says)."""
     preflight_trusted: list[str] = field(default_factory=list)
     """Nodes this attempt's pods were told passed the check recently: when every pod is on one,
     the check is skipped (faultTolerance.preflightSkipMinutes)."""
@@ -276,6 +280,8 @@ class TrainingRunStatus(_Written):
     status; counted from status.failures then)."""
     preflight_seconds: float = 0.0
     """Every attempt's pre-flight check, in total (goodput's preflight phase)."""
+    restore_seconds: float = 0.0
+    """Every attempt's checkpoint restore, in total (goodput's restore phase)."""
     preflight_passed: list[PreflightPass] = field(default_factory=list)
     """Nodes that passed this run's pre-flight check within faultTolerance.preflightSkipMinutes."""
     goodput_archive: GoodputArchive | None = None

@@ -14,6 +14,9 @@ end of teardown:
   preflight  the attempts' pre-flight checks (status.preflightSeconds: a passing attempt's first
              report says how long; a failed check, its gang running -> detection), taken out of
              schedule
+  restore    the attempts' checkpoint restores (status.restoreSeconds: each attempt's first
+             report says how long its slowest pod took to read and load its checkpoint), taken
+             out of schedule
   recompute  steps trained after the checkpoint the new attempt resumed from (``resumedStep``;
              before it resumed, the newest complete checkpoint), lost and trained again:
              (failed attempt's last step - resumed step) x step time. When that checkpoint is
@@ -91,12 +94,13 @@ def archive(previous: GoodputArchive | None, created: float, first_progress: flo
 def account(created: float, first_progress: float | None, failures: list[FailureRecord], now: float,
             step_seconds: float | None = None, first_progress_steps: int | None = None,
             archived: GoodputArchive | None = None, suspension: Suspension | None = None,
-            preflight_seconds: float = 0.0) -> Goodput:
+            preflight_seconds: float = 0.0, restore_seconds: float = 0.0) -> Goodput:
     """Goodput from the run's start: the archived totals (failures no longer kept) plus the
     kept timeline. Time suspended is left out of the wall time (neither productive nor lost);
     restarting after a resume is lost as schedule time. ``preflight_seconds``: what the
     attempts' pre-flight checks took (status.preflightSeconds), inside their schedule time,
-    counted as its own phase."""
+    counted as its own phase; ``restore_seconds`` likewise for their checkpoint restores
+    (status.restoreSeconds)."""
     step_s = step_seconds or 0.0
     if archived:
         lost, previous_end = dataclasses.replace(archived.lost_seconds), archived.until
@@ -109,9 +113,10 @@ def account(created: float, first_progress: float | None, failures: list[Failure
         lost.recompute += suspension.recompute_seconds
         lost.schedule += suspension.restart_seconds + (
             max(0.0, now - suspension.resumed_time) if suspension.resumed_time is not None else 0.0)
-    moved = min(lost.schedule, max(0.0, preflight_seconds))
-    lost.schedule -= moved
-    lost.preflight += moved
+    for phase, seconds in (("preflight", preflight_seconds), ("restore", restore_seconds)):
+        moved = min(lost.schedule, max(0.0, seconds))
+        lost.schedule -= moved
+        setattr(lost, phase, getattr(lost, phase) + moved)
     wall = max(0.0, now - created - paused)
     total_lost = min(wall, sum(getattr(lost, p) for p in PHASES))
     productive = wall - total_lost

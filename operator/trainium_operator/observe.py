@@ -193,6 +193,7 @@ class GangState:
     eval_perplexity: float | None = None  # newest held-out perplexity, when the run evaluates
     preflight_seconds: float | None = None  # what the attempt's pre-flight check took (its reports say)
     preflight_running: bool = False  # a pod of the gang says its pre-flight check is under way
+    restore_seconds: float | None = None  # what restoring the attempt's checkpoint took (the slowest pod's report)
 
     @property
     def size(self) -> int:
@@ -216,7 +217,10 @@ def gang_state(pods: list[PodView]) -> GangState:
                               if r.get("evalPerplexity") is not None), None),
         preflight_seconds=max((r["preflightSeconds"] for r in reports if r.get("preflightSeconds") is not None),
                               default=None),
-        preflight_running=any(p.preflight_running and not p.deleting for p in pods))
+        preflight_running=any(p.preflight_running and not p.deleting for p in pods),
+        # the gang trains when its slowest pod has restored: that pod's time is the phase's
+        restore_seconds=max((r["restoreSeconds"] for r in reports if r.get("restoreSeconds") is not None),
+                            default=None))
 
 
 def succeeded(p: PodView) -> bool:

@@ -631,6 +631,9 @@ def _track_progress(p: Pass, gang: GangState) -> None:
         new.tokens_per_second = gang.tokens_per_second
     if gang.eval_perplexity is not None:
         new.eval_perplexity = gang.eval_perplexity
+    if gang.restore_seconds is not None and old.current.restore_seconds is None:  # once per attempt
+        new.current.restore_seconds = gang.restore_seconds
+        new.restore_seconds = round(old.restore_seconds + gang.restore_seconds, 2)
     if gang.preflight_seconds is not None and old.current.preflight_seconds is None:  # once per attempt
         new.current.preflight_seconds = gang.preflight_seconds
         new.preflight_seconds = round(old.preflight_seconds + gang.preflight_seconds, 2)
@@ -721,4 +724,4 @@ def _account(p: Pass, until: float) -> None:
     if new.created_time is not None:
         new.goodput = goodput.account(new.created_time, new.first_progress_time, new.failures, until,
                                       new.step_seconds, new.first_progress_steps, new.goodput_archive,
-                                      new.suspension, new.preflight_seconds)
+                                      new.suspension, new.preflight_seconds, new.restore_seconds)

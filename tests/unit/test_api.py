@@ -72,7 +72,7 @@ FULL = {"phase": "Running", "attempt": 3, "createdTime": 1.0, "restarts": {"node
         "failureCount": 1, "disruption": {"since": 3.0, "message": "3 of 4 nodes"},
         "goodput": {"wallSeconds": 10.0, "productiveSeconds": 8.0,
                     "lostSeconds": {"detect": 1.0, "teardown": 1.0, "schedule": 0.0, "recompute": 0.0,
-                                    "preflight": 0.0},
+                                    "preflight": 0.0, "restore": 0.0},
                     "effectiveRatio": 0.8}}
 
 

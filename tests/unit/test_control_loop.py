@@ -524,3 +524,22 @@ def test_the_run_shows_a_preflight_phase_while_its_pods_say_the_check_runs():
     trusted = _run({"phase": "Starting", "attempt": 1, "createdTime": T0,
                     "current": {"preflightTrusted": ["n0", "n1", "n2", "n3"]}})
     assert reconcile_objects(trusted, pods("running"), nodes, now=T0 + 5).after.phase == "Starting"
+
+
+def test_an_attempts_checkpoint_restore_is_goodput_s_own_phase():
+    """Each pod reports what reading and loading its checkpoint took; the slowest pod's time is
+    the attempt's (the gang trains when it is done), counted once per attempt and taken out of
+    schedule time as lostSeconds.restore."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    pods = _reporting(1, 3, 99.0)
+    for i, p in enumerate(pods):
+        p.progress["restoreSeconds"] = [2.5, 6.0, 3.0, 1.0][i]
+    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 50.0,
+                "current": {"gangRunningTime": 40.0, "lastStep": 2, "lastStepTime": 90.0}})
+    r = reconcile_objects(run, pods, nodes, now=100.0)
+    assert r.after.current.restore_seconds == 6.0 and r.after.restore_seconds == 6.0
+    assert r.after.goodput.lost_seconds.restore == 6.0
+    again = reconcile_objects(_after(r, run), pods, nodes, now=101.0)  # said once per attempt
+    assert again.after.restore_seconds == 6.0
+    assert again.after.goodput.lost_seconds.schedule + again.after.goodput.lost_seconds.restore == \
+        r.after.goodput.lost_seconds.schedule + 6.0

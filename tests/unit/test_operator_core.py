@@ -189,7 +189,8 @@ def test_goodput_accounting():
          "resumedTime": 110.0, "resumedSteps": 1, "resumedStep": 90, "step": 95, "checkpointStep": 90}], now=200.0)
     # schedule: the first start until step 1 began (9 s), and teardown done -> the new attempt's
     # first step began (109 - 103 = 6 s), not only until its pods ran (recoveredTime)
-    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 3.0, "schedule": 15.0, "recompute": 5.0, "preflight": 0.0}
+    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 3.0, "schedule": 15.0, "recompute": 5.0, "preflight": 0.0,
+                                "restore": 0.0}
     assert g["productiveSeconds"] == 175.0 and g["effectiveRatio"] == 0.875
 
 
@@ -198,7 +199,8 @@ def test_goodput_of_a_graceful_stop_counts_the_steps_it_finished():
     g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
         {"time": 100.0, "lastProgressTime": 101.0, "teardownDoneTime": 103.0, "resumedTime": 110.0,
          "resumedSteps": 2, "resumedStep": 97, "step": 97, "checkpointStep": 90}], now=200.0)
-    assert g["lostSeconds"] == {"detect": 0.0, "teardown": 2.0, "schedule": 14.0, "recompute": 0.0, "preflight": 0.0}
+    assert g["lostSeconds"] == {"detect": 0.0, "teardown": 2.0, "schedule": 14.0, "recompute": 0.0, "preflight": 0.0,
+                                "restore": 0.0}
 
 
 def test_goodput_counts_steps_up_to_a_checkpoint_newer_than_the_last_report():
@@ -210,7 +212,8 @@ def test_goodput_counts_steps_up_to_a_checkpoint_newer_than_the_last_report():
     g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[
         {"time": 101.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "resumedTime": 110.0,
          "resumedSteps": 1, "resumedStep": 97, "step": 95, "checkpointStep": 97}], now=200.0)
-    assert g["lostSeconds"] == {"detect": 1.0, "teardown": 2.0, "schedule": 15.0, "recompute": 0.0, "preflight": 0.0}
+    assert g["lostSeconds"] == {"detect": 1.0, "teardown": 2.0, "schedule": 15.0, "recompute": 0.0, "preflight": 0.0,
+                                "restore": 0.0}
 
 
 def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
@@ -219,7 +222,8 @@ def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
         {"time": 120.0, "lastProgressTime": 98.0, "teardownDoneTime": 121.0, "resumedTime": 130.0}], now=200.0)
     # the second failure's detection starts where the first one's recovery ended (120), not at
     # its stale last progress (98): nothing is counted twice
-    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 4.0, "schedule": 36.0, "recompute": 0.0, "preflight": 0.0}
+    assert g["lostSeconds"] == {"detect": 2.0, "teardown": 4.0, "schedule": 36.0, "recompute": 0.0, "preflight": 0.0,
+                                "restore": 0.0}
     assert g["productiveSeconds"] == 158.0
 
 

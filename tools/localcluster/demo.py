@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         lost = gp.get("lostSeconds") or {}
         say(f"goodput (effective training ratio) {gp.get('effectiveRatio')}: {gp.get('productiveSeconds')}s productive "
             f"of {gp.get('wallSeconds')}s; lost: detect {lost.get('detect')}s, teardown {lost.get('teardown')}s, "
-            f"schedule {lost.get('schedule')}s (the first start included), recompute {lost.get('recompute')}s")
+            f"schedule {lost.get('schedule')}s (the first start included), restore {lost.get('restore')}s, "
+            f"recompute {lost.get('recompute')}s")
         say(f"the trainer's own clock says {truth.ratio:.3f} ({truth.productive_seconds:.1f}s of {truth.wall_seconds:.1f}s; "
             f"{truth.executions - len(truth.losses)} steps trained twice)")
         return 0 if st["phase"] == "Succeeded" else 1
