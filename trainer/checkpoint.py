@@ -327,8 +327,12 @@ class Checkpointer:
                               + " ".join(f"{d}={layout[d]}" for d in dims)
                               + " (NxD checkpoints load only with the same layout)")
 
+        local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
         def read(path):
-            with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:
+            if local:  # mapped, not read: load_state_dict copies each tensor once, from the page cache
+                return torch.load(f"{tag_dir}/{path}", map_location="cpu", weights_only=False, mmap=True)
+            with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:  # one GET, then parsed in memory
                 return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
 
         optim_dp = ps.dp_rank if saved.get("zero1") else 0
