@@ -158,7 +158,7 @@ def main() -> None:
         eos = raw_cfg.eos_token
         probe = PreparedSource(0, "s3://corpus/prepared/", seed=0, shuffle=True, eos_token=eos,
                                tokenizer_sha256=read_tokenizer(paths["tokenizer"], eos)[1],
-                               tokenizer_uri=paths["tokenizer"])
+                               tokenizer_uri=paths["tokenizer"], packing=True, vocab_size=512)
         tokens = probe.tokens_per_epoch
         prepared_bytes = tokens * probe.dtype.itemsize
         steps = -(-tokens // (args.batch * (args.seq_len + 1)))  # one epoch

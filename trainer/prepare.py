@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"tokens/s overall, about {eta:.0f} s left)  <- {prep.shards[k]}", flush=True)
         missing = prep.finish()
         if not missing:
-            print(f"prepare: complete; {args.out}/{MANIFEST} written. Use {args.out} as a data.sources URI.",
+            print(f"prepare: complete; {prep.out}/{MANIFEST} written. Use {prep.out} as a data.sources URI.",
                   flush=True)
         else:
             print(f"prepare: this part is done; {missing} of {len(prep.shards)} shards are still missing (other "
