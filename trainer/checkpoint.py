@@ -331,7 +331,10 @@ class Checkpointer:
 
         def read(path):
             if local:  # mapped, not read: load_state_dict copies each tensor once, from the page cache
-                return torch.load(f"{tag_dir}/{path}", map_location="cpu", weights_only=False, mmap=True)
+                try:
+                    return torch.load(f"{tag_dir}/{path}", map_location="cpu", weights_only=False, mmap=True)
+                except (OSError, RuntimeError) as exc:  # a mount that refuses mmap (some FUSE file systems)
+                    log.warning("restore: cannot map %s (%s); reading it instead", path, exc)
             with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:  # one GET, then parsed in memory
                 return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
 

@@ -159,8 +159,8 @@ class Trainer:
         return {"tensor": self.ps.tp, "data": self.ps.dp, "pipeline": self.ps.pp, "zero1": self.optim.zero1}
 
     def resume(self) -> None:
-        started = time.perf_counter()
-        tag = self.ckpt.select_resume()
+        tag = self.ckpt.select_resume()  # (rank 0 lists the store; the others wait for its answer)
+        started = time.perf_counter()  # after that wait: the ranks' start-up skew is not restore
         if tag is None:
             if self.cfg.init.from_:
                 self.initialise_from(self.cfg.init.from_)
@@ -192,8 +192,8 @@ class Trainer:
         torch.set_rng_state(state["user_content"]["torch_rng"])
         self.step, self.tokens = meta["step"], meta["tokens"]
         self.last_ckpt_step = self.start_step = meta["step"]
-        # what this attempt spent restoring (the store listed, this rank's shards read and
-        # loaded): goodput's restore phase, the slowest pod's report being the gang's
+        # what this attempt spent restoring (this rank's shards read and loaded): goodput's
+        # restore phase, the slowest pod's report being the gang's
         self.restore_seconds = time.perf_counter() - started
         self.metrics.restore_seconds.set(self.restore_seconds)
         if self.ps.rank == 0:

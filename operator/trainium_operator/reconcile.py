@@ -631,10 +631,17 @@ def _track_progress(p: Pass, gang: GangState) -> None:
         new.tokens_per_second = gang.tokens_per_second
     if gang.eval_perplexity is not None:
         new.eval_perplexity = gang.eval_perplexity
-    if gang.restore_seconds is not None and old.current.restore_seconds is None:  # once per attempt
+    # each pod reports its own restore and check times; a pass may see only some of them, so
+    # the attempt's figure rises to the slowest pod's as reports arrive, and the run's total by
+    # the difference (never counted twice)
+    if gang.restore_seconds is not None and gang.restore_seconds > (old.current.restore_seconds or 0.0):
         new.current.restore_seconds = gang.restore_seconds
-        new.restore_seconds = round(old.restore_seconds + gang.restore_seconds, 2)
-    if gang.preflight_seconds is not None and old.current.preflight_seconds is None:  # once per attempt
+        new.restore_seconds = round(old.restore_seconds + gang.restore_seconds - (old.current.restore_seconds or 0.0), 2)
+    if gang.preflight_seconds is not None and old.current.preflight_seconds is not None \
+            and gang.preflight_seconds > old.current.preflight_seconds:
+        new.current.preflight_seconds = gang.preflight_seconds
+        new.preflight_seconds = round(old.preflight_seconds + gang.preflight_seconds - old.current.preflight_seconds, 2)
+    if gang.preflight_seconds is not None and old.current.preflight_seconds is None:  # the attempt's first report
         new.current.preflight_seconds = gang.preflight_seconds
         new.preflight_seconds = round(old.preflight_seconds + gang.preflight_seconds, 2)
         # the attempt's nodes passed now; a node it trusted keeps the time it passed at (a

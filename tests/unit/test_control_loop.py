@@ -543,3 +543,24 @@ def test_an_attempts_checkpoint_restore_is_goodput_s_own_phase():
     assert again.after.restore_seconds == 6.0
     assert again.after.goodput.lost_seconds.schedule + again.after.goodput.lost_seconds.restore == \
         r.after.goodput.lost_seconds.schedule + 6.0
+
+
+def test_restore_and_check_times_rise_to_the_slowest_pod_as_reports_arrive():
+    """A pass may see only some pods' first reports: the attempt's figure rises to the slowest
+    pod's when the others arrive, and the run's total by the difference only."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 50.0,
+                "current": {"gangRunningTime": 40.0, "lastStep": 2, "lastStepTime": 90.0}})
+    pods = _reporting(1, 3, 99.0)
+    for p in pods:
+        p.progress = None
+    pods[0].progress = {"step": 3, "time": 99.0, "restoreSeconds": 2.5, "preflightSeconds": 4.0}
+    r = reconcile_objects(run, pods, nodes, now=100.0)
+    assert (r.after.restore_seconds, r.after.preflight_seconds) == (2.5, 4.0)
+    for i, p in enumerate(pods):
+        p.progress = {"step": 3, "time": 99.0, "restoreSeconds": [2.5, 6.0, 3.0, 1.0][i],
+                      "preflightSeconds": [4.0, 4.5, 4.0, 4.0][i]}
+    r = reconcile_objects(_after(r, run), pods, nodes, now=101.0)
+    assert (r.after.current.restore_seconds, r.after.restore_seconds) == (6.0, 6.0)
+    assert (r.after.current.preflight_seconds, r.after.preflight_seconds) == (4.5, 4.5)
+    assert r.after.goodput.lost_seconds.restore == 6.0
