@@ -38,6 +38,7 @@ REPEATS = 5
 ALLREDUCE_FLOATS = 1 << 18  # 1 MiB
 ALLREDUCES_PER_SAMPLE = 10  # a sample spans tens of ms: one lucky or unlucky all-reduce decides nothing
 MIN_SECONDS = 1e-4  # below this a median is noise, not a baseline
+MESSAGE_GRACE_SECONDS = 10.0  # how long a named node's other ranks wait for local rank 0's reason
 
 
 def log(msg: str) -> None:
@@ -176,12 +177,19 @@ def main(argv: list[str]) -> int:
         dist.destroy_process_group()
         return exitcodes.OK
     if node_rank in named:
-        if local_rank == 0 and os.environ.get(TERMINATION_LOG_ENV):
+        path = os.environ.get(TERMINATION_LOG_ENV)
+        if local_rank == 0 and path:
             try:
-                with open(os.environ[TERMINATION_LOG_ENV], "w") as f:
+                with open(path, "w") as f:
                     f.write(preflight.format_message(named[node_rank]))
             except OSError as exc:
                 log(f"could not write the termination message: {exc}")
+        elif path:
+            # the first rank to exit makes torchrun stop the others: the node's other ranks give
+            # local rank 0 time to write the reason (CI saw it killed mid-write: an empty message)
+            deadline = time.monotonic() + MESSAGE_GRACE_SECONDS
+            while time.monotonic() < deadline and not (os.path.exists(path) and os.path.getsize(path)):
+                time.sleep(0.05)
         log(f"this node failed: {named[node_rank]}")
         return exitcodes.PREFLIGHT
     # a healthy node: the operator stops the gang once the named node's pod has failed

@@ -634,7 +634,8 @@ def _track_progress(p: Pass, gang: GangState) -> None:
     # each pod reports its own restore and check times; a pass may see only some of them, so
     # the attempt's figure rises to the slowest pod's as reports arrive, and the run's total by
     # the difference (never counted twice)
-    if gang.restore_seconds is not None and gang.restore_seconds > (old.current.restore_seconds or 0.0):
+    if gang.restore_seconds is not None and (old.current.restore_seconds is None
+                                             or gang.restore_seconds > old.current.restore_seconds):
         new.current.restore_seconds = gang.restore_seconds
         new.restore_seconds = round(old.restore_seconds + gang.restore_seconds - (old.current.restore_seconds or 0.0), 2)
     if gang.preflight_seconds is not None and old.current.preflight_seconds is not None \
