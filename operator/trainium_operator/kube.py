@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 # hold a run's pass nor land long after this replica stopped leading (the lease lasts 15 s).
 WRITE_TIMEOUT_SECONDS = 5.0
 T = {"_request_timeout": WRITE_TIMEOUT_SECONDS}
+# Replaces of a cluster-wide admission object that meet a conflict (the API server wrote its
+# status meanwhile) before leaving it to the next check.
+POLICY_REPLACE_TRIES = 3
 
 
 class NotOurs(RuntimeError):
@@ -98,15 +101,25 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            found = self.core.api_client.sanitize_for_serialization(read(name, **T))
             want = obj["metadata"].get("annotations", {}).get(DIGEST)
-            if (found["metadata"].get("annotations") or {}).get(DIGEST) != want:
+            # The API server writes a new policy's status (its type check) soon after any write,
+            # so a replace can meet a 409 for a change that was not another release's: read
+            # again and retry a few times; past that the next check compares again.
+            for attempt in range(POLICY_REPLACE_TRIES):
+                found = self.core.api_client.sanitize_for_serialization(read(name, **T))
+                if (found["metadata"].get("annotations") or {}).get(DIGEST) == want:
+                    return
                 log.info("replacing %s %s: it is not this release's", obj["kind"], name)
-                replace(name, {**obj, "metadata": {**obj["metadata"],
-                                                   "resourceVersion": found["metadata"]["resourceVersion"]}}, **T)
+                try:
+                    replace(name, {**obj, "metadata": {**obj["metadata"],
+                                                       "resourceVersion": found["metadata"]["resourceVersion"]}}, **T)
+                    return
+                except ApiException as exc:
+                    if exc.status != 409 or attempt == POLICY_REPLACE_TRIES - 1:
+                        raise
         except ApiException as exc:
             if exc.status == 409:
-                return  # written meanwhile: the next check compares again
+                return  # written meanwhile, again and again: the next check compares again
             if exc.status in (403, 404):
                 log.warning("cannot create %s %s (%s %s): trainers are limited by RBAC alone", obj["kind"],
                             obj["metadata"]["name"], exc.status, exc.reason)
