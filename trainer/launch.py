@@ -23,7 +23,7 @@ import time
 
 from trainium_api import exitcodes, runtimefaults
 from trainium_api import preflight as verdicts
-from trainium_api.launch import (PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
+from trainium_api.launch import (AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
                                  TERMINATION_LOG_ENV)
 
 from .outputwatch import OutputWatch
@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [AGENT_FLAG]:  # the pod's agent (in-place restarts) runs the rest as its child
+        from .agent import serve
+        code = serve(argv[1:])
+        if code is not None:
+            return code
+        argv = argv[1:]
     steps = _pop_precompile(argv)
     check = _pop_flag(argv, PREFLIGHT_FLAG)
     args = parse_args(argv)

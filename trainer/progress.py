@@ -69,6 +69,13 @@ def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None
     return thread
 
 
+def _attempt() -> int | None:
+    """The attempt these workers belong to (ATTEMPT: the pod's, or the agent's order after an
+    in-place restart), so that the operator tells this report from an earlier attempt's."""
+    value = os.environ.get("ATTEMPT", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 class ProgressReporter:
     """Rate-limited, non-blocking annotation writer. ``report`` never raises."""
 
@@ -110,7 +117,7 @@ class ProgressReporter:
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
                                start_step=start_step, eval_perplexity=eval_perplexity,
                                compute_seconds=compute_seconds, preflight_seconds=preflight_seconds,
-                               restore_seconds=restore_seconds)
+                               restore_seconds=restore_seconds, attempt=_attempt())
         self._unsent = True
         self._force = self._force or force
         self._wake.set()  # the sender decides when: now if forced, else once the interval has passed

@@ -19,3 +19,8 @@ PREFLIGHT_FLAG = "--preflight"
 PREFLIGHT_SECONDS_ENV = "TRAINER_PREFLIGHT_SECONDS"
 # ...and, for a command trainer, into this file (trainer.watch, the launcher's parent, names it).
 PREFLIGHT_SECONDS_FILE_ENV = "TRAINER_PREFLIGHT_SECONDS_FILE"
+
+# `--agent` (in-place restarts, spec.faultTolerance.inPlaceRestarts): trainer.launch becomes the
+# pod's agent (trainer.agent), which runs the rest of the command as its child and starts new
+# workers on the operator's order (trainium_api.agent) instead of ending the pod.
+AGENT_FLAG = "--agent"

@@ -7,7 +7,10 @@ step ended; ``startStep``: the step this process resumed at, 0 on a fresh start;
 ``computeSeconds``: this pod's smoothed time per step before the step's first collective, what
 straggler detection compares across pods, null where unmeasured; ``preflightSeconds``: what
 this attempt's pre-flight check took, null without one; ``restoreSeconds``: what reading and
-loading the checkpoint it resumed from took, null on a fresh start). :func:`payload`
+loading the checkpoint it resumed from took, null on a fresh start; ``attempt``: the attempt
+whose workers wrote it (their ATTEMPT), null from writers that do not know it: after an
+in-place restart the pod still carries the last attempt's report until the new workers write
+theirs, and the operator must not read it as the new attempt's progress). :func:`payload`
 encodes it, :func:`parse_report` reads it back with every field checked. The writer (a
 background thread that patches the pod) is trainer.progress; the operator and tools need only
 this module.
@@ -21,7 +24,7 @@ import time
 
 ANNOTATION = "trainium.dev/progress"
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity",
-          "computeSeconds", "preflightSeconds", "restoreSeconds")
+          "computeSeconds", "preflightSeconds", "restoreSeconds", "attempt")
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -32,7 +35,7 @@ def _rounded(value: float | None, digits: int) -> float | None:
 def payload(step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
             now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None,
             compute_seconds: float | None = None, preflight_seconds: float | None = None,
-            restore_seconds: float | None = None) -> str:
+            restore_seconds: float | None = None, attempt: int | None = None) -> str:
     """``tokens_per_second`` and ``loss`` may be None where the writer cannot know them (a
     script whose log has no throughput); the operator then leaves them out of the status."""
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
@@ -41,7 +44,7 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
                        "evalPerplexity": _rounded(eval_perplexity, 4),
                        "computeSeconds": _rounded(compute_seconds, 4),
                        "preflightSeconds": _rounded(preflight_seconds, 2),
-                       "restoreSeconds": _rounded(restore_seconds, 2)},
+                       "restoreSeconds": _rounded(restore_seconds, 2), "attempt": attempt},
                       separators=(",", ":"))
 
 
@@ -52,7 +55,8 @@ _STEP = (int, 0, 2 ** 53)
 _LIMITS: dict[str, tuple[type, float, float]] = {
     "step": _STEP, "time": (float, 0.0, 1e11), "tokensPerSecond": (float, 0.0, 1e15),
     "loss": (float, -1e9, 1e9), "lastCheckpointStep": _STEP, "startStep": _STEP, "evalPerplexity": (float, 0.0, 1e30),
-    "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6), "restoreSeconds": (float, 0.0, 1e6)}
+    "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6), "restoreSeconds": (float, 0.0, 1e6),
+    "attempt": (int, 1, 2 ** 31)}
 MAX_LENGTH = 4096  # a report is about 150 bytes; a larger annotation is not parsed at all
 
 

@@ -487,6 +487,13 @@ class FaultToleranceConfig:
     infrastructure's: they spend their own budgets and neither count nor break the streak)."""
     teardown_grace_seconds: NonNegativeNumber = 30.0
     """Grace period for a gang's pods to exit on SIGTERM before they are force-deleted."""
+    in_place_restarts: NonNegative = 2
+    """Restart the gang in place: each pod's agent stops its workers and, once every pod's have
+    stopped, starts new ones, so no pod is deleted, created or scheduled. Only after a failure
+    that leaves the nodes trusted (a crashed rank, a hang) and only while every pod's agent
+    answers; this many consecutive in-place restarts without the checkpoint step advancing,
+    and the next restart recreates the gang. 0: every restart recreates the gang. Our trainer
+    only: a command trainer's gang is always recreated."""
     stragglers: StragglerPolicy = "report"
     """A pod whose compute time per step (the trainer's progress report: the time before the
     step's first collective) is above stragglerFactor x the median of the other pods for
@@ -733,6 +740,11 @@ class TrainingRunSpec(RunConfig):
         """faultTolerance.preflight in force: on, or auto on a Trainium instance type."""
         mode = self.fault_tolerance.preflight
         return mode == "on" or (mode == "auto" and bool(INSTANCE_TYPES[self.instance_type]["neuron"]))
+
+    def in_place_on(self) -> bool:
+        """In-place restarts in force: our trainer (a command trainer's script is not run under
+        the agent's protocol) and faultTolerance.inPlaceRestarts above 0."""
+        return self.fault_tolerance.in_place_restarts > 0 and not self.trainer.is_command
 
     def quarantine_limit(self) -> int:
         return self.fault_tolerance.max_quarantined_nodes or max(1, self.nodes // 4)

@@ -18,6 +18,8 @@ PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
 ConditionStatus = Literal["True", "False", "Unknown"]
 FailureAction = Literal["restart", "fail"]
+RestartKind = Literal["inPlace", "recreate"]
+"""inPlace: the gang's pods stayed and their agents started new workers; recreate: new pods."""
 ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted", "ProgressValid"]
 """Valid: the spec passed the operator's checks. Failed: the failure policy gave up.
 Disrupted: a mass node disruption holds failures. ChildrenCreated: the attempt's Service,
@@ -129,6 +131,8 @@ class FailureRecord(_Written):
     """The checkpoint step the new attempt resumed from."""
     resumed_steps: int | None = None
     """Steps the new attempt had trained at its first report."""
+    restart: RestartKind | None = None
+    """How the gang was restarted (recreate also when an in-place restart was given up)."""
 
 
 @dataclass
@@ -192,6 +196,13 @@ class AttemptStatus(_Written):
     stragglers: list[StragglerStreak] = field(default_factory=list)
     """Pods with a straggler streak going (faultTolerance.stragglers); a list, so that the
     status's merge patch replaces it whole and a streak that ended goes."""
+    gang_attempt: int | None = None
+    """The attempt whose pods this attempt runs in (their names and labels carry it): an
+    in-place restart keeps the gang; None: the attempt's own pods."""
+    restart: RestartKind | None = None
+    """How this attempt's failure is being restarted (while Restarting)."""
+    in_place_streak: int = 0
+    """In-place restarts of this gang in a row without the checkpoint step advancing."""
 
 
 @dataclass
@@ -260,6 +271,8 @@ class TrainingRunStatus(_Written):
     restarts: dict[str, int] = field(default_factory=dict)
     """Restarts so far by cause."""
     restart_count: int = 0
+    restarts_in_place: int = 0
+    """Of restartCount, the restarts done in place (the gang's pods kept, new workers)."""
     quarantined_nodes: list[str] = field(default_factory=list)
     quarantine_pending: list[str] = field(default_factory=list)
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until

@@ -6,7 +6,7 @@ run's current attempt (plan.trainer_role), but RBAC cannot say "only your own po
 annotation". This policy can: a request from a trainer identity that updates a pod is allowed only on the pod its
 token is bound to (``request.userInfo.extra["authentication.kubernetes.io/pod-name"]``, set by
 the API server for pod-bound tokens, which every pod's projected token is) and only if nothing
-but the progress and pre-flight annotations change. So one run's trainer cannot forge another
+but the progress, pre-flight and agent-report annotations change. So one run's trainer cannot forge another
 run's progress.
 
     python -m trainium_operator.admission            print it
@@ -23,7 +23,7 @@ import sys
 
 import yaml
 
-from trainium_api import preflight, progress
+from trainium_api import agent, preflight, progress
 from trainium_api.spec import TRAINER_IDENTITY
 
 from .plan import MANAGED_BY
@@ -33,8 +33,9 @@ DIGEST = "trainium.dev/policy-digest"  # of the objects' specs: an operator repl
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 CHART_COPY = "charts/trainium-operator/templates/trainer-policy.yaml"
 LABELS = {**MANAGED_BY, "app.kubernetes.io/part-of": "trainium-operator"}
-# what a trainer writes on its own pod: its progress, and its launcher's pre-flight state
-TRAINER_ANNOTATIONS = (progress.ANNOTATION, preflight.ANNOTATION)
+# what a trainer writes on its own pod: its progress, its launcher's pre-flight state and its
+# agent's report (never the operator's order to the agent)
+TRAINER_ANNOTATIONS = (progress.ANNOTATION, preflight.ANNOTATION, agent.REPORT)
 
 
 def _same_map(field: str, skip: tuple[str, ...] = ()) -> str:

@@ -14,8 +14,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from trainium_api.agent import order_payload
+
 from . import metrics
-from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
+from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine
 from .kube import Kube
 
 log = logging.getLogger("trainium_operator")
@@ -216,6 +218,8 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
                 pass  # a child: made sure of above
             case DeletePod(pod, grace):
                 pod_calls.append((kube.delete_pod, (ns, pod, grace)))
+            case OrderPod(pod, order):
+                pod_calls.append((kube.order_pod, (ns, pod, order_payload(order))))
             case Quarantine(node, reason):
                 try:
                     kube.quarantine(node, name, reason)
@@ -243,7 +247,7 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
                 if isinstance(exc, NotLeading) or api_unreachable(exc, connection_only=True):
                     raise  # the API server is away: the next pass retries
                 if not isinstance(args[0], dict):
-                    raise  # a deletion that failed: retried by the next pass
+                    raise  # a deletion or an order that failed: retried by the next pass
                 refused.append(f"cannot create Pod {args[0]['metadata']['name']}: {_reason(exc)}")
         if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed
             refused = [refused[0] + (f" (and {len(refused) - 1} more pods)" if len(refused) > 1 else "")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
+from trainium_api.agent import Order
 from trainium_api.status import FailureRecord
 
 
@@ -24,6 +25,14 @@ class DeletePod:
     name: str
     grace: int
     kind: ClassVar[str] = "delete_pod"
+
+
+@dataclass(frozen=True)
+class OrderPod:
+    """Write ``order`` on pod ``name`` for its agent (an in-place restart: trainium_api.agent)."""
+    name: str
+    order: Order
+    kind: ClassVar[str] = "order_pod"
 
 
 @dataclass(frozen=True)
@@ -58,4 +67,4 @@ class ObserveRecovery:
     kind: ClassVar[str] = "observe_recovery"
 
 
-Effect = Union[Ensure, DeletePod, Quarantine, Event, ObserveFailure, ObserveRecovery]
+Effect = Union[Ensure, DeletePod, OrderPod, Quarantine, Event, ObserveFailure, ObserveRecovery]

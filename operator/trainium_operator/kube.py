@@ -10,6 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from trainium_api import API_GROUP, API_VERSION, PLURAL
+from trainium_api.agent import ORDER
 
 from .admission import DIGEST
 from .observe import controller_uid
@@ -130,6 +131,16 @@ class Kube:
         body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")
         try:
             self.core.delete_namespaced_pod(name, namespace, body=body, **T)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def order_pod(self, namespace: str, name: str, order: str) -> None:
+        """Write an agent's order on its pod (trainium_api.agent.ORDER). A pod already gone is
+        not an error: the next pass sees it gone and recreates the gang."""
+        body = {"metadata": {"annotations": {ORDER: order}}}
+        try:
+            self.core.patch_namespaced_pod(name, namespace, body, **T)
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trainium_api import preflight, progress, runtimefaults
+from trainium_api import agent, preflight, progress, runtimefaults
 from trainium_api.spec import Cause
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
@@ -64,6 +64,8 @@ class PodView:
     runtime_fault: runtimefaults.Finding | None = None  # what the Neuron runtime said, from its termination message
     preflight_failure: str | None = None  # why its node failed the pre-flight check, from its termination message
     preflight_running: bool = False  # its launcher says the pre-flight check is under way (its annotation)
+    agent: agent.Report | None = None  # its agent's report (in-place restarts), None without one
+    order: agent.Order | None = None  # the operator's newest order to its agent
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -111,7 +113,9 @@ def pod_view(pod: dict) -> PodView:
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
                    gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check,
-                   preflight_running=preflight.is_running(meta.get("annotations")))
+                   preflight_running=preflight.is_running(meta.get("annotations")),
+                   agent=agent.parse_report((meta.get("annotations") or {}).get(agent.REPORT)),
+                   order=agent.parse_order((meta.get("annotations") or {}).get(agent.ORDER)))
 
 
 def _label_int(labels: dict, key: str) -> int:

@@ -18,7 +18,7 @@ from datetime import datetime
 import yaml
 
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api.launch import PRECOMPILE_FLAG, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
+from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
@@ -109,15 +109,19 @@ def trainer_identity_objects(run: dict, spec: TrainingRunSpec, annotations: dict
                                   "namespace": run["metadata"]["namespace"]}]}]
 
 
-def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int) -> dict:
-    """The only permission a trainer needs: get and patch of its pod (the progress annotation),
-    narrowed by resourceNames to the pods of the run's current attempt (rewritten when an
-    attempt starts), so a trainer token reaches no other run's pods and no pod of an older
-    attempt, with or without the admission policy. Before the first attempt: no rule at all (a
-    rule with no resourceNames would allow every pod)."""
+def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: int | None = None) -> dict:
+    """The only permission a trainer needs: get and patch of its pod (the progress annotation,
+    the agent's report), and list and watch of it by name (the agent's orders: the API server
+    authorizes a watch with fieldSelector metadata.name against resourceNames), narrowed by
+    resourceNames to the pods of the run's current attempt (``gang_attempt``: the attempt
+    whose pods an in-place restart kept; rewritten when an attempt starts), so a trainer token
+    reaches no other run's pods and no pod of an older gang, with or without the admission
+    policy. Before the first attempt: no rule at all (a rule with no resourceNames would allow
+    every pod)."""
     name = run["metadata"]["name"]
-    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
-              "resourceNames": [pod_name(name, attempt, i) for i in range(spec.nodes)]}] if attempt else []
+    gang = gang_attempt or attempt
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
+              "resourceNames": [pod_name(name, gang, i) for i in range(spec.nodes)]}] if attempt else []
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             # the attempt it names: an ensure never moves the Role back to an older one (Kube.ensure)
             "metadata": {"name": trainer_identity(name), "labels": {LABEL_RUN: name, LABEL_ATTEMPT: str(attempt),
@@ -164,7 +168,8 @@ def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: Checkpo
                   if spec.compile_cache.precompile_steps else [])
     ft = spec.fault_tolerance
     check = [PREFLIGHT_FLAG, f"{ft.preflight_slow_factor:g},{ft.preflight_timeout_seconds:g}"] if spec.preflight_on() else []
-    launch = ["python", "-m", "trainer.launch", *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
+    agent = [AGENT_FLAG] if spec.in_place_on() else []  # first: the agent runs the rest as its child
+    launch = ["python", "-m", "trainer.launch", *agent, *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
               "--master_port", str(MASTER_PORT)]
     if not spec.trainer.is_command:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -37,8 +38,10 @@ from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, Avo
                                  Disruption, PreflightPass,
                                  FailureRecord, StragglerStreak, Suspension, TrainingRunStatus)
 
-from . import admission, goodput, plan, stragglers
-from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, Quarantine
+from trainium_api.agent import Order
+
+from . import admission, goodput, inplace, plan, stragglers
+from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine
 from .hostaccess import HostAccess
 from .judge import Clocks, Guards, Observed, device_culprits, judge
 from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
@@ -98,15 +101,23 @@ class Pass:
     host: HostAccess = HostAccess()
 
     @property
+    def gang(self) -> list[PodView]:
+        """The pods the attempt in force runs in, as they are (an in-place restart keeps the
+        pods of an earlier attempt: inplace.gang_attempt)."""
+        return [p for p in self.pods if p.attempt == inplace.gang_attempt(self.old)]
+
+    @cached_property
     def current(self) -> list[PodView]:
-        return [p for p in self.pods if p.attempt == self.old.attempt]
+        """The gang as the attempt in force sees it: its agents' reports on this attempt's
+        workers (inplace.as_of)."""
+        return inplace.as_of(self.gang, self.old.attempt, self.old.current.start_time)
 
     @property
     def stale(self) -> list[PodView]:
         """Pods of other attempts. One of a newer attempt than the status read means this pass
         read the status before the write that started that attempt reached the watch: it is
         not stale unless it has lived for NEWER_ATTEMPT_GRACE_SECONDS (a status reset by hand)."""
-        return [p for p in self.pods if p.attempt < self.old.attempt or (
+        return [p for p in self.pods if p.attempt < inplace.gang_attempt(self.old) or (
             p.attempt > self.old.attempt and self.now - (p.created or self.now) > NEWER_ATTEMPT_GRACE_SECONDS)]
 
     @property
@@ -162,7 +173,7 @@ def reconcile(snap: Snapshot) -> Result:
         _children(p)
     _phase_step(p)(p)
     if old.phase not in TERMINAL:  # after the step: the attempt it may have started is the one allowed
-        p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt)))
+        p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt, p.new.current.gang_attempt)))
     return Result(changed_fields(old, new), p.effects, spec, new)
 
 
@@ -358,6 +369,9 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
 def _teardown(p: Pass) -> None:
     """Delete the failed attempt (force after the grace period), then start the next one once
     every pod of every attempt is gone and the backoff has passed."""
+    if p.old.current.restart == "inPlace":
+        _teardown_in_place(p)
+        return
     _note_teardown_progress(p)
     _late_culprits(p)
     _stop(p, p.current, p.old.current.teardown_start_time or p.now)
@@ -371,6 +385,64 @@ def _teardown(p: Pass) -> None:
     excluded = _excluded(p.new)
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
         f", avoiding {len(excluded)} quarantined or avoided node(s)" if excluded else ""))
+
+
+def _teardown_in_place(p: Pass) -> None:
+    """Tell every agent to stop the failed attempt's workers; once every one said they are gone
+    (the barrier) and the backoff has passed, start the next attempt in the same pods. A pod
+    that ends or goes, or an agent that does not answer within the teardown grace and
+    ANSWER_SLACK_SECONDS, and the gang is recreated instead."""
+    _note_teardown_progress(p)
+    target, gang = p.old.attempt + 1, p.gang
+    since = p.old.current.teardown_start_time or p.now
+    lost = [x.name for x in gang if x.deleting or x.phase != "Running"]
+    if lost or len(gang) < p.spec.nodes or p.now - since > p.grace + inplace.ANSWER_SLACK_SECONDS:
+        why = (f"pod {lost[0]} is {'going' if gang and next(x for x in gang if x.name == lost[0]).deleting else 'no longer running'}"
+               if lost else "a pod of the gang is gone" if len(gang) < p.spec.nodes else
+               f"not every agent said its workers stopped within {p.grace + inplace.ANSWER_SLACK_SECONDS:.0f}s")
+        _give_up_in_place(p, why)
+        return
+    stop = Order(target, start=False, grace_seconds=float(p.grace))
+    if not inplace.ready(gang, target):
+        p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(gang, stop)]
+        return
+    last = p.new.failures[-1] if p.new.failures else None
+    if last and not last.teardown_done_time:
+        last.teardown_done_time = p.now
+    if p.now < (p.old.current.restart_not_before or 0):
+        return
+    _start_in_place(p, target)
+
+
+def _give_up_in_place(p: Pass, why: str) -> None:
+    """Recreate the gang after all: delete its pods (the normal teardown from here)."""
+    p.new.current.restart, p.new.current.teardown_start_time = "recreate", p.now
+    last = p.new.failures[-1] if p.new.failures else None
+    if last is not None:
+        last.restart = "recreate"
+    p.new.restarts_in_place = max(0, p.old.restarts_in_place - 1)
+    p.event("InPlaceRestartGivenUp", f"attempt {p.old.attempt + 1}: {why}; recreating the gang", warning=True)
+    _stop(p, p.gang, p.now)
+
+
+def _start_in_place(p: Pass, target: int) -> None:
+    """The next attempt in the failed attempt's pods: status first, then the orders to start
+    (the applier writes them after the status that records the attempt)."""
+    old, new = p.old, p.new
+    resume = p.checkpoint or old.last_checkpoint
+    new.phase, new.attempt = "Starting", target
+    new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume, gang_attempt=inplace.gang_attempt(old),
+                                in_place_streak=inplace.next_streak(old, resume.step if resume else None),
+                                preflight_trusted=list(old.current.preflight_trusted))
+    _order_start(p, new.current.gang_attempt, target)
+    p.event("Restarted", f"attempt {target}: restarted in place in the {len(p.gang)} pods of attempt "
+            f"{new.current.gang_attempt} (no pod deleted or created)")
+
+
+def _order_start(p: Pass, gang_attempt: int, attempt: int) -> None:
+    start = Order(attempt, start=True, grace_seconds=float(p.grace))
+    p.effects += [OrderPod(x.name, start) for x in inplace.unordered(
+        [x for x in p.pods if x.attempt == gang_attempt], start)]
 
 
 def _recent_passes(p: Pass) -> list[PreflightPass]:
@@ -464,7 +536,9 @@ def _supervise(p: Pass) -> None:
     gang = gang_state(p.current)
     _track_progress(p, gang)
     _watch_stragglers(p)
-    if old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
+    if old.current.gang_attempt and old.phase == "Starting" and not old.current.gang_running_time:
+        _order_start(p, old.current.gang_attempt, old.attempt)  # an order that did not land is written again
+    elif old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
         p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _excluded(new),  # or the API server refused some
@@ -687,6 +761,11 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         # stale when the failure is found in the pass that first sees the gang's last steps
         last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
         step=gang.step, checkpoint_step=ckpt_step, step_seconds=old.step_seconds)
+    in_place = ""
+    if action.kind == "restart":
+        in_place = inplace.why_not(spec, failure, bool(action.quarantine_node or action.avoid_node),
+                                   inplace.next_streak(old, ckpt_step), p.gang, old.attempt)
+        record.restart = "recreate" if in_place else "inPlace"
     timeline = history + [record]
     new.failure_count = record.id
     new.failure_counters = count(counters, failure.cause, now, ckpt_step, window)
@@ -721,9 +800,17 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         p.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
     if action.avoid_node:
         _avoid(p, action.avoid_node, failure.message)
-    p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang"
-            + (f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""), warning=True)
-    p.delete(p.current)
+    new.current.restart = record.restart
+    after = f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""
+    if record.restart == "inPlace":
+        new.restarts_in_place = old.restarts_in_place + 1
+        p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang in place{after}", warning=True)
+        stop = Order(old.attempt + 1, start=False, grace_seconds=float(p.grace))
+        p.effects += [OrderPod(x.name, stop) for x in p.gang]
+    else:
+        p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang{after}"
+                + (f" (recreated: {in_place})" if spec.in_place_on() else ""), warning=True)
+        p.delete(p.current)
     _account(p, now)
 
 

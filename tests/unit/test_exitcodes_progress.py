@@ -18,7 +18,8 @@ def test_progress_payload_roundtrip():
     text = progress.payload(12, 1234.567, 2.345678, 10, now=1700000000.0)
     assert json.loads(text) == {"step": 12, "time": 1700000000.0, "tokensPerSecond": 1234.57,
                                 "loss": 2.34568, "lastCheckpointStep": 10, "startStep": 0, "evalPerplexity": None,
-                                "computeSeconds": None, "preflightSeconds": None, "restoreSeconds": None}
+                                "computeSeconds": None, "preflightSeconds": None, "restoreSeconds": None,
+                                    "attempt": None}
     assert progress.parse(text)["step"] == 12
     with_eval = progress.payload(12, 1.0, 2.0, 10, eval_perplexity=7.123456)
     assert progress.parse(with_eval)["evalPerplexity"] == 7.1235

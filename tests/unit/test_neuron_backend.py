@@ -14,7 +14,7 @@ import yaml
 from trainer.config import ConfigError, load
 from trainer.launch import _pop_flag, _pop_precompile
 from trainium_api import exitcodes
-from trainium_api.launch import PRECOMPILE_FLAG, PREFLIGHT_FLAG
+from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG
 from trainium_operator import plan
 from trainium_operator.spec import parse
 
@@ -177,8 +177,8 @@ def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
     body = example("llama2-7b.yaml")
     body["compileCache"] = {**body["compileCache"], "precompileSteps": 10}
     cmd = plan.pod(RUN, parse(body), 0, 0, [])["spec"]["containers"][0]["command"]
-    assert cmd[:5] == ["python", "-m", "trainer.launch", PRECOMPILE_FLAG, "10"]
-    argv = cmd[3:]
+    assert cmd[:6] == ["python", "-m", "trainer.launch", AGENT_FLAG, PRECOMPILE_FLAG, "10"]
+    argv = cmd[4:]
     assert _pop_precompile(argv) == 10 and argv[:2] == [PREFLIGHT_FLAG, "2,300"]  # on by default on trn1
     assert _pop_flag(argv, PREFLIGHT_FLAG) == "2,300" and argv[0] == "--nnodes"  # torchrun never sees either
     cpu = {**example("tiny-cpu-run.yaml"), "compileCache": {"precompileSteps": 2}}

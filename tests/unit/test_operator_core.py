@@ -73,8 +73,12 @@ def test_the_trainer_identity_reaches_only_the_current_attempts_pods():
     assert plan.pods(RUN, s, 1, [])[0]["spec"]["serviceAccountName"] == "trainium-trainer-r"
     role = plan.trainer_role(RUN, s, 3)
     assert role["metadata"]["name"] == "trainium-trainer-r" and role["metadata"]["ownerReferences"][0]["uid"] == "u-1"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
                               "resourceNames": ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]}]
+    # attempt 5 restarted in place in attempt 3's pods: those pods, and the Role says attempt 5
+    kept = plan.trainer_role(RUN, s, 5, 3)
+    assert kept["rules"][0]["resourceNames"] == ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]
+    assert kept["metadata"]["labels"]["trainium.dev/attempt"] == "5"
     # before the first attempt no rule at all: a rule without resourceNames would allow every pod
     assert plan.trainer_role(RUN, s, 0)["rules"] == []
     made = {o["kind"]: o for o in plan.trainer_identity_objects(RUN, s)}

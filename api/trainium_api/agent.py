@@ -1,0 +1,108 @@
+"""In-place restarts: the pod's agent and the operator talk through two annotations of the pod.
+
+The pod's main process (``python -m trainer.launch --agent ...``, trainer.agent) runs the
+workers (torchrun) as its child and outlives them. It reports on its own pod, in
+:data:`REPORT` (written by code in the run's pod: parsed strictly, bounded):
+
+- ``running``: the workers of ``attempt`` run;
+- ``exited``: the workers of ``attempt`` exited by themselves with ``exitCode`` (``message``: what
+  the container's termination message would have said); the pod stays, waiting for an order;
+- ``ready``: the workers of every earlier attempt are gone; the agent waits to start ``attempt``.
+
+The operator orders, in :data:`ORDER` (the trainer identity may not write it: the admission
+policy), ``{"attempt": N, "start": false, "graceSeconds": G}``: stop the workers of any earlier
+attempt (SIGTERM, SIGKILL after G seconds) and say ``ready`` for N; then, once every pod of the
+gang said so (the barrier: two attempts' workers never overlap), ``start: true``: start the
+workers of attempt N (environment ATTEMPT=N: the rendezvous and the checkpoint store's fence
+know the new epoch). An agent that does not answer is not waited for: the operator recreates
+the gang (docs/architecture.md 4).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+REPORT = "trainium.dev/agent"
+ORDER = "trainium.dev/order"
+State = Literal["running", "exited", "ready"]
+STATES: tuple[str, ...] = ("running", "exited", "ready")
+MESSAGE_LIMIT = 1024  # a termination message's worth (the kubelet keeps 4 KiB; ours are one line)
+MAX_LENGTH = 4096
+MAX_ATTEMPT = 2 ** 31
+
+
+@dataclass(frozen=True)
+class Report:
+    attempt: int
+    state: State
+    exit_code: int | None = None
+    message: str = ""
+    time: float | None = None
+
+
+@dataclass(frozen=True)
+class Order:
+    attempt: int
+    start: bool = False
+    grace_seconds: float = 30.0
+
+
+def report_payload(report: Report) -> str:
+    return json.dumps({"attempt": report.attempt, "state": report.state, "exitCode": report.exit_code,
+                       "message": report.message[:MESSAGE_LIMIT], "time": report.time}, separators=(",", ":"))
+
+
+def order_payload(order: Order) -> str:
+    return json.dumps({"attempt": order.attempt, "start": order.start, "graceSeconds": order.grace_seconds},
+                      separators=(",", ":"))
+
+
+def _load(text) -> dict | None:
+    if not isinstance(text, str) or not text or len(text) > MAX_LENGTH:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _attempt(value) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < MAX_ATTEMPT
+    return value if ok else None
+
+
+def parse_report(text) -> Report | None:
+    """The agent's report, or None when absent or malformed in any field (the operator then
+    treats the pod as one without an agent: never restarted in place). Never raises."""
+    data = _load(text)
+    if data is None:
+        return None
+    attempt, state, code, message, when = (data.get(k) for k in ("attempt", "state", "exitCode", "message", "time"))
+    if _attempt(attempt) is None or state not in STATES:
+        return None
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -255 <= code <= 255):
+        return None
+    if state == "exited" and code is None:
+        return None
+    if not isinstance(message, str):
+        message = ""
+    if when is not None and (isinstance(when, bool) or not isinstance(when, (int, float))
+                             or not math.isfinite(when) or not 0 <= when <= 1e11):
+        when = None
+    clean = "".join(c if c.isprintable() or c == "\n" else " " for c in message[:MESSAGE_LIMIT])
+    return Report(attempt, state, code, clean, float(when) if when is not None else None)
+
+
+def parse_order(text) -> Order | None:
+    """The operator's order on a pod, or None when absent or malformed. Never raises."""
+    data = _load(text)
+    if data is None or _attempt(data.get("attempt")) is None or not isinstance(data.get("start", False), bool):
+        return None
+    grace = data.get("graceSeconds", 30.0)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
+        grace = 30.0
+    return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)))

@@ -1,0 +1,106 @@
+"""In-place gang restarts, the operator's side (the agent's is trainer.agent; the protocol
+trainium_api.agent). Pure.
+
+After a failure that leaves the nodes trusted, the gang's pods stay: each pod's agent is told to
+stop its workers, and once every agent says its workers are gone (the barrier), to start the
+next attempt's. A pod keeps the name and labels of the attempt that created it (the gang's
+attempt, status.current.gangAttempt), so the pass sees the attempt in force through the agents'
+reports: :func:`as_of` turns them into the views the judge and the phase steps already read
+(workers that exited are a failed pod, workers not started yet a pod not started).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainium_api import preflight, runtimefaults
+from trainium_api.agent import Order
+from trainium_api.spec import TrainingRunSpec
+from trainium_api.status import TrainingRunStatus
+
+from .observe import Failure, PodView
+
+# Failures after which the nodes are still trusted: the workers are restarted where they are.
+# A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
+# pre-flight or straggler verdict, all need other pods: the gang is recreated.
+IN_PLACE_CAUSES = ("application", "hang")
+# An agent that has not said its workers are gone this long after the teardown grace does not
+# answer: the gang is recreated (its pods are deleted, force after the grace).
+ANSWER_SLACK_SECONDS = 15.0
+
+
+def gang_attempt(status: TrainingRunStatus) -> int:
+    """The attempt whose pods the attempt in force runs in."""
+    return status.current.gang_attempt or status.attempt
+
+
+def _progress_of(pod: PodView, attempt: int) -> PodView:
+    """A progress report written by another attempt's workers is not this attempt's progress."""
+    written = (pod.progress or {}).get("attempt")
+    return replace(pod, progress=None) if written is not None and written != attempt else pod
+
+
+def as_of(pods: list[PodView], attempt: int, started: float | None) -> list[PodView]:
+    """The gang's pods as attempt ``attempt`` (started at ``started``) sees them, from their
+    agents' reports. A pod without an agent's report, or one that ended, is seen as it is."""
+    out = []
+    for pod in pods:
+        report = pod.agent
+        if report is None or pod.phase != "Running" or pod.deleting or (
+                report.attempt == attempt and report.state == "running"):
+            out.append(_progress_of(pod, attempt))
+        elif report.attempt == attempt and report.state == "exited":
+            fault = runtimefaults.parse_message(report.message)
+            failed_check = preflight.parse_message(report.message)
+            out.append(replace(
+                _progress_of(pod, attempt), phase="Failed", exit_code=report.exit_code,
+                reason="Completed" if report.exit_code == 0 else "Error",
+                message=fault.describe() if fault else failed_check or report.message.strip()
+                or f"workers exited {report.exit_code}",
+                runtime_fault=fault, preflight_failure=failed_check, finished=report.time))
+        else:  # the workers of this attempt have not started yet (or the report is an earlier attempt's)
+            out.append(replace(pod, phase="Pending", progress=None, waiting="",
+                               scheduled=started if started is not None else pod.scheduled))
+    return out
+
+
+def answering(pods: list[PodView], attempt: int, nodes: int) -> bool:
+    """Every pod of the gang is there, running, and its agent reports on ``attempt``."""
+    return len(pods) == nodes and all(
+        p.phase == "Running" and not p.deleting and p.agent is not None and p.agent.attempt == attempt for p in pods)
+
+
+def next_streak(status: TrainingRunStatus, checkpoint_step: int | None) -> int:
+    """The in-place streak if the failed attempt is restarted in place: reset when it advanced
+    the checkpoint step past the one it resumed from."""
+    resumed = status.current.resume_checkpoint.step if status.current.resume_checkpoint else None
+    advanced = checkpoint_step is not None and (resumed is None or checkpoint_step > resumed)
+    return 1 if advanced else status.current.in_place_streak + 1
+
+
+def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: int, pods: list[PodView],
+            attempt: int) -> str:
+    """Why this failure's restart cannot be in place ("" when it can)."""
+    if not spec.in_place_on():
+        return "in-place restarts are off"
+    if failure.cause not in IN_PLACE_CAUSES:
+        return f"a {failure.cause} failure needs other pods"
+    if quarantine:
+        return "the failure's node is left out"
+    if streak > spec.fault_tolerance.in_place_restarts:
+        return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
+                "checkpoint")
+    if not answering(pods, attempt, spec.nodes):
+        return "not every pod's agent answers"
+    return ""
+
+
+def ready(pods: list[PodView], target: int) -> bool:
+    """Every agent said the workers of the attempts before ``target`` are gone."""
+    return all(p.agent is not None and p.agent.attempt == target and p.agent.state in ("ready", "running")
+               for p in pods)
+
+
+def unordered(pods: list[PodView], order: Order) -> list[PodView]:
+    """The pods that do not carry ``order`` yet (orders are written again until they do)."""
+    return [p for p in pods if p.order is None or (p.order.attempt, p.order.start) < (order.attempt, order.start)]

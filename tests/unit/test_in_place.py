@@ -1,0 +1,175 @@
+"""In-place gang restarts, the operator's side (pure): a failure that leaves the nodes trusted is
+restarted in the gang's own pods through their agents' reports and the operator's orders
+(trainium_api.agent), with a barrier between the attempts; anything else, or an agent that
+does not answer, recreates the gang."""
+
+from __future__ import annotations
+
+import json
+
+from trainium_api import agent
+from trainium_operator.observe import node_view, pod_view
+from trainium_operator.reconcile import reconcile_objects
+
+SPEC = {"image": "img", "nodes": 2, "instanceType": "cpu", "processesPerNode": 2,
+        "model": {"preset": "tiny"}, "parallelism": {"tensor": 2},
+        "training": {"steps": 100, "globalBatchSize": 4, "microBatchSize": 2, "seqLen": 16},
+        "data": {"sources": [{"uri": "/data", "weight": 1.0}], "tokenizer": "/data/tokenizer.json"},
+        "checkpoint": {"uri": "/ckpt", "intervalSteps": 5}}
+NODES = {f"n{i}": node_view({"metadata": {"name": f"n{i}"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+         for i in range(2)}
+
+
+def run_with(status: dict, spec: dict | None = None) -> dict:
+    return {"metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 1,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": spec or SPEC, "status": status}
+
+
+def pod(i: int, gang: int = 1, report: dict | None = None, order: dict | None = None, progress: dict | None = None,
+        phase: str = "Running", deleting: bool = False):
+    ann = {}
+    if report is not None:
+        ann[agent.REPORT] = json.dumps(report)
+    if order is not None:
+        ann[agent.ORDER] = json.dumps(order)
+    if progress is not None:
+        ann["trainium.dev/progress"] = json.dumps(progress)
+    meta = {"name": f"r-a{gang}-{i}", "labels": {"trainium.dev/attempt": str(gang), "trainium.dev/index": str(i)},
+            "annotations": ann, "creationTimestamp": "2026-01-01T00:00:01Z"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:10:00Z"
+    return pod_view({"metadata": meta, "spec": {"nodeName": f"n{i}"}, "status": {"phase": phase}})
+
+
+def running(attempt: int, step: int | None = None, **kw) -> dict:
+    return {"attempt": attempt, "state": "running", **kw}
+
+
+def step_report(step: int, attempt: int | None, t: float = 50.0) -> dict:
+    return {"step": step, "time": t, "lastCheckpointStep": 10, "startStep": 0, "attempt": attempt}
+
+
+def started_run() -> dict:
+    """Attempt 1, its gang running and training (both agents say so)."""
+    r = reconcile_objects(run_with({}), [], NODES, now=0.0)
+    status = {**r.status, "conditions": [{"type": "Valid", "status": "True"}]}
+    pods = [pod(i, report=running(1), progress=step_report(12, 1)) for i in range(2)]
+    r = reconcile_objects(run_with(status), pods, NODES, now=5.0)
+    status.update(r.status)
+    assert status["phase"] == "Running" and status["attempt"] == 1
+    return status
+
+
+def test_a_crashed_rank_restarts_the_gang_in_its_own_pods_behind_a_barrier():
+    status = started_run()
+    crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
+    r = reconcile_objects(run_with(status), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)
+    status.update(r.status)
+    assert status["phase"] == "Restarting" and status["restarts"] == {"application": 1}
+    assert status["failures"][-1]["restart"] == "inPlace" and status["restartsInPlace"] == 1
+    assert not [e for e in r.effects if e.kind == "delete_pod"]
+    orders = {e.name: e.order for e in r.effects if e.kind == "order_pod"}
+    assert orders == {f"r-a1-{i}": agent.Order(2, start=False, grace_seconds=30.0) for i in range(2)}
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+
+    # one agent said ready, the other has not seen the order yet: it is written again, to it only
+    pods = [pod(0, report={"attempt": 2, "state": "ready"}, order=stop), pod(1, report=running(1))]
+    r = reconcile_objects(run_with(status), pods, NODES, now=61.0)
+    assert "attempt" not in r.status and "phase" not in r.status
+    assert [e.name for e in r.effects if e.kind == "order_pod"] == ["r-a1-1"]
+    assert not r.ensured("Pod") and not [e for e in r.effects if e.kind == "delete_pod"]
+
+    # the barrier: every agent ready -> attempt 2 recorded, in attempt 1's pods, then told to start
+    pods = [pod(i, report={"attempt": 2, "state": "ready"}, order=stop, progress=step_report(14, 1))
+            for i in range(2)]
+    r = reconcile_objects(run_with(status), pods, NODES, now=62.0)
+    status.update(r.status)
+    assert status["attempt"] == 2 and status["phase"] == "Starting"
+    assert status["current"]["gangAttempt"] == 1 and status["current"]["inPlaceStreak"] == 1
+    assert status["failures"][-1]["teardownDoneTime"] == 62.0
+    assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
+        f"r-a1-{i}": agent.Order(2, start=True, grace_seconds=30.0) for i in range(2)}
+    role = r.ensured("Role")[0]
+    assert role["rules"][0]["resourceNames"] == ["r-a1-0", "r-a1-1"] and role["metadata"]["labels"][
+        "trainium.dev/attempt"] == "2"
+    assert not r.ensured("Pod") and not [e for e in r.effects if e.kind == "delete_pod"]
+
+    # attempt 1's pods are the gang now, not stale; its old progress is not attempt 2's step
+    go = {"attempt": 2, "start": True, "graceSeconds": 30.0}
+    pods = [pod(i, report=running(2), order=go, progress=step_report(14, 1)) for i in range(2)]
+    r = reconcile_objects(run_with(status), pods, NODES, now=64.0)
+    status.update(r.status)
+    assert not [e for e in r.effects if e.kind in ("delete_pod", "order_pod")]
+    assert status["current"]["gangRunningTime"] == 64.0 and status["failures"][-1]["recoveredAfter"] == 4.0
+    assert status["phase"] == "Starting"  # no step of attempt 2 yet
+    pods = [pod(i, report=running(2), order=go, progress=step_report(11, 2, t=66.0)) for i in range(2)]
+    r = reconcile_objects(run_with(status), pods, NODES, now=66.5)
+    status.update(r.status)
+    assert status["phase"] == "Running" and status["failures"][-1]["resumedTime"] == 66.0
+
+
+def test_an_agent_that_does_not_answer_and_a_pod_that_goes_recreate_the_gang():
+    status = started_run()
+    hung = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
+    r = reconcile_objects(run_with(status), [pod(0, report=hung), pod(1, report=running(1))], NODES, now=60.0)
+    status.update(r.status)
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    base = dict(status)
+    # the grace (30 s) and the slack (15 s) pass without pod 1's agent saying ready
+    pods = [pod(0, report={"attempt": 2, "state": "ready"}, order=stop), pod(1, report=running(1), order=stop)]
+    r = reconcile_objects(run_with(status), pods, NODES, now=106.0)
+    status.update(r.status)
+    assert status["current"]["restart"] == "recreate" and status["failures"][-1]["restart"] == "recreate"
+    assert status["restartsInPlace"] == 0 and "InPlaceRestartGivenUp" in [e.reason for e in r.effects if e.kind == "event"]
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0", "r-a1-1"}
+    # from here the normal teardown: the new gang once the old pods are gone, new pods
+    r = reconcile_objects(run_with(status), [], NODES, now=107.0)
+    assert r.status["attempt"] == 2 and len(r.ensured("Pod")) == 2 and r.status["current"].get("gangAttempt") is None
+    # a pod of the gang deleted meanwhile: given up at once
+    pods = [pod(0, report={"attempt": 2, "state": "ready"}, order=stop), pod(1, report=running(1), deleting=True)]
+    r = reconcile_objects(run_with(dict(base)), pods, NODES, now=61.0)
+    assert r.status["current"]["restart"] == "recreate"
+
+
+def test_only_failures_that_leave_the_nodes_trusted_and_answering_agents_restart_in_place():
+    status = started_run()
+    crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
+    # a pod without an agent (an older image, or a launcher that could not reach the API server)
+    r = reconcile_objects(run_with(status), [pod(0, report=crashed), pod(1)], NODES, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate" and r.status["current"]["restart"] == "recreate"
+    assert "not every pod's agent answers" in next(e.message for e in r.effects if e.kind == "event"
+                                                   and e.reason == "Restarting")
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0", "r-a1-1"}
+    # a pod whose container ended (the agent ended it: a fault of this node) is not in place
+    r = reconcile_objects(run_with(status), [pod(0, phase="Failed", report=running(1)), pod(1, report=running(1))],
+                          NODES, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+    # turned off
+    off = {**SPEC, "faultTolerance": {"inPlaceRestarts": 0}}
+    r = reconcile_objects(run_with(status, off), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+    # the streak: the limit's in-place restarts without the checkpoint advancing, then recreate
+    streak = {**status, "current": {**status["current"], "inPlaceStreak": 2,
+                                    "resumeCheckpoint": {"tag": "step_10", "step": 10}},
+              "lastCheckpoint": {"tag": "step_10", "step": 10}}
+    r = reconcile_objects(run_with(streak), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+    assert "did not advance the checkpoint" in next(e.message for e in r.effects if e.kind == "event"
+                                                    and e.reason == "Restarting")
+
+
+def test_the_agent_protocol_parses_strictly():
+    assert agent.parse_report(agent.report_payload(agent.Report(3, "exited", 1, "boom\x00", 5.0))) == \
+        agent.Report(3, "exited", 1, "boom ", 5.0)
+    for bad in (None, "", "[]", "{", "x" * 5000, '{"attempt": 0, "state": "running"}',
+                '{"attempt": 1, "state": "dancing"}', '{"attempt": true, "state": "running"}',
+                '{"attempt": 1, "state": "exited"}', '{"attempt": 1, "state": "exited", "exitCode": 1e9}',
+                '{"attempt": 1.5, "state": "ready"}'):
+        assert agent.parse_report(bad) is None, bad
+    assert agent.parse_report('{"attempt": 1, "state": "ready", "time": "soon", "message": 7}') == \
+        agent.Report(1, "ready", None, "", None)
+    assert agent.parse_order(agent.order_payload(agent.Order(4, True, 10.0))) == agent.Order(4, True, 10.0)
+    for bad in (None, "{}", '{"attempt": -1}', '{"attempt": 2, "start": "yes"}'):
+        assert agent.parse_order(bad) is None, bad
+    assert agent.parse_order('{"attempt": 2, "graceSeconds": 1e300}').grace_seconds == 3600.0

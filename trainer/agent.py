@@ -1,0 +1,288 @@
+"""The pod's agent: restarts the pod's workers in place on the operator's order.
+
+``python -m trainer.launch --agent [the rest]``: the agent runs ``python -m trainer.launch
+[the rest]`` (torchrun with the exit-code contract) as its child, and instead of ending the pod
+when the workers fail it says so on its own pod and waits for the operator's order
+(trainium_api.agent has the protocol). No pod is deleted, created or scheduled for a restart
+that leaves the nodes trusted: the container, the runtime's device state and the node's caches
+stay, and only the workers' start is paid again.
+
+The pod still ends, with the workers' exit code and termination message, when they finish
+(0), fail in a way no restart in place can mend (fatal, the pre-flight check named this node,
+the Neuron runtime reported a hardware fault of this node), or the pod is deleted (SIGTERM:
+forwarded to the workers, which save as on any teardown). Outside a pod, or without a way to
+the API server, the agent is not one: the command runs as without ``--agent``.
+
+The orders come by a watch of the agent's own pod (the trainer identity's Role allows get,
+list and watch of the attempt's pods by name, the admission policy lets it write only its
+report): one long request per pod, no polling, and an order is seen within the API server's
+watch latency (tens of milliseconds).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from trainium_api import agent as protocol
+from trainium_api import exitcodes, runtimefaults
+from trainium_api.launch import PREFLIGHT_FLAG, TERMINATION_LOG_ENV
+
+from .progress import REQUEST_TIMEOUT_SECONDS, connect_api
+
+WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
+RETRY_SECONDS = 1.0
+
+
+def log(message: str) -> None:
+    print(f"trainer.agent: {message}", file=sys.stderr, flush=True)
+
+
+class Orders:
+    """The newest order on this pod, from a watch of the pod (renewed, retried after errors)."""
+
+    def __init__(self, api, pod: str, namespace: str):
+        self.api, self.pod, self.namespace = api, pod, namespace
+        self.latest: protocol.Order | None = None
+        self.changed = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="orders", daemon=True)
+
+    def start(self) -> "Orders":
+        self._thread.start()
+        return self
+
+    def _seen(self, pod) -> None:
+        order = protocol.parse_order(((pod.metadata.annotations if pod and pod.metadata else None) or {})
+                                     .get(protocol.ORDER))
+        with self.changed:
+            if order is not None and order != self.latest:
+                self.latest = order
+                self.changed.notify_all()
+
+    def _loop(self) -> None:
+        from kubernetes import watch
+        while True:
+            try:
+                stream = watch.Watch().stream(self.api.list_namespaced_pod, self.namespace,
+                                              field_selector=f"metadata.name={self.pod}",
+                                              timeout_seconds=WATCH_SECONDS,
+                                              _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS)
+                for event in stream:
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self._seen(event.get("object"))
+            except Exception as exc:  # an API server away, a 410: watch again (a list first)
+                log(f"watching pod {self.pod} for orders failed ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
+                time.sleep(RETRY_SECONDS)
+
+    def wait(self, accept, timeout: float | None = None) -> protocol.Order | None:
+        """The newest order that ``accept`` takes, waiting up to ``timeout`` (None: forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.changed:
+            while True:
+                if self.latest is not None and accept(self.latest):
+                    return self.latest
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self.changed.wait(left if left is not None else 1.0)
+
+
+class Reports:
+    """The agent's report on its own pod: written in order from one thread, each retried until
+    it lands or a newer one replaces it (the operator acts on the newest only)."""
+
+    def __init__(self, api, pod: str, namespace: str):
+        self.api, self.pod, self.namespace = api, pod, namespace
+        self._next: protocol.Report | None = None
+        self._cv = threading.Condition()
+        threading.Thread(target=self._loop, name="agent-report", daemon=True).start()
+
+    def say(self, report: protocol.Report) -> None:
+        log(f"attempt {report.attempt}: {report.state}" + (f", exit code {report.exit_code}"
+                                                           if report.exit_code is not None else ""))
+        with self._cv:
+            self._next = report
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._next is None:
+                    self._cv.wait()
+                report = self._next
+            body = {"metadata": {"annotations": {protocol.REPORT: protocol.report_payload(report)}}}
+            try:
+                self.api.patch_namespaced_pod(self.pod, self.namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            except Exception as exc:
+                log(f"could not write the report ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
+                time.sleep(RETRY_SECONDS)
+                continue
+            with self._cv:
+                if self._next is report:
+                    self._next = None
+
+
+def restartable(code: int, message: str) -> bool:
+    """Whether workers that exited with ``code`` (and this termination message) may be
+    restarted in this pod: not when they finished, were fatal, or named this node as bad (the
+    pre-flight check, the Neuron runtime's hardware fault): the node must be left."""
+    if code == exitcodes.OK or exitcodes.is_fatal(code) or code == exitcodes.PREFLIGHT:
+        return False
+    finding = runtimefaults.parse_message(message)
+    return finding is None or finding.kind != "device"
+
+
+def _without_preflight(argv: list[str]) -> list[str]:
+    """An in-place restart runs on nodes the gang already trained on: no pre-flight check."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == PREFLIGHT_FLAG:
+            skip = True
+        elif not arg.startswith(PREFLIGHT_FLAG + "="):
+            out.append(arg)
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (torchrun's workers run in sessions of their own, so a
+    signal to the child's group would miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class Agent:
+    def __init__(self, argv: list[str], api, pod: str, namespace: str):
+        self.argv, self.pod = argv, pod
+        self.orders = Orders(api, pod, namespace).start()
+        self.reports = Reports(api, pod, namespace)
+        self.child: subprocess.Popen | None = None
+        self.terminating = threading.Event()
+        fd, self.message_path = tempfile.mkstemp(prefix="trainer-agent-", suffix=".msg")
+        os.close(fd)
+
+    def on_sigterm(self, signum, frame) -> None:
+        """The pod is being deleted: pass it on (the trainer finishes its step and checkpoint)."""
+        self.terminating.set()
+        with self.orders.changed:
+            self.orders.changed.notify_all()
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def spawn(self, attempt: int, first: bool) -> None:
+        Path(self.message_path).write_text("")
+        argv = self.argv if first else _without_preflight(self.argv)
+        env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path}
+        self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
+        log(f"attempt {attempt}: workers started (pid {self.child.pid})")
+
+    def stop_child(self, grace: float) -> None:
+        """SIGTERM the workers' launcher (torchrun stops its workers); after ``grace`` seconds,
+        SIGKILL it and every process under it."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in [*_descendants(child.pid), child.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child.wait()
+        deadline = time.monotonic() + 5.0  # the workers are not our children: see them gone
+        while _descendants(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def message(self) -> str:
+        try:
+            return Path(self.message_path).read_text()[:protocol.MESSAGE_LIMIT]
+        except OSError:
+            return ""
+
+    def end(self, code: int) -> int:
+        """The pod ends with the workers' code and their termination message."""
+        path = os.environ.get(TERMINATION_LOG_ENV)
+        text = self.message()
+        if path and text:
+            try:
+                Path(path).write_text(text)
+            except OSError as exc:
+                log(f"could not write the termination message to {path}: {exc}")
+        Path(self.message_path).unlink(missing_ok=True)
+        return code
+
+    def _newer(self, attempt: int):
+        return lambda order: self.terminating.is_set() or order.attempt > attempt
+
+    def run(self, attempt: int) -> int:
+        first = True
+        while True:
+            self.spawn(attempt, first)
+            self.reports.say(protocol.Report(attempt, "running", time=time.time()))
+            order = None
+            while self.child.poll() is None and order is None and not self.terminating.is_set():
+                order = self.orders.wait(self._newer(attempt), timeout=0.2)
+            if self.terminating.is_set():
+                return self.end(self.child.wait())
+            if order is None:  # the workers exited by themselves
+                code = self.child.returncode
+                if not restartable(code, self.message()):
+                    return self.end(code)
+                self.reports.say(protocol.Report(attempt, "exited", code, self.message(), time.time()))
+                order = self.orders.wait(self._newer(attempt))
+                if self.terminating.is_set():
+                    return self.end(code)
+            else:
+                log(f"attempt {order.attempt} ordered: stopping the workers of attempt {attempt}")
+                self.stop_child(order.grace_seconds)
+            # the barrier: ready for the ordered attempt (or a newer one ordered meanwhile),
+            # start only when the operator says every pod is
+            while True:
+                target = order.attempt
+                self.reports.say(protocol.Report(target, "ready", time=time.time()))
+                order = self.orders.wait(lambda o: self.terminating.is_set() or o.attempt > target
+                                         or (o.attempt == target and o.start))
+                if self.terminating.is_set():
+                    return self.end(exitcodes.TERMINATED)
+                if order.attempt == target and order.start:
+                    break
+            attempt, first = target, False
+
+
+def serve(argv: list[str]) -> int | None:
+    """Run as the pod's agent; None when this is not a pod that can be one (the caller then
+    runs the command itself)."""
+    pod = os.environ.get("POD_NAME")
+    attempt = os.environ.get("ATTEMPT", "")
+    api = connect_api() if pod else None
+    if api is None or not attempt.isdigit():
+        log("no pod or no API server: running without in-place restarts")
+        return None
+    agent = Agent(argv, api, pod, os.environ.get("POD_NAMESPACE", "default"))
+    signal.signal(signal.SIGTERM, agent.on_sigterm)
+    return agent.run(int(attempt))
