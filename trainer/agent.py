@@ -151,24 +151,46 @@ def _without_preflight(argv: list[str]) -> list[str]:
     return out
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (torchrun's workers run in sessions of their own, so a
-    signal to the child's group would miss them)."""
-    children: dict[int, list[int]] = {}
+def _process_table() -> dict[int, tuple[int, int, str]]:
+    """/proc's processes: their number there -> (parent's number there, their pid in their own
+    innermost namespace, state). A pod's /proc may number its host's processes (a container
+    runtime that mounts no /proc of its own, the local cluster's pods), not ours: the NSpid
+    line gives the pid we can signal."""
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines()
+                          if ":" in line)
+            table[int(entry)] = (int(fields["PPid"]), int(fields.get("NSpid", entry).split()[-1]),
+                                 fields.get("State", "?").split()[0])
+        except (OSError, KeyError, ValueError, IndexError):
             continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
+    return table
+
+
+def _descendants(child: int) -> list[tuple[int, int]]:
+    """Every live process under our child ``child`` (torchrun's workers run in sessions of their
+    own, so a signal to the child's group would miss them): (its number in /proc, its pid)."""
+    table = _process_table()
+    me = int(os.readlink("/proc/self"))  # our number in /proc's numbering
+    roots = [n for n, (ppid, local, _) in table.items() if ppid == me and local == child]
+    out, todo = [], list(roots)
     while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
+        parent = todo.pop()
+        for n, (ppid, local, state) in table.items():
+            if ppid == parent and state != "Z":
+                out.append((n, local))
+                todo.append(n)
     return out
+
+
+def _alive(numbers: list[int]) -> bool:
+    """Whether any of these /proc numbers is still a live process (a zombie has let go of
+    everything: its ports, its devices)."""
+    table = _process_table()
+    return any(n in table and table[n][2] != "Z" for n in numbers)
 
 
 class Agent:
@@ -194,7 +216,7 @@ class Agent:
         argv = self.argv if first else _without_preflight(self.argv)
         env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path}
         self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
-        log(f"attempt {attempt}: workers started (pid {self.child.pid})")
+        log(f"attempt {attempt}: workers started (pid {self.child.pid}) at {time.time():.3f}")
 
     def stop_child(self, grace: float) -> None:
         """SIGTERM the workers' launcher (torchrun stops its workers); after ``grace`` seconds,
@@ -208,15 +230,31 @@ class Agent:
             return
         except subprocess.TimeoutExpired:
             pass
-        for pid in [*_descendants(child.pid), child.pid]:
+        under = _descendants(child.pid)
+        for pid in [*(local for _, local in under), child.pid]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         child.wait()
-        deadline = time.monotonic() + 5.0  # the workers are not our children: see them gone
-        while _descendants(child.pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10.0  # the workers are not our children: see them gone
+        while _alive([n for n, _ in under]) and time.monotonic() < deadline:
             time.sleep(0.05)
+        if _alive([n for n, _ in under]):
+            log("some workers of the stopped attempt are still alive after SIGKILL")
+        self.reap()
+
+    @staticmethod
+    def reap() -> None:
+        """Collect orphans that ended (in a container the agent is PID 1: the workers of a
+        killed launcher become its children)."""
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
 
     def message(self) -> str:
         try:

@@ -177,11 +177,14 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
 
     @kopf.on.event("pods", id="wake_on_pod_change", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
     async def wake_on_pod_change(event, namespace, labels, name, body, **_):
-        """Wakes the run's reconcile loop when a pod's shape changes (not on progress reports,
-        which arrive every few seconds from every pod and are read at the next pass)."""
+        """Wakes the run's reconcile loop when a pod's shape changes, its agent's state included
+        (an in-place restart's barrier and recovery wait for it), not on progress reports, which
+        arrive every few seconds from every pod and are read at the next pass."""
         key = (namespace, labels[LABEL_RUN])
         view = pod_view(dict(body))
-        shape = None if event.get("type") == "DELETED" else (view.phase, view.deleting, view.node, view.exit_code, view.unschedulable)
+        said = (view.agent.attempt, view.agent.state) if view.agent else None
+        shape = None if event.get("type") == "DELETED" else (view.phase, view.deleting, view.node, view.exit_code,
+                                                             view.unschedulable, said)
         if pod_shapes.get((namespace, name)) != shape:
             pod_shapes[(namespace, name)] = shape
             if shape is None:

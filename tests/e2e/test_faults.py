@@ -32,6 +32,7 @@ CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "
          "evict": "eviction"}
 QUARANTINES = ("node-not-ready", "neuron-error")
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
+IN_PLACE = ("kill-rank", "hang", "operator-kill")  # the nodes stay trusted: new workers in the same pods
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -177,6 +178,11 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
         kept_out = st.get("quarantinedNodes") if fault in QUARANTINES else [a["node"] for a in st.get("avoidedNodes", [])]
         assert kept_out == [hit], st
         assert not [r["name"] for r in records if r["node"] == hit and r["created"] > fault_time]
+    # restarted in place (no pod created after the fault) when the nodes stayed trusted
+    assert st["failures"][-1].get("restart") == ("inPlace" if fault in IN_PLACE else "recreate"), st["failures"][-1]
+    if fault in IN_PLACE:
+        assert st.get("restartsInPlace") == 1, st
+        assert not [r["name"] for r in records if r["created"] > fault_time], "an in-place restart created pods"
     if fault not in QUARANTINES:
         assert not st.get("quarantinedNodes")
     if fault not in AVOIDS:

@@ -31,6 +31,7 @@ EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "straggler", "hang", "operator-kill", "evict")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
+WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started \(pid \d+\) at ([0-9.]+)")
 
 
 def manifest(name: str, data: dict[str, str], workdir: Path, prepared: bool = True, **groups) -> dict:
@@ -108,9 +109,13 @@ class ProcessSampler:
             return None
         key = (pid, start)
         if key not in self._pid_attempt:
-            pod = podprocs.process_env(pid).get("LOCALPOD", "")
-            m = re.match(re.escape(self.prefix) + r"(\d+)-\d+/", pod)
-            self._pid_attempt[key] = int(m.group(1)) if m else None
+            env = podprocs.process_env(pid)
+            m = re.match(re.escape(self.prefix) + r"(\d+)-\d+/", env.get("LOCALPOD", ""))
+            # a worker's attempt is its ATTEMPT (an in-place restart's workers run in the pods
+            # of an earlier attempt); the pod's agent outlives every attempt it runs: not counted
+            attempt = env.get("ATTEMPT", "")
+            self._pid_attempt[key] = None if not m or podprocs.is_agent(pid) else (
+                int(attempt) if attempt.isdigit() else int(m.group(1)))
         return self._pid_attempt[key]
 
     def _loop(self) -> None:
@@ -188,8 +193,12 @@ def resumes(pods_root: Path, namespace: str, run: str) -> list[dict]:
         if rec.get("namespace") != namespace or not rec["name"].startswith(f"{run}-a"):
             continue
         log = Path(rec["dir"]) / podprocs.LOG
-        for m in RESUMED.finditer(log.read_text(errors="replace") if log.exists() else ""):
-            out.append({"pod": rec["name"], "started": rec["started"], "uri": m.group(1), "step": int(m.group(2))})
+        text = log.read_text(errors="replace") if log.exists() else ""
+        starts = [(m.start(), float(m.group(1))) for m in WORKERS_STARTED.finditer(text)]
+        for m in RESUMED.finditer(text):
+            # workers started in place by the pod's agent started later than their pod
+            started = max((t for at, t in starts if at < m.start()), default=rec["started"])
+            out.append({"pod": rec["name"], "started": started, "uri": m.group(1), "step": int(m.group(2))})
     return out
 
 

@@ -228,13 +228,14 @@ def evict_pod(core, namespace: str, pod: str) -> None:
 # These act on this machine's processes, found through the runner's records (podprocs.py).
 
 def hang_pod(pods_root, namespace: str, pod: str) -> list[int]:
-    """SIGSTOP every process of the pod: it stays Running and writes nothing, like a job stuck
-    in a collective or a frozen device. Returns the PIDs stopped; ``unhang_pod`` undoes it."""
+    """SIGSTOP every process of the pod but its agent (in-place restarts): it stays Running and
+    its workers write nothing, like a job stuck in a collective or a frozen device (the
+    process around the workers still answers). Returns the PIDs stopped; ``unhang_pod`` undoes it."""
     import signal
 
     from . import podprocs
     return podprocs.signal_all(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod)),
-                               signal.SIGSTOP)
+                               signal.SIGSTOP, spare_agent=True)
 
 
 def unhang_pod(pods_root, namespace: str, pod: str) -> list[int]:

@@ -76,10 +76,23 @@ def process_env(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
-def signal_all(init_pid: int, sig: int) -> list[int]:
-    """Send ``sig`` to every process of the pod; returns the PIDs signalled."""
+def is_agent(pid: int) -> bool:
+    """Whether ``pid`` is a pod's agent (trainer.launch --agent: in-place restarts)."""
+    from trainium_api.launch import AGENT_FLAG
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return "trainer.launch" in argv and AGENT_FLAG in argv
+
+
+def signal_all(init_pid: int, sig: int, spare_agent: bool = False) -> list[int]:
+    """Send ``sig`` to every process of the pod (but its agent, with ``spare_agent``); returns
+    the PIDs signalled."""
     done = []
     for pid in namespace_pids(init_pid):
+        if spare_agent and is_agent(pid):
+            continue
         try:
             os.kill(pid, sig)
             done.append(pid)
