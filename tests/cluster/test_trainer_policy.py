@@ -30,7 +30,7 @@ def test_the_operator_ensures_the_policy_with_the_trainer_rbac():
     assert admission.trainer_policy()[0] in made and admission.trainer_policy()[1] in made
     role = next(o for o in made if o["kind"] == "Role")
     assert role["metadata"]["name"] == "trainium-trainer-r"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"],
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
                               "resourceNames": ["r-a1-0", "r-a1-1"]}]  # the attempt this pass starts
     assert {(o["kind"], o["metadata"]["name"]) for o in made if o["kind"] in ("ServiceAccount", "RoleBinding")} == {
         ("ServiceAccount", "trainium-trainer-r"), ("RoleBinding", "trainium-trainer-r")}
@@ -90,8 +90,19 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
     assert err is not None and err.status in (403, 422) and "only the pod its token is bound to" in err.body, err
     assert patch(mine, progress) is None  # its own pod's progress: allowed
     assert core_api.read_namespaced_pod(mine, namespace).metadata.annotations[ANN] == '{"step": 3}'
-    from trainium_api import preflight
+    from trainium_api import agent, preflight
     assert patch(mine, {"metadata": {"annotations": {preflight.ANNOTATION: preflight.RUNNING}}}) is None  # its launcher's
+    # its agent (in-place restarts): reports on its pod and watches it by name for the
+    # operator's orders, but never writes an order, and lists no pod it is not named for
+    report = agent.report_payload(agent.Report(1, "ready"))
+    assert patch(mine, {"metadata": {"annotations": {agent.REPORT: report}}}) is None
+    err = patch(mine, {"metadata": {"annotations": {agent.ORDER: agent.order_payload(agent.Order(2, True))}}})
+    assert err is not None and err.status in (403, 422) and "may change only" in err.body, err
+    seen = trainer.list_namespaced_pod(namespace, field_selector=f"metadata.name={mine}", watch=False)
+    assert [p.metadata.name for p in seen.items] == [mine]
+    with pytest.raises(ApiException) as refused:
+        trainer.list_namespaced_pod(namespace)
+    assert refused.value.status == 403
     for what, body in [("another annotation", {"metadata": {"annotations": {"other": "x"}}}),
                        ("a label", {"metadata": {"labels": {"app": "forged"}}}),
                        ("the progress and a label", {"metadata": {"annotations": {ANN: "{}"}, "labels": {"x": "y"}}}),
