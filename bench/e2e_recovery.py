@@ -2,12 +2,16 @@
 local control plane (process-backed nodes), 2 nodes x 2 ranks (TP 2 x DP 2).
 
     python bench/e2e_recovery.py [--faults kill-rank,node-not-ready,...] [--steps 40] [--fault-at 18]
+                                 [--restart both|in-place|recreate]
 
 For each fault: fault injected -> detected by the operator -> every pod of the new gang running
 -> the first new step -> back at the step of the failure, from the trainer's own step times;
 the seconds lost (trainer's clock) next to the operator's lost seconds by phase and its goodput.
 The peer is the same run without a fault, measured in the same session: the table's last
-column is the faulted run's wall time over the uninterrupted run's. Everything started is
+column is the faulted run's wall time over the uninterrupted run's. With ``--restart both``
+(the default) every fault runs twice, with in-place restarts (faultTolerance.inPlaceRestarts,
+the default) and with the gang recreated (inPlaceRestarts 0, the peer of the second table),
+and the second table compares fault -> first new step between the two, as a ratio. Everything started is
 stopped at the end, on Ctrl-C and on errors.
 """
 
@@ -28,7 +32,7 @@ from localcluster import drill  # noqa: E402
 from localcluster.cluster import Cluster, free_base_port  # noqa: E402
 
 
-def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None) -> dict:
+def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None, in_place: bool = True) -> dict:
     from kubernetes import client
     core = client.CoreV1Api(cluster.api_client())
     drill.new_namespace(core, name)
@@ -37,6 +41,8 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
                           logging={"interval": 5, "progressIntervalSeconds": 1})
     if fault == "hang":
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "hangTimeoutFloorSeconds": 8}
+    if not in_place:
+        body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "inPlaceRestarts": 0}
     d = drill.Drill(cluster, name, body)
     d.create()
     out: dict = {"fault": fault or "none (peer)"}
@@ -53,7 +59,8 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
         tl = drill.timeline(d, fault_time, failed_step)
         rel = (lambda t: round(t - fault_time, 2) if t else None)
         out.update(detected=rel(tl.detected), running=rel(tl.gang_running), first=rel(tl.first_step),
-                   caught_up=rel(tl.caught_up), resumed=tl.resumed_step, failed_step=failed_step)
+                   caught_up=rel(tl.caught_up), resumed=tl.resumed_step, failed_step=failed_step,
+                   restart=(st.get("failures") or [{}])[-1].get("restart") or "-")
     drill.heal_process_nodes(core)
     return out
 
@@ -64,7 +71,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--fault-at", type=int, default=18)
     ap.add_argument("--checkpoint-every", type=int, default=5)
+    ap.add_argument("--restart", choices=("both", "in-place", "recreate"), default="both",
+                    help="in-place restarts on, off (the gang recreated), or each fault both ways")
     args = ap.parse_args()
+    modes = {"both": (True, False), "in-place": (True,), "recreate": (False,)}[args.restart]
     stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from trainer import tinydata
@@ -84,9 +94,12 @@ def main() -> int:
         print(f"peer (no fault): wall {peer['wall']:.1f}s, goodput {peer['ratio']} (trainer {peer['truth_ratio']:.3f})",
               flush=True)
         for i, fault in enumerate(args.faults.split(",")):
-            r = one_run(cluster, operator, work, data, f"f{i}-{fault}", args, fault)
-            print(f"{fault}: {r}", flush=True)
-            rows.append(r)
+            for in_place in modes:
+                r = one_run(cluster, operator, work, data, f"f{i}-{fault}-{'ip' if in_place else 'rc'}", args, fault,
+                            in_place)
+                r["mode"] = "in place allowed" if in_place else "recreate (inPlaceRestarts 0)"
+                print(f"{fault} ({r['mode']}): {r}", flush=True)
+                rows.append(r)
     finally:
         if operator:
             operator.stop()
@@ -95,14 +108,20 @@ def main() -> int:
     fmt = (lambda x: "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x))
     print(f"\n{args.steps} steps, fault after step {args.fault_at}, checkpoints every {args.checkpoint_every}; "
           "times in seconds from the fault\n")
-    print(table(["fault", "detected", "gang running", "first new step", "back at failed step", "resumed at",
+    print(table(["fault", "restart", "detected", "gang running", "first new step", "back at failed step", "resumed at",
                  "lost (trainer)", "lost detect/teardown/schedule/recompute (operator)", "goodput operator",
                  "goodput trainer", "wall / peer wall"],
-                [[r["fault"], fmt(r["detected"]), fmt(r["running"]), fmt(r["first"]), fmt(r["caught_up"]),
+                [[r["fault"], r["restart"], fmt(r["detected"]), fmt(r["running"]), fmt(r["first"]), fmt(r["caught_up"]),
                   f"{r['resumed']} (failed {r['failed_step']})", fmt(r["true_lost"] - peer["true_lost"]),
                   "/".join(fmt(r["lost"].get(k)) for k in ("detect", "teardown", "schedule", "recompute")),
                   f"{r['ratio']:.3f}", f"{r['truth_ratio']:.3f}", fmt(r["wall"] / peer["wall"])] for r in rows]))
     print("\nlost (trainer): seconds lost to the fault by the trainer's clock, beyond the peer's own start-up")
+    if len(modes) == 2:
+        pairs = [(a, b) for a, b in zip(rows[::2], rows[1::2])]
+        print("\nfault -> first new step, in place against the same fault with the gang recreated (same session)\n")
+        print(table(["fault", "restart done", "first new step", "recreated: first new step", "ratio"],
+                    [[a["fault"], a["restart"], fmt(a["first"]), fmt(b["first"]),
+                      fmt(a["first"] / b["first"]) if a["first"] and b["first"] else "-"] for a, b in pairs]))
     return 0
 
 

@@ -9,6 +9,10 @@ When a worker fails, what the Neuron runtime printed about it (a hardware fault,
 new process, a lost peer: trainium_api.runtimefaults) goes into the container's termination
 message, at the path the operator names in TERMINATION_LOG_ENV (its pods set it to the
 container's terminationMessagePath; unset, nothing is written: we are not in such a pod).
+
+``--agent`` first (in-place restarts): this process becomes the pod's agent (trainer.agent),
+which runs the rest of the command as ``python -m trainer.launch`` in a child and starts new
+workers on the operator's order instead of ending the pod.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ def _run_gauge(name: str, doc: str, extra: list[str] | None = None) -> Gauge:
 
 phase = _run_gauge("trainium_run_phase", "1 for the run's current phase, 0 for the others", ["phase"])
 restarts = _run_gauge("trainium_run_restarts", "Gang restarts so far, by cause (status.restarts)", ["cause"])
+restarts_in_place = _run_gauge("trainium_run_restarts_in_place", "Of the gang restarts, those done in place: the "
+                               "gang's pods kept, new workers (status.restartsInPlace)")
 goodput_ratio = _run_gauge("trainium_run_effective_training_ratio", "Productive / wall time since creation")
 lost = _run_gauge("trainium_run_lost_seconds", "Lost time by phase (detect, teardown, schedule, recompute)",
                   ["phase"])
@@ -68,7 +70,7 @@ for _cause in CAUSES:  # present from the start, so the first failure of a cause
 
 _SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, eval_perplexity, checkpoint_step,
            checkpoint_time,
-           checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers)
+           checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers, restarts_in_place)
 
 
 def serve(port: int) -> None:
@@ -103,6 +105,7 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
         phase.labels(*labels, p).set(1 if (status.phase or "Pending") == p else 0)
     for cause in CAUSES:
         restarts.labels(*labels, cause).set(status.restarts.get(cause, 0))
+    restarts_in_place.labels(*labels).set(status.restarts_in_place)
     gp = status.goodput
     _set(goodput_ratio, labels, gp.effective_ratio if gp else None)
     for p in PHASES:
