@@ -32,7 +32,7 @@ from pathlib import Path
 
 from trainium_api import agent as protocol
 from trainium_api import exitcodes, runtimefaults
-from trainium_api.launch import PREFLIGHT_FLAG, TERMINATION_LOG_ENV
+from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
 from .progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
@@ -80,11 +80,14 @@ class Orders:
                 log(f"watching pod {self.pod} for orders failed ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
                 time.sleep(RETRY_SECONDS)
 
-    def wait(self, accept, timeout: float | None = None) -> protocol.Order | None:
-        """The newest order that ``accept`` takes, waiting up to ``timeout`` (None: forever)."""
+    def wait(self, accept, timeout: float | None = None, stop: threading.Event | None = None) -> protocol.Order | None:
+        """The newest order that ``accept`` takes, waiting up to ``timeout`` (None: forever);
+        None once ``stop`` is set."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.changed:
             while True:
+                if stop is not None and stop.is_set():
+                    return None
                 if self.latest is not None and accept(self.latest):
                     return self.latest
                 left = None if deadline is None else deadline - time.monotonic()
@@ -170,18 +173,18 @@ def _process_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def _descendants(child: int) -> list[tuple[int, int]]:
-    """Every live process under our child ``child`` (torchrun's workers run in sessions of their
-    own, so a signal to the child's group would miss them): (its number in /proc, its pid)."""
+def _under_me() -> list[tuple[int, int, int]]:
+    """Every live process under this one (the workers' launcher, its workers in sessions of
+    their own, and orphans of theirs: the agent is their subreaper, or PID 1 in a container):
+    (its number in /proc, its pid, its parent's number in /proc)."""
     table = _process_table()
     me = int(os.readlink("/proc/self"))  # our number in /proc's numbering
-    roots = [n for n, (ppid, local, _) in table.items() if ppid == me and local == child]
-    out, todo = [], list(roots)
+    out, todo = [], [me]
     while todo:
         parent = todo.pop()
         for n, (ppid, local, state) in table.items():
             if ppid == parent and state != "Z":
-                out.append((n, local))
+                out.append((n, local, ppid))
                 todo.append(n)
     return out
 
@@ -211,50 +214,65 @@ class Agent:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
 
-    def spawn(self, attempt: int, first: bool) -> None:
+    def spawn(self, attempt: int, first: bool, check: bool = False) -> None:
+        """``check``: run the pre-flight check again (ordered after a hang), trusting no node."""
         Path(self.message_path).write_text("")
-        argv = self.argv if first else _without_preflight(self.argv)
+        argv = self.argv if first or check else _without_preflight(self.argv)
         env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path}
+        if check:
+            env.pop(PREFLIGHT_PASSED_ENV, None)
         self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
         log(f"attempt {attempt}: workers started (pid {self.child.pid}) at {time.time():.3f}")
+        if self.terminating.is_set():  # a SIGTERM that came while it was being started
+            self.child.send_signal(signal.SIGTERM)
 
-    def stop_child(self, grace: float) -> None:
-        """SIGTERM the workers' launcher (torchrun stops its workers); after ``grace`` seconds,
-        SIGKILL it and every process under it."""
-        child = self.child
-        if child is None or child.poll() is not None:
-            return
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(grace)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-        under = _descendants(child.pid)
-        for pid in [*(local for _, local in under), child.pid]:
+    def clear(self, grace: float) -> bool:
+        """Stop every process under the agent: SIGTERM (torchrun passes it to its workers, which
+        save as on any teardown), SIGKILL after ``grace`` seconds. Whether none is left: until
+        then no new attempt may start here (the barrier's promise)."""
+        under = _under_me()
+        for _, pid, _ in under:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        numbers = [n for n, _, _ in under]
+        deadline = time.monotonic() + grace
+        while _alive(numbers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        under = _under_me()  # and what they started meanwhile
+        for _, pid, _ in under:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        child.wait()
-        deadline = time.monotonic() + 10.0  # the workers are not our children: see them gone
-        while _alive([n for n, _ in under]) and time.monotonic() < deadline:
+        numbers += [n for n, _, _ in under]
+        deadline = time.monotonic() + 10.0
+        while _alive(numbers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive([n for n, _ in under]):
-            log("some workers of the stopped attempt are still alive after SIGKILL")
+        if self.child is not None:
+            self.child.wait()
         self.reap()
+        if _alive(numbers):
+            log("processes of the stopped attempt are still alive after SIGKILL (a process stuck in the "
+                "kernel: the node is suspect)")
+            return False
+        return True
 
-    @staticmethod
-    def reap() -> None:
-        """Collect orphans that ended (in a container the agent is PID 1: the workers of a
-        killed launcher become its children)."""
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+    def stop_child(self, grace: float) -> bool:
+        return self.clear(grace)
+
+    def reap(self) -> None:
+        """Collect orphans that ended (the agent is their subreaper, or PID 1 in a container),
+        never the current child: its Popen collects that one."""
+        me = int(os.readlink("/proc/self"))
+        mine = self.child.pid if self.child is not None else None
+        for n, (ppid, local, state) in _process_table().items():
+            if ppid == me and state == "Z" and local != mine:
+                try:
+                    os.waitpid(local, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
     def message(self) -> str:
         try:
@@ -275,16 +293,18 @@ class Agent:
         return code
 
     def _newer(self, attempt: int):
-        return lambda order: self.terminating.is_set() or order.attempt > attempt
+        return lambda order: order.attempt > attempt
 
     def run(self, attempt: int) -> int:
-        first = True
+        first, check = True, False
         while True:
-            self.spawn(attempt, first)
+            if self.terminating.is_set():
+                return self.end(exitcodes.TERMINATED)
+            self.spawn(attempt, first, check)
             self.reports.say(protocol.Report(attempt, "running", time=time.time()))
             order = None
             while self.child.poll() is None and order is None and not self.terminating.is_set():
-                order = self.orders.wait(self._newer(attempt), timeout=0.2)
+                order = self.orders.wait(self._newer(attempt), timeout=0.2, stop=self.terminating)
             if self.terminating.is_set():
                 return self.end(self.child.wait())
             if order is None:  # the workers exited by themselves
@@ -292,24 +312,35 @@ class Agent:
                 if not restartable(code, self.message()):
                     return self.end(code)
                 self.reports.say(protocol.Report(attempt, "exited", code, self.message(), time.time()))
-                order = self.orders.wait(self._newer(attempt))
-                if self.terminating.is_set():
+                order = self.orders.wait(self._newer(attempt), stop=self.terminating)
+                if order is None:  # SIGTERM: the pod is being deleted
                     return self.end(code)
             else:
                 log(f"attempt {order.attempt} ordered: stopping the workers of attempt {attempt}")
-                self.stop_child(order.grace_seconds)
+            # nothing of this attempt may outlive it (workers that outlived their launcher too)
+            if not self.clear(order.grace_seconds):
+                return self.end(self.child.returncode if self.child.returncode not in (None, 0) else 1)
             # the barrier: ready for the ordered attempt (or a newer one ordered meanwhile),
             # start only when the operator says every pod is
             while True:
                 target = order.attempt
                 self.reports.say(protocol.Report(target, "ready", time=time.time()))
-                order = self.orders.wait(lambda o: self.terminating.is_set() or o.attempt > target
-                                         or (o.attempt == target and o.start))
-                if self.terminating.is_set():
+                order = self.orders.wait(lambda o: o.attempt > target or (o.attempt == target and o.start),
+                                         stop=self.terminating)
+                if order is None:
                     return self.end(exitcodes.TERMINATED)
                 if order.attempt == target and order.start:
                     break
-            attempt, first = target, False
+            attempt, first, check = target, False, order.preflight
+
+
+def _become_subreaper() -> None:
+    """Orphaned workers are reparented to the agent (when it is not PID 1), so that it finds them."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def serve(argv: list[str]) -> int | None:
@@ -321,6 +352,7 @@ def serve(argv: list[str]) -> int | None:
     if api is None or not attempt.isdigit():
         log("no pod or no API server: running without in-place restarts")
         return None
+    _become_subreaper()
     agent = Agent(argv, api, pod, os.environ.get("POD_NAMESPACE", "default"))
     signal.signal(signal.SIGTERM, agent.on_sigterm)
     return agent.run(int(attempt))

@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 
 from trainium_api import exitcodes, preflight
-from trainium_api.launch import TERMINATION_LOG_ENV
+from trainium_api.launch import PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
 MATMUL_SIZE = 512
 MATMULS_PER_SAMPLE = 30  # one sample ~0.1 s on a CPU core: long enough that a slowdown shows in each
@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
     node = os.environ.get("NODE_NAME") or socket.gethostname()
     started = time.perf_counter()
-    passed = {n for n in os.environ.get("TRAINER_PREFLIGHT_PASSED", "").split(",") if n}
+    passed = {n for n in os.environ.get(PREFLIGHT_PASSED_ENV, "").split(",") if n}
     trusted: list = [None] * world
     dist.all_gather_object(trusted, node in passed)
     if all(trusted):  # every node passed this run's check recently (faultTolerance.preflightSkipMinutes)

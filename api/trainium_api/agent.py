@@ -5,7 +5,7 @@ workers (torchrun) as its child and outlives them. It reports on its own pod, in
 :data:`REPORT` (written by code in the run's pod: parsed strictly, bounded):
 
 - ``running``: the workers of ``attempt`` run;
-- ``exited``: the workers of ``attempt`` exited by themselves with ``exitCode`` (``message``: what
+- ``exited``: the workers of ``attempt`` exited by themselves (never with 0: the pod ends then) with ``exitCode`` (``message``: what
   the container's termination message would have said); the pod stays, waiting for an order;
 - ``ready``: the workers of every earlier attempt are gone; the agent waits to start ``attempt``.
 
@@ -48,6 +48,8 @@ class Order:
     attempt: int
     start: bool = False
     grace_seconds: float = 30.0
+    preflight: bool = False
+    """Run the pre-flight check before the new workers (after a hang); else it is skipped."""
 
 
 def report_payload(report: Report) -> str:
@@ -56,8 +58,8 @@ def report_payload(report: Report) -> str:
 
 
 def order_payload(order: Order) -> str:
-    return json.dumps({"attempt": order.attempt, "start": order.start, "graceSeconds": order.grace_seconds},
-                      separators=(",", ":"))
+    return json.dumps({"attempt": order.attempt, "start": order.start, "graceSeconds": order.grace_seconds,
+                       "preflight": order.preflight}, separators=(",", ":"))
 
 
 def _load(text) -> dict | None:
@@ -86,7 +88,7 @@ def parse_report(text) -> Report | None:
         return None
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -255 <= code <= 255):
         return None
-    if state == "exited" and code is None:
+    if state == "exited" and not code:  # workers that finished end the pod
         return None
     if not isinstance(message, str):
         message = ""
@@ -105,4 +107,4 @@ def parse_order(text) -> Order | None:
     grace = data.get("graceSeconds", 30.0)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
         grace = 30.0
-    return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)))
+    return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)), data.get("preflight") is True)

@@ -24,3 +24,6 @@ PREFLIGHT_SECONDS_FILE_ENV = "TRAINER_PREFLIGHT_SECONDS_FILE"
 # pod's agent (trainer.agent), which runs the rest of the command as its child and starts new
 # workers on the operator's order (trainium_api.agent) instead of ending the pod.
 AGENT_FLAG = "--agent"
+# Nodes that passed the run's pre-flight check recently (the operator's; the check is skipped
+# when every pod is on one). An in-place restart after a hang starts its workers without it.
+PREFLIGHT_PASSED_ENV = "TRAINER_PREFLIGHT_PASSED"

@@ -203,6 +203,8 @@ class AttemptStatus(_Written):
     """How this attempt's failure is being restarted (while Restarting)."""
     in_place_streak: int = 0
     """In-place restarts of this gang in a row without the checkpoint step advancing."""
+    preflight_check: bool = False
+    """An attempt restarted in place whose agents run the pre-flight check again (after a hang)."""
 
 
 @dataclass

@@ -104,3 +104,11 @@ def ready(pods: list[PodView], target: int) -> bool:
 def unordered(pods: list[PodView], order: Order) -> list[PodView]:
     """The pods that do not carry ``order`` yet (orders are written again until they do)."""
     return [p for p in pods if p.order is None or (p.order.attempt, p.order.start) < (order.attempt, order.start)]
+
+
+def ahead(pods: list[PodView], attempt: int) -> bool:
+    """Whether the gang already runs, or was told to start, an attempt after ``attempt``: the
+    status this pass read is older than the one that recorded it (pods of an in-place restart
+    keep their labels, so only their annotations tell)."""
+    return any((p.order is not None and p.order.start and p.order.attempt > attempt)
+               or (p.agent is not None and p.agent.state == "running" and p.agent.attempt > attempt) for p in pods)

@@ -18,7 +18,7 @@ from datetime import datetime
 import yaml
 
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
+from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_PASSED_ENV, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
@@ -221,7 +221,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if itype["neuron"] and spec.preflight_on():  # the pre-flight check counts the container's devices
         env_list.append({"name": "TRAINER_PREFLIGHT_DEVICES", "value": itype["resources"]["aws.amazon.com/neuron"]})
     if spec.preflight_on() and preflight_trusted:
-        env_list.append({"name": "TRAINER_PREFLIGHT_PASSED", "value": ",".join(sorted(preflight_trusted))})
+        env_list.append({"name": PREFLIGHT_PASSED_ENV, "value": ",".join(sorted(preflight_trusted))})
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                  {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]

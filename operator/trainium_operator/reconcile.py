@@ -166,7 +166,9 @@ def reconcile(snap: Snapshot) -> Result:
         return Result(changed_fields(old, new), effects, None, new)
     p = Pass(snap.run, spec, old, new, snap.pods, snap.nodes, snap.now, snap.checkpoint, snap.disruption,
              snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host)
-    if p.newer:  # this pass read a status older than the one that started them: decide nothing
+    if p.newer or inplace.ahead(p.gang, old.attempt):
+        # this pass read a status older than the one that started them (or, in place, that
+        # ordered their start): decide nothing
         return Result({}, [], spec, old)
     _observe(p)
     if old.phase not in TERMINAL:
@@ -396,14 +398,15 @@ def _teardown_in_place(p: Pass) -> None:
     target, gang = p.old.attempt + 1, p.gang
     since = p.old.current.teardown_start_time or p.now
     lost = [x.name for x in gang if x.deleting or x.phase != "Running"]
-    if lost or len(gang) < p.spec.nodes or p.now - since > p.grace + inplace.ANSWER_SLACK_SECONDS:
+    ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
+    if lost or len(gang) < p.spec.nodes or (not ready and p.now - since > p.grace + inplace.ANSWER_SLACK_SECONDS):
         why = (f"pod {lost[0]} is {'going' if gang and next(x for x in gang if x.name == lost[0]).deleting else 'no longer running'}"
                if lost else "a pod of the gang is gone" if len(gang) < p.spec.nodes else
                f"not every agent said its workers stopped within {p.grace + inplace.ANSWER_SLACK_SECONDS:.0f}s")
         _give_up_in_place(p, why)
         return
     stop = Order(target, start=False, grace_seconds=float(p.grace))
-    if not inplace.ready(gang, target):
+    if not ready:
         p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(gang, stop)]
         return
     last = p.new.failures[-1] if p.new.failures else None
@@ -418,8 +421,8 @@ def _give_up_in_place(p: Pass, why: str) -> None:
     """Recreate the gang after all: delete its pods (the normal teardown from here)."""
     p.new.current.restart, p.new.current.teardown_start_time = "recreate", p.now
     last = p.new.failures[-1] if p.new.failures else None
-    if last is not None:
-        last.restart = "recreate"
+    if last is not None:  # its teardown is the pods' deletion from now on
+        last.restart, last.teardown_done_time = "recreate", None
     p.new.restarts_in_place = max(0, p.old.restarts_in_place - 1)
     p.event("InPlaceRestartGivenUp", f"attempt {p.old.attempt + 1}: {why}; recreating the gang", warning=True)
     _stop(p, p.gang, p.now)
@@ -431,16 +434,20 @@ def _start_in_place(p: Pass, target: int) -> None:
     old, new = p.old, p.new
     resume = p.checkpoint or old.last_checkpoint
     new.phase, new.attempt = "Starting", target
+    last = new.failures[-1] if new.failures else None
+    # after a hang the gang is checked again (a device hang looks like one), in place too
+    check = p.spec.preflight_on() and last is not None and last.cause == "hang"
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume, gang_attempt=inplace.gang_attempt(old),
                                 in_place_streak=inplace.next_streak(old, resume.step if resume else None),
-                                preflight_trusted=list(old.current.preflight_trusted))
+                                preflight_trusted=[] if check else list(old.current.preflight_trusted),
+                                preflight_check=check)
     _order_start(p, new.current.gang_attempt, target)
     p.event("Restarted", f"attempt {target}: restarted in place in the {len(p.gang)} pods of attempt "
             f"{new.current.gang_attempt} (no pod deleted or created)")
 
 
 def _order_start(p: Pass, gang_attempt: int, attempt: int) -> None:
-    start = Order(attempt, start=True, grace_seconds=float(p.grace))
+    start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check)
     p.effects += [OrderPod(x.name, start) for x in inplace.unordered(
         [x for x in p.pods if x.attempt == gang_attempt], start)]
 

@@ -1,37 +1,59 @@
-"""The pod agent's process handling (trainer.agent), with real processes: it finds and stops
-every process under the workers' launcher, sessions of their own included (torchrun starts each
-worker in a new session), and decides which exits a restart in place may follow."""
+"""The pod agent's process handling (trainer.agent), with real processes: it stops every process
+under it (sessions of their own included: torchrun starts each worker in a new session; and
+workers that outlived their launcher), and decides which exits a restart in place may follow.
+The agent part runs in a child process of its own: it stops everything under it, which in the
+test process would include the test tier's control plane."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import time
 
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG
 from trainer import agent
 
-TREE = ("import os, subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+# a launcher with a worker in its own session that ignores SIGTERM, and one in its session;
+# LAUNCHER_EXITS: the launcher itself ends on SIGTERM at once, leaving the workers behind
+TREE = ("import os, subprocess, sys, time, signal\n"
         "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "time.sleep(60)'])\n"
-        "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "time.sleep(60)'], start_new_session=True)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "if not int(sys.argv[1]): signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "time.sleep(60)\n")
+AGENT_SIDE = """
+import json, subprocess, sys, time
+from trainer import agent
+a = agent.Agent.__new__(agent.Agent)  # the process part only: no API server here
+agent._become_subreaper()
+a.child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+deadline = time.monotonic() + 20
+while len(agent._under_me()) < 3 and time.monotonic() < deadline:
+    time.sleep(0.05)
+under = [n for n, _, _ in agent._under_me()]
+started = time.monotonic()
+ok = a.clear(grace=0.5)
+print(json.dumps({"found": len(under), "ok": ok, "left": agent._alive(under), "seconds": time.monotonic() - started,
+                  "launcher": a.child.returncode}))
+"""
 
 
-def test_a_stop_reaches_every_process_under_the_launcher_even_when_it_ignores_sigterm():
-    a = agent.Agent.__new__(agent.Agent)  # the process part only: no API server in this test
-    a.child = subprocess.Popen([sys.executable, "-c", TREE])
-    deadline = time.monotonic() + 20
-    while len(agent._descendants(a.child.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    under = agent._descendants(a.child.pid)
-    assert len(under) == 2, under
-    started = time.monotonic()
-    a.stop_child(grace=0.5)  # everything ignores SIGTERM: SIGKILL after the grace
-    assert time.monotonic() - started < 10
-    assert a.child.poll() is not None and not agent._alive([n for n, _ in under])
+def _stop(launcher_exits: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", AGENT_SIDE, TREE, str(launcher_exits)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_stop_reaches_every_process_even_those_ignoring_sigterm():
+    got = _stop(0)
+    assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] < 10, got
+
+
+def test_workers_that_outlive_their_launcher_are_stopped_before_the_agent_says_ready():
+    got = _stop(1)  # the launcher ends on SIGTERM; one worker does not: found and killed all the same
+    assert got["found"] == 3 and got["ok"] and not got["left"] and got["launcher"] is not None, got
 
 
 def test_which_exits_may_be_restarted_in_place_and_the_check_is_not_run_again():

@@ -132,6 +132,34 @@ def test_an_agent_that_does_not_answer_and_a_pod_that_goes_recreate_the_gang():
     assert r.status["current"]["restart"] == "recreate"
 
 
+def test_a_long_backoff_a_stale_status_and_a_late_give_up_keep_the_restart_right():
+    status = started_run()
+    crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
+    spec = {**SPEC, "faultTolerance": {"backoffSeconds": 60}}
+    r = reconcile_objects(run_with(status, spec), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)
+    status.update(r.status)
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    ready = [pod(i, report={"attempt": 2, "state": "ready"}, order=stop) for i in range(2)]
+    r = reconcile_objects(run_with(status, spec), ready, NODES, now=62.0)
+    status.update(r.status)
+    # every agent ready, the backoff (60 s) longer than grace + slack: waited for, not given up
+    r = reconcile_objects(run_with(status, spec), ready, NODES, now=106.0)
+    assert "InPlaceRestartGivenUp" not in [e.reason for e in r.effects if e.kind == "event"]
+    assert not [e for e in r.effects if e.kind == "delete_pod"]
+    r = reconcile_objects(run_with(status, spec), ready, NODES, now=121.0)
+    assert r.status["attempt"] == 2 and r.status["current"]["gangAttempt"] == 1
+    # a pass that read the status from before the start (the agents already run attempt 2)
+    go = {"attempt": 2, "start": True, "graceSeconds": 30.0}
+    r = reconcile_objects(run_with(status, spec), [pod(i, report=running(2), order=go) for i in range(2)], NODES,
+                          now=122.0)
+    assert r.status == {} and r.effects == []
+    # given up after the barrier had passed: the record's teardown is the deletion's again
+    late = {**status, "failures": [{**status["failures"][-1], "teardownDoneTime": 62.0}]}
+    gone = [ready[0], pod(1, report={"attempt": 2, "state": "ready"}, order=stop, deleting=True)]
+    r = reconcile_objects(run_with(late, spec), gone, NODES, now=70.0)
+    assert r.status["failures"][-1].get("teardownDoneTime") is None and r.status["failures"][-1]["restart"] == "recreate"
+
+
 def test_only_failures_that_leave_the_nodes_trusted_and_answering_agents_restart_in_place():
     status = started_run()
     crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
@@ -173,3 +201,4 @@ def test_the_agent_protocol_parses_strictly():
     for bad in (None, "{}", '{"attempt": -1}', '{"attempt": 2, "start": "yes"}'):
         assert agent.parse_order(bad) is None, bad
     assert agent.parse_order('{"attempt": 2, "graceSeconds": 1e300}').grace_seconds == 3600.0
+    assert agent.parse_report('{"attempt": 1, "state": "exited", "exitCode": 0}') is None  # finished workers end the pod
