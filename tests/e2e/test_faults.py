@@ -28,11 +28,11 @@ STEPS = 40
 FAULT_AT = 18  # steps trained before the fault (checkpoints every 5: step 15 is complete by then)
 CHECKPOINT_EVERY = 5
 CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "neuron-device",
-         "runtime-fault": "neuron-device", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
+         "runtime-fault": "neuron-device", "runtime-restart": "application", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
          "evict": "eviction"}
 QUARANTINES = ("node-not-ready", "neuron-error")
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
-IN_PLACE = ("kill-rank", "hang", "operator-kill")  # the nodes stay trusted: new workers in the same pods
+IN_PLACE = ("kill-rank", "hang", "operator-kill", "runtime-restart")  # the nodes stay trusted: new workers in the same pods
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -156,7 +156,8 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
 
     # the operator saw the right failure, once, for the right reason
     assert st["restarts"] == {CAUSE[fault]: 1}, st["restarts"]
-    reason = {"runtime-fault": "NRT_EXEC_HW_ERR_HBM_UE", "straggler": "is a straggler"}.get(fault, "")
+    reason = {"runtime-fault": "NRT_EXEC_HW_ERR_HBM_UE", "straggler": "is a straggler",
+              "runtime-restart": "NRT_EXEC_COMPLETED_WITH_NUM_ERR"}.get(fault, "")
     assert reason in st["failures"][-1]["message"], st["failures"][-1]
     # bitwise: every step's loss and gradient norm as in the uninterrupted run
     assert sorted(truth.losses) == sorted(reference.losses)

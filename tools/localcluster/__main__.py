@@ -43,7 +43,7 @@ NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
                "device-loss": (faults.device_loss, faults.device_restore),
                "delete-node": (faults.delete_node, None)}
 POD_FAULTS = {"pod-fail": faults.pod_fail, "evict": faults.evict_pod}
-PROCESS_FAULTS = ("hang", "kill-rank", "runtime-fault")  # on the processes of process-backed pods
+PROCESS_FAULTS = ("hang", "kill-rank", "runtime-fault", "runtime-restart")  # on the processes of process-backed pods
 CONTROL_PLANE_FAULTS = {"apiserver-down": faults.apiserver_down, "etcd-restart": faults.etcd_restart}  # TARGET: seconds
 
 
@@ -122,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
             elif args.kind == "runtime-fault":
                 rank, pid = faults.runtime_fault(cluster.pods_dir, args.namespace, args.target)
                 print(f"fault runtime-fault {args.target}: rank {rank} (pid {pid}) printed an HBM error and was SIGKILLed")
+            elif args.kind == "runtime-restart":
+                rank, pid = faults.runtime_fault(cluster.pods_dir, args.namespace, args.target,
+                                                 faults.NUMERICAL_ERROR_LINE)
+                print(f"fault runtime-restart {args.target}: rank {rank} (pid {pid}) printed a numerical error "
+                      "(the runtime asks for a new process) and was SIGKILLed")
             else:
                 fn = faults.hang_pod if args.cmd == "fault" else faults.unhang_pod
                 pids = fn(cluster.pods_dir, args.namespace, args.target)

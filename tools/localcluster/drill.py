@@ -29,7 +29,8 @@ from .nodes import create_nodes
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
-FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "straggler", "hang", "operator-kill", "evict")
+FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "runtime-restart", "straggler", "hang",
+          "operator-kill", "evict")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started \(pid \d+\) at ([0-9.]+)")
 
@@ -304,6 +305,9 @@ class Drill:
         if kind == "runtime-fault":
             faults.runtime_fault(self.cluster.pods_dir, self.ns, pname)
             return node
+        if kind == "runtime-restart":  # the runtime asks for a new process: the node stays
+            faults.runtime_fault(self.cluster.pods_dir, self.ns, pname, faults.NUMERICAL_ERROR_LINE)
+            return pname
         if kind == "operator-kill":
             # SIGKILL the operator while it restarts the gang after a crashed rank
             assert operator is not None

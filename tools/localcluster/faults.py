@@ -325,6 +325,10 @@ HBM_FAULT_LINE = ("(FATAL-RT-UNDEFINED-STATE) Uncorrectable HBM memory error is 
                   "invalid. Please terminate this instance to prevent future impact from the hardware error.")
 """What the Neuron runtime prints for an unrepairable HBM error (aws-neuron-sdk,
 neuron-runtime/nrt-troubleshoot.rst, "Hardware errors")."""
+NUMERICAL_ERROR_LINE = "RuntimeError: nrt_execute failed: NRT_EXEC_COMPLETED_WITH_NUM_ERR (status 1004)"
+"""A STAND-IN for a framework's words when the runtime completed an execution with numerical
+errors (the status name is nrt_status.h's; the sentence around it is ours): the runtime asks
+only for a new process, so the node stays and the gang restarts in place."""
 
 
 def runtime_fault(pods_root, namespace: str, pod: str, line: str = HBM_FAULT_LINE) -> tuple[int, int]:
