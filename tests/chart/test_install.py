@@ -262,14 +262,16 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
                         timeout=60, what="Running again")[0]
         assert st["restarts"] == {"node": 1} and st["quarantinedNodes"] == [broken]
         # what each identity may do, as `kubectl auth can-i --list` shows it, is what it needs: the
-        # operator exactly the chart's rules; the run's trainer get+patch of attempt 2's pods only
+        # operator exactly the chart's rules; the run's trainer get, patch, list and watch (its agent's
+        # orders, by name) of attempt 2's pods only
         operator_sa = f"system:serviceaccount:{namespace}:{release}-trainium-operator"
         assert can_i_list(local_cluster, operator_sa, namespace) == {
             (group, resource): (frozenset(), frozenset(verbs)) for group, resource, verbs in
             [*OPERATOR_RULES, *CLUSTER_RULES, ("coordination.k8s.io", "leases", {"get", "create", "update"})]}
         trainer_sa = f"system:serviceaccount:{namespace}:{trainer_identity(name)}"
         allowed = can_i_list(local_cluster, trainer_sa, namespace)
-        assert allowed == {("", "pods"): (frozenset(f"{name}-a2-{i}" for i in range(4)), frozenset({"get", "patch"}))}
+        assert allowed == {("", "pods"): (frozenset(f"{name}-a2-{i}" for i in range(4)),
+                                          frozenset({"get", "list", "patch", "watch"}))}
         assert can_i_list(local_cluster, trainer_sa, "default") == {}
         print(f"\ncan-i --list: operator {len(OPERATOR_RULES) + len(CLUSTER_RULES) + 1} rules as the chart's; "
               f"trainer {allowed}")
