@@ -252,7 +252,7 @@ class Agent:
             time.sleep(0.05)
         if self.child is not None:
             self.child.wait()
-        self.reap()
+        self.reap_all()
         if _alive(numbers):
             log("processes of the stopped attempt are still alive after SIGKILL (a process stuck in the "
                 "kernel: the node is suspect)")
@@ -262,17 +262,23 @@ class Agent:
     def stop_child(self, grace: float) -> bool:
         return self.clear(grace)
 
-    def reap(self) -> None:
-        """Collect orphans that ended (the agent is their subreaper, or PID 1 in a container),
-        never the current child: its Popen collects that one."""
+    def reap_all(self, within: float = 1.0) -> None:
+        """With the workers' launcher collected, collect every child that ended (orphans are
+        reparented as their parents exit, so look again for a moment)."""
         me = int(os.readlink("/proc/self"))
-        mine = self.child.pid if self.child is not None else None
-        for n, (ppid, local, state) in _process_table().items():
-            if ppid == me and state == "Z" and local != mine:
+        deadline = time.monotonic() + within
+        while True:
+            while True:
                 try:
-                    os.waitpid(local, os.WNOHANG)
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
                 except ChildProcessError:
-                    pass
+                    break
+                if pid == 0:
+                    break
+            if time.monotonic() > deadline or not any(
+                    ppid == me and state == "Z" for ppid, _, state in _process_table().values()):
+                return
+            time.sleep(0.05)
 
     def message(self) -> str:
         try:

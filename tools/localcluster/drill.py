@@ -83,6 +83,16 @@ class Operator:
                 self.kill()
 
 
+def _describe(pid: int) -> str:
+    """A process in a line: pid, state, command."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ").strip()
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} {state} {argv[:160]}"
+
+
 class ProcessSampler:
     """Samples the process table every ``interval`` s and records which attempts of a run had
     live processes at each sample (via the LOCALPOD variable the runner gives every process)."""
@@ -105,8 +115,11 @@ class ProcessSampler:
 
     def _attempt_of(self, pid: int) -> int | None:
         try:
-            start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            state, start = stat[0], stat[19]
         except (OSError, IndexError):
+            return None
+        if state in ("Z", "X"):  # a zombie has let go of everything (its parent has yet to reap it)
             return None
         key = (pid, start)
         if key not in self._pid_attempt:
@@ -122,13 +135,14 @@ class ProcessSampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             now = time.time()
-            attempts = {a for a in (self._attempt_of(int(e)) for e in os.listdir("/proc") if e.isdigit())
-                        if a is not None}
+            live = {int(e): self._attempt_of(int(e)) for e in os.listdir("/proc") if e.isdigit()}
+            attempts = {a for a in live.values() if a is not None}
             for a in attempts:
                 first, _ = self.seen.get(a, (now, now))
                 self.seen[a] = (first, now)
-            if len(attempts) > 1:
-                self.overlaps.append((now, attempts))
+            if len(attempts) > 1:  # with the oldest attempt's processes, to say what outlived it
+                old = min(attempts)
+                self.overlaps.append((now, attempts, [_describe(pid) for pid, a in live.items() if a == old][:4]))
             self._stop.wait(self.interval)
 
 
