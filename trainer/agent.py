@@ -21,6 +21,7 @@ watch latency (tens of milliseconds).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -154,46 +155,63 @@ def _without_preflight(argv: list[str]) -> list[str]:
     return out
 
 
-def _process_table() -> dict[int, tuple[int, int, str]]:
-    """/proc's processes: their number there -> (parent's number there, their pid in their own
-    innermost namespace, state). A pod's /proc may number its host's processes (a container
+def _status(number: int | str) -> tuple[int, int, str] | None:
+    """/proc/<number>: (its parent's number in /proc, its pid in its own innermost namespace,
+    its state), None when gone. A pod's /proc may number its host's processes (a container
     runtime that mounts no /proc of its own, the local cluster's pods), not ours: the NSpid
     line gives the pid we can signal."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines()
-                          if ":" in line)
-            table[int(entry)] = (int(fields["PPid"]), int(fields.get("NSpid", entry).split()[-1]),
-                                 fields.get("State", "?").split()[0])
-        except (OSError, KeyError, ValueError, IndexError):
-            continue
-    return table
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{number}/status").read_text().splitlines()
+                      if ":" in line)
+        return (int(fields["PPid"]), int(fields.get("NSpid", str(number)).split()[-1]),
+                fields.get("State", "?").split()[0])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
 
 
-def _under_me() -> list[tuple[int, int, int]]:
+def _process_table() -> dict[int, tuple[int, int, str]]:
+    """Every process in /proc: its number there -> _status."""
+    table = {int(e): _status(e) for e in os.listdir("/proc") if e.isdigit()}
+    return {n: st for n, st in table.items() if st is not None}
+
+
+def _proc_self() -> int:
+    """This process's number in /proc's numbering (which may be the host's)."""
+    return int(os.readlink("/proc/self"))
+
+
+def _under_me() -> list[tuple[int, int]]:
     """Every live process under this one (the workers' launcher, its workers in sessions of
     their own, and orphans of theirs: the agent is their subreaper, or PID 1 in a container):
-    (its number in /proc, its pid, its parent's number in /proc)."""
-    table = _process_table()
-    me = int(os.readlink("/proc/self"))  # our number in /proc's numbering
-    out, todo = [], [me]
+    (its number in /proc, its pid)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for n, (ppid, local, state) in _process_table().items():
+        if state != "Z":
+            children.setdefault(ppid, []).append((n, local))
+    out, todo = [], [_proc_self()]
     while todo:
-        parent = todo.pop()
-        for n, (ppid, local, state) in table.items():
-            if ppid == parent and state != "Z":
-                out.append((n, local, ppid))
-                todo.append(n)
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
     return out
 
 
 def _alive(numbers: list[int]) -> bool:
     """Whether any of these /proc numbers is still a live process (a zombie has let go of
     everything: its ports, its devices)."""
-    table = _process_table()
-    return any(n in table and table[n][2] != "Z" for n in numbers)
+    return any((st := _status(n)) is not None and st[2] != "Z" for n in numbers)
+
+
+def _signal(processes: list[tuple[int, int]], sig: int) -> None:
+    for _, pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _wait_gone(numbers: list[int], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while _alive(numbers) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class Agent:
@@ -231,25 +249,13 @@ class Agent:
         save as on any teardown), SIGKILL after ``grace`` seconds. Whether none is left: until
         then no new attempt may start here (the barrier's promise)."""
         under = _under_me()
-        for _, pid, _ in under:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        numbers = [n for n, _, _ in under]
-        deadline = time.monotonic() + grace
-        while _alive(numbers) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _signal(under, signal.SIGTERM)
+        numbers = [n for n, _ in under]
+        _wait_gone(numbers, grace)
         under = _under_me()  # and what they started meanwhile
-        for _, pid, _ in under:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        numbers += [n for n, _, _ in under]
-        deadline = time.monotonic() + 10.0
-        while _alive(numbers) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _signal(under, signal.SIGKILL)
+        numbers += [n for n, _ in under]
+        _wait_gone(numbers, 10.0)
         if self.child is not None:
             self.child.wait()
         self.reap_all()
@@ -259,13 +265,10 @@ class Agent:
             return False
         return True
 
-    def stop_child(self, grace: float) -> bool:
-        return self.clear(grace)
-
     def reap_all(self, within: float = 1.0) -> None:
         """With the workers' launcher collected, collect every child that ended (orphans are
         reparented as their parents exit, so look again for a moment)."""
-        me = int(os.readlink("/proc/self"))
+        me = _proc_self()
         deadline = time.monotonic() + within
         while True:
             while True:
@@ -314,10 +317,10 @@ class Agent:
             if self.terminating.is_set():
                 return self.end(self.child.wait())
             if order is None:  # the workers exited by themselves
-                code = self.child.returncode
-                if not restartable(code, self.message()):
+                code, message = self.child.returncode, self.message()
+                if not restartable(code, message):
                     return self.end(code)
-                self.reports.say(protocol.Report(attempt, "exited", code, self.message(), time.time()))
+                self.reports.say(protocol.Report(attempt, "exited", code, message, time.time()))
                 order = self.orders.wait(self._newer(attempt), stop=self.terminating)
                 if order is None:  # SIGTERM: the pod is being deleted
                     return self.end(code)
@@ -342,11 +345,14 @@ class Agent:
 
 def _become_subreaper() -> None:
     """Orphaned workers are reparented to the agent (when it is not PID 1), so that it finds them."""
+    import ctypes
     try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
+        failed = ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1) != 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # no glibc
+        failed = True
+    if failed and os.getpid() != 1:
+        log("cannot become the workers' subreaper: workers that outlive their launcher are found only "
+            "while it runs")
 
 
 def serve(argv: list[str]) -> int | None:

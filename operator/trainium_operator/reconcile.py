@@ -379,10 +379,7 @@ def _teardown(p: Pass) -> None:
     _stop(p, p.current, p.old.current.teardown_start_time or p.now)
     if p.current or p.stale:
         return
-    last = p.new.failures[-1] if p.new.failures else None
-    if last and not last.teardown_done_time:
-        last.teardown_done_time = p.now
-    if p.now < (p.old.current.restart_not_before or 0):
+    if not _torn_down(p):
         return
     excluded = _excluded(p.new)
     _start_attempt(p, p.old.attempt + 1, "Restarted", "new gang created" + (
@@ -397,24 +394,33 @@ def _teardown_in_place(p: Pass) -> None:
     _note_teardown_progress(p)
     target, gang = p.old.attempt + 1, p.gang
     since = p.old.current.teardown_start_time or p.now
-    lost = [x.name for x in gang if x.deleting or x.phase != "Running"]
+    lost = next((x for x in gang if x.deleting or x.phase != "Running"), None)
     ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
-    if lost or len(gang) < p.spec.nodes or (not ready and p.now - since > p.grace + inplace.ANSWER_SLACK_SECONDS):
-        why = (f"pod {lost[0]} is {'going' if gang and next(x for x in gang if x.name == lost[0]).deleting else 'no longer running'}"
-               if lost else "a pod of the gang is gone" if len(gang) < p.spec.nodes else
-               f"not every agent said its workers stopped within {p.grace + inplace.ANSWER_SLACK_SECONDS:.0f}s")
-        _give_up_in_place(p, why)
+    answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
+    if lost is not None:
+        _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
+        return
+    if len(gang) < p.spec.nodes:
+        _give_up_in_place(p, "a pod of the gang is gone")
+        return
+    if not ready and p.now - since > answer_within:
+        _give_up_in_place(p, f"not every agent said its workers stopped within {answer_within:.0f}s")
         return
     stop = Order(target, start=False, grace_seconds=float(p.grace))
     if not ready:
         p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(gang, stop)]
         return
+    if _torn_down(p):
+        _start_in_place(p, target)
+
+
+def _torn_down(p: Pass) -> bool:
+    """The failed attempt is gone: its teardown ends now (on the failure's record); whether the
+    backoff has passed too, so the next attempt may start."""
     last = p.new.failures[-1] if p.new.failures else None
     if last and not last.teardown_done_time:
         last.teardown_done_time = p.now
-    if p.now < (p.old.current.restart_not_before or 0):
-        return
-    _start_in_place(p, target)
+    return p.now >= (p.old.current.restart_not_before or 0)
 
 
 def _give_up_in_place(p: Pass, why: str) -> None:
@@ -441,15 +447,15 @@ def _start_in_place(p: Pass, target: int) -> None:
                                 in_place_streak=inplace.next_streak(old, resume.step if resume else None),
                                 preflight_trusted=[] if check else list(old.current.preflight_trusted),
                                 preflight_check=check)
-    _order_start(p, new.current.gang_attempt, target)
+    _order_start(p, target)
     p.event("Restarted", f"attempt {target}: restarted in place in the {len(p.gang)} pods of attempt "
             f"{new.current.gang_attempt} (no pod deleted or created)")
 
 
-def _order_start(p: Pass, gang_attempt: int, attempt: int) -> None:
+def _order_start(p: Pass, attempt: int) -> None:
+    """Tell the gang's agents to start ``attempt`` (the pods that do not carry the order yet)."""
     start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check)
-    p.effects += [OrderPod(x.name, start) for x in inplace.unordered(
-        [x for x in p.pods if x.attempt == gang_attempt], start)]
+    p.effects += [OrderPod(x.name, start) for x in inplace.unordered(p.gang, start)]
 
 
 def _recent_passes(p: Pass) -> list[PreflightPass]:
@@ -544,7 +550,7 @@ def _supervise(p: Pass) -> None:
     _track_progress(p, gang)
     _watch_stragglers(p)
     if old.current.gang_attempt and old.phase == "Starting" and not old.current.gang_running_time:
-        _order_start(p, old.current.gang_attempt, old.attempt)  # an order that did not land is written again
+        _order_start(p, old.attempt)  # an order that did not land is written again
     elif old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,

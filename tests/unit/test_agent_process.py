@@ -31,11 +31,10 @@ a.child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
 deadline = time.monotonic() + 20
 while len(agent._under_me()) < 3 and time.monotonic() < deadline:
     time.sleep(0.05)
-under = [n for n, _, _ in agent._under_me()]
+under = [n for n, _ in agent._under_me()]
 started = time.monotonic()
 ok = a.clear(grace=0.5)
-import os
-me = int(os.readlink("/proc/self"))
+me = agent._proc_self()
 zombies = [n for n, (ppid, _, state) in agent._process_table().items() if ppid == me and state == "Z"]
 print(json.dumps({"found": len(under), "ok": ok, "left": agent._alive(under), "seconds": time.monotonic() - started,
                   "launcher": a.child.returncode, "zombies": zombies}))
