@@ -257,9 +257,10 @@ class Agent:
         numbers += [n for n, _ in under]
         _wait_gone(numbers, 10.0)
         if self.child is not None:
-            self.child.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a launcher stuck in the kernel
+                self.child.wait(10.0)
         self.reap_all()
-        if _alive(numbers):
+        if _alive(numbers) or (self.child is not None and self.child.poll() is None):
             log("processes of the stopped attempt are still alive after SIGKILL (a process stuck in the "
                 "kernel: the node is suspect)")
             return False

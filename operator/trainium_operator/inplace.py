@@ -40,9 +40,10 @@ def _progress_of(pod: PodView, attempt: int) -> PodView:
     return replace(pod, progress=None) if written is not None and written != attempt else pod
 
 
-def as_of(pods: list[PodView], attempt: int, started: float | None) -> list[PodView]:
+def as_of(pods: list[PodView], attempt: int, started: float | None, now: float) -> list[PodView]:
     """The gang's pods as attempt ``attempt`` (started at ``started``) sees them, from their
-    agents' reports. A pod without an agent's report, or one that ended, is seen as it is."""
+    agents' reports. A pod without an agent's report, or one that ended, is seen as it is. A
+    report's time is the pod's word: kept between the attempt's start and ``now``."""
     out = []
     for pod in pods:
         report = pod.agent
@@ -57,7 +58,8 @@ def as_of(pods: list[PodView], attempt: int, started: float | None) -> list[PodV
                 reason="Completed" if report.exit_code == 0 else "Error",
                 message=fault.describe() if fault else failed_check or report.message.strip()
                 or f"workers exited {report.exit_code}",
-                runtime_fault=fault, preflight_failure=failed_check, finished=report.time))
+                runtime_fault=fault, preflight_failure=failed_check,
+                finished=min(now, max(started or 0.0, report.time if report.time is not None else now))))
         else:  # the workers of this attempt have not started yet (or the report is an earlier attempt's)
             out.append(replace(pod, phase="Pending", progress=None, waiting="",
                                scheduled=started if started is not None else pod.scheduled))
@@ -107,8 +109,8 @@ def unordered(pods: list[PodView], order: Order) -> list[PodView]:
 
 
 def ahead(pods: list[PodView], attempt: int) -> bool:
-    """Whether the gang already runs, or was told to start, an attempt after ``attempt``: the
-    status this pass read is older than the one that recorded it (pods of an in-place restart
-    keep their labels, so only their annotations tell)."""
-    return any((p.order is not None and p.order.start and p.order.attempt > attempt)
-               or (p.agent is not None and p.agent.state == "running" and p.agent.attempt > attempt) for p in pods)
+    """Whether the gang was told to start an attempt after ``attempt``: the status this pass
+    read is older than the one that recorded it (pods of an in-place restart keep their labels,
+    so only their annotations tell). Only the operator's own order counts: the agent's report
+    is the run's code's to write, and a forged attempt there must not stop the run's passes."""
+    return any(p.order is not None and p.order.start and p.order.attempt > attempt for p in pods)

@@ -110,7 +110,7 @@ class Pass:
     def current(self) -> list[PodView]:
         """The gang as the attempt in force sees it: its agents' reports on this attempt's
         workers (inplace.as_of)."""
-        return inplace.as_of(self.gang, self.old.attempt, self.old.current.start_time)
+        return inplace.as_of(self.gang, self.old.attempt, self.old.current.start_time, self.now)
 
     @property
     def stale(self) -> list[PodView]:

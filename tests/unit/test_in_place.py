@@ -187,6 +187,20 @@ def test_only_failures_that_leave_the_nodes_trusted_and_answering_agents_restart
                                                     and e.reason == "Restarting")
 
 
+def test_a_report_the_runs_code_forges_neither_stalls_the_run_nor_sets_its_clocks():
+    status = started_run()
+    # an attempt far ahead in the pod's own report: not the operator's order, so passes go on
+    forged = {"attempt": 2147483647, "state": "running"}
+    r = reconcile_objects(run_with(status), [pod(0, report=forged), pod(1, report=running(1))], NODES, now=60.0)
+    assert r.effects, "the pass decided nothing"
+    # a failure time far in the future or past is kept between the attempt's start and now
+    for when in (1e11, 0.0):
+        crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": when}
+        r = reconcile_objects(run_with(status), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)
+        after = r.status["failures"][-1].get("detectedAfter")  # (none at the attempt's start: 0.0 here)
+        assert after is None or 0.0 <= after <= 60.0, r.status["failures"][-1]
+
+
 def test_the_agent_protocol_parses_strictly():
     assert agent.parse_report(agent.report_payload(agent.Report(3, "exited", 1, "boom\x00", 5.0))) == \
         agent.Report(3, "exited", 1, "boom ", 5.0)
