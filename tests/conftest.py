@@ -71,6 +71,17 @@ def read_losses(path: Path) -> dict[int, dict]:
             if "step" in r}
 
 
+def held_out(tiny) -> str:
+    """The held-out evaluation source (the tiny corpus's facts) as a trainer override."""
+    return f"data.heldOut=[{{uri: {tiny['facts']}}}]"
+
+
+def eval_losses(path) -> dict[int, float]:
+    """Held-out losses of a losses file by step."""
+    records = (json.loads(line) for line in path.read_text().splitlines() if line)
+    return {r["evalStep"]: r["evalLoss"] for r in records if "evalStep" in r}
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of pid (torchrun starts its workers in sessions of their own, so a
     process-group signal does not reach them; a pod's cgroup kill would)."""

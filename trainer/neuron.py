@@ -7,6 +7,8 @@ use it:
 ``neuron``  Trainium. torch-neuronx is the PJRT plugin that gives torch-xla its Neuron device;
             NeuronX Distributed (NxD) builds the tensor-parallel process groups and provides
             the parallel layers and the vocabulary-parallel loss.
+            In NxD's CPU mode (``NXD_CPU_MODE=1``) the same NxD calls run on gloo and CPU
+            tensors, eagerly: how CI runs NxD's real code without Trainium.
 ``xla``     torch-xla's own device in ONE process, with the PyTorch backend's layers. On a
             machine without Trainium, ``PJRT_DEVICE=CPU`` runs the whole lazy-tensor loop
             (device placement, graph cuts at step boundaries, deferred host reads, the host
@@ -16,9 +18,10 @@ use it:
             9089), so ``xla`` refuses more than one process (``config.check_backend``).
 
 What has and has not run is stated in README.md ("What has not run"). In short: the XLA loop,
-our optimizer and our checkpointer run on torch-xla's CPU device in CI; every NxD call below
-is written against NxD's source (aws-neuron/neuronx-distributed, release 2.29, paths cited at
-each call) and has never run.
+our optimizer and our checkpointer run on torch-xla's CPU device in CI, one process; every NxD
+call below (aws-neuron/neuronx-distributed, release 2.29, paths cited at each call) runs in CI
+in NxD's CPU mode (``NXD_CPU_MODE=1``: gloo groups, CPU tensors, 2 and 4 ranks; tests/nxd),
+and none has run on the XLA device or Trainium.
 
 Design choices, and why:
 
@@ -50,8 +53,9 @@ import torch.nn as nn
 
 from trainium_api import exitcodes
 
-from .config import Layout
-from .parallel import DeferredRuntime, ParallelState, TPContext, mark_kv_replicated, shard_cols, shard_rows
+from .config import ConfigError, Layout
+from .parallel import (DeferredRuntime, ParallelState, TPContext, eager_runtime, mark_kv_replicated, shard_cols,
+                       shard_rows)
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +81,11 @@ def platform_target() -> str | None:
     """The chip generation this process runs on ("trn1", "trn2", ...): torch-neuronx's own
     answer (``torch_neuronx.utils.get_platform_target``), which NxD also asks to pick kernels.
     None when it cannot say (an SDK without it, an unreadable instance identity): it feeds only
-    the MFU figure, which must never stop a run."""
+    the MFU figure, which must never stop a run. None in NxD's CPU mode too: no NeuronCore
+    computes there."""
     try:
+        if nxd_cpu_mode():
+            return None
         target = importlib.import_module("torch_neuronx.utils").get_platform_target()
     except Exception:  # noqa: BLE001 - whatever broke, MFU is merely unknown
         return None
@@ -123,27 +130,42 @@ def xla_device() -> torch.device:
     return require("torch_xla").device()
 
 
+def nxd_cpu_mode() -> bool:
+    """Whether NxD runs in its CPU mode (``NXD_CPU_MODE=1``; NxD's own answer,
+    src/neuronx_distributed/utils/__init__.py ``cpu_mode``): its process groups are gloo groups
+    and its layers, mappings, loss and pipeline communication run on CPU tensors. The Neuron
+    backend then runs eagerly on the CPU with NxD's real code: how CI tests it without
+    Trainium, and how a user checks a Neuron layout before renting the nodes."""
+    try:
+        nxd_utils = importlib.import_module("neuronx_distributed.utils")
+    except ImportError:
+        return False  # no NxD, no CPU mode of it (the neuron kind then fails naming NxD)
+    return bool(nxd_utils.cpu_mode())
+
+
 def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_parallel: bool,
                       precision: str, kv_replicas: int = 1) -> ParallelState:
     """Device, process groups and ranks for the ``neuron`` and ``xla`` kinds.
 
     ``neuron``: the ``xla`` process group from torchrun's environment
-    (``torch_xla.distributed.xla_backend`` registers it; ``init_method="xla://"``), then NxD's
-    ``parallel_state.initialize_model_parallel`` builds the tensor- and data-parallel groups.
-    Ranks come from NxD, not from our formula: on trn1 with TP 4, NxD groups non-neighbouring
-    ranks (src/neuronx_distributed/parallel_layers/parallel_state.py, initialize_model_parallel).
+    (``torch_xla.distributed.xla_backend`` registers it; ``init_method="xla://"``), or gloo in
+    NxD's CPU mode, then NxD's ``parallel_state.initialize_model_parallel`` builds the tensor-,
+    pipeline- and data-parallel groups. Ranks come from NxD, not from our formula: on trn1 with
+    TP 4, NxD groups non-neighbouring ranks (src/neuronx_distributed/parallel_layers/
+    parallel_state.py, initialize_model_parallel).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     layout = layout_fn(world_size)  # check_backend has refused what this kind cannot run
-    if kind == "neuron":
+    cpu_mode = kind == "neuron" and nxd_cpu_mode()
+    if kind == "neuron" and not cpu_mode:
         if precision == "bf16-sr":
             # Read by the Neuron runtime when it starts (the operator's pod spec sets it too).
             os.environ.setdefault("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
         _compile_cache_env()
         require("torch_neuronx")  # registers the Neuron PJRT device with torch-xla
-    device = xla_device()
+    device = torch.device("cpu") if cpu_mode else xla_device()
     if kind == "xla":
         return ParallelState(backend=kind, device=device, rank=0, world_size=1, local_rank=0, layout=layout,
                              tp_rank=0, dp_rank=0, tp_group=None, dp_group=None, sequence_parallel=False,
@@ -153,8 +175,16 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
     if world_size == 1:
         os.environ.setdefault("MASTER_ADDR", "localhost")
         os.environ.setdefault("MASTER_PORT", "29500")
-    require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
-    dist.init_process_group("xla", init_method="xla://", timeout=datetime.timedelta(minutes=30))
+    if cpu_mode:
+        # NxD's CPU mode builds its groups on the default process group's backend: gloo.
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+        version = getattr(require("neuronx_distributed._version"), "__version__", "?")
+        if rank == 0:
+            log.info("neuronx-distributed %s in CPU mode (NXD_CPU_MODE=1): NxD's process groups, layers and loss on gloo "
+                     "and CPU tensors; no Neuron device is used", version)
+    else:
+        require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
+        dist.init_process_group("xla", init_method="xla://", timeout=datetime.timedelta(minutes=30))
     ps_mod = require("neuronx_distributed.parallel_layers.parallel_state")
     # src/neuronx_distributed/parallel_layers/parallel_state.py: initialize_model_parallel
     ps_mod.initialize_model_parallel(tensor_model_parallel_size=layout.tensor,
@@ -169,10 +199,26 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
         ps_mod.initialize_kv_group(kv_replicas, sequential_ranks_in_group=True)
         kv_group = ps_mod.get_kv_shared_group()
     pp_group = ps_mod.get_pipeline_model_parallel_group() if layout.pipeline > 1 else None
+    runtime = eager_runtime() if cpu_mode else XlaRuntime()
     return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,
                          layout=layout, tp_rank=tp_rank, dp_rank=dp_rank, tp_group=tp_group, dp_group=dp_group,
                          pp_rank=ps_mod.get_pipeline_model_parallel_rank(), pp_group=pp_group, kv_group=kv_group,
-                         sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=XlaRuntime())
+                         sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=runtime)
+
+
+def refuse_unrunnable(micro_batch_size: int, ps: ParallelState) -> None:
+    """What NxD's CPU mode cannot run, refused before the first step with the field named.
+
+    Sequence parallel over our batch-first activations: NxD gathers the sequence (dimension 1)
+    by swapping it to the front and back (mappings.py ``nonzero_partition_dim_swap``), and the
+    backward of its linear layers calls ``.view`` on that gather (layers.py
+    ``LinearWithAsyncCommunication.backward``). An XLA tensor has no strides, so the view
+    always works on Trainium; a CPU tensor is then non-contiguous unless the batch is 1."""
+    if ps.backend == "neuron" and ps.sequence_parallel and micro_batch_size > 1 and nxd_cpu_mode():
+        raise ConfigError("training.microBatchSize",
+                          f"NxD's CPU mode runs sequence parallel with micro-batches of 1 only, got "
+                          f"{micro_batch_size}: its linear layers' backward views a gathered CPU tensor "
+                          "that is non-contiguous for larger batches (on Trainium it is not)")
 
 
 def _compile_cache_env() -> None:
@@ -213,7 +259,7 @@ class NxDLayers(TPContext):
         self.layers = require("neuronx_distributed.parallel_layers.layers")
         self.mappings = require("neuronx_distributed.parallel_layers.mappings")
         self.loss_functions = require("neuronx_distributed.parallel_layers.loss_functions")
-        self.xla_checkpoint = require("torch_xla.utils.checkpoint")
+        self.on_xla = not nxd_cpu_mode()
 
     def _sp(self) -> dict:
         return {"sequence_parallel_enabled": self.sequence_parallel,
@@ -223,10 +269,14 @@ class NxDLayers(TPContext):
         out_features = shard_rows(full_weight[:, :1], self, splits, replicas).shape[0] * self.size
         in_features = full_weight.shape[1]
         # stride = number of stacked blocks (3 for qkv, 2 for gate_up), as in NxD's Llama
-        # example; it is recorded on the parameter for NxD's own checkpoint conversion.
+        # example; it is recorded on the parameter for NxD's own checkpoint conversion. NxD's
+        # stride means equal blocks (it divides each rank's rows by it, layers.py
+        # create_local_weight): with grouped-query attention q is larger than k and v, so the
+        # fused qkv is described as one block (our converter, not NxD's, merges it).
+        equal_blocks = bool(splits) and len(set(splits)) == 1 and not any(n > 1 for n in replicas or [])
         layer = self.layers.ColumnParallelLinear(
             in_features, out_features, bias=full_bias is not None, gather_output=False,
-            dtype=full_weight.dtype, stride=len(splits) if splits else 1, init_method=_keep, **self._sp())
+            dtype=full_weight.dtype, stride=len(splits) if equal_blocks else 1, init_method=_keep, **self._sp())
         with torch.no_grad():
             layer.weight.copy_(shard_rows(full_weight, self, splits, replicas))
             if full_bias is not None:
@@ -277,8 +327,10 @@ class NxDLayers(TPContext):
         return losses * valid
 
     def checkpoint(self, fn, *args):
+        if not self.on_xla:  # NxD's CPU mode: eager tensors, torch's own checkpoint
+            return super().checkpoint(fn, *args)
         # torch-xla's checkpoint keeps the compiler from merging the recomputation away.
-        return self.xla_checkpoint.checkpoint(fn, *args)
+        return require("torch_xla.utils.checkpoint").checkpoint(fn, *args)
 
 
 def neuron_layers(ps: ParallelState) -> TPContext:
@@ -297,6 +349,23 @@ class XlaLayers(TPContext):
 # --------------------------------------------------------------------------------------------
 # Pipeline parallelism: NxD's pipeline runtime over our stage
 # --------------------------------------------------------------------------------------------
+
+
+class _ListIO(nn.Module):
+    """One of our pieces in NxD's manual-partition convention: NxD hands each listed module
+    the micro-batch as a list of tensors and passes its output on, and to the loss function,
+    as ``outputs[0]`` (pipeline/model.py ``_manual_pp_preprocess_stage_io`` and
+    ``_fwd_step_task``; NxD's own test modules unwrap ``x[0]`` and return ``[y]``). The piece
+    is held without registering it, so parameter names stay the model's."""
+
+    def __init__(self, piece: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "piece", piece)
+
+    def forward(self, x):
+        if isinstance(x, (list, tuple)):
+            x = x[0]
+        return [self.piece(x)]
 
 
 class NxDPipeline:
@@ -325,7 +394,7 @@ class NxDPipeline:
         pp_model_mod = require("neuronx_distributed.pipeline.model")
         self.model, self.ps = model, ps
         stage, stages = ps.stage
-        pieces = list(model.pieces())
+        pieces = [_ListIO(piece) for piece in model.pieces()]
         placeholders = [nn.Identity() for _ in range(stages)]
         own = {id(p) for p in pieces}
 

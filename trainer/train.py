@@ -91,6 +91,9 @@ class Trainer:
             cfg.parallelism.sequence_parallel, cfg.training.precision,
             cfg.model.kv_replicas(cfg.parallelism.tensor))
         ps, tcfg = self.ps, cfg.training
+        if backend == "neuron":
+            from .neuron import refuse_unrunnable
+            refuse_unrunnable(tcfg.micro_batch_size, ps)
         if backend == "cpu":
             torch.use_deterministic_algorithms(True)
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)

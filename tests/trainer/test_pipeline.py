@@ -3,11 +3,9 @@ on CPU, each layout against one process training the same global batch, step by 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.conftest import read_losses, run_trainer
+from tests.conftest import eval_losses, held_out, read_losses, run_trainer
 from tests.trainer.test_training import overrides
 from trainium_api import exitcodes
 
@@ -16,21 +14,12 @@ pytestmark = pytest.mark.trainer
 COMMON = ["training.steps=6", "training.warmupSteps=2", "checkpoint.uri=", "data.evalIntervalSteps=3"]
 
 
-def _held_out(tiny) -> str:
-    return f"data.heldOut=[{{uri: {tiny['facts']}}}]"
-
-
-def _eval_losses(path) -> dict[int, float]:
-    records = (json.loads(line) for line in path.read_text().splitlines() if line)
-    return {r["evalStep"]: r["evalLoss"] for r in records if "evalStep" in r}
-
-
 @pytest.fixture(scope="module")
 def single_process(tiny_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pp-single")
-    res = run_trainer(1, overrides(tiny_data, tmp, "single", *COMMON, _held_out(tiny_data)))
+    res = run_trainer(1, overrides(tiny_data, tmp, "single", *COMMON, held_out(tiny_data)))
     assert res.returncode == 0, res.stderr[-3000:]
-    return read_losses(tmp / "single.jsonl"), _eval_losses(tmp / "single.jsonl")
+    return read_losses(tmp / "single.jsonl"), eval_losses(tmp / "single.jsonl")
 
 
 @pytest.mark.parametrize("layout", [
@@ -44,11 +33,11 @@ def test_layout_matches_single_process(layout, single_process, tiny_data, tmp_pa
     heads are each held by 2 ranks (Llama 2 70B's 8 heads at TP 32 the same way). Losses,
     global gradient norms and held-out losses equal the single process's within float
     tolerance at every step."""
-    res = run_trainer(4, overrides(tiny_data, tmp_path, "pp", *COMMON, _held_out(tiny_data), *layout))
+    res = run_trainer(4, overrides(tiny_data, tmp_path, "pp", *COMMON, held_out(tiny_data), *layout))
     assert res.returncode == 0, res.stderr[-3000:]
     assert ("pp=2" in res.stderr) == ("parallelism.pipeline=2" in layout)
     ref, ref_eval = single_process
-    got, got_eval = read_losses(tmp_path / "pp.jsonl"), _eval_losses(tmp_path / "pp.jsonl")
+    got, got_eval = read_losses(tmp_path / "pp.jsonl"), eval_losses(tmp_path / "pp.jsonl")
     assert sorted(got) == sorted(ref) == [1, 2, 3, 4, 5, 6]
     for s in ref:
         print(f"step {s}: single {ref[s]['loss']:.7f} {layout[1]} {got[s]['loss']:.7f}  "

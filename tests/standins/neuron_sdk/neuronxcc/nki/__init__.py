@@ -1,0 +1,1 @@
+"""STAND-IN: neuronxcc.nki (see neuronxcc/__init__.py)."""

@@ -1,1 +1,0 @@
-"""STAND-IN (tests/standins/README.md)."""
