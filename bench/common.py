@@ -7,16 +7,20 @@ import signal
 import statistics
 import sys
 
+from trainer import backends
 from trainer.config import from_dict
-from trainer.parallel import init_parallel
 
 
 def single_process(cfg, backend: str = "cpu"):
+    """The ParallelState of one process on ``backend`` (its Backend object as ``ps.impl``)."""
     from trainer.config import derive_layout
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         os.environ.pop(var, None)
-    return init_parallel(backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend),
-                         False)
+    impl = backends.pick(backend)
+    ps = impl.init_parallel(lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, impl.name),
+                            False, "fp32", 1)
+    ps.impl = impl
+    return ps
 
 
 def run_config(model: dict, training: dict):

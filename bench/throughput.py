@@ -47,7 +47,7 @@ def ours(cfg, device, dtype):
     ps = single_process(cfg, device if device in LAZY else "cpu")
     if device not in LAZY:
         ps.device = torch.device(device)
-    model = Transformer(cfg.model, ps.layers(), seed=0, max_seq_len=cfg.training.seq_len).to(device=ps.device,
+    model = Transformer(cfg.model, ps.impl.layers(ps), seed=0, max_seq_len=cfg.training.seq_len).to(device=ps.device,
                                                                                                dtype=dtype)
     opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=False)
 
@@ -157,8 +157,9 @@ def main() -> None:
         t_ours, t_hf = median(times["ours"]), median(times["hf"])
         mfu = ""
         if args.device == "cuda":
-            from trainer.metrics import device_peak, flops_per_token
-            peak = device_peak("cuda")
+            from trainer.backends import pick
+            from trainer.metrics import flops_per_token
+            peak = pick("cuda").peak_flops()
             mfu = f"{tokens / t_ours * flops_per_token(cfg.model, seq) / peak:.1%}" if peak else ""
         rows.append([name, f"{sides['ours'][1] / 1e6:.1f}M", f"{batch}x{seq}", f"{t_ours:.3f}", f"{t_hf:.3f}",
                      f"{tokens / t_ours:.0f}", f"{tokens / t_hf:.0f}", f"{t_hf / t_ours:.2f}", mfu])

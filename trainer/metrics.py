@@ -22,26 +22,6 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6 * n + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim() * seq_len
 
 
-def device_peak(backend: str, override_tflops: float = 0.0) -> float | None:
-    if override_tflops > 0:
-        return override_tflops * 1e12
-    if backend == "cuda":
-        import torch
-        name = torch.cuda.get_device_name()
-        for key, peak in PEAK_FLOPS.items():
-            if key.startswith("cuda-") and key[5:] in name:
-                return peak
-    if backend == "neuron":
-        import os
-
-        from .neuron import platform_target
-        generation = platform_target()
-        per_core = PEAK_FLOPS.get(f"neuron-{generation}") if generation else None
-        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (1 if generation == "trn1" else 2))
-        return per_core * lnc if per_core else None
-    return None  # CPUs have no meaningful published bf16 peak
-
-
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, world_size: int,
         peak_per_device: float | None) -> float | None:
     if not peak_per_device:

@@ -54,6 +54,7 @@ import torch.nn as nn
 from trainium_api import exitcodes
 
 from .config import ConfigError, Layout
+from .backends import Backend
 from .parallel import (DeferredRuntime, ParallelState, TPContext, eager_runtime, mark_kv_replicated, shard_cols,
                        shard_rows)
 
@@ -206,21 +207,6 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
                          sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=runtime)
 
 
-def refuse_unrunnable(micro_batch_size: int, ps: ParallelState) -> None:
-    """What NxD's CPU mode cannot run, refused before the first step with the field named.
-
-    Sequence parallel over our batch-first activations: NxD gathers the sequence (dimension 1)
-    by swapping it to the front and back (mappings.py ``nonzero_partition_dim_swap``), and the
-    backward of its linear layers calls ``.view`` on that gather (layers.py
-    ``LinearWithAsyncCommunication.backward``). An XLA tensor has no strides, so the view
-    always works on Trainium; a CPU tensor is then non-contiguous unless the batch is 1."""
-    if ps.backend == "neuron" and ps.sequence_parallel and micro_batch_size > 1 and nxd_cpu_mode():
-        raise ConfigError("training.microBatchSize",
-                          f"NxD's CPU mode runs sequence parallel with micro-batches of 1 only, got "
-                          f"{micro_batch_size}: its linear layers' backward views a gathered CPU tensor "
-                          "that is non-contiguous for larger batches (on Trainium it is not)")
-
-
 def _compile_cache_env() -> None:
     """The persistent compile cache on node-local disk: NEURON_COMPILE_CACHE_URL (the operator
     sets it to spec.compileCache.path) also goes into NEURON_CC_FLAGS' --cache_dir when a
@@ -333,10 +319,6 @@ class NxDLayers(TPContext):
         return require("torch_xla.utils.checkpoint").checkpoint(fn, *args)
 
 
-def neuron_layers(ps: ParallelState) -> TPContext:
-    return NxDLayers(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel, ps.kv_group)
-
-
 class XlaLayers(TPContext):
     """The ``xla`` kind: the PyTorch backend's layers (one process, no tensor parallelism),
     with torch-xla's activation checkpointing."""
@@ -420,6 +402,80 @@ class NxDPipeline:
         if self.ps.is_last_stage and loss is not None:
             return loss.float()
         return torch.zeros((), device=self.ps.device)
+
+
+# --------------------------------------------------------------------------------------------
+# The two backends (trainer.backends picks them)
+# --------------------------------------------------------------------------------------------
+
+
+class NeuronBackend(Backend):
+    """Trainium through torch-xla and NxD; NxD's CPU mode runs the same calls on gloo."""
+
+    def __init__(self):
+        super().__init__("neuron")
+
+    @property
+    def default_group_carries_host_tensors(self) -> bool:
+        return False  # the xla group (gloo in NxD's CPU mode, where a second one is harmless)
+
+    def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas) -> ParallelState:
+        return init_xla_parallel("neuron", layout_fn, sequence_parallel, precision, kv_replicas)
+
+    def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
+        """What NxD's CPU mode cannot run, refused before the first step with the field named.
+
+        Sequence parallel over our batch-first activations: NxD gathers the sequence (dimension
+        1) by swapping it to the front and back (mappings.py ``nonzero_partition_dim_swap``),
+        and the backward of its linear layers calls ``.view`` on that gather (layers.py
+        ``LinearWithAsyncCommunication.backward``). An XLA tensor has no strides, so the view
+        always works on Trainium; a CPU tensor is then non-contiguous unless the batch is 1."""
+        if ps.sequence_parallel and micro_batch_size > 1 and nxd_cpu_mode():
+            raise ConfigError("training.microBatchSize",
+                              f"NxD's CPU mode runs sequence parallel with micro-batches of 1 only, got "
+                              f"{micro_batch_size}: its linear layers' backward views a gathered CPU tensor "
+                              "that is non-contiguous for larger batches (on Trainium it is not)")
+
+    def layers(self, ps: ParallelState) -> TPContext:
+        return NxDLayers(ps.tp, ps.tp_rank, ps.tp_group, ps.sequence_parallel, ps.kv_group)
+
+    def pipeline(self, model, ps: ParallelState, micro_batches: int, autocast):
+        return NxDPipeline(model, ps, micro_batches)
+
+    def peak_flops(self) -> float | None:
+        """Per rank: the chip torch-neuronx names, its per-core peak times the logical
+        NeuronCore config (1 on trn1, 2 by default on trn2)."""
+        from .metrics import PEAK_FLOPS
+        generation = platform_target()
+        per_core = PEAK_FLOPS.get(f"neuron-{generation}") if generation else None
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (1 if generation == "trn1" else 2))
+        return per_core * lnc if per_core else None
+
+
+class XlaBackend(Backend):
+    """torch-xla's own device in one process, with the PyTorch backend's layers."""
+
+    def __init__(self):
+        super().__init__("xla")
+
+    @property
+    def default_group_carries_host_tensors(self) -> bool:
+        return False
+
+    def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas) -> ParallelState:
+        return init_xla_parallel("xla", layout_fn, sequence_parallel, precision, kv_replicas)
+
+    def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
+        """Nothing to refuse: check_backend already limited xla to one process."""
+
+    def layers(self, ps: ParallelState) -> TPContext:
+        return XlaLayers()
+
+    def pipeline(self, model, ps: ParallelState, micro_batches: int, autocast):
+        raise ConfigError("parallelism.pipeline", "xla runs one process: no pipeline stages")
+
+    def peak_flops(self) -> float | None:
+        return None
 
 
 # -- the pre-flight check's device part (trainer.preflight) ---------------------------------------

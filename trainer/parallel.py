@@ -1,9 +1,9 @@
-"""The backend seam: device choice, process groups, and tensor/sequence-parallel layers.
+"""Process groups, step runtimes and the PyTorch backend's tensor/sequence-parallel layers.
 
-Everything device- or backend-specific lives here. The PyTorch backend uses gloo on CPU and
-NCCL on CUDA. The Neuron backend (torch-neuronx + NxD, see docs/neuron.md) plugs in at
-:func:`pick_backend`; its layers are NxD's own, whose parameter names and shard layouts these
-layers reproduce, so checkpoints interchange.
+The PyTorch backend uses gloo on CPU and NCCL on CUDA. The backend object that chooses between
+these and the Neuron backend (torch-neuronx + NxD, see docs/neuron.md) is ``trainer.backends``;
+NxD's layers have the parameter names and shard layouts these layers reproduce, so checkpoints
+interchange.
 
 Tensor layout: activations are [batch, seq, hidden]. With sequence parallel, the tensors that
 flow between layers are sharded along seq over the tensor-parallel group; each block gathers
@@ -23,26 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .config import ConfigError, Layout
-
-
-def pick_backend(requested: str = "auto") -> str:
-    """Neuron, then CUDA, then CPU: the one place that decides the device kind. ``xla``
-    (torch-xla's own device, one process) is used only when asked for by name."""
-    if requested in ("neuron", "auto"):
-        from .neuron import neuron_available
-        if neuron_available():
-            return "neuron"
-        if requested == "neuron":
-            raise ConfigError("backend", "neuron requested but torch-neuronx is not installed "
-                                         "(use a Neuron training image: see the Dockerfile's trainer target)")
-    if requested == "xla":
-        return "xla"
-    if requested in ("cuda", "auto") and torch.cuda.is_available():
-        return "cuda"
-    if requested == "cuda":
-        raise ConfigError("backend", "cuda requested but no CUDA device is available")
-    return "cpu"
+from .config import Layout
 
 
 class EagerRuntime:
@@ -130,16 +111,6 @@ class ParallelState:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
-    def layers(self) -> "TPContext":
-        """The layer factory for this backend (NxD's layers on Neuron)."""
-        if self.backend == "neuron":
-            from .neuron import neuron_layers
-            return neuron_layers(self)
-        if self.backend == "xla":
-            from .neuron import XlaLayers
-            return XlaLayers()
-        return TPContext(self.tp, self.tp_rank, self.tp_group, self.sequence_parallel, self.kv_group)
-
 
 def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32",
                   kv_replicas: int = 1) -> ParallelState:
@@ -149,11 +120,9 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
     Ranks are laid out as NxD's ``parallel_state`` lays them out: a row-major [pipeline, data,
     tensor] grid, rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so a tensor-parallel group
     sits on neighbouring ranks (one node on real clusters) and a pipeline stage on consecutive
-    nodes. The ``neuron`` and ``xla`` kinds are set up in ``trainer.neuron``.
+    nodes. For the eager devices (``cpu``: gloo, ``cuda``: NCCL); the ``neuron`` and ``xla``
+    backends set up their own (``trainer.neuron``).
     """
-    if backend_kind in ("neuron", "xla"):
-        from .neuron import init_xla_parallel
-        return init_xla_parallel(backend_kind, layout_fn, sequence_parallel, precision, kv_replicas)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -16,15 +16,16 @@ import torch.distributed as dist
 from trainium_api import exitcodes
 from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
+from . import backends
 from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout, to_dict
 from .data import PackedDataset, heldout_batches
 from .health import GradNormMonitor, finite
 from .launch import PRECOMPILE_ENV
-from .metrics import TrainerMetrics, device_peak, mfu
+from .metrics import TrainerMetrics, mfu
 from .model import Transformer
 from .optim import ShardedAdamW, lr_at
-from .parallel import ParallelState, init_parallel, pick_backend
+from .parallel import ParallelState
 from .progress import ProgressReporter
 
 log = logging.getLogger("trainer")
@@ -84,18 +85,14 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str,
 class Trainer:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        backend = pick_backend(cfg.backend)
+        self.backend = backend = backends.pick(cfg.backend)
         local_world = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
-        self.ps: ParallelState = init_parallel(
-            backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend, local_world),
+        self.ps: ParallelState = backend.init_parallel(
+            lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend.name, local_world),
             cfg.parallelism.sequence_parallel, cfg.training.precision,
             cfg.model.kv_replicas(cfg.parallelism.tensor))
         ps, tcfg = self.ps, cfg.training
-        if backend == "neuron":
-            from .neuron import refuse_unrunnable
-            refuse_unrunnable(tcfg.micro_batch_size, ps)
-        if backend == "cpu":
-            torch.use_deterministic_algorithms(True)
+        backend.prepare(tcfg.micro_batch_size, ps)
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
         if self.data.reads_all_rows and ps.dp > 1 and ps.rank == 0:
             log.warning("data: raw-text sources are read and tokenized whole by every rank (%d ranks); "
@@ -108,7 +105,7 @@ class Trainer:
         # what the pre-flight check before this run took (trainer.launch), for goodput
         self.preflight_seconds = float(os.environ[PREFLIGHT_SECONDS_ENV]) if os.environ.get(PREFLIGHT_SECONDS_ENV) \
             else None
-        tp = ps.layers()  # NxD's parallel layers on Neuron, ours elsewhere
+        tp = backend.layers(ps)  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
                                  activation_checkpointing=cfg.parallelism.activation_checkpointing,
@@ -119,7 +116,8 @@ class Trainer:
         self.optim = ShardedAdamW(list(self.model.named_parameters()), tcfg, ps, cfg.parallelism.zero1)
         ckpt_group = dist.new_group(backend="gloo") if ps.is_distributed else None
         # Host tensors cannot travel on NCCL or XLA groups: time-based saves agree on gloo.
-        host_group = dist.new_group(backend="gloo") if ps.is_distributed and backend != "cpu" else None
+        host_group = (dist.new_group(backend="gloo")
+                      if ps.is_distributed and not backend.default_group_carries_host_tensors else None)
         self.stop = _StopFlag()
         # a gang fenced by a newer attempt (checkpoint.py) stops as on SIGTERM, agreed at a step
         self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group, epoch=_epoch(),
@@ -139,7 +137,7 @@ class Trainer:
                                       {"run": os.environ.get("TRAINING_RUN", "local"),
                                        "node_rank": os.environ.get("NODE_RANK", "0")})
         self.progress = ProgressReporter(cfg.logging.progress_interval_seconds) if is_reporter else None
-        self.peak = device_peak(backend)
+        self.peak = backend.peak_flops()
         self.losses_fh = None
         if cfg.logging.losses_file and ps.rank == 0 and not self.precompile_steps:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
@@ -150,11 +148,7 @@ class Trainer:
         ps = self.ps
         if ps.pp == 1:
             return None
-        if ps.backend == "neuron":
-            from .neuron import NxDPipeline
-            return NxDPipeline(self.model, ps, ps.layout.grad_accum_steps)
-        from .pipeline import Pipeline
-        return Pipeline(self.model, ps, ps.layout.grad_accum_steps, self.autocast)
+        return self.backend.pipeline(self.model, ps, ps.layout.grad_accum_steps, self.autocast)
 
     # -- state ----------------------------------------------------------------------------------
 

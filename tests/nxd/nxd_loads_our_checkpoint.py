@@ -17,21 +17,21 @@ import torch
 
 from trainer import config as trainer_config
 from trainer.model import Transformer
-from trainer.parallel import init_parallel, pick_backend
+from trainer import backends
 from trainium_api.layout import derive_layout
 
 
 def main() -> int:
-    # Neuron's torch-xla reads the number of hosts from HOST_WORLD_SIZE (set on Neuron images
-    # by their launch scripts); this test runs on one host.
-    os.environ.setdefault("HOST_WORLD_SIZE", "1")
+    # NxD reads the number of hosts from the variable torch-xla's HOST_WORLD_SIZE names
+    # (tests/standins/neuron_sdk/sitecustomize.py); this test runs on one host.
+    os.environ.setdefault("XRT_HOST_WORLD_SIZE", "1")
     path, root, *rest = sys.argv[1:]
     overrides = [rest[i + 1] for i in range(0, len(rest), 2) if rest[i] == "--override"]
     cfg = trainer_config.load(path, overrides)
-    backend = pick_backend(cfg.backend)
-    ps = init_parallel(backend, lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend),
-                       cfg.parallelism.sequence_parallel, cfg.training.precision)
-    model = Transformer(cfg.model, ps.layers(), seed=cfg.training.seed + 1, max_seq_len=cfg.training.seq_len)
+    backend = backends.pick(cfg.backend)
+    ps = backend.init_parallel(lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend.name),
+                               cfg.parallelism.sequence_parallel, cfg.training.precision, 1)
+    model = Transformer(cfg.model, backend.layers(ps), seed=cfg.training.seed + 1, max_seq_len=cfg.training.seq_len)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
     from neuronx_distributed.trainer.checkpoint import load_checkpoint

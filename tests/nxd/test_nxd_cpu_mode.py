@@ -74,7 +74,7 @@ def _assert_matches(got_file, ref_file, what: str) -> None:
         assert got[s]["gradNorm"] == pytest.approx(ref[s]["gradNorm"], rel=1e-3)
 
 
-# Sequence parallel in NxD's CPU mode needs micro-batches of 1 (trainer.neuron.refuse_unrunnable
+# Sequence parallel in NxD's CPU mode needs micro-batches of 1 (trainer.neuron.NeuronBackend.prepare
 # says why); the reference's 4 accumulate to the same global batch.
 SP = ["parallelism.sequenceParallel=true", "training.microBatchSize=1"]
 

@@ -63,13 +63,14 @@ def test_trn2_pods_ask_for_the_whole_node_and_set_the_logical_neuroncore_config(
 
 
 def test_mfu_peak_follows_the_chip_torch_neuronx_names_and_never_stops_a_run(monkeypatch):
-    """device_peak asks torch-neuronx which chip it runs on (stood in here: the SDK is not on
+    """The Neuron backend's peak asks torch-neuronx which chip it runs on (stood in here: the SDK is not on
     the package index); an Enum answer is read by its value, and an SDK that cannot say leaves
     MFU unknown instead of failing the trainer's start."""
     import enum
     import types
 
-    from trainer.metrics import PEAK_FLOPS, device_peak
+    from trainer.metrics import PEAK_FLOPS
+    from trainer.neuron import NeuronBackend
 
     class Target(enum.Enum):
         TRN2 = "trn2"
@@ -85,9 +86,9 @@ def test_mfu_peak_follows_the_chip_torch_neuronx_names_and_never_stops_a_run(mon
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
     monkeypatch.setitem(sys.modules, "torch_neuronx.utils", fake)
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
-    assert device_peak("neuron") == PEAK_FLOPS["neuron-trn2"] * 2  # LNC 2 by default on trn2
-    assert device_peak("neuron") == PEAK_FLOPS["neuron-trn1"]
-    assert device_peak("neuron") is None
+    assert NeuronBackend().peak_flops() == PEAK_FLOPS["neuron-trn2"] * 2  # LNC 2 by default on trn2
+    assert NeuronBackend().peak_flops() == PEAK_FLOPS["neuron-trn1"]
+    assert NeuronBackend().peak_flops() is None
 
 
 def test_extra_compiler_flags_are_appended_but_not_the_operators_own():

@@ -2,8 +2,10 @@
 
 1. ``neuronx_distributed.trace`` (NxD's inference tracing).
 2. ``torch_xla.core.xla_env_vars.HOST_WORLD_SIZE``: a constant Neuron's build of torch-xla has
-   and upstream's lacks; NxD's ``get_local_world_size`` (parallel_layers/utils.py) reads the
-   environment variable it names, which its checkpoint loader uses to stagger readers.
+   and upstream's dropped with XRT (upstream defined it as ``"XRT_HOST_WORLD_SIZE"``, the
+   number of hosts); NxD's ``get_local_world_size`` (parallel_layers/utils.py) reads the
+   environment variable it names (its checkpoint loader staggers readers by it). Whoever
+   launches NxD here sets that variable, as a Neuron image's launch environment does.
 
 On 1:
 NxD's package ``__init__`` imports its trace package, which needs torch-neuronx's compiler
@@ -54,8 +56,8 @@ class _TraceStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 class _XlaEnvVars(importlib.abc.MetaPathFinder):
-    """Adds HOST_WORLD_SIZE (the variable's name, as in Neuron's torch-xla) to upstream's
-    torch_xla.core.xla_env_vars once it is imported; upstream's module is otherwise unchanged."""
+    """Adds HOST_WORLD_SIZE (the variable's name, as upstream torch-xla had it) to upstream's
+    torch_xla.core.xla_env_vars once it is imported; the module is otherwise unchanged."""
 
     NAME = "torch_xla.core.xla_env_vars"
 
@@ -74,7 +76,7 @@ class _XlaEnvVars(importlib.abc.MetaPathFinder):
         def exec_module(module):
             real_exec(module)
             if not hasattr(module, "HOST_WORLD_SIZE"):
-                module.HOST_WORLD_SIZE = "HOST_WORLD_SIZE"
+                module.HOST_WORLD_SIZE = "XRT_HOST_WORLD_SIZE"
         spec.loader.exec_module = exec_module
         return spec
 
