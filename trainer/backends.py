@@ -1,9 +1,10 @@
 """The backend seam: one object per device kind, chosen once, that owns what differs between
 devices. ``Trainer`` asks it and never branches on the backend's name.
 
-``Backend``          the PyTorch backend on an eager device: CPU (gloo) and CUDA (NCCL), our
+``Backend``          the PyTorch backend on an eager device: CPU (gloo), CUDA (NCCL) and
+                     Trainium through TorchNeuron (device and process group ``neuron``), our
                      own tensor-parallel layers (``parallel.TPContext``), PyTorch's pipeline
-                     schedule (``trainer.pipeline``).
+                     schedule (``trainer.pipeline``; not on TorchNeuron yet).
 ``neuron.NeuronBackend``  Trainium through torch-xla and NxD (NxD's process groups, layers,
                      loss and pipeline; NxD's CPU mode runs the same calls on gloo).
 ``neuron.XlaBackend``     torch-xla's own device in one process with our layers (CI's XLA loop).
@@ -21,13 +22,16 @@ from .parallel import ParallelState, TPContext, init_parallel
 
 
 class Backend:
-    """An eager PyTorch device: ``cpu`` or ``cuda``."""
+    """An eager PyTorch device: ``cpu``, ``cuda``, or Trainium's ``neuron`` device through
+    TorchNeuron (``Backend("neuron", native=True)``): one code path, so what CI runs on CPU
+    with gloo is what trn2 and trn3 run, as AWS's own guidance prescribes."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, native: bool = False):
         self.name = name
+        self.native = native  # TorchNeuron: the neuron backend on its native path
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.name} (TorchNeuron, native)" if self.native else self.name
 
     # Host tensors cannot travel on NCCL or XLA groups: the trainer makes a gloo group for
     # time-based save decisions unless the default group is gloo already.
@@ -44,6 +48,10 @@ class Backend:
         bitwise there)."""
         if self.name == "cpu":
             torch.use_deterministic_algorithms(True)
+        if self.native and ps.pp > 1:
+            raise ConfigError("parallelism.pipeline", "TorchNeuron does not support pipeline parallelism yet "
+                                                      "(AWS: 'will be available soon'); use tensor and data "
+                                                      "parallelism, or the XLA path on an SDK 2.29 image")
 
     def layers(self, ps: ParallelState) -> TPContext:
         """The layer factory the model is built through."""
@@ -57,6 +65,9 @@ class Backend:
     def peak_flops(self) -> float | None:
         """Dense BF16 peak FLOP/s of one rank's device, for MFU; None when unknown (CPUs have
         no meaningful published bf16 peak)."""
+        if self.native:
+            from .neuron import neuron_rank_peak
+            return neuron_rank_peak()
         if self.name != "cuda":
             return None
         from .metrics import PEAK_FLOPS
@@ -64,10 +75,26 @@ class Backend:
         return next((peak for key, peak in PEAK_FLOPS.items() if key.startswith("cuda-") and key[5:] in name), None)
 
 
+def torchneuron_available() -> bool:
+    """Whether TorchNeuron registered Trainium as PyTorch's accelerator: it autoloads as the
+    PrivateUse1 device named ``neuron`` (torch >= 2.9, no import needed; aws-neuron-sdk
+    frameworks/torch/pytorch-native-overview.rst), which ``torch.accelerator`` reports."""
+    accelerator = getattr(torch, "accelerator", None)
+    try:
+        current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None
+    except Exception:  # noqa: BLE001 - an accelerator that cannot answer is not TorchNeuron
+        return False
+    return current is not None and current.type == "neuron"
+
+
 def pick(requested: str = "auto") -> Backend:
-    """Neuron, then CUDA, then CPU: the one place that decides the device kind. ``xla``
-    (torch-xla's own device, one process) is used only when asked for by name."""
+    """Neuron, then CUDA, then CPU: the one place that decides the device kind. On Neuron,
+    TorchNeuron's native device when PyTorch reports it (trn2, trn3, SDK 2.33 and later), else
+    torch-xla + NxD (trn1, and every SDK up to 2.29). ``xla`` (torch-xla's own device, one
+    process) is used only when asked for by name."""
     if requested in ("neuron", "auto"):
+        if torchneuron_available():
+            return Backend("neuron", native=True)
         from .neuron import NeuronBackend, neuron_available
         if neuron_available():
             return NeuronBackend()

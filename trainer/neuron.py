@@ -137,11 +137,9 @@ def nxd_cpu_mode() -> bool:
     and its layers, mappings, loss and pipeline communication run on CPU tensors. The Neuron
     backend then runs eagerly on the CPU with NxD's real code: how CI tests it without
     Trainium, and how a user checks a Neuron layout before renting the nodes."""
-    try:
-        nxd_utils = importlib.import_module("neuronx_distributed.utils")
-    except ImportError:
-        return False  # no NxD, no CPU mode of it (the neuron kind then fails naming NxD)
-    return bool(nxd_utils.cpu_mode())
+    # NxD 2.29's own rule, read here without importing NxD: importing it imports torch-neuronx,
+    # which must come after the runtime's variables are set (init_xla_parallel).
+    return int(os.environ.get("NXD_CPU_MODE", "0") or 0) > 0
 
 
 def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_parallel: bool,
@@ -178,7 +176,8 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
         os.environ.setdefault("MASTER_PORT", "29500")
     if cpu_mode:
         # NxD's CPU mode builds its groups on the default process group's backend: gloo.
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,  # one process has no RANK
+                                timeout=datetime.timedelta(minutes=10))
         version = getattr(require("neuronx_distributed._version"), "__version__", "?")
         if rank == 0:
             log.info("neuronx-distributed %s in CPU mode (NXD_CPU_MODE=1): NxD's process groups, layers and loss on gloo "
@@ -194,11 +193,18 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
     tp_rank, dp_rank = ps_mod.get_tensor_model_parallel_rank(), ps_mod.get_data_parallel_rank()
     kv_group = None
     if kv_replicas > 1:
-        # Replicated key/value heads on adjacent ranks, as our layers shard them (NxD's Trn2
-        # order; on Trn1 NxD's own GQA layer interleaves them instead): parallel_state.py,
-        # initialize_kv_group(kv_shared_group_size, sequential_ranks_in_group).
-        ps_mod.initialize_kv_group(kv_replicas, sequential_ranks_in_group=True)
-        kv_group = ps_mod.get_kv_shared_group()
+        # Replicated key/value heads: our layers give head h to the TP ranks h*r .. h*r+r-1
+        # (parallel.shard_rows). NxD's initialize_kv_group builds its groups from consecutive
+        # GLOBAL ranks, which on trn1 at TP 4 and above are not one TP group's (NxD interleaves
+        # the TP groups there: parallel_state.py, the replica-group logic get_platform_target
+        # picks), so the groups are built from NxD's own TP groups, every rank creating every
+        # group in the same order.
+        for tp_ranks in ps_mod.get_tensor_model_parallel_replica_groups():
+            ordered = sorted(tp_ranks)  # a group's ranks in group-rank (TP rank) order
+            for i in range(0, len(ordered), kv_replicas):
+                group = dist.new_group(ordered[i:i + kv_replicas])
+                if rank in ordered[i:i + kv_replicas]:
+                    kv_group = group
     pp_group = ps_mod.get_pipeline_model_parallel_group() if layout.pipeline > 1 else None
     runtime = eager_runtime() if cpu_mode else XlaRuntime()
     return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,
@@ -404,8 +410,18 @@ class NxDPipeline:
         return torch.zeros((), device=self.ps.device)
 
 
+def neuron_rank_peak() -> float | None:
+    """Dense BF16 peak FLOP/s of one rank on Trainium: the chip torch-neuronx names, its
+    per-core peak times the logical NeuronCore config (1 on trn1, 2 by default on trn2)."""
+    from .metrics import PEAK_FLOPS
+    generation = platform_target()
+    per_core = PEAK_FLOPS.get(f"neuron-{generation}") if generation else None
+    lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (1 if generation == "trn1" else 2))
+    return per_core * lnc if per_core else None
+
+
 # --------------------------------------------------------------------------------------------
-# The two backends (trainer.backends picks them)
+# The two XLA-based backends (trainer.backends picks them)
 # --------------------------------------------------------------------------------------------
 
 
@@ -443,13 +459,7 @@ class NeuronBackend(Backend):
         return NxDPipeline(model, ps, micro_batches)
 
     def peak_flops(self) -> float | None:
-        """Per rank: the chip torch-neuronx names, its per-core peak times the logical
-        NeuronCore config (1 on trn1, 2 by default on trn2)."""
-        from .metrics import PEAK_FLOPS
-        generation = platform_target()
-        per_core = PEAK_FLOPS.get(f"neuron-{generation}") if generation else None
-        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (1 if generation == "trn1" else 2))
-        return per_core * lnc if per_core else None
+        return neuron_rank_peak()
 
 
 class XlaBackend(Backend):

@@ -112,32 +112,38 @@ class ParallelState:
         return self.world_size > 1
 
 
+# The eager devices: where a rank's tensors live and the process group that joins them.
+EAGER_DEVICES = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}  # neuron: TorchNeuron (native)
+
+
 def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32",
-                  kv_replicas: int = 1) -> ParallelState:
+                  kv_replicas: int = 1, device_type: str | None = None) -> ParallelState:
     """Initialise torch.distributed from torchrun's environment (or a single process).
 
     ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
     Ranks are laid out as NxD's ``parallel_state`` lays them out: a row-major [pipeline, data,
     tensor] grid, rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so a tensor-parallel group
     sits on neighbouring ranks (one node on real clusters) and a pipeline stage on consecutive
-    nodes. For the eager devices (``cpu``: gloo, ``cuda``: NCCL); the ``neuron`` and ``xla``
-    backends set up their own (``trainer.neuron``).
+    nodes. For the eager devices (``EAGER_DEVICES``: ``device_type``, default the backend's
+    name); the XLA-based ``neuron`` and ``xla`` backends set up their own (``trainer.neuron``).
     """
+    device_type = device_type or backend_kind
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     layout = layout_fn(world_size)
-    if backend_kind == "cuda":
+    if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
-        device = torch.device("cpu")
+        # TorchNeuron gives each process its own NeuronCores and names the device "neuron"
+        # (AWS's examples use torch.device("neuron") with backend "neuron"; docs/neuron.md)
+        device = torch.device(device_type)
     grid = RankGrid(layout.pipeline, layout.data, layout.tensor)
     pp_rank, dp_rank, tp_rank = grid.coords(rank)
     groups: dict[str, object | None] = {"tp": None, "dp": None, "pp": None, "kv": None}
     if world_size > 1:
-        dist.init_process_group("nccl" if backend_kind == "cuda" else "gloo",
-                                timeout=datetime.timedelta(minutes=10))
+        dist.init_process_group(EAGER_DEVICES[device_type], timeout=datetime.timedelta(minutes=10))
         for kind in ("tp", "dp", "pp"):
             for ranks in grid.groups(kind):  # every rank creates every group, in the same order
                 g = dist.new_group(ranks)
@@ -445,6 +451,21 @@ def mark_kv_replicated(layer: nn.Module, tp: TPContext, splits: list[int] | None
     layer.weight.kv_replicated = (n, replicated_row_ranges(splits, replicas, tp.size, layer.weight.shape[1]))
     if layer.bias is not None:
         layer.bias.kv_replicated = (n, replicated_row_ranges(splits, replicas, tp.size, 1))
+
+
+def to_device(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """``module.to(device, dtype)`` keeping what the layers marked on their parameters
+    (``tp_replicated``, ``sequence_partial``, ``kv_replicated``; NxD's partition attributes).
+    Moving to a device whose tensors cannot share the CPU tensor's type (XLA) makes new
+    Parameter objects, which would drop them, and the optimizer would then count replicated
+    parameters once per rank and skip the sequence-parallel gradient sums."""
+    marks = {name: dict(vars(p)) for name, p in module.named_parameters() if vars(p)}
+    module.to(device=device, dtype=dtype)
+    for name, p in module.named_parameters():
+        for attr, value in marks.get(name, {}).items():
+            if not hasattr(p, attr):
+                setattr(p, attr, value)
+    return module
 
 
 def mark_replicated(module: nn.Module, tp: TPContext) -> None:

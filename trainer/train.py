@@ -25,7 +25,7 @@ from .launch import PRECOMPILE_ENV
 from .metrics import TrainerMetrics, mfu
 from .model import Transformer
 from .optim import ShardedAdamW, lr_at
-from .parallel import ParallelState
+from .parallel import ParallelState, to_device
 from .progress import ProgressReporter
 
 log = logging.getLogger("trainer")
@@ -107,9 +107,9 @@ class Trainer:
             else None
         tp = backend.layers(ps)  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
-        self.model = Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
-                                 activation_checkpointing=cfg.parallelism.activation_checkpointing,
-                                 stage=ps.stage).to(device=ps.device, dtype=dtype)
+        self.model = to_device(Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
+                                           activation_checkpointing=cfg.parallelism.activation_checkpointing,
+                                           stage=ps.stage), ps.device, dtype)
         self.autocast = (torch.autocast(ps.device.type, dtype=torch.bfloat16)
                          if tcfg.precision == "mixed" else nullcontext())
         self.pipeline = self._pipeline()
@@ -397,7 +397,7 @@ class Trainer:
         if ps.rank == 0:
             log.info("model %s: %.1fM parameters; layout tp=%d pp=%d dp=%d accum=%d; %d tokens/step; backend %s",
                      cfg.model.preset, cfg.model.num_params() / 1e6, ps.tp, ps.pp, ps.dp,
-                     ps.layout.grad_accum_steps, tokens_per_step, ps.backend)
+                     ps.layout.grad_accum_steps, tokens_per_step, self.backend)
         code = exitcodes.OK
         runtime = ps.runtime
         last_step = cfg.training.steps

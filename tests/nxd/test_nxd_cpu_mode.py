@@ -20,6 +20,7 @@ reduction or a lost gradient moves the loss at the first or second decimal.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def nxd_env() -> dict[str, str]:
     """The trainer's environment with NxD in CPU mode (tools/setup-nxd: NXD_CPU_MODE=1 and
     the PYTHONPATH of NxD's source, its pinned dependencies and the stand-ins)."""
     out = subprocess.run(["bash", str(ROOT / "tools" / "setup-nxd"), "--env"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"tools/setup-nxd failed:\n{out.stderr}"
     found = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
     env = trainer_env(NXD_CPU_MODE=found["NXD_CPU_MODE"])
@@ -80,23 +81,29 @@ SP = ["parallelism.sequenceParallel=true", "training.microBatchSize=1"]
 
 
 @pytest.mark.parametrize("ranks, layout", [
+    (1, ["parallelism.tensor=1"]),
     (2, ["parallelism.tensor=2", "parallelism.zero1=false"]),
     (4, ["parallelism.tensor=2", *SP, "parallelism.zero1=true"]),
     (4, ["parallelism.tensor=4", *SP]),
     (4, ["parallelism.pipeline=2", "parallelism.tensor=2"]),
-], ids=["tp2", "tp2-sp-dp2-zero1", "tp4-sp-kv-replicated", "pp2-tp2"])
+    (8, ["parallelism.tensor=4"]),
+], ids=["one-process", "tp2", "tp2-sp-dp2-zero1", "tp4-sp-kv-replicated", "pp2-tp2", "tp4-dp2-trn1-interleaved"])
 def test_nxd_layers_match_the_pytorch_backend(ranks, layout, nxd_env, reference, tiny_data, tmp_path):
     """NxD's groups, layers, mappings (sequence parallel's gather and reduce-scatter included)
     and vocabulary-parallel loss against the PyTorch backend. tp4: the tiny model's 2 key/value
-    heads are each held by 2 ranks (NxD's initialize_kv_group), as Llama 2 70B's 8 heads are at
-    TP 32. pp2: NxD's pipeline runtime (NxDPPModel, manual partition) runs our two stages' 1F1B
-    over the 4 accumulation micro-batches, training and held-out evaluation."""
+    heads are each held by 2 ranks, as Llama 2 70B's 8 heads are at TP 32. pp2: NxD's pipeline runtime (NxDPPModel, manual partition) runs our two stages' 1F1B
+    over the 4 accumulation micro-batches, training and held-out evaluation. tp4-dp2 on 8
+    ranks: NxD interleaves trn1's TP groups ([0, 2, 4, 6], [1, 3, 5, 7]; the stand-in names the
+    platform trn1), so the replicated heads' groups must come from those TP groups, not from
+    consecutive ranks. one-process: NxD's groups in a process started without torchrun."""
     res = run_trainer(ranks, overrides(tiny_data, tmp_path, "nxd", *STEPS, *NEURON, held_out(tiny_data),
                                        "checkpoint.uri=", *layout), env=nxd_env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "backend neuron" in res.stderr
     assert re.search(r"neuronx-distributed \S+ in CPU mode", res.stderr), res.stderr[-2000:]
     assert ("pp=2" in res.stderr) == ("parallelism.pipeline=2" in layout)
+    if ranks == 8:  # NxD's own log line: the interleaved groups this case is about
+        assert "tp_groups=[[0, 2, 4, 6], [1, 3, 5, 7]]" in res.stdout + res.stderr
     _assert_matches(tmp_path / "nxd.jsonl", reference, layout[0])
 
 

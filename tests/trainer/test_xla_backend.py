@@ -119,3 +119,35 @@ def test_checkpoint_moves_between_cpu_and_xla_backends(reference, tiny_data, tmp
     files = {p.relative_to(tmp_path / "from-cpu" / "step_3") for p in (tmp_path / "from-cpu" / "step_3").rglob("*")}
     files_xla = {p.relative_to(tmp_path / "from-xla" / "step_3") for p in (tmp_path / "from-xla" / "step_3").rglob("*")}
     assert files == files_xla
+
+
+def test_moving_a_tensor_parallel_model_to_xla_keeps_the_layers_marks():
+    """The marks the layers put on their parameters (replicated norms counted once in the
+    gradient norm and summed under sequence parallel; replicated key/value rows) survive the
+    move to the XLA device, which makes new Parameter objects. A TP 4 rank's model of the tiny
+    config, built on CPU and moved as the trainer moves it (parallel.to_device)."""
+    import subprocess
+    import sys
+    script = """
+import torch, torch_xla
+from trainer.config import load
+from trainer.model import Transformer
+from trainer.parallel import TPContext, to_device
+cfg = load("examples/tiny-cpu.yaml")
+model = Transformer(cfg.model, TPContext(4, 1, None, True), max_seq_len=64)
+before = {n: dict(vars(p)) for n, p in model.named_parameters() if vars(p)}
+plain = Transformer(cfg.model, TPContext(4, 1, None, True), max_seq_len=64).to(torch_xla.device())
+lost = sum(1 for n, p in plain.named_parameters() if n in before and not vars(p))
+to_device(model, torch_xla.device(), torch.float32)
+after = {n: dict(vars(p)) for n, p in model.named_parameters() if vars(p)}
+assert next(model.parameters()).device.type == "xla"
+print(len(before), lost, after == before, model.model.norm.weight.tp_replicated)
+"""
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    marked, lost_by_plain_to, kept, norm_replicated = out.stdout.split()[-4:]
+    print(f"{marked} marked parameters; a plain .to(xla) drops {lost_by_plain_to} of them; to_device keeps all")
+    assert int(marked) > 0 and int(lost_by_plain_to) == int(marked)  # the hazard is real
+    assert kept == "True" and norm_replicated == "True"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -188,3 +189,37 @@ def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
     assert err.value.field == "spec.compileCache.precompileSteps"
     with pytest.raises(ConfigError, match="negative"):
         parse({**body, "compileCache": {"precompileSteps": -1}})
+
+
+def test_neuron_picks_torchneuron_when_pytorch_reports_its_device_else_the_xla_path(monkeypatch):
+    """How the trainer tells TorchNeuron (trn2/trn3, SDK 2.33+) from the XLA + NxD path (trn1,
+    SDK <= 2.29): TorchNeuron autoloads as PyTorch's accelerator ``neuron`` (stood in here by
+    torch.accelerator's answer: no Trainium on this machine). The native path is the eager
+    PyTorch backend on device and process group ``neuron``, our layers, no pipeline yet."""
+    import torch
+
+    from trainer import backends
+    from trainer.config import ConfigError
+    from trainer.parallel import EAGER_DEVICES
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    # (a stand-in answer: torch.device("neuron") exists only once TorchNeuron registered it)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: SimpleNamespace(type="neuron"))
+    for requested in ("neuron", "auto"):
+        picked = backends.pick(requested)
+        assert type(picked) is backends.Backend and picked.native and picked.name == "neuron"
+        assert str(picked) == "neuron (TorchNeuron, native)"
+    assert EAGER_DEVICES["neuron"] == "neuron"  # torch.distributed backend "neuron", as AWS's examples
+    with pytest.raises(ConfigError) as err:
+        picked.prepare(1, SimpleNamespace(pp=2))
+    assert err.value.field == "parallelism.pipeline"
+    picked.prepare(1, SimpleNamespace(pp=1))
+
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr("trainer.neuron.neuron_available", lambda: False)
+    with pytest.raises(ConfigError) as err:
+        backends.pick("neuron")
+    assert err.value.field == "backend" and "torch-neuronx is not installed" in str(err.value)
+    monkeypatch.setattr("trainer.neuron.neuron_available", lambda: True)
+    from trainer.neuron import NeuronBackend
+    assert isinstance(backends.pick("neuron"), NeuronBackend)  # torch-neuronx without the native device
