@@ -45,6 +45,9 @@ def ours(cfg, device, dtype):
     from trainer.optim import ShardedAdamW
 
     ps = single_process(cfg, device if device in LAZY else "cpu")
+    if getattr(ps.impl, "native", False):  # TorchNeuron: an eager device, not torch-xla's
+        raise SystemExit("bench.throughput --device neuron measures the torch-xla path; this machine's "
+                         "PyTorch reports TorchNeuron's native device, which this benchmark does not cover yet")
     if device not in LAZY:
         ps.device = torch.device(device)
     model = Transformer(cfg.model, ps.impl.layers(ps), seed=0, max_seq_len=cfg.training.seq_len).to(device=ps.device,

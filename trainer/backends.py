@@ -15,16 +15,19 @@ only when one of its backends is picked.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .config import ConfigError
+from .launch import PRECOMPILE_ENV
 from .parallel import ParallelState, TPContext, init_parallel
 
 
 class Backend:
     """An eager PyTorch device: ``cpu``, ``cuda``, or Trainium's ``neuron`` device through
-    TorchNeuron (``Backend("neuron", native=True)``): one code path, so what CI runs on CPU
-    with gloo is what trn2 and trn3 run, as AWS's own guidance prescribes."""
+    TorchNeuron (``Backend("neuron", native=True)``): one code path, so the code CI runs on
+    CPU with gloo is the code trn2 and trn3 would run (the device and its collectives differ)."""
 
     def __init__(self, name: str, native: bool = False):
         self.name = name
@@ -52,6 +55,10 @@ class Backend:
             raise ConfigError("parallelism.pipeline", "TorchNeuron does not support pipeline parallelism yet "
                                                       "(AWS: 'will be available soon'); use tensor and data "
                                                       "parallelism, or the XLA path on an SDK 2.29 image")
+        if self.native and os.environ.get(PRECOMPILE_ENV):
+            raise ConfigError("compileCache.precompileSteps", "pre-compiling runs neuron_parallel_compile, a "
+                                                              "torch-xla tool; TorchNeuron compiles as it runs: "
+                                                              "set precompileSteps to 0")
 
     def layers(self, ps: ParallelState) -> TPContext:
         """The layer factory the model is built through."""
@@ -87,6 +94,11 @@ def torchneuron_available() -> bool:
     return current is not None and current.type == "neuron"
 
 
+def _torch_minor() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def pick(requested: str = "auto") -> Backend:
     """Neuron, then CUDA, then CPU: the one place that decides the device kind. On Neuron,
     TorchNeuron's native device when PyTorch reports it (trn2, trn3, SDK 2.33 and later), else
@@ -97,6 +109,10 @@ def pick(requested: str = "auto") -> Backend:
             return Backend("neuron", native=True)
         from .neuron import NeuronBackend, neuron_available
         if neuron_available():
+            if _torch_minor() > (2, 9):  # torch-neuronx's XLA path ends with PyTorch 2.9 (SDK 2.29)
+                raise ConfigError("backend", f"torch-neuronx is installed with PyTorch {torch.__version__} "
+                                             "(TorchNeuron) but PyTorch reports no neuron accelerator: check that "
+                                             "Neuron devices are visible and TORCH_DEVICE_BACKEND_AUTOLOAD is not 0")
             return NeuronBackend()
         if requested == "neuron":
             raise ConfigError("backend", "neuron requested but torch-neuronx is not installed "

@@ -197,14 +197,22 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
         # (parallel.shard_rows). NxD's initialize_kv_group builds its groups from consecutive
         # GLOBAL ranks, which on trn1 at TP 4 and above are not one TP group's (NxD interleaves
         # the TP groups there: parallel_state.py, the replica-group logic get_platform_target
-        # picks), so the groups are built from NxD's own TP groups, every rank creating every
-        # group in the same order.
-        for tp_ranks in ps_mod.get_tensor_model_parallel_replica_groups():
-            ordered = sorted(tp_ranks)  # a group's ranks in group-rank (TP rank) order
-            for i in range(0, len(ordered), kv_replicas):
-                group = dist.new_group(ordered[i:i + kv_replicas])
-                if rank in ordered[i:i + kv_replicas]:
+        # picks), so the groups are built from NxD's own TP groups (a group's ranks sorted are
+        # its TP ranks in order), the way NxD builds its own (_build_and_assign_groups): in CPU
+        # mode every rank creates every gloo group in the same order; on XLA each rank creates
+        # its own group with the whole mesh, which torch-xla puts in the collective's replica
+        # groups.
+        mesh = [ordered[i:i + kv_replicas]
+                for ordered in (sorted(g) for g in ps_mod.get_tensor_model_parallel_replica_groups())
+                for i in range(0, len(ordered), kv_replicas)]
+        for members in mesh:
+            if cpu_mode:
+                group = dist.new_group(members, backend="gloo")
+                if rank in members:
                     kv_group = group
+            elif rank in members:
+                kv_group = dist.new_group(members, pg_options={"xla_pg_options": {"mesh": mesh}})
+                break
     pp_group = ps_mod.get_pipeline_model_parallel_group() if layout.pipeline > 1 else None
     runtime = eager_runtime() if cpu_mode else XlaRuntime()
     return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,

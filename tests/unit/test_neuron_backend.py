@@ -214,6 +214,11 @@ def test_neuron_picks_torchneuron_when_pytorch_reports_its_device_else_the_xla_p
         picked.prepare(1, SimpleNamespace(pp=2))
     assert err.value.field == "parallelism.pipeline"
     picked.prepare(1, SimpleNamespace(pp=1))
+    monkeypatch.setenv("TRAINER_PRECOMPILE_STEPS", "2")  # neuron_parallel_compile is torch-xla's
+    with pytest.raises(ConfigError) as err:
+        picked.prepare(1, SimpleNamespace(pp=1))
+    assert err.value.field == "compileCache.precompileSteps"
+    monkeypatch.delenv("TRAINER_PRECOMPILE_STEPS")
 
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
     monkeypatch.setattr("trainer.neuron.neuron_available", lambda: False)
@@ -223,3 +228,7 @@ def test_neuron_picks_torchneuron_when_pytorch_reports_its_device_else_the_xla_p
     monkeypatch.setattr("trainer.neuron.neuron_available", lambda: True)
     from trainer.neuron import NeuronBackend
     assert isinstance(backends.pick("neuron"), NeuronBackend)  # torch-neuronx without the native device
+    monkeypatch.setattr(torch, "__version__", "2.14.0")  # TorchNeuron's torch, its device not reported
+    with pytest.raises(ConfigError) as err:
+        backends.pick("neuron")
+    assert err.value.field == "backend" and "reports no neuron accelerator" in str(err.value)
