@@ -439,10 +439,6 @@ class NeuronBackend(Backend):
     def __init__(self):
         super().__init__("neuron")
 
-    @property
-    def default_group_carries_host_tensors(self) -> bool:
-        return False  # the xla group (gloo in NxD's CPU mode, where a second one is harmless)
-
     def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas) -> ParallelState:
         return init_xla_parallel("neuron", layout_fn, sequence_parallel, precision, kv_replicas)
 
@@ -475,10 +471,6 @@ class XlaBackend(Backend):
 
     def __init__(self):
         super().__init__("xla")
-
-    @property
-    def default_group_carries_host_tensors(self) -> bool:
-        return False
 
     def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas) -> ParallelState:
         return init_xla_parallel("xla", layout_fn, sequence_parallel, precision, kv_replicas)

@@ -117,17 +117,17 @@ EAGER_DEVICES = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}  # neuron: T
 
 
 def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32",
-                  kv_replicas: int = 1, device_type: str | None = None) -> ParallelState:
+                  kv_replicas: int = 1) -> ParallelState:
     """Initialise torch.distributed from torchrun's environment (or a single process).
 
     ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
     Ranks are laid out as NxD's ``parallel_state`` lays them out: a row-major [pipeline, data,
     tensor] grid, rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so a tensor-parallel group
     sits on neighbouring ranks (one node on real clusters) and a pipeline stage on consecutive
-    nodes. For the eager devices (``EAGER_DEVICES``: ``device_type``, default the backend's
-    name); the XLA-based ``neuron`` and ``xla`` backends set up their own (``trainer.neuron``).
+    nodes. For the eager devices (``EAGER_DEVICES``, by the backend's name); the XLA-based
+    ``neuron`` and ``xla`` backends set up their own (``trainer.neuron``).
     """
-    device_type = device_type or backend_kind
+    device_type = backend_kind
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -52,7 +52,7 @@ class _TraceStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module):
-        pass
+        """Nothing to run: create_module already filled in the stand-in's names."""
 
 
 class _XlaEnvVars(importlib.abc.MetaPathFinder):
