@@ -107,9 +107,12 @@ def pick(requested: str = "auto") -> Backend:
     if requested in ("neuron", "auto"):
         if torchneuron_available():
             return Backend("neuron", native=True)
-        from .neuron import NeuronBackend, neuron_available
+        from .neuron import NeuronBackend, neuron_available, nxd_cpu_mode
         if neuron_available():
-            if _torch_minor() > (2, 9):  # torch-neuronx's XLA path ends with PyTorch 2.9 (SDK 2.29)
+            # torch-neuronx's XLA path ends with PyTorch 2.9 (SDK 2.29); NxD's CPU mode runs on any
+            if _torch_minor() > (2, 9) and not nxd_cpu_mode():
+                if requested == "auto":  # not this machine's device: CUDA or CPU next
+                    return _cuda_or_cpu("auto")
                 raise ConfigError("backend", f"torch-neuronx is installed with PyTorch {torch.__version__} "
                                              "(TorchNeuron) but PyTorch reports no neuron accelerator: check that "
                                              "Neuron devices are visible and TORCH_DEVICE_BACKEND_AUTOLOAD is not 0")
@@ -120,6 +123,10 @@ def pick(requested: str = "auto") -> Backend:
     if requested == "xla":
         from .neuron import XlaBackend
         return XlaBackend()
+    return _cuda_or_cpu(requested)
+
+
+def _cuda_or_cpu(requested: str) -> Backend:
     if requested in ("cuda", "auto") and torch.cuda.is_available():
         return Backend("cuda")
     if requested == "cuda":

@@ -137,9 +137,24 @@ def nxd_cpu_mode() -> bool:
     and its layers, mappings, loss and pipeline communication run on CPU tensors. The Neuron
     backend then runs eagerly on the CPU with NxD's real code: how CI tests it without
     Trainium, and how a user checks a Neuron layout before renting the nodes."""
-    # NxD 2.29's own rule, read here without importing NxD: importing it imports torch-neuronx,
-    # which must come after the runtime's variables are set (init_xla_parallel).
-    return int(os.environ.get("NXD_CPU_MODE", "0") or 0) > 0
+    # NxD 2.29's own rule (int(value) > 0), read here without importing NxD: importing it
+    # imports torch-neuronx, which must come after the runtime's variables are set. A value
+    # NxD's int() would crash on is refused here, naming the variable, instead.
+    value = os.environ.get("NXD_CPU_MODE", "0")
+    try:
+        return int(value) > 0
+    except ValueError:
+        raise ConfigError("env NXD_CPU_MODE", f"must be an integer (1: NxD's CPU mode, 0: off), got {value!r}") from None
+
+
+def refuse_cpu_mode_on_trainium() -> None:
+    """NxD's CPU mode on a node whose Neuron devices are in the container would hold every
+    NeuronCore while training on the CPU, orders of magnitude slower, and nothing would fail:
+    a pod spec's NXD_CPU_MODE (a user's env, or one read from a ConfigMap) is refused there."""
+    import glob
+    if glob.glob("/dev/neuron[0-9]*"):
+        raise ConfigError("env NXD_CPU_MODE", "NxD's CPU mode is for machines without Trainium; this container "
+                                              "has Neuron devices: remove NXD_CPU_MODE from the run's env")
 
 
 def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_parallel: bool,
@@ -158,6 +173,8 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     layout = layout_fn(world_size)  # check_backend has refused what this kind cannot run
     cpu_mode = kind == "neuron" and nxd_cpu_mode()
+    if cpu_mode:
+        refuse_cpu_mode_on_trainium()
     if kind == "neuron" and not cpu_mode:
         if precision == "bf16-sr":
             # Read by the Neuron runtime when it starts (the operator's pod spec sets it too).

@@ -232,3 +232,26 @@ def test_neuron_picks_torchneuron_when_pytorch_reports_its_device_else_the_xla_p
     with pytest.raises(ConfigError) as err:
         backends.pick("neuron")
     assert err.value.field == "backend" and "reports no neuron accelerator" in str(err.value)
+    assert backends.pick("auto").name == "cpu"  # auto falls through to this machine's device
+
+
+def test_nxd_cpu_mode_values_and_trainium_nodes_are_checked(monkeypatch):
+    """NXD_CPU_MODE from a run's env: a value NxD's int() would crash on is refused naming the
+    variable (a config error, not a crash loop), and CPU mode is refused where the container
+    has Neuron devices (it would hold the NeuronCores and train on the CPU)."""
+    import glob
+
+    from trainer.neuron import nxd_cpu_mode, refuse_cpu_mode_on_trainium
+    for value, on in (("1", True), ("0", False), ("2", True)):
+        monkeypatch.setenv("NXD_CPU_MODE", value)
+        assert nxd_cpu_mode() is on
+    monkeypatch.setenv("NXD_CPU_MODE", "yes")
+    with pytest.raises(ConfigError) as err:
+        nxd_cpu_mode()
+    assert err.value.field == "env NXD_CPU_MODE"
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    refuse_cpu_mode_on_trainium()
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/neuron0"] if "neuron" in pattern else [])
+    with pytest.raises(ConfigError) as err:
+        refuse_cpu_mode_on_trainium()
+    assert err.value.field == "env NXD_CPU_MODE" and "Neuron devices" in str(err.value)
