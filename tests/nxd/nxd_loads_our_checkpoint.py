@@ -42,9 +42,12 @@ def main() -> int:
     shard = torch.load(os.path.join(root, tag, "model", f"dp_rank_00_tp_rank_{ps.tp_rank:02d}_pp_rank_00.pt"),
                        map_location="cpu")
     state = model.state_dict()
-    print(json.dumps({"rank": ps.rank, "tag": tag, "tensors": len(state),
-                      "equal_to_file": all(torch.equal(state[k], shard[k]) for k in shard) and set(shard) == set(state),
-                      "changed_by_load": sum(not torch.equal(before[k], state[k]) for k in state)}), flush=True)
+    line = json.dumps({"rank": ps.rank, "tag": tag, "tensors": len(state),
+                       "equal_to_file": all(torch.equal(state[k], shard[k]) for k in shard) and set(shard) == set(state),
+                       "changed_by_load": sum(not torch.equal(before[k], state[k]) for k in state)})
+    # one write per line: the ranks share stdout, and print's text and newline can interleave
+    # between them (CI saw two ranks' lines joined)
+    os.write(1, (line + "\n").encode())
     return 0
 
 
