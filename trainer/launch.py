@@ -23,6 +23,7 @@ from pathlib import Path
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from trainium_api import exitcodes, runtimefaults
@@ -30,6 +31,7 @@ from trainium_api import preflight as verdicts
 from trainium_api.launch import (AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
                                  TERMINATION_LOG_ENV)
 
+from . import liveness
 from .outputwatch import OutputWatch
 from .progress import annotate_own_pod
 
@@ -82,17 +84,28 @@ def preflight(args, value: str) -> int:
     # the run's Preflight phase comes from this (the operator cannot tell the check from a slow start)
     announced = annotate_own_pod(verdicts.ANNOTATION, verdicts.RUNNING)
     started = time.monotonic()
+    beats = tempfile.TemporaryDirectory(prefix="preflight-beats-")
+    os.environ[liveness.DIR_ENV] = beats.name  # torchrun passes it to the check's workers
+    hung: list[liveness.Hung] = []
+    watch = liveness.Watch(Path(beats.name), float(value.split(",")[1]),
+                           lambda h: hung.append(h) or _hung_rank(h), _hung_rank_lingers).start()
     try:
         run(check)
     except ChildFailedError as exc:
         codes = [f.exitcode for f in exc.failures.values()]
         # 76 means "this node failed the check" only here: a training worker's 76 is a crash
-        code = exitcodes.PREFLIGHT if exitcodes.PREFLIGHT in codes and not any(
-            exitcodes.is_fatal(c) for c in codes) else exit_code_for(codes)
+        code = exitcodes.PREFLIGHT if hung or (exitcodes.PREFLIGHT in codes and not any(
+            exitcodes.is_fatal(c) for c in codes)) else exit_code_for(codes)
         print(f"trainer.launch: pre-flight check exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
         return code
     except SignalException:
         return exitcodes.TERMINATED
+    finally:
+        watch.stop()
+        os.environ.pop(liveness.DIR_ENV, None)
+        beats.cleanup()
+    if hung:  # named as the workers ended by themselves: the verdict stands
+        return exitcodes.PREFLIGHT
     os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
     annotate_own_pod(verdicts.ANNOTATION, verdicts.DONE, after=announced)
     if os.environ.get(PREFLIGHT_SECONDS_FILE_ENV):  # a command trainer's watch reports it
@@ -101,6 +114,32 @@ def preflight(args, value: str) -> int:
         except OSError as exc:
             print(f"trainer.launch: could not pass the check's seconds on: {exc}", file=sys.stderr)
     return exitcodes.OK
+
+
+def _hung_rank(hung: liveness.Hung) -> None:
+    """One of this pod's ranks hangs in the check (trainer.liveness): the node failed it. Say
+    why in the termination message, kill the rank (SIGKILL reaches a stopped process too) so
+    torchrun ends the check, and end the pod if torchrun cannot (a process stuck in the kernel)."""
+    reason = f"node {liveness.node_name()}: {hung.reason}"
+    print(f"trainer.launch: this node failed the pre-flight check: {reason}", file=sys.stderr, flush=True)
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if path:
+        try:
+            with open(path, "w") as f:
+                f.write(verdicts.format_message(reason))
+        except OSError as exc:
+            print(f"trainer.launch: could not write the termination message to {path}: {exc}", file=sys.stderr)
+    try:
+        os.kill(hung.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _hung_rank_lingers() -> None:
+    """torchrun did not end the check after the hung rank was killed (a process stuck in the
+    kernel does not die): the pod ends without waiting for it."""
+    print("trainer.launch: the hung rank did not end; the pod ends without it", file=sys.stderr, flush=True)
+    os._exit(exitcodes.PREFLIGHT)
 
 
 def precompile(argv: list[str], steps: int) -> int:

@@ -18,12 +18,15 @@ computes the same verdict from the same gathered results; the ranks of a named n
 PREFLIGHT (76) and its local rank 0 writes the reason into the container's termination message;
 the other ranks wait (the operator tears the gang down once it sees the named pod fail) and
 exit RETRYABLE if that takes longer than TIMEOUT. No node named: exit 0, the real run starts.
+
+A rank that hangs cannot take part in a verdict: each rank beats (trainer.liveness) and its own
+pod's launcher names the node. The peers' collectives then fail as its ranks are killed; they
+wait to be stopped, as above, until TIMEOUT has passed since the check began.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import time
@@ -31,6 +34,8 @@ from datetime import timedelta
 
 from trainium_api import exitcodes, preflight
 from trainium_api.launch import PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
+
+from .liveness import Heartbeat, node_name
 
 MATMUL_SIZE = 512
 MATMULS_PER_SAMPLE = 30  # one sample ~0.1 s on a CPU core: long enough that a slowdown shows in each
@@ -102,19 +107,31 @@ def verdict(results: list[dict], links: dict[tuple[int, int], float], factor: fl
 
 
 def main(argv: list[str]) -> int:
+    beat = Heartbeat()  # first, before torch's import: a rank stuck importing is seen too
+    try:
+        return check(argv, beat)
+    finally:
+        beat.close()
+
+
+def check(argv: list[str], beat: Heartbeat) -> int:
     import torch
     import torch.distributed as dist
 
     factor, timeout = float(argv[0]), float(argv[1])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    started = time.perf_counter()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
-    node = os.environ.get("NODE_NAME") or socket.gethostname()
-    started = time.perf_counter()
+    node = node_name()
     passed = {n for n in os.environ.get(PREFLIGHT_PASSED_ENV, "").split(",") if n}
-    trusted: list = [None] * world
-    dist.all_gather_object(trusted, node in passed)
+    beat.enter("rendezvous")
+    try:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+        rank, world = dist.get_rank(), dist.get_world_size()
+        trusted: list = [None] * world
+        dist.all_gather_object(trusted, node in passed)
+    except RuntimeError as exc:
+        return peer_left(exc, beat, timeout - (time.perf_counter() - started))
     if all(trusted):  # every node passed this run's check recently (faultTolerance.preflightSkipMinutes)
         if rank == 0:
             log("skipped: every node of the gang passed the check within the last preflightSkipMinutes")
@@ -122,10 +139,12 @@ def main(argv: list[str]) -> int:
         return exitcodes.OK
     errors: list[str] = []
     torch.set_num_threads(1)  # one thread a rank: the node's ranks must not time each other's contention
-    try:  # a check that breaks on this rank names its node (a hang is the collectives' timeout's)
+    try:  # a check that breaks on this rank names its node (a hang: trainer.liveness)
         if os.environ.get("TRAINER_PREFLIGHT_DEVICES"):  # Neuron: trainer.neuron (not run here)
             from .neuron import preflight_devices
+            beat.enter("devices")
             errors = preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank)
+        beat.enter("compute")
         torch.manual_seed(rank)
         a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
         matmul = timed(lambda: [a @ a for _ in range(MATMULS_PER_SAMPLE)])
@@ -134,28 +153,11 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
         errors.append(f"the check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200])
         matmul = 0.0
-    buf = torch.ones(ALLREDUCE_FLOATS)
-    allreduce = timed(lambda: [dist.all_reduce(buf) for _ in range(ALLREDUCES_PER_SAMPLE)])
-    mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
-            "allreduce": allreduce, "errors": errors}
-    results: list = [None] * world
-    dist.all_gather_object(results, mine)
-    # pairs of nodes, through each node's local rank 0 (every rank creates every group, in order)
-    leaders = sorted({r["node_rank"]: i for i, r in enumerate(results) if r["local_rank"] == 0}.items())
-    links: dict[tuple[int, int], float] = {}
-    if len(leaders) >= 3:
-        ranks_of = dict(leaders)
-        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]]) for pair in pairings(len(leaders))}
-        timings: dict = {}
-        for pair, group in groups.items():
-            if node_rank in pair and local_rank == 0:
-                pbuf = torch.ones(ALLREDUCE_FLOATS)
-                timings[pair] = timed(lambda: [dist.all_reduce(pbuf, group=group) for _ in range(ALLREDUCES_PER_SAMPLE)])
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, timings)
-        for t in gathered:
-            for pair, seconds in (t or {}).items():
-                links[pair] = max(links.get(pair, 0.0), seconds)
+    try:
+        results, links = measure_links(dist, torch, beat, node, node_rank, local_rank, matmul, errors)
+    except RuntimeError as exc:
+        return peer_left(exc, beat, timeout - (time.perf_counter() - started))
+    beat.enter("verdict")
     named = verdict(results, links, factor)
     took = time.perf_counter() - started
     nodes = len({r["node_rank"] for r in results})
@@ -193,9 +195,57 @@ def main(argv: list[str]) -> int:
         log(f"this node failed: {named[node_rank]}")
         return exitcodes.PREFLIGHT
     # a healthy node: the operator stops the gang once the named node's pod has failed
+    beat.enter("waiting")
     log(f"another node failed ({'; '.join(named.values())}); waiting to be stopped")
     time.sleep(timeout)
     return exitcodes.RETRYABLE
+
+
+def peer_left(exc: RuntimeError, beat: Heartbeat, remaining: float) -> int:
+    """A collective failed: a peer left (a node whose launcher found its rank hung, or one that
+    crashed: its pod's failure says which, and the operator stops this one) or never came (the
+    check's timeout, after which nothing is left to wait for)."""
+    first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    beat.enter("waiting")
+    if remaining > 0:
+        log(f"a peer left the check ({first}); waiting to be stopped")
+        time.sleep(remaining)
+    else:
+        log(f"the check's collectives timed out ({first})")
+    return exitcodes.RETRYABLE
+
+
+def measure_links(dist, torch, beat: Heartbeat, node: str, node_rank: int, local_rank: int, matmul: float,
+                  errors: list[str]) -> tuple[list[dict], dict[tuple[int, int], float]]:
+    """The gang all-reduce, every rank's results gathered, and the pairs of nodes' all-reduces:
+    (results, pair -> seconds). Collectives throughout: a peer that leaves raises here."""
+    world = dist.get_world_size()
+    beat.enter("gang all-reduce")
+    buf = torch.ones(ALLREDUCE_FLOATS)
+    allreduce = timed(lambda: [dist.all_reduce(buf) for _ in range(ALLREDUCES_PER_SAMPLE)])
+    mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
+            "allreduce": allreduce, "errors": errors}
+    beat.enter("gather")
+    results: list = [None] * world
+    dist.all_gather_object(results, mine)
+    # pairs of nodes, through each node's local rank 0 (every rank creates every group, in order)
+    leaders = sorted({r["node_rank"]: i for i, r in enumerate(results) if r["local_rank"] == 0}.items())
+    links: dict[tuple[int, int], float] = {}
+    if len(leaders) >= 3:
+        beat.enter("node pairs")
+        ranks_of = dict(leaders)
+        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]]) for pair in pairings(len(leaders))}
+        timings: dict = {}
+        for pair, group in groups.items():
+            if node_rank in pair and local_rank == 0:
+                pbuf = torch.ones(ALLREDUCE_FLOATS)
+                timings[pair] = timed(lambda: [dist.all_reduce(pbuf, group=group) for _ in range(ALLREDUCES_PER_SAMPLE)])
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, timings)
+        for t in gathered:
+            for pair, seconds in (t or {}).items():
+                links[pair] = max(links.get(pair, 0.0), seconds)
+    return results, links
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 this machine, one rank each, a static rendezvous as in a pod), one of them slowed by having its
 processes SIGSTOPped and SIGCONTed in turn (a slow node: a tenth of the time). The slow node's
 launcher exits PREFLIGHT (76) with the reason in its termination message; the others wait to be
-stopped (the operator's teardown: SIGTERM). Without a slow node, every launcher goes on to the
-real run, which learns how long the check took."""
+stopped (the operator's teardown: SIGTERM). A node whose rank is frozen in the check (SIGSTOP)
+is named by its own launcher (trainer.liveness). Without a slow node, every launcher goes on to
+the real run, which learns how long the check took."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +21,7 @@ import pytest
 
 from localcluster.faults import SlowProcesses
 from tests.conftest import ROOT, descendants, trainer_env
+from trainer import liveness
 from trainium_api import exitcodes, preflight
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, TERMINATION_LOG_ENV
 
@@ -41,10 +45,10 @@ def two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def launch(tmp: Path, factor: float, port: int, **env: str) -> list[subprocess.Popen]:
+def launch(tmp: Path, factor: float, port: int, timeout: int = 60, **env: str) -> list[subprocess.Popen]:
     script = tmp / "real.py"
     script.write_text(SCRIPT)
-    return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, f"{factor},60", "--nnodes",
+    return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, f"{factor},{timeout}", "--nnodes",
                               str(NODES), "--node_rank", str(i), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                               "--master_port", str(port), str(script)], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -77,6 +81,52 @@ def test_a_slow_node_is_named_by_the_check_and_the_others_wait_to_be_stopped(tmp
         _, err = p.communicate(timeout=60)
         assert p.returncode == exitcodes.TERMINATED, err[-2000:]  # ... and stop on it
         assert "another node failed (node node-2: matmul" in err
+    assert not (tmp_path / "term-0").exists() and not (tmp_path / "term-1").exists()
+
+
+def computing_worker(launcher: int) -> int | None:
+    """The launcher's check worker once its heartbeat says it is timing its matmuls (its file,
+    named by pid, in the directory the launcher gave it: trainer.liveness), else None."""
+    for pid in descendants(launcher):
+        try:
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        beats = env.get(liveness.DIR_ENV)
+        try:
+            if beats and json.loads((Path(beats) / f"{pid}.json").read_text())["stage"] == "compute":
+                return pid
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def test_a_node_whose_rank_hangs_in_the_check_is_named_by_its_own_launcher(tmp_path):
+    """Node 2's rank is frozen (SIGSTOP) in its matmuls: the collectives of the others would wait
+    for it until the check's timeout and nobody could be named. Its launcher sees the beat go
+    stale, kills the rank and exits PREFLIGHT naming its node; the others lose their peer and
+    wait to be stopped."""
+    procs = launch(tmp_path, 3.0, two_free_ports(), timeout=30)
+    deadline = time.monotonic() + 120
+    while (frozen := computing_worker(procs[2].pid)) is None:
+        assert time.monotonic() < deadline and procs[2].poll() is None, "node 2's check never started"
+        time.sleep(0.05)
+    os.kill(frozen, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    out, err = procs[2].communicate(timeout=120)
+    stale, _ = liveness.budgets(30)
+    assert procs[2].returncode == exitcodes.PREFLIGHT, err[-3000:]
+    assert time.monotonic() - stopped_at >= stale  # not before its beat went stale
+    reason = preflight.parse_message((tmp_path / "term-2").read_text())
+    assert reason and reason.startswith("node node-2: local rank 0 stopped responding (no heartbeat for"), reason
+    assert not Path(f"/proc/{frozen}").exists() or "Z" in Path(f"/proc/{frozen}/stat").read_text().split()[2]
+    for p in procs[:2]:
+        try:
+            _, err = p.communicate(timeout=60)  # they wait out the check's timeout, unless stopped first
+        finally:
+            p.kill()
+        assert p.returncode == exitcodes.RETRYABLE, err[-2000:]
+        assert "a peer left the check" in err and "real run" not in err
     assert not (tmp_path / "term-0").exists() and not (tmp_path / "term-1").exists()
 
 
