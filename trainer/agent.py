@@ -35,6 +35,9 @@ from trainium_api import agent as protocol
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
+from .proctable import proc_self as _proc_self
+from .proctable import process_table as _process_table
+from .proctable import status as _status
 from .progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
 WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
@@ -153,31 +156,6 @@ def _without_preflight(argv: list[str]) -> list[str]:
         elif not arg.startswith(PREFLIGHT_FLAG + "="):
             out.append(arg)
     return out
-
-
-def _status(number: int | str) -> tuple[int, int, str] | None:
-    """/proc/<number>: (its parent's number in /proc, its pid in its own innermost namespace,
-    its state), None when gone. A pod's /proc may number its host's processes (a container
-    runtime that mounts no /proc of its own, the local cluster's pods), not ours: the NSpid
-    line gives the pid we can signal."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{number}/status").read_text().splitlines()
-                      if ":" in line)
-        return (int(fields["PPid"]), int(fields.get("NSpid", str(number)).split()[-1]),
-                fields.get("State", "?").split()[0])
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
-
-
-def _process_table() -> dict[int, tuple[int, int, str]]:
-    """Every process in /proc: its number there -> _status."""
-    table = {int(e): _status(e) for e in os.listdir("/proc") if e.isdigit()}
-    return {n: st for n, st in table.items() if st is not None}
-
-
-def _proc_self() -> int:
-    """This process's number in /proc's numbering (which may be the host's)."""
-    return int(os.readlink("/proc/self"))
 
 
 def _under_me() -> list[tuple[int, int]]:

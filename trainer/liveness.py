@@ -28,7 +28,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DIR_ENV = "TRAINER_PREFLIGHT_HEARTBEATS"  # the launcher's directory for its ranks' beats
+from trainium_api.launch import PREFLIGHT_HEARTBEATS_ENV
+
+from .proctable import live_children
+
+DIR_ENV = PREFLIGHT_HEARTBEATS_ENV  # the launcher's directory for its ranks' beats
 BEAT_SECONDS = 1.0
 POLL_SECONDS = 0.5
 LINGER_SECONDS = 15.0  # after on_hung, for the launcher to end the check (torchrun stops the node's ranks)
@@ -98,22 +102,6 @@ class Hung:
     reason: str
 
 
-def _children(parent: int) -> list[int]:
-    """The live processes whose parent is ``parent`` (torchrun's workers of this launcher)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry.name}/stat").read_text()
-        except OSError:
-            continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]  # the name may hold spaces and ')'
-        if int(ppid) == parent and state not in ("Z", "X"):  # a zombie has ended
-            found.append(int(entry.name))
-    return found
-
-
 def find_hung(directory: Path, workers: dict[int, float], now: float, stale: float, local: float) -> Hung | None:
     """The first of ``workers`` (pid -> when first seen, monotonic) that hangs, or None."""
     for pid, seen in sorted(workers.items()):
@@ -162,7 +150,7 @@ class Watch:
         seen: dict[int, float] = {}
         while not self._stop.wait(POLL_SECONDS):
             now = time.monotonic()
-            live = set(_children(os.getpid()))
+            live = set(live_children())
             seen = {pid: seen.get(pid, now) for pid in live}
             hung = find_hung(self.directory, seen, now, self.stale, self.local)
             if hung is not None:

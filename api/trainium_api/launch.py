@@ -19,6 +19,9 @@ PREFLIGHT_FLAG = "--preflight"
 PREFLIGHT_SECONDS_ENV = "TRAINER_PREFLIGHT_SECONDS"
 # ...and, for a command trainer, into this file (trainer.watch, the launcher's parent, names it).
 PREFLIGHT_SECONDS_FILE_ENV = "TRAINER_PREFLIGHT_SECONDS_FILE"
+# The directory where the check's ranks keep their heartbeat files, one per PID, for their
+# launcher (trainer.liveness; tests read it to freeze a rank mid-check).
+PREFLIGHT_HEARTBEATS_ENV = "TRAINER_PREFLIGHT_HEARTBEATS"
 
 # `--agent` (in-place restarts, spec.faultTolerance.inPlaceRestarts): trainer.launch becomes the
 # pod's agent (trainer.agent), which runs the rest of the command as its child and starts new

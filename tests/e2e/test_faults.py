@@ -14,6 +14,7 @@ For every fault the test checks, from the trainer's and the machine's own record
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -262,6 +263,47 @@ def test_a_gang_cut_off_from_the_control_plane_is_fenced_by_the_next_attempt(e2e
     assert sorted(new) == list(range(resumed + 1, max(new) + 1))
     d.custom.delete_namespaced_custom_object(drill.GROUP, drill.VERSION, d.ns, drill.PLURAL, d.name)
     d.wait(lambda: not d.pods(), 60, "the run's pods to go with it")
+
+
+def test_a_node_whose_rank_hangs_in_the_preflight_check_is_left_out(e2e, reference, tiny_data, tmp_path):
+    """faultTolerance.preflight on: pod 0's check rank is frozen (SIGSTOP) while it times its
+    matmuls, so every other rank would wait in the next collective until the check's timeout.
+    Its own launcher sees the rank's heartbeat go stale, names its node (cause preflight); the
+    run avoids that node, starts on the others and trains exactly as the reference (bitwise)."""
+    import os
+    import signal
+
+    from localcluster import faults, podprocs
+    body = spec_for("hung", tiny_data, tmp_path)
+    body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "preflight": "on",
+                                      "preflightTimeoutSeconds": 30}
+    d = Drill(e2e.cluster, e2e.namespace("preflight-hang"), body)
+    d.create()
+
+    def computing():
+        try:
+            pids = podprocs.worker_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(
+                e2e.cluster.pods_dir, d.ns, "hung-a1-0"))).values()
+        except (LookupError, OSError):
+            return None
+        return faults.preflight_rank_in(pids, "compute")
+    frozen = d.wait(computing, 180, "pod 0's check rank to time its matmuls", interval=0.05)
+    os.kill(frozen, signal.SIGSTOP)
+    node = d.core.read_namespaced_pod("hung-a1-0", d.ns).spec.node_name
+    try:
+        st = finish(d)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+    failure = st["failures"][-1]
+    print(f"\npreflight hang: {failure['message']}")
+    assert st["restarts"] == {"preflight": 1} and failure["cause"] == "preflight" and failure["node"] == node, st
+    assert "local rank 0 stopped responding (no heartbeat for" in failure["message"], failure
+    assert [a["node"] for a in st["avoidedNodes"]] == [node] and not st.get("quarantinedNodes")
+    truth = drill.ground_truth(d.losses_path, st["createdTime"])
+    assert sorted(truth.losses) == sorted(reference.losses)
+    for step, rec in reference.losses.items():
+        assert (truth.losses[step]["loss"], truth.losses[step]["gradNorm"]) == (rec["loss"], rec["gradNorm"]), step
 
 
 def test_a_slow_node_is_found_by_the_preflight_check_and_the_run_starts_on_the_others(e2e, reference, tiny_data,

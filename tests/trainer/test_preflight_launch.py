@@ -8,7 +8,6 @@ the real run, which learns how long the check took."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.faults import SlowProcesses
+from localcluster.faults import SlowProcesses, preflight_rank_in
 from tests.conftest import ROOT, descendants, trainer_env
 from trainer import liveness
 from trainium_api import exitcodes, preflight
@@ -84,23 +83,6 @@ def test_a_slow_node_is_named_by_the_check_and_the_others_wait_to_be_stopped(tmp
     assert not (tmp_path / "term-0").exists() and not (tmp_path / "term-1").exists()
 
 
-def computing_worker(launcher: int) -> int | None:
-    """The launcher's check worker once its heartbeat says it is timing its matmuls (its file,
-    named by pid, in the directory the launcher gave it: trainer.liveness), else None."""
-    for pid in descendants(launcher):
-        try:
-            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
-        except OSError:
-            continue
-        beats = env.get(liveness.DIR_ENV)
-        try:
-            if beats and json.loads((Path(beats) / f"{pid}.json").read_text())["stage"] == "compute":
-                return pid
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def test_a_node_whose_rank_hangs_in_the_check_is_named_by_its_own_launcher(tmp_path):
     """Node 2's rank is frozen (SIGSTOP) in its matmuls: the collectives of the others would wait
     for it until the check's timeout and nobody could be named. Its launcher sees the beat go
@@ -108,7 +90,7 @@ def test_a_node_whose_rank_hangs_in_the_check_is_named_by_its_own_launcher(tmp_p
     wait to be stopped."""
     procs = launch(tmp_path, 3.0, two_free_ports(), timeout=30)
     deadline = time.monotonic() + 120
-    while (frozen := computing_worker(procs[2].pid)) is None:
+    while (frozen := preflight_rank_in(descendants(procs[2].pid), "compute")) is None:
         assert time.monotonic() < deadline and procs[2].poll() is None, "node 2's check never started"
         time.sleep(0.05)
     os.kill(frozen, signal.SIGSTOP)

@@ -303,6 +303,32 @@ def SlowPod(pods_root, namespace: str, pod: str, share: float = 0.2, period: flo
     return SlowProcesses(find, share, period, name=f"slow-{namespace}/{pod}")
 
 
+def preflight_rank_in(pids, stage: str) -> int | None:
+    """The first of ``pids`` that is a pre-flight check's rank in ``stage``, as its heartbeat
+    says (trainer.liveness: a file named by its PID in the directory its launcher gave it in
+    PREFLIGHT_HEARTBEATS_ENV), else None. Lets a test freeze a rank mid-check."""
+    import json
+    from pathlib import Path
+
+    from trainium_api.launch import PREFLIGHT_HEARTBEATS_ENV
+
+    from . import podprocs
+    for pid in pids:
+        beats = podprocs.process_env(pid).get(PREFLIGHT_HEARTBEATS_ENV)
+        if not beats:
+            continue
+        try:
+            # the pod's own view: its /tmp may be a mount of its own, its PIDs a namespace's
+            own_pid = next(line.split()[-1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if line.startswith("NSpid:"))
+            record = Path(f"/proc/{pid}/root") / beats.lstrip("/") / f"{own_pid}.json"
+            if json.loads(record.read_text()).get("stage") == stage:
+                return pid
+        except (OSError, ValueError, StopIteration):
+            continue
+    return None
+
+
 def kill_rank(pods_root, namespace: str, pod: str, rank: int | None = None) -> tuple[int, int]:
     """SIGKILL one torchrun worker of the pod (global ``rank``; default the pod's lowest), as a
     crashed rank. Returns (rank, pid)."""
