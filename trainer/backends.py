@@ -15,13 +15,32 @@ only when one of its backends is picked.
 
 from __future__ import annotations
 
+import datetime
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from .config import ConfigError
 from .launch import PRECOMPILE_ENV
-from .parallel import ParallelState, TPContext, init_parallel
+from .parallel import EAGER_DEVICES, ParallelState, TPContext, eager_device, init_parallel
+
+
+@dataclass(frozen=True)
+class CheckCollectives:
+    """What the pre-flight check (trainer.preflight) times, on the trainer's own device and
+    collectives: the default process group is started; tensors live on ``device``; ``sync()``
+    waits for the device's queued work (a timing means nothing before it); ``host_group``
+    carries pickled objects (None: the default group does); ``pair_backend`` is the backend of
+    the node pairs' groups (None: the default's)."""
+
+    device: torch.device
+    sync: Callable[[], None]
+    host_group: object | None
+    pair_backend: str | None
+    described: str
 
 
 class Backend:
@@ -44,6 +63,20 @@ class Backend:
 
     def init_parallel(self, layout_fn, sequence_parallel: bool, precision: str, kv_replicas: int) -> ParallelState:
         return init_parallel(self.name, layout_fn, sequence_parallel, precision, kv_replicas)
+
+    def check_collectives(self, timeout: datetime.timedelta) -> CheckCollectives:
+        """The pre-flight check's device and process group: the trainer's (``EAGER_DEVICES``)."""
+        device = eager_device(self.name, int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(EAGER_DEVICES[self.name], timeout=timeout)
+        if self.name == "cuda":
+            sync = torch.cuda.synchronize
+        elif self.native:  # TorchNeuron registers its device with torch.accelerator
+            sync = torch.accelerator.synchronize
+        else:
+            def sync() -> None:
+                """CPU work is done when the call returns."""
+        host = None if self.default_group_carries_host_tensors else dist.new_group(backend="gloo")
+        return CheckCollectives(device, sync, host, None, f"{EAGER_DEVICES[self.name]} on {device.type}")
 
     def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
         """Before the model is built: refuse what this backend cannot run (naming the field),

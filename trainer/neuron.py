@@ -54,7 +54,7 @@ import torch.nn as nn
 from trainium_api import exitcodes
 
 from .config import ConfigError, Layout
-from .backends import Backend
+from .backends import Backend, CheckCollectives
 from .parallel import (DeferredRuntime, ParallelState, TPContext, eager_runtime, mark_kv_replicated, shard_cols,
                        shard_rows)
 
@@ -482,6 +482,31 @@ class NeuronBackend(Backend):
     def peak_flops(self) -> float | None:
         return neuron_rank_peak()
 
+    def check_collectives(self, timeout: datetime.timedelta) -> CheckCollectives:
+        """The pre-flight check on the trainer's collectives (xla_check_collectives); in NxD's
+        CPU mode, gloo and the CPU, as its process groups are."""
+        if nxd_cpu_mode():
+            refuse_cpu_mode_on_trainium()
+            return Backend("cpu").check_collectives(timeout)
+        require("torch_neuronx")  # registers the Neuron PJRT device with torch-xla
+        return xla_check_collectives(timeout)
+
+
+def xla_check_collectives(timeout: datetime.timedelta) -> CheckCollectives:
+    """The ``xla`` process group and the XLA device (on Trainium the NeuronCore, and Neuron's
+    collectives over EFA for the gang all-reduce); each timing ends with ``torch_xla.sync()``
+    and ``wait_device_ops``. The node pairs run on a gloo group: an XLA collective is compiled
+    for a mesh of every rank (its replica groups), and a group of two nodes' leaders alone is
+    not one; they time their link over the host network."""
+    require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
+    torch_xla, xm = require("torch_xla"), require("torch_xla.core.xla_model")
+    dist.init_process_group("xla", init_method="xla://", timeout=timeout)
+
+    def sync() -> None:
+        torch_xla.sync()
+        xm.wait_device_ops()
+    return CheckCollectives(xla_device(), sync, dist.new_group(backend="gloo"), "gloo", "xla on the XLA device")
+
 
 class XlaBackend(Backend):
     """torch-xla's own device in one process, with the PyTorch backend's layers."""
@@ -503,6 +528,9 @@ class XlaBackend(Backend):
 
     def peak_flops(self) -> float | None:
         return None
+
+    def check_collectives(self, timeout: datetime.timedelta) -> CheckCollectives:
+        return xla_check_collectives(timeout)
 
 
 # -- the pre-flight check's device part (trainer.preflight) ---------------------------------------

@@ -116,6 +116,16 @@ class ParallelState:
 EAGER_DEVICES = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}  # neuron: TorchNeuron (native)
 
 
+def eager_device(kind: str, local_rank: int) -> torch.device:
+    """This rank's device of an eager kind (``EAGER_DEVICES``), made current where that matters."""
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    # TorchNeuron gives each process its own NeuronCores and names the device "neuron"
+    # (AWS's examples use torch.device("neuron") with backend "neuron"; docs/neuron.md)
+    return torch.device(kind)
+
+
 def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32",
                   kv_replicas: int = 1) -> ParallelState:
     """Initialise torch.distributed from torchrun's environment (or a single process).
@@ -132,13 +142,7 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     layout = layout_fn(world_size)
-    if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        # TorchNeuron gives each process its own NeuronCores and names the device "neuron"
-        # (AWS's examples use torch.device("neuron") with backend "neuron"; docs/neuron.md)
-        device = torch.device(device_type)
+    device = eager_device(device_type, local_rank)
     grid = RankGrid(layout.pipeline, layout.data, layout.tensor)
     pp_rank, dp_rank, tp_rank = grid.coords(rank)
     groups: dict[str, object | None] = {"tp": None, "dp": None, "pp": None, "kv": None}

@@ -1,8 +1,9 @@
-"""python -m trainer.preflight FACTOR TIMEOUT: the gang's pre-flight check (faultTolerance.preflight).
+"""python -m trainer.preflight FACTOR TIMEOUT [BACKEND]: the gang's pre-flight check (faultTolerance.preflight).
 
 trainer.launch runs it under torchrun, with the run's own torchrun arguments, before the real
-run: every rank of every pod takes part, with the collectives the trainer will use (gloo here;
-on Neuron, the device checks of trainer.neuron first). Checks:
+run: every rank of every pod takes part, on the device and with the collectives the trainer
+will use (the run's backend's: Backend.check_collectives; on Neuron, the device checks of
+trainer.neuron first). Checks:
 
 - compute: timed matmuls on every rank (samples of 30 512x512 matmuls, the median of 5); a
   node is as slow as its slowest rank;
@@ -31,11 +32,15 @@ import statistics
 import sys
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from trainium_api import exitcodes, preflight
 from trainium_api.launch import PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
 from .liveness import Heartbeat, node_name
+
+if TYPE_CHECKING:
+    from .backends import CheckCollectives
 
 MATMUL_SIZE = 512
 MATMULS_PER_SAMPLE = 30  # one sample ~0.1 s on a CPU core: long enough that a slowdown shows in each
@@ -118,18 +123,27 @@ def check(argv: list[str], beat: Heartbeat) -> int:
     import torch
     import torch.distributed as dist
 
+    from .backends import pick
+    from .config import ConfigError
+
     factor, timeout = float(argv[0]), float(argv[1])
+    requested = argv[2] if len(argv) > 2 else "auto"  # an older operator's pods name no backend
     started = time.perf_counter()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
     node = node_name()
     passed = {n for n in os.environ.get(PREFLIGHT_PASSED_ENV, "").split(",") if n}
+    try:
+        backend = pick(requested)
+    except ConfigError as exc:  # the image cannot run the run's backend: on every node alike
+        log(f"the check cannot start: {exc}")
+        return exitcodes.FATAL
     beat.enter("rendezvous")
     try:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+        coll = backend.check_collectives(timedelta(seconds=timeout))
         rank, world = dist.get_rank(), dist.get_world_size()
         trusted: list = [None] * world
-        dist.all_gather_object(trusted, node in passed)
+        dist.all_gather_object(trusted, node in passed, group=coll.host_group)
     except RuntimeError as exc:
         return peer_left(exc, beat, timeout - (time.perf_counter() - started))
     if all(trusted):  # every node passed this run's check recently (faultTolerance.preflightSkipMinutes)
@@ -146,15 +160,24 @@ def check(argv: list[str], beat: Heartbeat) -> int:
             errors = preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank)
         beat.enter("compute")
         torch.manual_seed(rank)
-        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-        matmul = timed(lambda: [a @ a for _ in range(MATMULS_PER_SAMPLE)])
-        if not torch.isfinite(a @ a).all():
+        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(coll.device)
+        out = [a]
+
+        def matmuls() -> None:
+            # a chain, so a lazy device (XLA) cannot drop unused products; scaled to stay finite
+            x = a
+            for _ in range(MATMULS_PER_SAMPLE):
+                x = (a @ x) * MATMUL_SIZE ** -0.5
+            out[0] = x
+            coll.sync()
+        matmul = timed(matmuls)
+        if not bool(torch.isfinite(out[0]).all()):
             errors.append("matmul produced non-finite values")
     except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
         errors.append(f"the check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200])
         matmul = 0.0
     try:
-        results, links = measure_links(dist, torch, beat, node, node_rank, local_rank, matmul, errors)
+        results, links = measure_links(dist, torch, coll, beat, node, node_rank, local_rank, matmul, errors)
     except RuntimeError as exc:
         return peer_left(exc, beat, timeout - (time.perf_counter() - started))
     beat.enter("verdict")
@@ -170,7 +193,7 @@ def check(argv: list[str], beat: Heartbeat) -> int:
         return exitcodes.FATAL
     if rank == 0:
         nodes = {r["node_rank"]: r for r in results}
-        log(f"{len(nodes)} nodes, {world} ranks, {took:.1f}s: matmul median "
+        log(f"{len(nodes)} nodes, {world} ranks, {coll.described}, {took:.1f}s: matmul median "
             f"{statistics.median(r['matmul'] for r in results) * 1e3:.1f} ms, gang all-reduce "
             f"{max(r['allreduce'] for r in results) * 1e3:.1f} ms"
             + (f", {len(links)} node pairs" if links else "") + ("; failed: " + "; ".join(named.values()) if named
@@ -215,33 +238,40 @@ def peer_left(exc: RuntimeError, beat: Heartbeat, remaining: float) -> int:
     return exitcodes.RETRYABLE
 
 
-def measure_links(dist, torch, beat: Heartbeat, node: str, node_rank: int, local_rank: int, matmul: float,
-                  errors: list[str]) -> tuple[list[dict], dict[tuple[int, int], float]]:
+def measure_links(dist, torch, coll: CheckCollectives, beat: Heartbeat, node: str, node_rank: int, local_rank: int,
+                  matmul: float, errors: list[str]) -> tuple[list[dict], dict[tuple[int, int], float]]:
     """The gang all-reduce, every rank's results gathered, and the pairs of nodes' all-reduces:
     (results, pair -> seconds). Collectives throughout: a peer that leaves raises here."""
     world = dist.get_world_size()
+
+    def all_reduces(buf, group=None, sync=coll.sync):
+        for _ in range(ALLREDUCES_PER_SAMPLE):
+            dist.all_reduce(buf, group=group)
+        sync()
     beat.enter("gang all-reduce")
-    buf = torch.ones(ALLREDUCE_FLOATS)
-    allreduce = timed(lambda: [dist.all_reduce(buf) for _ in range(ALLREDUCES_PER_SAMPLE)])
+    buf = torch.zeros(ALLREDUCE_FLOATS, device=coll.device)  # zeros: sums stay finite
+    allreduce = timed(lambda: all_reduces(buf))
     mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
             "allreduce": allreduce, "errors": errors}
     beat.enter("gather")
     results: list = [None] * world
-    dist.all_gather_object(results, mine)
+    dist.all_gather_object(results, mine, group=coll.host_group)
     # pairs of nodes, through each node's local rank 0 (every rank creates every group, in order)
     leaders = sorted({r["node_rank"]: i for i, r in enumerate(results) if r["local_rank"] == 0}.items())
     links: dict[tuple[int, int], float] = {}
     if len(leaders) >= 3:
         beat.enter("node pairs")
         ranks_of = dict(leaders)
-        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]]) for pair in pairings(len(leaders))}
+        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]], backend=coll.pair_backend)
+                  for pair in pairings(len(leaders))}
+        on_host = coll.pair_backend is not None  # the pairs' own backend: host tensors
         timings: dict = {}
         for pair, group in groups.items():
             if node_rank in pair and local_rank == 0:
-                pbuf = torch.ones(ALLREDUCE_FLOATS)
-                timings[pair] = timed(lambda: [dist.all_reduce(pbuf, group=group) for _ in range(ALLREDUCES_PER_SAMPLE)])
+                pbuf = torch.zeros(ALLREDUCE_FLOATS, device="cpu" if on_host else coll.device)
+                timings[pair] = timed(lambda: all_reduces(pbuf, group, (lambda: None) if on_host else coll.sync))
         gathered: list = [None] * world
-        dist.all_gather_object(gathered, timings)
+        dist.all_gather_object(gathered, timings, group=coll.host_group)
         for t in gathered:
             for pair, seconds in (t or {}).items():
                 links[pair] = max(links.get(pair, 0.0), seconds)

@@ -12,8 +12,9 @@ PRECOMPILE_FLAG = "--neuron-precompile-steps"
 # sets this variable to the container's terminationMessagePath (trainium_api.runtimefaults).
 TERMINATION_LOG_ENV = "TRAINER_TERMINATION_LOG"
 
-# `--preflight FACTOR,TIMEOUT` (spec.faultTolerance.preflight): trainer.launch first runs the
-# pre-flight check (trainer.preflight) with the same torchrun arguments, then the real run.
+# `--preflight FACTOR,TIMEOUT,BACKEND` (spec.faultTolerance.preflight, spec.backend): trainer.launch
+# first runs the pre-flight check (trainer.preflight) with the same torchrun arguments, on the
+# run's backend, then the real run.
 PREFLIGHT_FLAG = "--preflight"
 # The seconds the check took, for the real run's progress reports (goodput's preflight phase).
 PREFLIGHT_SECONDS_ENV = "TRAINER_PREFLIGHT_SECONDS"

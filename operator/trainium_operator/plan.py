@@ -167,7 +167,8 @@ def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: Checkpo
     precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
                   if spec.compile_cache.precompile_steps else [])
     ft = spec.fault_tolerance
-    check = [PREFLIGHT_FLAG, f"{ft.preflight_slow_factor:g},{ft.preflight_timeout_seconds:g}"] if spec.preflight_on() else []
+    check = ([PREFLIGHT_FLAG, f"{ft.preflight_slow_factor:g},{ft.preflight_timeout_seconds:g},{spec.backend or 'auto'}"]
+             if spec.preflight_on() else [])
     agent = [AGENT_FLAG] if spec.in_place_on() else []  # first: the agent runs the rest as its child
     launch = ["python", "-m", "trainer.launch", *agent, *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,

@@ -166,3 +166,32 @@ def test_nxd_load_checkpoint_reads_our_checkpoints(nxd_env, tiny_data, tmp_path)
                for r in loaded)
     (root / "step_4" / "done").unlink()
     assert all(r["tag"] == "step_2" and r["equal_to_file"] for r in nxd_load())
+
+
+def _preflight(env: dict[str, str], backend: str, ranks: int, tmp_path) -> str:
+    """The launcher's pre-flight check alone (then a trivial real run) on ``backend``: its
+    summary line from rank 0."""
+    script = tmp_path / "real.py"
+    script.write_text("print('real run', flush=True)\n")
+    res = subprocess.run([sys.executable, "-m", "trainer.launch", "--preflight", f"20,60,{backend}", "--standalone",
+                          "--nproc_per_node", str(ranks), str(script)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and "real run" in res.stdout, res.stderr[-3000:]
+    return next(line for line in res.stderr.splitlines() if line.startswith("trainer.preflight:") and "passed" in line)
+
+
+def test_the_preflight_check_runs_on_the_neuron_backends_collectives_in_cpu_mode(nxd_env, tmp_path):
+    """backend neuron in NxD's CPU mode: the check's device and process group are the Neuron
+    backend's (NeuronBackend.check_collectives), which in CPU mode are NxD's: gloo and the CPU."""
+    summary = _preflight(nxd_env, "neuron", 2, tmp_path)
+    assert "1 nodes, 2 ranks, gloo on cpu" in summary, summary
+
+
+def test_the_preflight_check_runs_the_trn1_xla_path_on_torch_xlas_cpu_device(nxd_env, tmp_path):
+    """backend neuron outside CPU mode is the trn1 path: the ``xla`` process group, the matmuls
+    and the all-reduce on the XLA device, each timing synced (xla_check_collectives), with
+    torch-neuronx's stand-in. Here the device is torch-xla's CPU device in one process (its CPU
+    collectives join no other process); on trn1 it is the NeuronCore."""
+    env = {k: v for k, v in nxd_env.items() if k != "NXD_CPU_MODE"}
+    summary = _preflight({**env, "PJRT_DEVICE": "CPU"}, "neuron", 1, tmp_path)
+    assert "1 nodes, 1 ranks, xla on the XLA device" in summary, summary

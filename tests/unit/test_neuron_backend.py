@@ -181,8 +181,8 @@ def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
     cmd = plan.pod(RUN, parse(body), 0, 0, [])["spec"]["containers"][0]["command"]
     assert cmd[:6] == ["python", "-m", "trainer.launch", AGENT_FLAG, PRECOMPILE_FLAG, "10"]
     argv = cmd[4:]
-    assert _pop_precompile(argv) == 10 and argv[:2] == [PREFLIGHT_FLAG, "2,300"]  # on by default on trn1
-    assert _pop_flag(argv, PREFLIGHT_FLAG) == "2,300" and argv[0] == "--nnodes"  # torchrun never sees either
+    assert _pop_precompile(argv) == 10 and argv[:2] == [PREFLIGHT_FLAG, "2,300,neuron"]  # on by default on trn1
+    assert _pop_flag(argv, PREFLIGHT_FLAG) == "2,300,neuron" and argv[0] == "--nnodes"  # torchrun never sees either
     cpu = {**example("tiny-cpu-run.yaml"), "compileCache": {"precompileSteps": 2}}
     with pytest.raises(ConfigError, match="needs the neuron backend") as err:
         parse(cpu)
