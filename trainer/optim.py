@@ -41,10 +41,23 @@ def stochastic_round_to_bf16(x: torch.Tensor, gen: torch.Generator) -> torch.Ten
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
+SUM_SQ_CHUNK = 1 << 16
+
+
 def sum_sq(t: torch.Tensor) -> torch.Tensor:
-    """Sum of squares of a flat vector. XLA's CPU ``dot`` accumulates sequentially (4e-4
-    relative error over a million elements, measured); its reduction sums pairwise."""
-    return (t * t).sum() if t.device.type == "xla" else t.dot(t)
+    """Sum of squares of a flat vector: the gradient norm and its clipping threshold.
+
+    ``dot`` on a CPU accumulates in fp32 in one running sum, in ATen as in XLA's CPU kernels
+    (measured against fp64: 2e-6 relative over 870k elements, 4e-3 over 134M). On the CPU the
+    vector is summed in chunks of 64K, whose dot products are summed as a tensor: 2e-8 at both
+    sizes, twice one dot's time (23 ms at 134M) and no temporary of the vector's size. On XLA
+    the reduction of the squares sums pairwise (the graph fuses the square); CUDA's dot reduces
+    in a tree."""
+    if t.device.type == "xla":
+        return (t * t).sum()
+    if t.device.type == "cpu" and t.numel() > SUM_SQ_CHUNK:
+        return torch.stack([c.dot(c) for c in t.split(SUM_SQ_CHUNK)]).sum()
+    return t.dot(t)
 
 
 class ShardedAdamW:

@@ -9,7 +9,8 @@ and its ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelEmbedding``, 
 with the PyTorch backend (``backend: cpu``) training the same weights on the same data in one
 process.
 
-Tolerance: losses within 1e-4 and global gradient norms within 1e-3, relative, as the PyTorch
+Tolerance: losses within 1e-4 and global gradient norms within 1e-3 (1e-5 at step 1, from the
+same weights), relative, as the PyTorch
 backend's own multi-rank layouts are held to (tests/trainer/test_pipeline.py): both sides are
 fp32 on the same CPU, and only the order of floating-point sums differs (a tensor-parallel
 matmul sums its halves in a collective; NxD's loss subtracts the max and sums the exponentials
@@ -73,6 +74,8 @@ def _assert_matches(got_file, ref_file, what: str) -> None:
               f"grad norm {ref[s]['gradNorm']:.6f} / {got[s]['gradNorm']:.6f}")
         assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-4)
         assert got[s]["gradNorm"] == pytest.approx(ref[s]["gradNorm"], rel=1e-3)
+    # step 1 starts from the same weights: only the order of sums differs (optim.sum_sq)
+    assert got[1]["gradNorm"] == pytest.approx(ref[1]["gradNorm"], rel=1e-5)
 
 
 # Sequence parallel in NxD's CPU mode needs micro-batches of 1 (trainer.neuron.NeuronBackend.prepare

@@ -49,9 +49,12 @@ def test_tp2_dp2_zero1_sequence_parallel_matches_single_process(step_model, tiny
     a, b = read_losses(tmp_path / "single.jsonl"), read_losses(tmp_path / "par.jsonl")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
     for s in a:
-        print(f"step {s}: single {a[s]['loss']:.7f} tp2xdp2 ({step_model}) {b[s]['loss']:.7f}")
+        print(f"step {s}: single {a[s]['loss']:.7f} tp2xdp2 ({step_model}) {b[s]['loss']:.7f}; grad norm "
+              f"{a[s]['gradNorm']:.7f} {b[s]['gradNorm']:.7f} ({b[s]['gradNorm'] / a[s]['gradNorm'] - 1:+.1e})")
         assert b[s]["loss"] == pytest.approx(a[s]["loss"], rel=1e-4)
         assert b[s]["gradNorm"] == pytest.approx(a[s]["gradNorm"], rel=1e-3)
+    # from the same weights only the order of sums differs: the norm holds to fp32 (optim.sum_sq)
+    assert b[1]["gradNorm"] == pytest.approx(a[1]["gradNorm"], rel=1e-6)
 
 
 def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
