@@ -15,13 +15,11 @@ only when one of its backends is picked.
 
 from __future__ import annotations
 
-import datetime
 import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from .config import ConfigError
 from .launch import PRECOMPILE_ENV
@@ -30,16 +28,17 @@ from .parallel import EAGER_DEVICES, ParallelState, TPContext, eager_device, ini
 
 @dataclass(frozen=True)
 class CheckCollectives:
-    """What the pre-flight check (trainer.preflight) times, on the trainer's own device and
-    collectives: the default process group is started; tensors live on ``device``; ``sync()``
-    waits for the device's queued work (a timing means nothing before it); ``host_group``
-    carries pickled objects (None: the default group does); ``pair_backend`` is the backend of
-    the node pairs' groups (None: the default's)."""
+    """Where the pre-flight check (trainer.preflight) times its matmuls and all-reduces: the
+    trainer's own device and collectives. ``device`` holds the tensors; ``sync()`` waits for
+    the device's queued work (a timing means nothing before it); ``collectives`` is the
+    process-group backend of the gang all-reduce (the check makes that group on top of its gloo
+    default group: "gloo" uses the default); ``pair_backend`` the node pairs' (gloo: host
+    tensors)."""
 
     device: torch.device
     sync: Callable[[], None]
-    host_group: object | None
-    pair_backend: str | None
+    collectives: str
+    pair_backend: str
     described: str
 
 
@@ -64,10 +63,10 @@ class Backend:
     def init_parallel(self, layout_fn, sequence_parallel: bool, precision: str, kv_replicas: int) -> ParallelState:
         return init_parallel(self.name, layout_fn, sequence_parallel, precision, kv_replicas)
 
-    def check_collectives(self, timeout: datetime.timedelta) -> CheckCollectives:
-        """The pre-flight check's device and process group: the trainer's (``EAGER_DEVICES``)."""
+    def check_collectives(self) -> CheckCollectives:
+        """The pre-flight check's device (made current) and collectives: the trainer's
+        (``EAGER_DEVICES``). Local: no process group is made here."""
         device = eager_device(self.name, int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(EAGER_DEVICES[self.name], timeout=timeout)
         if self.name == "cuda":
             sync = torch.cuda.synchronize
         elif self.native:  # TorchNeuron registers its device with torch.accelerator
@@ -75,8 +74,8 @@ class Backend:
         else:
             def sync() -> None:
                 """CPU work is done when the call returns."""
-        host = None if self.default_group_carries_host_tensors else dist.new_group(backend="gloo")
-        return CheckCollectives(device, sync, host, None, f"{EAGER_DEVICES[self.name]} on {device.type}")
+        backend = EAGER_DEVICES[self.name]
+        return CheckCollectives(device, sync, backend, backend, f"{backend} on {device.type}")
 
     def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
         """Before the model is built: refuse what this backend cannot run (naming the field),

@@ -85,22 +85,31 @@ def preflight(args, value: str) -> int:
     announced = annotate_own_pod(verdicts.ANNOTATION, verdicts.RUNNING)
     started = time.monotonic()
     beats = tempfile.TemporaryDirectory(prefix="preflight-beats-")
-    os.environ[liveness.DIR_ENV] = beats.name  # torchrun passes it to the check's workers
     hung: list[liveness.Hung] = []
     watch = liveness.Watch(Path(beats.name), float(value.split(",")[1]),
-                           lambda h: hung.append(h) or _hung_rank(h), _hung_rank_lingers).start()
+                           lambda h: hung.append(h) or _hung_rank(h), _hung_rank_lingers)
+    # the check is the attempt's first touch of the devices: what the runtime says of a fault
+    # there is read as in the real run (a device fault outranks the check's own words)
+    output = OutputWatch().start()
     try:
+        os.environ[liveness.DIR_ENV] = beats.name  # torchrun passes it to the check's workers
+        watch.start()
         run(check)
     except ChildFailedError as exc:
         codes = [f.exitcode for f in exc.failures.values()]
-        # 76 means "this node failed the check" only here: a training worker's 76 is a crash
-        code = exitcodes.PREFLIGHT if hung or (exitcodes.PREFLIGHT in codes and not any(
-            exitcodes.is_fatal(c) for c in codes)) else exit_code_for(codes)
+        # 76 means "this node failed the check" only here: a training worker's 76 is a crash; a
+        # gang-wide verdict (fatal: the image, most nodes) stands over this node's hung rank
+        fatal = any(exitcodes.is_fatal(c) for c in codes)
+        code = exitcodes.PREFLIGHT if not fatal and (hung or exitcodes.PREFLIGHT in codes) else exit_code_for(codes)
         print(f"trainer.launch: pre-flight check exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
+        finding = culprit_view(output.stop(), codes)
+        if finding is not None and finding.kind != "peer" and not hung:
+            report_fault(finding, os.environ.get(TERMINATION_LOG_ENV))
         return code
     except SignalException:
         return exitcodes.TERMINATED
     finally:
+        output.stop()
         watch.stop()
         os.environ.pop(liveness.DIR_ENV, None)
         beats.cleanup()

@@ -7,10 +7,10 @@ which nobody can be named and the gang would start again on the same node. So ea
 with the stage the rank is in and since when), and the launcher around torchrun
 (``trainer.launch``, ``Watch``) names its own node when one of its ranks
 
-- has not beaten for ``stale`` seconds (the process is not running: stopped, or stuck in the
-  kernel), or has written no beat that long after it started;
+- is stopped (SIGSTOP, a freezer) and has not beaten for ``stale`` seconds, or has not beaten
+  (or written no beat since it started) for ``local`` seconds whatever its state;
 - or has spent ``local`` seconds in a stage that waits on no other rank (starting and importing,
-  the device tools, the timed matmuls).
+  the device tools, starting the device, its first compile, the timed matmuls).
 
 Both budgets lie well inside the check's timeout, so the hung node is named before its peers'
 collectives give up. A rank waiting in a collective keeps beating and is never blamed (its peer
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +38,9 @@ BEAT_SECONDS = 1.0
 POLL_SECONDS = 0.5
 LINGER_SECONDS = 15.0  # after on_hung, for the launcher to end the check (torchrun stops the node's ranks)
 # the stages in which a rank waits on nobody: only it can be slow there
-LOCAL_STAGES = frozenset({"starting", "devices", "compute"})
+LOCAL_STAGES = frozenset({"starting", "devices", "device start", "warm-up", "compute"})
+STOPPED_STATES = frozenset({"T", "t"})  # /proc's state of a stopped process (SIGSTOP, a freezer, a tracer)
+CHECK_MODULE = "trainer.preflight"  # the launcher's children that run the check (others are not judged)
 LEFT = "left"  # the rank's last stage: it is exiting, and nothing it does now is the check's
 
 
@@ -102,24 +105,31 @@ class Hung:
     reason: str
 
 
-def find_hung(directory: Path, workers: dict[int, float], now: float, stale: float, local: float) -> Hung | None:
-    """The first of ``workers`` (pid -> when first seen, monotonic) that hangs, or None."""
+def find_hung(directory: Path, workers: dict[int, float], now: float, stale: float, local: float,
+              states: dict[int, str] | None = None) -> Hung | None:
+    """The first of ``workers`` (pid -> when first seen, monotonic) that hangs, or None.
+    ``states`` (pid -> /proc state): a stale beat names a stopped process at once, any other
+    only after ``local`` seconds (a long call that holds the interpreter's lock, loading a
+    library from a slow disk, also stops the beat: it is not a hang until then)."""
+    states = states or {}
     for pid, seen in sorted(workers.items()):
+        patience = stale if states.get(pid) in STOPPED_STATES else local
         try:
             record = json.loads((directory / f"{pid}.json").read_text())
             beat, stage, since = float(record["beat"]), str(record["stage"]), float(record["since"])
             local_rank = int(record["localRank"])
         except FileNotFoundError:
-            if now - seen > stale:
+            if now - seen > patience:
                 return Hung(pid, None, f"worker {pid} wrote no heartbeat in the {now - seen:.0f}s after it started")
             continue
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a record being replaced: read again next time
         if stage == LEFT:
             continue
-        if now - beat > stale:
+        if now - beat > patience:
+            stopped = " (the process is stopped)" if states.get(pid) in STOPPED_STATES else ""
             return Hung(pid, local_rank, f"local rank {local_rank} stopped responding (no heartbeat for "
-                                         f"{now - beat:.0f}s) in the check's {stage} stage")
+                                         f"{now - beat:.0f}s{stopped}) in the check's {stage} stage")
         if stage in LOCAL_STAGES and now - since > local:
             return Hung(pid, local_rank, f"local rank {local_rank} spent {now - since:.0f}s in the check's {stage} "
                                          f"stage, which waits on no other rank (at most {local:.0f}s)")
@@ -150,11 +160,14 @@ class Watch:
         seen: dict[int, float] = {}
         while not self._stop.wait(POLL_SECONDS):
             now = time.monotonic()
-            live = set(live_children())
-            seen = {pid: seen.get(pid, now) for pid in live}
-            hung = find_hung(self.directory, seen, now, self.stale, self.local)
-            if hung is not None:
-                self.on_hung(hung)
+            states = live_children(CHECK_MODULE)
+            seen = {pid: seen.get(pid, now) for pid in states}
+            hung = find_hung(self.directory, seen, now, self.stale, self.local, states)
+            if hung is not None and not self._stop.is_set():
+                try:
+                    self.on_hung(hung)
+                except Exception as exc:  # noqa: BLE001 - the pod must still end (below)
+                    print(f"trainer.liveness: could not act on a hung rank: {exc}", file=sys.stderr, flush=True)
                 if not self._stop.wait(LINGER_SECONDS):
                     self.on_linger()
                 return

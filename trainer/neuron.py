@@ -482,30 +482,29 @@ class NeuronBackend(Backend):
     def peak_flops(self) -> float | None:
         return neuron_rank_peak()
 
-    def check_collectives(self, timeout: datetime.timedelta) -> CheckCollectives:
+    def check_collectives(self) -> CheckCollectives:
         """The pre-flight check on the trainer's collectives (xla_check_collectives); in NxD's
         CPU mode, gloo and the CPU, as its process groups are."""
         if nxd_cpu_mode():
             refuse_cpu_mode_on_trainium()
-            return Backend("cpu").check_collectives(timeout)
+            return Backend("cpu").check_collectives()
         require("torch_neuronx")  # registers the Neuron PJRT device with torch-xla
-        return xla_check_collectives(timeout)
+        return xla_check_collectives()
 
 
-def xla_check_collectives(timeout: datetime.timedelta) -> CheckCollectives:
-    """The ``xla`` process group and the XLA device (on Trainium the NeuronCore, and Neuron's
-    collectives over EFA for the gang all-reduce); each timing ends with ``torch_xla.sync()``
-    and ``wait_device_ops``. The node pairs run on a gloo group: an XLA collective is compiled
-    for a mesh of every rank (its replica groups), and a group of two nodes' leaders alone is
-    not one; they time their link over the host network."""
+def xla_check_collectives() -> CheckCollectives:
+    """The XLA device (on Trainium the NeuronCore) and an ``xla`` process group for the gang
+    all-reduce (Neuron's collectives over EFA); each timing ends with ``torch_xla.sync()`` and
+    ``wait_device_ops``. The node pairs run on gloo: an XLA collective is compiled for a mesh of
+    every rank (its replica groups), and a group of two nodes' leaders alone is not one; they
+    time their link over the host network."""
     require("torch_xla.distributed.xla_backend")  # registers the "xla" process group backend
     torch_xla, xm = require("torch_xla"), require("torch_xla.core.xla_model")
-    dist.init_process_group("xla", init_method="xla://", timeout=timeout)
 
     def sync() -> None:
         torch_xla.sync()
         xm.wait_device_ops()
-    return CheckCollectives(xla_device(), sync, dist.new_group(backend="gloo"), "gloo", "xla on the XLA device")
+    return CheckCollectives(xla_device(), sync, "xla", "gloo", "xla on the XLA device")
 
 
 class XlaBackend(Backend):
@@ -529,8 +528,8 @@ class XlaBackend(Backend):
     def peak_flops(self) -> float | None:
         return None
 
-    def check_collectives(self, timeout: datetime.timedelta) -> CheckCollectives:
-        return xla_check_collectives(timeout)
+    def check_collectives(self) -> CheckCollectives:
+        return xla_check_collectives()
 
 
 # -- the pre-flight check's device part (trainer.preflight) ---------------------------------------
@@ -541,10 +540,7 @@ class XlaBackend(Backend):
 # all-reduce over N NeuronCores of this node and exits non-zero when it fails. Only the exit
 # statuses and the device files are read: neuron-ls's JSON changes format in Neuron 2.34.
 
-NCCOM_TEST_TIMEOUT = 120.0
-
-
-def preflight_devices(expected: int, local_rank: int) -> list[str]:
+def preflight_devices(expected: int, local_rank: int, tool_timeout: float) -> list[str]:
     """What is wrong with this node's Neuron devices ([] when nothing): checked by local rank 0
     only (the others return [] at once; the node's verdict takes the worst of its ranks)."""
     import re
@@ -560,9 +556,9 @@ def preflight_devices(expected: int, local_rank: int) -> list[str]:
         if shutil.which(tool) is None:
             return [f"{tool} is not on PATH (it ships with the Neuron training images)"]  # on every node: FATAL
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=NCCOM_TEST_TIMEOUT)
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=tool_timeout)
         except subprocess.TimeoutExpired:
-            return [f"{tool} did not finish in {NCCOM_TEST_TIMEOUT:.0f}s"]
+            return [f"{tool} did not finish in {tool_timeout:.0f}s"]
         if res.returncode != 0:
             last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
             return [f"{' '.join(argv)} exited {res.returncode}: {last[0][:200]}"]

@@ -2,8 +2,10 @@
 
 trainer.launch runs it under torchrun, with the run's own torchrun arguments, before the real
 run: every rank of every pod takes part, on the device and with the collectives the trainer
-will use (the run's backend's: Backend.check_collectives; on Neuron, the device checks of
-trainer.neuron first). Checks:
+will use (the run's backend's: Backend.check_collectives). In order: the rendezvous and the
+skip decision on the host's gloo group; on Neuron the device checks of trainer.neuron, before
+any rank starts a device; each rank starts its device, and all agree that every rank could
+before any device group is made; then the timings. Checks:
 
 - compute: timed matmuls on every rank (samples of 30 512x512 matmuls, the median of 5); a
   node is as slow as its slowest rank;
@@ -49,14 +51,16 @@ ALLREDUCE_FLOATS = 1 << 18  # 1 MiB
 ALLREDUCES_PER_SAMPLE = 10  # a sample spans tens of ms: one lucky or unlucky all-reduce decides nothing
 MIN_SECONDS = 1e-4  # below this a median is noise, not a baseline
 MESSAGE_GRACE_SECONDS = 10.0  # how long a named node's other ranks wait for local rank 0's reason
+DEVICE_TOOLS_SHARE = 0.4  # of the timeout, for neuron-ls and nccom-test together: inside the devices stage's budget
 
 
 def log(msg: str) -> None:
     print(f"trainer.preflight: {msg}", file=sys.stderr, flush=True)
 
 
-def timed(fn, repeats: int = REPEATS) -> float:
-    fn()  # warm-up: the first call pays allocation and connection setup
+def timed(fn, repeats: int = REPEATS, warm: bool = True) -> float:
+    if warm:
+        fn()  # warm-up: the first call pays allocation, connection setup, a lazy device's compile
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -123,77 +127,60 @@ def check(argv: list[str], beat: Heartbeat) -> int:
     import torch
     import torch.distributed as dist
 
-    from .backends import pick
-    from .config import ConfigError
-
     factor, timeout = float(argv[0]), float(argv[1])
     requested = argv[2] if len(argv) > 2 else "auto"  # an older operator's pods name no backend
+    limit = timedelta(seconds=timeout)
     started = time.perf_counter()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
     node = node_name()
     passed = {n for n in os.environ.get(PREFLIGHT_PASSED_ENV, "").split(",") if n}
-    try:
-        backend = pick(requested)
-    except ConfigError as exc:  # the image cannot run the run's backend: on every node alike
-        log(f"the check cannot start: {exc}")
-        return exitcodes.FATAL
     beat.enter("rendezvous")
     try:
-        coll = backend.check_collectives(timedelta(seconds=timeout))
+        # the host's gloo group first: the rendezvous, the skip, the device tools and every
+        # verdict need no device, and a node that skips or fails them never starts one
+        dist.init_process_group("gloo", timeout=limit)
         rank, world = dist.get_rank(), dist.get_world_size()
         trusted: list = [None] * world
-        dist.all_gather_object(trusted, node in passed, group=coll.host_group)
-    except RuntimeError as exc:
+        dist.all_gather_object(trusted, node in passed)
+    except dist.DistError as exc:
         return peer_left(exc, beat, timeout - (time.perf_counter() - started))
     if all(trusted):  # every node passed this run's check recently (faultTolerance.preflightSkipMinutes)
         if rank == 0:
             log("skipped: every node of the gang passed the check within the last preflightSkipMinutes")
         dist.destroy_process_group()
         return exitcodes.OK
-    errors: list[str] = []
     torch.set_num_threads(1)  # one thread a rank: the node's ranks must not time each other's contention
-    try:  # a check that breaks on this rank names its node (a hang: trainer.liveness)
-        if os.environ.get("TRAINER_PREFLIGHT_DEVICES"):  # Neuron: trainer.neuron (not run here)
-            from .neuron import preflight_devices
-            beat.enter("devices")
-            errors = preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank)
-        beat.enter("compute")
-        torch.manual_seed(rank)
-        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(coll.device)
-        out = [a]
-
-        def matmuls() -> None:
-            # a chain, so a lazy device (XLA) cannot drop unused products; scaled to stay finite
-            x = a
-            for _ in range(MATMULS_PER_SAMPLE):
-                x = (a @ x) * MATMUL_SIZE ** -0.5
-            out[0] = x
-            coll.sync()
-        matmul = timed(matmuls)
-        if not bool(torch.isfinite(out[0]).all()):
-            errors.append("matmul produced non-finite values")
-    except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
-        errors.append(f"the check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200])
-        matmul = 0.0
+    errors = device_tools(beat, local_rank, timeout)
+    matmul, results, links, coll = 0.0, None, {}, None
     try:
-        results, links = measure_links(dist, torch, coll, beat, node, node_rank, local_rank, matmul, errors)
-    except RuntimeError as exc:
+        beat.enter("device tools barrier")
+        dist.barrier()  # no rank starts its device while a node's tools still run (a held core is no other's)
+        if not errors:
+            errors, coll = start_device(beat, requested, local_rank)
+        failed: list = [None] * world  # every rank learns which could not start before any device group
+        dist.all_gather_object(failed, bool(errors))
+        if not any(failed):
+            matmul = time_matmuls(torch, coll, beat, rank, errors)
+        results, links = measure_links(dist, torch, coll if not any(failed) else None, beat, limit, node, node_rank,
+                                       local_rank, matmul, errors)
+    except dist.DistError as exc:
         return peer_left(exc, beat, timeout - (time.perf_counter() - started))
+    described = coll.described if coll is not None else "devices not started"
     beat.enter("verdict")
     named = verdict(results, links, factor)
     took = time.perf_counter() - started
     nodes = len({r["node_rank"] for r in results})
     if nodes >= 2 and len(named) > nodes // 2:
-        # most nodes "failed": the image or the cluster is wrong (a missing tool, a setting), not a
-        # node; naming one would leave out one healthy node per restart
+        # most nodes "failed": the image or the cluster is wrong (a missing tool, a backend the
+        # image lacks, a setting), not a node; naming one would leave out one healthy node per restart
         if rank == 0:
             log(f"the check failed on {len(named)} of {nodes} nodes: {next(iter(named.values()))}; this is not one "
                 "node's fault (the image or the cluster's setup): not retried")
         return exitcodes.FATAL
     if rank == 0:
         nodes = {r["node_rank"]: r for r in results}
-        log(f"{len(nodes)} nodes, {world} ranks, {coll.described}, {took:.1f}s: matmul median "
+        log(f"{len(nodes)} nodes, {world} ranks, {described}, {took:.1f}s: matmul median "
             f"{statistics.median(r['matmul'] for r in results) * 1e3:.1f} ms, gang all-reduce "
             f"{max(r['allreduce'] for r in results) * 1e3:.1f} ms"
             + (f", {len(links)} node pairs" if links else "") + ("; failed: " + "; ".join(named.values()) if named
@@ -224,7 +211,65 @@ def check(argv: list[str], beat: Heartbeat) -> int:
     return exitcodes.RETRYABLE
 
 
-def peer_left(exc: RuntimeError, beat: Heartbeat, remaining: float) -> int:
+def device_tools(beat: Heartbeat, local_rank: int, timeout: float) -> list[str]:
+    """On Neuron, the device files and tools (trainer.neuron.preflight_devices, local rank 0),
+    run before any rank of the gang starts its device: a NeuronCore one process holds, no other
+    can use, and nccom-test needs the node's. What is wrong names this node."""
+    if not os.environ.get("TRAINER_PREFLIGHT_DEVICES"):
+        return []
+    beat.enter("devices")
+    try:
+        from .neuron import preflight_devices
+        tool_timeout = timeout * DEVICE_TOOLS_SHARE / 2  # two tools, inside the stage's budget
+        return preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank, tool_timeout)
+    except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
+        return [f"the device check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200]]
+
+
+def start_device(beat: Heartbeat, requested: str, local_rank: int) -> tuple[list[str], CheckCollectives | None]:
+    """The run's backend and this rank's device: (errors, collectives). An error names this
+    node, or, on most nodes, the image (the verdict's FATAL)."""
+    from trainium_api.exitcodes import FatalError
+
+    from .backends import pick
+    from .config import ConfigError
+    beat.enter("device start")
+    try:
+        return [], pick(requested).check_collectives()
+    except (ConfigError, FatalError) as exc:
+        return [f"the run's backend {requested} cannot start: {exc}"[:200]], None
+    except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
+        return [f"the device did not start on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200]], None
+
+
+def time_matmuls(torch, coll: CheckCollectives, beat: Heartbeat, rank: int, errors: list[str]) -> float:
+    """Seconds of one sample of chained matmuls on the device (the median of REPEATS), after a
+    warm-up that pays the device's first compile outside the stage's budget."""
+    torch.manual_seed(rank)
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(coll.device)
+    out = [a]
+
+    def matmuls() -> None:
+        # a chain, so a lazy device (XLA) cannot drop unused products; scaled to stay finite
+        x = a
+        for _ in range(MATMULS_PER_SAMPLE):
+            x = (a @ x) * MATMUL_SIZE ** -0.5
+        out[0] = x
+        coll.sync()
+    try:
+        beat.enter("warm-up")  # a first compile may take long on Trainium; only a stale beat counts
+        matmuls()
+        beat.enter("compute")
+        seconds = timed(matmuls, warm=False)
+        if not bool(torch.isfinite(out[0]).all()):
+            errors.append("matmul produced non-finite values")
+        return seconds
+    except Exception as exc:  # noqa: BLE001 (a device that fails here is this node's)
+        errors.append(f"the matmuls failed on this rank: {type(exc).__name__}: {exc}"[:200])
+        return 0.0
+
+
+def peer_left(exc: Exception, beat: Heartbeat, remaining: float) -> int:
     """A collective failed: a peer left (a node whose launcher found its rank hung, or one that
     crashed: its pod's failure says which, and the operator stops this one) or never came (the
     check's timeout, after which nothing is left to wait for)."""
@@ -238,40 +283,47 @@ def peer_left(exc: RuntimeError, beat: Heartbeat, remaining: float) -> int:
     return exitcodes.RETRYABLE
 
 
-def measure_links(dist, torch, coll: CheckCollectives, beat: Heartbeat, node: str, node_rank: int, local_rank: int,
-                  matmul: float, errors: list[str]) -> tuple[list[dict], dict[tuple[int, int], float]]:
-    """The gang all-reduce, every rank's results gathered, and the pairs of nodes' all-reduces:
-    (results, pair -> seconds). Collectives throughout: a peer that leaves raises here."""
+def measure_links(dist, torch, coll: CheckCollectives | None, beat: Heartbeat, limit: timedelta, node: str,
+                  node_rank: int, local_rank: int, matmul: float, errors: list[str]
+                  ) -> tuple[list[dict], dict[tuple[int, int], float]]:
+    """The gang all-reduce on the device's collectives, every rank's results gathered on gloo,
+    and the pairs of nodes' all-reduces: (results, pair -> seconds). ``coll`` None: a rank could
+    not start its device, and only the results are gathered. Every group is made by every rank,
+    in order, with the check's timeout (a group's own default is 30 minutes)."""
     world = dist.get_world_size()
+    allreduce = 0.0
+    if coll is not None:
+        group = None if coll.collectives == "gloo" else dist.new_group(backend=coll.collectives, timeout=limit)
 
-    def all_reduces(buf, group=None, sync=coll.sync):
-        for _ in range(ALLREDUCES_PER_SAMPLE):
-            dist.all_reduce(buf, group=group)
-        sync()
-    beat.enter("gang all-reduce")
-    buf = torch.zeros(ALLREDUCE_FLOATS, device=coll.device)  # zeros: sums stay finite
-    allreduce = timed(lambda: all_reduces(buf))
+        def all_reduces(buf, group, sync):
+            for _ in range(ALLREDUCES_PER_SAMPLE):
+                dist.all_reduce(buf, group=group)
+            sync()
+        beat.enter("gang all-reduce")
+        buf = torch.zeros(ALLREDUCE_FLOATS, device=coll.device)  # zeros: sums stay finite
+        allreduce = timed(lambda: all_reduces(buf, group, coll.sync))
     mine = {"node": node, "node_rank": node_rank, "local_rank": local_rank, "matmul": matmul,
             "allreduce": allreduce, "errors": errors}
     beat.enter("gather")
     results: list = [None] * world
-    dist.all_gather_object(results, mine, group=coll.host_group)
-    # pairs of nodes, through each node's local rank 0 (every rank creates every group, in order)
+    dist.all_gather_object(results, mine)
+    # pairs of nodes, through each node's local rank 0
     leaders = sorted({r["node_rank"]: i for i, r in enumerate(results) if r["local_rank"] == 0}.items())
     links: dict[tuple[int, int], float] = {}
-    if len(leaders) >= 3:
+    if coll is not None and len(leaders) >= 3 and not any(r["errors"] for r in results):
         beat.enter("node pairs")
         ranks_of = dict(leaders)
-        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]], backend=coll.pair_backend)
+        on_host = coll.pair_backend == "gloo"
+        groups = {pair: dist.new_group([ranks_of[pair[0]], ranks_of[pair[1]]], timeout=limit,
+                                       backend=None if on_host else coll.pair_backend)
                   for pair in pairings(len(leaders))}
-        on_host = coll.pair_backend is not None  # the pairs' own backend: host tensors
         timings: dict = {}
-        for pair, group in groups.items():
+        for pair, pgroup in groups.items():
             if node_rank in pair and local_rank == 0:
                 pbuf = torch.zeros(ALLREDUCE_FLOATS, device="cpu" if on_host else coll.device)
-                timings[pair] = timed(lambda: all_reduces(pbuf, group, (lambda: None) if on_host else coll.sync))
+                timings[pair] = timed(lambda: all_reduces(pbuf, pgroup, (lambda: None) if on_host else coll.sync))
         gathered: list = [None] * world
-        dist.all_gather_object(gathered, timings, group=coll.host_group)
+        dist.all_gather_object(gathered, timings)
         for t in gathered:
             for pair, seconds in (t or {}).items():
                 links[pair] = max(links.get(pair, 0.0), seconds)

@@ -35,7 +35,22 @@ def proc_self() -> int:
     return int(os.readlink("/proc/self"))
 
 
-def live_children() -> list[int]:
-    """The pids (this process's own numbering) of its children that have not ended."""
+PF_EXITING = 0x4  # include/linux/sched.h: the process is tearing itself down
+
+
+def live_children(running: str) -> dict[int, str]:
+    """This process's children whose command line holds ``running`` and that are neither
+    ended nor exiting: their pid (this process's own numbering) -> state (R, S, D, T, ...)."""
     me = proc_self()
-    return [pid for ppid, pid, state in process_table().values() if ppid == me and state not in ("Z", "X")]
+    out = {}
+    for number, (ppid, pid, state) in process_table().items():
+        if ppid != me or state in ("Z", "X"):
+            continue
+        try:
+            flags = int(Path(f"/proc/{number}/stat").read_text().rsplit(")", 1)[1].split()[6])
+            argv = Path(f"/proc/{number}/cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if not flags & PF_EXITING and running in argv:
+            out[pid] = state
+    return out
