@@ -44,15 +44,19 @@ def two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def launch(tmp: Path, factor: float, port: int, timeout: int = 60, **env: str) -> list[subprocess.Popen]:
+def launch(tmp: Path, factor: float, port: int, timeout: int = 60, backend: str = "", node2: dict | None = None,
+           **env: str) -> list[subprocess.Popen]:
+    """One launcher per node; ``backend`` the check's (unset: what an older operator passes,
+    none); ``node2``: extra environment for node 2 only."""
     script = tmp / "real.py"
     script.write_text(SCRIPT)
-    return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, f"{factor},{timeout}", "--nnodes",
+    value = f"{factor},{timeout}" + (f",{backend}" if backend else "")
+    return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, value, "--nnodes",
                               str(NODES), "--node_rank", str(i), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                               "--master_port", str(port), str(script)], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=trainer_env(NODE_NAME=f"node-{i}", **{TERMINATION_LOG_ENV: str(tmp / f"term-{i}")},
-                                             **env))
+                                             **env, **((node2 or {}) if i == 2 else {})))
             for i in range(NODES)]
 
 
@@ -112,8 +116,32 @@ def test_a_node_whose_rank_hangs_in_the_check_is_named_by_its_own_launcher(tmp_p
     assert not (tmp_path / "term-0").exists() and not (tmp_path / "term-1").exists()
 
 
+def test_a_node_whose_device_check_fails_is_named_before_any_device_starts(tmp_path):
+    """Node 2's pod says its instance type has one Neuron device (TRAINER_PREFLIGHT_DEVICES, as
+    the operator sets it on Trainium); this container has none, so its device check fails. The
+    check names node 2 from that, and the others wait to be stopped."""
+    procs = launch(tmp_path, 20.0, two_free_ports(), backend="cpu", node2={"TRAINER_PREFLIGHT_DEVICES": "1"})
+    _, err = procs[2].communicate(timeout=240)
+    assert procs[2].returncode == exitcodes.PREFLIGHT, err[-3000:]
+    reason = preflight.parse_message((tmp_path / "term-2").read_text())
+    assert reason == "node node-2: 0 Neuron devices in the container, the instance type has 1", reason
+    for p in procs[:2]:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        assert "another node failed (node node-2: 0 Neuron devices" in err, err[-2000:]
+
+
+def test_a_backend_no_node_can_start_fails_the_run_not_a_node(tmp_path):
+    """The run's backend is cuda and no node has a GPU: the image or the cluster is wrong, so
+    every launcher exits FATAL (no node is left out)."""
+    procs = launch(tmp_path, 20.0, two_free_ports(), backend="cuda")
+    errs = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [exitcodes.FATAL] * NODES, [e[-1500:] for e in errs]
+    assert "the check failed on 3 of 3 nodes: node node-0: the run's backend cuda cannot start" in errs[0]
+
+
 def test_a_healthy_gang_passes_and_the_real_run_learns_how_long_it_took(tmp_path):
-    procs = launch(tmp_path, 20.0, two_free_ports())
+    procs = launch(tmp_path, 20.0, two_free_ports(), backend="cpu")
     errs = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -122,7 +150,7 @@ def test_a_healthy_gang_passes_and_the_real_run_learns_how_long_it_took(tmp_path
         assert 0 < took < 120, out
         errs.append(err)
     summary = next(line for line in errs[0].splitlines() if line.startswith("trainer.preflight: 3 nodes, 3 ranks"))
-    assert "3 node pairs; passed" in summary, summary  # rank 0 says what it measured
+    assert "gloo on cpu" in summary and "3 node pairs; passed" in summary, summary  # rank 0 says what it measured
 
 
 def test_a_gang_on_nodes_that_all_passed_recently_skips_the_check(tmp_path):
