@@ -15,6 +15,9 @@ only when one of its backends is picked.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -24,6 +27,8 @@ import torch
 from .config import ConfigError
 from .launch import PRECOMPILE_ENV
 from .parallel import EAGER_DEVICES, ParallelState, TPContext, eager_device, init_parallel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,9 +120,17 @@ class Backend:
 
 
 def torchneuron_available() -> bool:
-    """Whether TorchNeuron registered Trainium as PyTorch's accelerator: it autoloads as the
-    PrivateUse1 device named ``neuron`` (torch >= 2.9, no import needed; aws-neuron-sdk
-    frameworks/torch/pytorch-native-overview.rst), which ``torch.accelerator`` reports."""
+    """Whether TorchNeuron registered Trainium as PyTorch's accelerator: the PrivateUse1
+    device named ``neuron``, which ``torch.accelerator`` reports. It autoloads (aws-neuron-sdk
+    frameworks/torch/pytorch-native-overview.rst), and AWS's distributed guide imports
+    ``torch_neuronx`` first to register the device and the ``neuron`` process group backend
+    (torch/guides/torch-distributed.html): so do we, on a PyTorch past the XLA line (2.9), where
+    an installed torch-neuronx is TorchNeuron."""
+    if _torch_minor() > (2, 9) and importlib.util.find_spec("torch_neuronx") is not None:
+        try:
+            importlib.import_module("torch_neuronx")
+        except Exception as exc:  # noqa: BLE001 - said here; pick() then says what is missing
+            log.warning("torch-neuronx is installed but does not import: %s: %s", type(exc).__name__, exc)
     accelerator = getattr(torch, "accelerator", None)
     try:
         current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None

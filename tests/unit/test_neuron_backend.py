@@ -255,3 +255,32 @@ def test_nxd_cpu_mode_values_and_trainium_nodes_are_checked(monkeypatch):
     with pytest.raises(ConfigError) as err:
         refuse_cpu_mode_on_trainium()
     assert err.value.field == "env NXD_CPU_MODE" and "Neuron devices" in str(err.value)
+
+
+def test_torchneuron_is_imported_to_register_its_device(monkeypatch, tmp_path):
+    """On a PyTorch past the XLA line an installed torch-neuronx is TorchNeuron, and AWS's
+    distributed guide imports it to register the ``neuron`` device and process group backend:
+    pick() does so before asking torch.accelerator. The package here is a stand-in that
+    registers the answer on import (no Trainium on this machine)."""
+    import sys
+
+    import torch
+
+    from trainer import backends
+    (tmp_path / "torch_neuronx").mkdir()
+    (tmp_path / "torch_neuronx" / "__init__.py").write_text(
+        "import types, torch\n"
+        "torch.accelerator.is_available = lambda: True\n"
+        "torch.accelerator.current_accelerator = lambda: types.SimpleNamespace(type='neuron')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
+    # restored after the test: the stand-in replaces them on import
+    monkeypatch.setattr(torch.accelerator, "is_available", torch.accelerator.is_available)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", torch.accelerator.current_accelerator)
+    monkeypatch.setattr(torch, "__version__", "2.9.0")
+    assert not backends.torchneuron_available()  # the XLA line: torch-neuronx is torch-xla's, not imported here
+    assert "torch_neuronx" not in sys.modules
+    monkeypatch.setattr(torch, "__version__", "2.14.0")
+    picked = backends.pick("auto")
+    assert picked.native and picked.name == "neuron" and "torch_neuronx" in sys.modules
+    monkeypatch.delitem(sys.modules, "torch_neuronx")
