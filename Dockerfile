@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 # Images of the Trainium Operator. Targets:
 #   operator     slim: the kopf operator, no torch          docker build --target operator -t trainium-operator .
-#   trainer      the trainer on a Neuron PyTorch training base image (NEURON_BASE_IMAGE)
+#   trainer      the trainer on a Neuron PyTorch training base image (NEURON_BASE_IMAGE): trn1,
+#                and trn2 on SDK 2.29, through torch-xla + NxD
+#   trainer-torchneuron  the trainer on TorchNeuron's training image (TORCHNEURON_BASE_IMAGE):
+#                trn2 on SDK 2.33 and later, the native `neuron` device
 #   trainer-cpu  the trainer on plain Python with CPU PyTorch, for local runs
 # Packages install the way README.md documents: pip with the pins in tools/constraints.txt.
 
@@ -10,6 +13,13 @@ ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 # backend is written against SDK 2.29: torch 2.9.0 + torch-xla 2.9 + torch-neuronx 2.9 + NxD
 # (release 2.29), the last SDK that trains through PyTorch/XLA (2.30 drops it for training).
 ARG NEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.9.0-neuronx-py312-sdk2.29.0-ubuntu24.04
+
+# TorchNeuron, Neuron's native PyTorch backend (SDK 2.33: PyTorch 2.13 or 2.14 with torch-neuronx
+# 2.13.3 / 2.14.3, Ubuntu 26.04, Python 3.14). AWS publishes its training image as
+# public.ecr.aws/neuron/pytorch-training-neuronx; the tag below follows SDK 2.33's naming and was
+# not confirmed (no container engine or registry here): set this to the tag AWS lists at
+# https://github.com/aws-neuron/deep-learning-containers. The build fails if the base is not it.
+ARG TORCHNEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04
 
 FROM ${PYTHON_IMAGE} AS source
 WORKDIR /src
@@ -39,6 +49,21 @@ RUN pip install --no-cache-dir --no-deps /src \
        tokenizers pyarrow safetensors prometheus-client kubernetes s3fs pyyaml fsspec \
     && rm -rf /src \
     && python -c "import torch, torch_xla, torch_neuronx, neuronx_distributed; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"
+ENV PYTHONUNBUFFERED=1 MALLOC_ARENA_MAX=64
+ENTRYPOINT ["python", "-m", "trainer.launch"]
+
+FROM ${TORCHNEURON_BASE_IMAGE} AS trainer-torchneuron
+# As the trainer target: the base's torch and torch-neuronx are never replaced. Our other
+# dependencies are not held to tools/constraints.txt here: its pins are tested on Python 3.11
+# and 3.12, and this base is 3.14. The check imports torch-neuronx (it registers the `neuron`
+# device and process group backend, as trainer.backends does) and needs PyTorch past 2.9.
+COPY --from=source /src /src
+RUN pip install --no-cache-dir --no-deps /src \
+    && pip install --no-cache-dir \
+       "tokenizers>=0.19" "pyarrow>=15" "safetensors>=0.4" "prometheus-client>=0.20" "kubernetes>=29" \
+       "s3fs>=2024.6" "pyyaml>=6" "fsspec>=2024.6" \
+    && rm -rf /src \
+    && python -c "import torch, torch_neuronx; assert tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) > (2, 9), torch.__version__; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"
 ENV PYTHONUNBUFFERED=1 MALLOC_ARENA_MAX=64
 ENTRYPOINT ["python", "-m", "trainer.launch"]
 

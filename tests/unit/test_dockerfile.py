@@ -25,3 +25,29 @@ def test_targets_and_install_commands():
     assert "ARG NEURON_BASE_IMAGE=" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", "data/", "runs/"} <= set(ignored)
+
+
+def _stage(text: str, target: str) -> str:
+    return text.split(f" AS {target}\n")[1].split("\nFROM ")[0]
+
+
+def test_neuron_targets_install_the_trainers_dependencies_but_never_torch():
+    """The trainer and trainer-torchneuron targets keep their base image's torch (and torch-xla,
+    torch-neuronx): they install our package without dependencies, then exactly the trainer
+    extra's other packages (pyproject.toml, the one list), and check the base at build time."""
+    import tomllib
+    text = (ROOT / "Dockerfile").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {re.split(r"[<>=\[]", d)[0] for d in project["dependencies"] + project["optional-dependencies"]["trainer"]}
+    wanted -= {"torch", "numpy"}  # the base image's, matched to its SDK
+    assert "ARG TORCHNEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:" in text
+    for target, check in (("trainer", "import torch, torch_xla, torch_neuronx, neuronx_distributed"),
+                          ("trainer-torchneuron", "import torch, torch_neuronx")):
+        stage = _stage(text, target)
+        commands = [c.strip() for c in stage.replace("\\\n", " ").split("&&")]
+        installs = [c.split("pip install --no-cache-dir", 1)[1].strip() for c in commands if "pip install" in c]
+        assert installs[0].strip() == "--no-deps /src", installs
+        named = {re.split(r"[<>=\[]", w.strip('"'))[0] for w in installs[1].split() if not w.startswith("-")
+                 and "constraints.txt" not in w}
+        assert named == wanted, (target, named ^ wanted)
+        assert check in stage and 'ENTRYPOINT ["python", "-m", "trainer.launch"]' in stage
