@@ -143,7 +143,9 @@ def check(argv: list[str], beat: Heartbeat) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         trusted: list = [None] * world
         dist.all_gather_object(trusted, node in passed)
-    except dist.DistError as exc:
+    except RuntimeError as exc:
+        if not lost_a_peer(dist, exc):
+            raise
         return peer_left(exc, beat, timeout - (time.perf_counter() - started))
     if all(trusted):  # every node passed this run's check recently (faultTolerance.preflightSkipMinutes)
         if rank == 0:
@@ -164,7 +166,9 @@ def check(argv: list[str], beat: Heartbeat) -> int:
             matmul = time_matmuls(torch, coll, beat, rank, errors)
         results, links = measure_links(dist, torch, coll if not any(failed) else None, beat, limit, node, node_rank,
                                        local_rank, matmul, errors)
-    except dist.DistError as exc:
+    except RuntimeError as exc:
+        if not lost_a_peer(dist, exc):
+            raise
         return peer_left(exc, beat, timeout - (time.perf_counter() - started))
     described = coll.described if coll is not None else "devices not started"
     beat.enter("verdict")
@@ -267,6 +271,17 @@ def time_matmuls(torch, coll: CheckCollectives, beat: Heartbeat, rank: int, erro
     except Exception as exc:  # noqa: BLE001 (a device that fails here is this node's)
         errors.append(f"the matmuls failed on this rank: {type(exc).__name__}: {exc}"[:200])
         return 0.0
+
+
+# gloo's transport says a peer went away in a plain RuntimeError ("Connection reset by peer",
+# "Connection closed by peer" from gloo/transport/tcp/pair.cc), not in torch's DistError
+GLOO_TRANSPORT = "gloo/transport/"
+
+
+def lost_a_peer(dist, exc: RuntimeError) -> bool:
+    """Whether a collective failed because another rank went away or timed out (a DistError, or
+    gloo's transport), rather than because of this rank's own device or code."""
+    return isinstance(exc, dist.DistError) or GLOO_TRANSPORT in str(exc)
 
 
 def peer_left(exc: Exception, beat: Heartbeat, remaining: float) -> int:

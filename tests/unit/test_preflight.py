@@ -145,3 +145,16 @@ def test_a_timeout_or_factor_out_of_range_is_refused():
                          ({"stragglerFactor": float("inf")}, "stragglerFactor")]:
         with pytest.raises(ConfigError, match=field):
             parse({**SPEC, "faultTolerance": patch})
+
+
+def test_only_a_lost_peer_makes_a_rank_wait_to_be_stopped():
+    """A collective that fails because another rank went away (torch's DistError, or gloo's
+    transport words in a plain RuntimeError, as gloo 2.9 raises them) is a peer's failure; any
+    other error on this rank (its device, its code) is its own and ends it."""
+    import torch.distributed as dist
+
+    from trainer.preflight import lost_a_peer
+    assert lost_a_peer(dist, dist.DistStoreError("wait timeout after 30000ms"))
+    assert lost_a_peer(dist, RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+                                          "[127.0.0.1]:18861: Connection reset by peer"))
+    assert not lost_a_peer(dist, RuntimeError("nrt_execute failed: NRT_EXEC_HW_ERR_HBM_UE (status 1201)"))
