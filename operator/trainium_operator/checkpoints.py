@@ -24,6 +24,10 @@ CHECKPOINT_REFRESH_SECONDS = 15.0
 CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
 CHECKPOINT_WAIT_STARTING_SECONDS = 0.5  # the longest such a pass waits for a listing under way
 STARTING_PHASES = (None, "Restarting", "Suspended")  # Suspended: once spec.suspend is cleared
+# A gang that finished is listed once more before the run ends (a finished run is not listed
+# again), so that its final save is the checkpoint the run reports; the pass that sees it
+# finish waits this long for that listing.
+CHECKPOINT_WAIT_ENDING_SECONDS = 2.0
 
 
 class CheckpointLister:
@@ -32,8 +36,10 @@ class CheckpointLister:
     run at a time, on LIST_WORKERS threads), so a slow or hung store never holds a pass.
 
     Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
-    gang is about to start (it is told where to resume, a resumed suspension included), or
-    after REPORTED_REFRESH_SECONDS when a pod reports a newer checkpoint step. A listing that
+    gang is about to start (it is told where to resume, a resumed suspension included), at once
+    when a pod's container has succeeded since the last listing began (the run is about to end
+    and report its final checkpoint), or after REPORTED_REFRESH_SECONDS when a pod reports a
+    newer checkpoint step. A listing that
     fails keeps the last answer; one that has run for LIST_TIMEOUT_SECONDS without answering is
     given up (its result is dropped), and the run's store is not asked again until that call
     returns, so a hung store holds one worker."""
@@ -69,10 +75,14 @@ class CheckpointLister:
         reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
         starting = phase in STARTING_PHASES and not (phase == "Suspended" and run["spec"].get("suspend"))
         refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if starting else CHECKPOINT_REFRESH_SECONDS
+        succeeded = max((p.finished or 0.0 for p in pods if getattr(p, "phase", None) == "Succeeded"), default=None)
         now = time.monotonic()
         with self._lock:
             entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
-                                                   "token": 0})
+                                                   "token": 0, "began": 0.0})
+            # wall clock: a pod's finish time is the kubelet's, whole seconds (a listing that began
+            # within the second after it may predate the final save: listed once more)
+            ending = succeeded is not None and entry.get("began", 0.0) <= succeeded + 1.0
             job = entry["job"]
             started = getattr(job, "running_since", None) if job is not None else None
             if job is not None and not job.done() and started is not None and \
@@ -85,19 +95,21 @@ class CheckpointLister:
             if hung is not None and hung.done():
                 hung = entry["hung"] = None
             newer = reported > (entry["step"] if entry["step"] is not None else -1)
-            due = now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
+            due = ending or now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
             if due and job is None and hung is None:  # a hung store holds one worker, not more
                 entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
+                entry["began"] = time.time()
                 self._tokens += 1
                 entry["token"] = self._tokens
                 job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], uri,
                                                        checkpoint_layout(run["spec"]))
             value = entry["value"]
-        if job is not None and starting:
-            # a gang about to start is told where to resume: wait briefly for a listing under
-            # way (a fast store answers in milliseconds; a slow one does not hold the pass)
+        if job is not None and (starting or ending):
+            # a gang about to start is told where to resume, and a run about to end reports its
+            # final checkpoint: wait briefly for a listing under way (a fast store answers in
+            # milliseconds; a slow one does not hold the pass)
             with contextlib.suppress(Exception):
-                job.result(timeout=CHECKPOINT_WAIT_STARTING_SECONDS)
+                job.result(timeout=CHECKPOINT_WAIT_STARTING_SECONDS if starting else CHECKPOINT_WAIT_ENDING_SECONDS)
             value = self._entries.get(key, {}).get("value")
         return value
 

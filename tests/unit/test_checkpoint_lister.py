@@ -91,3 +91,26 @@ def test_a_reported_step_the_store_never_shows_lists_at_a_bounded_rate():
         lister.newest(held, "Suspended", [])
         time.sleep(0.4)  # past the 1 s refresh of a gang about to start
     assert len(calls) == 2  # the first listing only
+
+
+def test_a_gang_that_finished_is_listed_once_more_so_the_run_ends_with_its_final_checkpoint():
+    """The pass that sees a pod succeed waits for a listing begun after it (the run is about to
+    end, and a finished run is not listed again); later passes do not list again for it."""
+    tags, calls = [_tag(50)], []
+
+    def store(uri, layout):
+        calls.append(uri)
+        return tags[-1]
+    lister = CheckpointLister(store)
+    assert lister.newest(RUN, "Restarting", []).step == 50
+    tags.append(_tag(100))  # the final save, then the pod exits
+    running = [SimpleNamespace(phase="Running", finished=None, progress=None)]
+    assert lister.newest(RUN, "Running", running).step == 50  # not due: the 15 s refresh
+    done = [SimpleNamespace(phase="Succeeded", finished=float(int(time.time())), progress=None)]
+    assert lister.newest(RUN, "Running", done).step == 100  # listed at once, and waited for
+    time.sleep(1.1)
+    # that listing began within the second after the kubelet's whole-second finish time: once more
+    assert lister.newest(RUN, "Running", done).step == 100 and len(calls) == 3
+    for _ in range(3):
+        assert lister.newest(RUN, "Running", done).step == 100
+    assert len(calls) == 3  # and no more
