@@ -282,12 +282,14 @@ def test_a_node_whose_rank_hangs_in_the_preflight_check_is_left_out(e2e, referen
 
     def computing():
         try:
-            pids = podprocs.worker_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(
-                e2e.cluster.pods_dir, d.ns, "hung-a1-0"))).values()
+            workers = podprocs.worker_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(
+                e2e.cluster.pods_dir, d.ns, "hung-a1-0")))
         except (LookupError, OSError):
             return None
-        return faults.preflight_rank_in(pids, "compute")
-    frozen = d.wait(computing, 180, "pod 0's check rank to time its matmuls", interval=0.05)
+        pid = faults.preflight_rank_in(workers.values(), "compute")
+        # pod 0's global ranks are its local ranks; whichever reached the stage first
+        return pid and (next(r for r, p in workers.items() if p == pid), pid)
+    local_rank, frozen = d.wait(computing, 180, "pod 0's check rank to time its matmuls", interval=0.05)
     os.kill(frozen, signal.SIGSTOP)
     node = d.core.read_namespaced_pod("hung-a1-0", d.ns).spec.node_name
     try:
@@ -298,7 +300,7 @@ def test_a_node_whose_rank_hangs_in_the_preflight_check_is_left_out(e2e, referen
     failure = st["failures"][-1]
     print(f"\npreflight hang: {failure['message']}")
     assert st["restarts"] == {"preflight": 1} and failure["cause"] == "preflight" and failure["node"] == node, st
-    assert "local rank 0 stopped responding (no heartbeat for" in failure["message"], failure
+    assert f"local rank {local_rank} stopped responding (no heartbeat for" in failure["message"], failure
     assert [a["node"] for a in st["avoidedNodes"]] == [node] and not st.get("quarantinedNodes")
     truth = drill.ground_truth(d.losses_path, st["createdTime"])
     assert sorted(truth.losses) == sorted(reference.losses)
