@@ -24,10 +24,7 @@ CHECKPOINT_REFRESH_SECONDS = 15.0
 CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
 CHECKPOINT_WAIT_STARTING_SECONDS = 0.5  # the longest such a pass waits for a listing under way
 STARTING_PHASES = (None, "Restarting", "Suspended")  # Suspended: once spec.suspend is cleared
-# A gang that finished is listed once more before the run ends (a finished run is not listed
-# again), so that its final save is the checkpoint the run reports; the pass that sees it
-# finish waits this long for that listing.
-CHECKPOINT_WAIT_ENDING_SECONDS = 2.0
+CHECKPOINT_WAIT_ENDING_SECONDS = 0.5  # how long the pass that sees a pod succeed waits for its listing
 
 
 class CheckpointLister:
@@ -36,10 +33,13 @@ class CheckpointLister:
     run at a time, on LIST_WORKERS threads), so a slow or hung store never holds a pass.
 
     Due: every CHECKPOINT_REFRESH_SECONDS, every CHECKPOINT_REFRESH_STARTING_SECONDS while a new
-    gang is about to start (it is told where to resume, a resumed suspension included), at once
-    when a pod's container has succeeded since the last listing began (the run is about to end
-    and report its final checkpoint), or after REPORTED_REFRESH_SECONDS when a pod reports a
-    newer checkpoint step. A listing that
+    gang is about to start (it is told where to resume, a resumed suspension included), or
+    after REPORTED_REFRESH_SECONDS when a pod reports a newer checkpoint step. A finished run is
+    not listed, but for its final listing: when the operator first sees a pod succeed (its own
+    clock: no kubelet's timestamp is compared with it), one listing begun after that moment
+    must answer (or fail, or be given up) before the run stops being listed, so that the save a
+    trainer made just before it exited is the checkpoint the run reports, even when a listing
+    begun earlier was still under way or the store answers after the run turned Succeeded. A listing that
     fails keeps the last answer; one that has run for LIST_TIMEOUT_SECONDS without answering is
     given up (its result is dropped), and the run's store is not asked again until that call
     returns, so a hung store holds one worker."""
@@ -64,25 +64,33 @@ class CheckpointLister:
     def newest(self, run: dict, phase: str | None, pods) -> CheckpointRef | None:
         ckpt = run["spec"].get("checkpoint")
         uri = ckpt.get("uri") if isinstance(ckpt, dict) else None
-        if not uri or not isinstance(uri, str) or phase in TERMINAL:
-            return None  # nothing to resume: a finished run is not listed again
+        if not uri or not isinstance(uri, str):
+            return None  # nothing to resume
+        key = (run["metadata"]["namespace"], run["metadata"]["name"])
+        if phase in TERMINAL:
+            with self._lock:
+                if self._entries.get(key, {}).get("final") != "pending":
+                    return None  # a finished run is not listed again, once its final listing answered
         try:  # the raw spec, read before the pass parses it: never list what the spec check refuses
             check_checkpoint_uri(uri)
             self._store_check(uri, run["metadata"]["namespace"])
         except ConfigError:
             return None
-        key = (run["metadata"]["namespace"], run["metadata"]["name"])
         reported = max((p.progress.get("lastCheckpointStep") or -1 for p in pods if p.progress), default=-1)
         starting = phase in STARTING_PHASES and not (phase == "Suspended" and run["spec"].get("suspend"))
         refresh = CHECKPOINT_REFRESH_STARTING_SECONDS if starting else CHECKPOINT_REFRESH_SECONDS
-        succeeded = max((p.finished or 0.0 for p in pods if getattr(p, "phase", None) == "Succeeded"), default=None)
+        # a pod is the same pod while its name and creation time are (a re-created gang's are new)
+        succeeded = {(getattr(p, "name", None), getattr(p, "created", None)) for p in pods
+                     if getattr(p, "phase", None) == "Succeeded"}
         now = time.monotonic()
         with self._lock:
             entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
-                                                   "token": 0, "began": 0.0})
-            # wall clock: a pod's finish time is the kubelet's, whole seconds (a listing that began
-            # within the second after it may predate the final save: listed once more)
-            ending = succeeded is not None and entry.get("began", 0.0) <= succeeded + 1.0
+                                                   "token": 0, "succeeded": set(), "final": None,
+                                                   "success_seen": None})
+            if succeeded - entry["succeeded"]:  # a pod succeeded since the last pass: the run may end
+                entry["succeeded"] |= succeeded
+                entry["success_seen"], entry["final"] = now, "pending"
+            ending = entry["final"] == "pending"
             job = entry["job"]
             started = getattr(job, "running_since", None) if job is not None else None
             if job is not None and not job.done() and started is not None and \
@@ -90,30 +98,39 @@ class CheckpointLister:
                 log.warning("listing checkpoints in %s has not answered in %.0fs: given up", uri,
                             self.LIST_TIMEOUT_SECONDS)
                 entry["hung"], entry["job"] = job, None  # its result is dropped
+                self._answered(entry, entry["at"])  # a final listing given up counts as answered
                 job = None
             hung = entry.get("hung")
             if hung is not None and hung.done():
                 hung = entry["hung"] = None
             newer = reported > (entry["step"] if entry["step"] is not None else -1)
-            due = ending or now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
-            if due and job is None and hung is None:  # a hung store holds one worker, not more
+            periodic = phase not in TERMINAL and \
+                now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
+            final = ending and entry["at"] < entry["success_seen"]  # no listing begun since the success
+            if (periodic or final) and job is None and hung is None:  # a hung store holds one worker, not more
                 entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
-                entry["began"] = time.time()
                 self._tokens += 1
                 entry["token"] = self._tokens
-                job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], uri,
+                job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], now, uri,
                                                        checkpoint_layout(run["spec"]))
             value = entry["value"]
         if job is not None and (starting or ending):
             # a gang about to start is told where to resume, and a run about to end reports its
             # final checkpoint: wait briefly for a listing under way (a fast store answers in
-            # milliseconds; a slow one does not hold the pass)
+            # milliseconds; a slow one does not hold the pass: a later pass takes its answer)
             with contextlib.suppress(Exception):
                 job.result(timeout=CHECKPOINT_WAIT_STARTING_SECONDS if starting else CHECKPOINT_WAIT_ENDING_SECONDS)
             value = self._entries.get(key, {}).get("value")
         return value
 
-    def _list_one(self, key: tuple[str, str], token: int, uri: str, layout: str) -> None:
+    @staticmethod
+    def _answered(entry: dict, submitted: float) -> None:
+        """A listing submitted at ``submitted`` (monotonic) has answered, failed or been given up:
+        if it began after the success was seen, the run's final listing is done."""
+        if entry.get("final") == "pending" and submitted >= entry["success_seen"]:
+            entry["final"] = "done"
+
+    def _list_one(self, key: tuple[str, str], token: int, submitted: float, uri: str, layout: str) -> None:
         with self._lock:  # the age of a listing counts from when it runs, not from its queueing
             entry = self._entries.get(key)
             if entry is None or entry["token"] != token:
@@ -136,6 +153,7 @@ class CheckpointLister:
                     if tag else None
                 entry["step"] = tag.step if tag else None
             entry["job"] = None
+            self._answered(entry, submitted)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:

@@ -93,24 +93,51 @@ def test_a_reported_step_the_store_never_shows_lists_at_a_bounded_rate():
     assert len(calls) == 2  # the first listing only
 
 
-def test_a_gang_that_finished_is_listed_once_more_so_the_run_ends_with_its_final_checkpoint():
-    """The pass that sees a pod succeed waits for a listing begun after it (the run is about to
-    end, and a finished run is not listed again); later passes do not list again for it."""
-    tags, calls = [_tag(50)], []
+def test_a_run_that_ends_reports_the_save_its_gang_made_just_before_it_exited():
+    """When a pod is first seen to succeed, a listing begun after that moment must answer before
+    the run stops being listed: not one begun earlier (still under way, blind to the final save),
+    and not cut short by the run turning Succeeded meanwhile. Then the finished run is not listed
+    again, and a success seen again (the same pod) lists nothing more."""
+    tags, calls, release = [_tag(50)], [], threading.Event()
+    release.set()
 
     def store(uri, layout):
-        calls.append(uri)
-        return tags[-1]
+        answer = tags[-1]  # what the store holds when the listing begins
+        calls.append(answer.step)
+        release.wait(10)
+        return answer
     lister = CheckpointLister(store)
+    lister.REPORTED_REFRESH_SECONDS = 0.0
     assert lister.newest(RUN, "Restarting", []).step == 50
-    tags.append(_tag(100))  # the final save, then the pod exits
-    running = [SimpleNamespace(phase="Running", finished=None, progress=None)]
-    assert lister.newest(RUN, "Running", running).step == 50  # not due: the 15 s refresh
-    done = [SimpleNamespace(phase="Succeeded", finished=float(int(time.time())), progress=None)]
-    assert lister.newest(RUN, "Running", done).step == 100  # listed at once, and waited for
-    time.sleep(1.1)
-    # that listing began within the second after the kubelet's whole-second finish time: once more
-    assert lister.newest(RUN, "Running", done).step == 100 and len(calls) == 3
-    for _ in range(3):
-        assert lister.newest(RUN, "Running", done).step == 100
-    assert len(calls) == 3  # and no more
+    # a listing that begins before the final save and answers after the pod has exited
+    release.clear()
+    lister.newest(RUN, "Running", [SimpleNamespace(name="r-a1-0", created=1.0, phase="Running",
+                                                    progress={"lastCheckpointStep": 60})])
+    _until(lambda: len(calls) == 2)
+    tags.append(_tag(100))  # the final save; then the pod exits 0
+    done = [SimpleNamespace(name="r-a1-0", created=1.0, phase="Succeeded", progress=None)]
+    assert lister.newest(RUN, "Running", done).step == 50  # waited briefly; the stale listing is still out
+    release.set()
+    _until(lambda: lister.newest(RUN, "Succeeded", done).step == 100)  # the run ended; still listed once more
+    assert calls == [50, 50, 100]
+    for phase in ("Succeeded", "Succeeded", "Running"):
+        lister.newest(RUN, phase, done)
+    time.sleep(0.05)
+    assert calls == [50, 50, 100]  # its final listing answered: no more for the same success
+    assert lister.newest(RUN, "Succeeded", done) is None  # a finished run is not listed again
+
+
+def test_a_finished_run_whose_final_listing_fails_is_not_listed_forever():
+    calls = []
+
+    def failing(uri, layout):
+        calls.append(uri)
+        raise RuntimeError("503 Slow Down")
+    lister = CheckpointLister(failing)
+    done = [SimpleNamespace(name="r-a1-0", created=1.0, phase="Succeeded", progress=None)]
+    assert lister.newest(RUN, "Running", done) is None  # the pass that sees the pod succeed
+    _until(lambda: len(calls) == 1)
+    time.sleep(0.05)
+    for _ in range(5):
+        assert lister.newest(RUN, "Succeeded", done) is None
+    assert len(calls) == 1
