@@ -36,8 +36,8 @@ def example_env() -> dict[str, str]:
     got = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
     # XRT_HOST_WORLD_SIZE: the number of hosts, which NxD's checkpoint loader reads through
     # torch-xla's HOST_WORLD_SIZE (tests/standins/README.md); a Neuron image's launcher sets it
-    return {"PYTHONPATH": got["PYTHONPATH"], "NXD_EXAMPLES": got["NXD_EXAMPLES"], "PJRT_DEVICE": "CPU",
-            "XRT_HOST_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+    return {"PYTHONPATH": got["PYTHONPATH"], "NXD_EXAMPLES": got["NXD_EXAMPLES"], "PJRT_DEVICE": got["PJRT_DEVICE"],
+            "NXD_CPU_MODE": got["NXD_CPU_MODE"], "XRT_HOST_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def script(env: dict[str, str]) -> str:
@@ -83,11 +83,11 @@ def arguments(model: Path, data: Path, out: Path, checkpoint_dir: str, steps: in
             "--num_kept_checkpoint", "3", "--loading_step", "latest_if_exists"]
 
 
-def run(env: dict[str, str], cwd: Path, args: list[str], port: int) -> dict[int, tuple[str, str]]:
-    """The script under plain torchrun, one rank; returns its logged steps."""
+def run(env: dict[str, str], cwd: Path, args: list[str]) -> dict[int, tuple[str, str]]:
+    """The script under plain torchrun (--standalone: a free port), one rank; returns its logged steps."""
     cwd.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-                          "--master_port", str(port), script(env), *args],
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                          script(env), *args],
                          cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return logged_steps(out.stdout)

@@ -287,7 +287,8 @@ def test_a_node_whose_rank_hangs_in_the_preflight_check_is_left_out(e2e, referen
         except (LookupError, OSError):
             return None
         pid = faults.preflight_rank_in(workers.values(), "compute")
-        # pod 0's global ranks are its local ranks; whichever reached the stage first
+        # the first check rank found in the compute stage; pod 0 has node rank 0 (plan.py), so its
+        # global ranks are its local ranks
         return pid and (next(r for r, p in workers.items() if p == pid), pid)
     local_rank, frozen = d.wait(computing, 180, "pod 0's check rank to time its matmuls", interval=0.05)
     os.kill(frozen, signal.SIGSTOP)

@@ -58,7 +58,7 @@ def test_aws_nxd_llama_script_killed_mid_run_resumes_through_nxds_loader_with_eq
 
     # the uninterrupted run: the same script under plain torchrun, outside the operator
     ref = tmp_path / "reference"
-    truth = ex.run(env, ref, args(ref / "out", str(ref / "ckpt")), port=29561)
+    truth = ex.run(env, ref, args(ref / "out", str(ref / "ckpt")))
     assert sorted(truth) == list(range(1, STEPS + 1)), sorted(truth)
 
     ns = e2e.namespace("nxd-example")

@@ -29,9 +29,9 @@ def test_with_zero1_the_example_loses_its_weights_after_a_resume(tmp_path):
     def args(where, steps_this_run=None):
         return ex.arguments(model, data, where / "out", str(where / "ckpt"), STEPS, SAVE_EVERY, ex.ZERO1,
                             steps_this_run=steps_this_run)
-    truth = ex.run(env, tmp_path / "uninterrupted", args(tmp_path / "uninterrupted"), port=29571)
-    first = ex.run(env, tmp_path / "stopped", args(tmp_path / "stopped", STOP), port=29572)
-    resumed = ex.run(env, tmp_path / "stopped", args(tmp_path / "stopped"), port=29573)
+    truth = ex.run(env, tmp_path / "uninterrupted", args(tmp_path / "uninterrupted"))
+    first = ex.run(env, tmp_path / "stopped", args(tmp_path / "stopped", STOP))
+    resumed = ex.run(env, tmp_path / "stopped", args(tmp_path / "stopped"))
     assert sorted(truth) == list(range(1, STEPS + 1)) and sorted(first) == list(range(1, STOP + 1))
     assert all(first[s] == truth[s] for s in first)
     assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))  # NxD's loader found step_5
