@@ -22,9 +22,9 @@ log = logging.getLogger("trainium_operator")
 CHECKPOINT_REFRESH_SECONDS = 15.0
 # While a gang is about to start, the checkpoint it is told to resume from must be current.
 CHECKPOINT_REFRESH_STARTING_SECONDS = 1.0
-CHECKPOINT_WAIT_STARTING_SECONDS = 0.5  # the longest such a pass waits for a listing under way
+# the longest a pass waits for a listing under way when a gang is about to start or a pod succeeded
+CHECKPOINT_WAIT_SECONDS = 0.5
 STARTING_PHASES = (None, "Restarting", "Suspended")  # Suspended: once spec.suspend is cleared
-CHECKPOINT_WAIT_ENDING_SECONDS = 0.5  # how long the pass that sees a pod succeed waits for its listing
 
 
 class CheckpointLister:
@@ -69,7 +69,8 @@ class CheckpointLister:
         key = (run["metadata"]["namespace"], run["metadata"]["name"])
         if phase in TERMINAL:
             with self._lock:
-                if self._entries.get(key, {}).get("final") != "pending":
+                entry = self._entries.get(key)
+                if entry is None or not self._final_pending(entry):
                     return None  # a finished run is not listed again, once its final listing answered
         try:  # the raw spec, read before the pass parses it: never list what the spec check refuses
             check_checkpoint_uri(uri)
@@ -84,13 +85,14 @@ class CheckpointLister:
                      if getattr(p, "phase", None) == "Succeeded"}
         now = time.monotonic()
         with self._lock:
+            # answered: when the newest listing that answered, failed or was given up was submitted
             entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
-                                                   "token": 0, "succeeded": set(), "final": None,
-                                                   "success_seen": None})
+                                                   "token": 0, "succeeded": set(), "success_seen": None,
+                                                   "answered": -1e9})
             if succeeded - entry["succeeded"]:  # a pod succeeded since the last pass: the run may end
                 entry["succeeded"] |= succeeded
-                entry["success_seen"], entry["final"] = now, "pending"
-            ending = entry["final"] == "pending"
+                entry["success_seen"] = now
+            ending = self._final_pending(entry)
             job = entry["job"]
             started = getattr(job, "running_since", None) if job is not None else None
             if job is not None and not job.done() and started is not None and \
@@ -98,7 +100,7 @@ class CheckpointLister:
                 log.warning("listing checkpoints in %s has not answered in %.0fs: given up", uri,
                             self.LIST_TIMEOUT_SECONDS)
                 entry["hung"], entry["job"] = job, None  # its result is dropped
-                self._answered(entry, entry["at"])  # a final listing given up counts as answered
+                entry["answered"] = entry["at"]  # a listing given up counts as answered
                 job = None
             hung = entry.get("hung")
             if hung is not None and hung.done():
@@ -106,7 +108,7 @@ class CheckpointLister:
             newer = reported > (entry["step"] if entry["step"] is not None else -1)
             periodic = phase not in TERMINAL and \
                 now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
-            final = ending and entry["at"] < entry["success_seen"]  # no listing begun since the success
+            final = ending and entry["at"] < entry["success_seen"]  # none submitted since the success
             if (periodic or final) and job is None and hung is None:  # a hung store holds one worker, not more
                 entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
                 self._tokens += 1
@@ -119,16 +121,14 @@ class CheckpointLister:
             # final checkpoint: wait briefly for a listing under way (a fast store answers in
             # milliseconds; a slow one does not hold the pass: a later pass takes its answer)
             with contextlib.suppress(Exception):
-                job.result(timeout=CHECKPOINT_WAIT_STARTING_SECONDS if starting else CHECKPOINT_WAIT_ENDING_SECONDS)
+                job.result(timeout=CHECKPOINT_WAIT_SECONDS)
             value = self._entries.get(key, {}).get("value")
         return value
 
     @staticmethod
-    def _answered(entry: dict, submitted: float) -> None:
-        """A listing submitted at ``submitted`` (monotonic) has answered, failed or been given up:
-        if it began after the success was seen, the run's final listing is done."""
-        if entry.get("final") == "pending" and submitted >= entry["success_seen"]:
-            entry["final"] = "done"
+    def _final_pending(entry: dict) -> bool:
+        """A pod succeeded and no listing submitted since has answered, failed or been given up."""
+        return entry["success_seen"] is not None and entry["answered"] < entry["success_seen"]
 
     def _list_one(self, key: tuple[str, str], token: int, submitted: float, uri: str, layout: str) -> None:
         with self._lock:  # the age of a listing counts from when it runs, not from its queueing
@@ -153,7 +153,7 @@ class CheckpointLister:
                     if tag else None
                 entry["step"] = tag.step if tag else None
             entry["job"] = None
-            self._answered(entry, submitted)
+            entry["answered"] = submitted
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
