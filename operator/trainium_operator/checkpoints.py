@@ -37,7 +37,7 @@ class CheckpointLister:
     after REPORTED_REFRESH_SECONDS when a pod reports a newer checkpoint step. A finished run is
     not listed, but for its final listing: when the operator first sees a pod succeed (its own
     clock: no kubelet's timestamp is compared with it), one listing begun after that moment
-    must answer (or fail, or be given up) before the run stops being listed, so that the save a
+    must answer (or fail FINAL_TRIES times, or be given up) before the run stops being listed, so that the save a
     trainer made just before it exited is the checkpoint the run reports, even when a listing
     begun earlier was still under way or the store answers after the run turned Succeeded. A listing that
     fails keeps the last answer; one that has run for LIST_TIMEOUT_SECONDS without answering is
@@ -45,6 +45,7 @@ class CheckpointLister:
     returns, so a hung store holds one worker."""
 
     LIST_WORKERS = 16
+    FINAL_TRIES = 3  # a finished run's final listing is tried this many times when the store fails
     LIST_TIMEOUT_SECONDS = 30.0
     REPORTED_REFRESH_SECONDS = 5.0
     """A pod reporting a newer checkpoint step than listed makes a listing due sooner, but not
@@ -85,13 +86,17 @@ class CheckpointLister:
                      if getattr(p, "phase", None) == "Succeeded"}
         now = time.monotonic()
         with self._lock:
+            if phase in TERMINAL:  # again, under this lock: a forget() may have come in between
+                entry = self._entries.get(key)
+                if entry is None or not self._final_pending(entry):
+                    return None
             # answered: when the newest listing that answered, failed or was given up was submitted
             entry = self._entries.setdefault(key, {"at": -1e9, "step": None, "value": None, "job": None,
                                                    "token": 0, "succeeded": set(), "success_seen": None,
-                                                   "answered": -1e9})
+                                                   "answered": -1e9, "final_failures": 0})
             if succeeded - entry["succeeded"]:  # a pod succeeded since the last pass: the run may end
                 entry["succeeded"] |= succeeded
-                entry["success_seen"] = now
+                entry["success_seen"], entry["final_failures"] = now, 0
             ending = self._final_pending(entry)
             job = entry["job"]
             started = getattr(job, "running_since", None) if job is not None else None
@@ -109,14 +114,16 @@ class CheckpointLister:
             periodic = phase not in TERMINAL and \
                 now - entry["at"] > (min(refresh, self.REPORTED_REFRESH_SECONDS) if newer else refresh)
             final = ending and entry["at"] < entry["success_seen"]  # none submitted since the success
+            wait = starting
             if (periodic or final) and job is None and hung is None:  # a hung store holds one worker, not more
+                wait = starting or final  # once per success: a store that hangs holds no pass again
                 entry["at"] = now  # a failing store is asked again at the next refresh, not every pass
                 self._tokens += 1
                 entry["token"] = self._tokens
                 job = entry["job"] = self._pool.submit(self._list_one, key, entry["token"], now, uri,
                                                        checkpoint_layout(run["spec"]))
             value = entry["value"]
-        if job is not None and (starting or ending):
+        if job is not None and wait:
             # a gang about to start is told where to resume, and a run about to end reports its
             # final checkpoint: wait briefly for a listing under way (a fast store answers in
             # milliseconds; a slow one does not hold the pass: a later pass takes its answer)
@@ -148,11 +155,16 @@ class CheckpointLister:
             entry = self._entries.get(key)
             if entry is None or entry["job"] is None or entry["token"] != token:
                 return  # forgotten, given up, or overtaken: a newer listing decides
+            entry["job"] = None
             if not failed:
                 entry["value"] = CheckpointRef(tag=tag.tag, step=tag.step, time=tag.done_mtime, uri=tag.uri) \
                     if tag else None
                 entry["step"] = tag.step if tag else None
-            entry["job"] = None
+            elif self._final_pending(entry) and submitted >= entry["success_seen"]:
+                entry["final_failures"] += 1  # a final listing that failed: asked again at the next pass,
+                if entry["final_failures"] < self.FINAL_TRIES:  # a few times (one 5xx must not lose it)
+                    entry["at"] = -1e9
+                    return
             entry["answered"] = submitted
 
     def forget(self, namespace: str, name: str) -> None:

@@ -127,7 +127,9 @@ def test_a_run_that_ends_reports_the_save_its_gang_made_just_before_it_exited():
     assert lister.newest(RUN, "Succeeded", done) is None  # a finished run is not listed again
 
 
-def test_a_finished_run_whose_final_listing_fails_is_not_listed_forever():
+def test_a_finished_run_whose_final_listing_fails_is_tried_a_few_times_not_forever():
+    """A 5xx must not lose the final checkpoint (it is asked again at the next pass), and a
+    store that keeps failing is not asked forever; a run forgotten meanwhile is not brought back."""
     calls = []
 
     def failing(uri, layout):
@@ -136,8 +138,25 @@ def test_a_finished_run_whose_final_listing_fails_is_not_listed_forever():
     lister = CheckpointLister(failing)
     done = [SimpleNamespace(name="r-a1-0", created=1.0, phase="Succeeded", progress=None)]
     assert lister.newest(RUN, "Running", done) is None  # the pass that sees the pod succeed
-    _until(lambda: len(calls) == 1)
+    for _ in range(10):
+        lister.newest(RUN, "Succeeded", done)
+        time.sleep(0.05)
+    assert len(calls) == CheckpointLister.FINAL_TRIES
+    lister.forget("ns", "r")
+    assert lister.newest(RUN, "Succeeded", done) is None
     time.sleep(0.05)
-    for _ in range(5):
-        assert lister.newest(RUN, "Succeeded", done) is None
-    assert len(calls) == 1
+    assert len(calls) == CheckpointLister.FINAL_TRIES and not lister._entries
+
+
+def test_a_final_listing_that_fails_once_still_reports_the_final_save():
+    answers = [RuntimeError("503 Slow Down"), _tag(100)]
+
+    def flaky(uri, layout):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    lister = CheckpointLister(flaky)
+    done = [SimpleNamespace(name="r-a1-0", created=1.0, phase="Succeeded", progress=None)]
+    lister.newest(RUN, "Running", done)
+    _until(lambda: (v := lister.newest(RUN, "Succeeded", done)) is not None and v.step == 100)
