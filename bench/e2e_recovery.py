@@ -86,7 +86,7 @@ def main() -> int:
     try:
         cluster.up()
         cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        cluster.wait_established("trainingruns.trainium.dev")
         drill.process_nodes(cluster, 3, "bench-")
         operator = drill.Operator(cluster, work / "operator.log")
         operator.start()

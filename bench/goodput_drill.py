@@ -127,7 +127,7 @@ class Drill:
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self.pool = ThreadPoolExecutor(max_workers=16)
         self.cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-        self.cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        self.cluster.wait_established("trainingruns.trainium.dev")
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         self.operator_log = open(self.work / "operator.log", "w")
         self.operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", "0",

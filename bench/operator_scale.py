@@ -350,7 +350,7 @@ def main() -> None:
         api = cluster.api_client()
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        cluster.wait_established("trainingruns.trainium.dev")
         create_nodes(core, args.runs * args.nodes_per_run, "cpu", "s-")
         env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
         port = free_base_port(28000)

@@ -79,7 +79,7 @@ class Bench:
         api = self.cluster.api_client()
         self.core, self.custom, self.batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
         self.cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-        self.cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        self.cluster.wait_established("trainingruns.trainium.dev")
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         self.operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", "0",
                                           "--liveness-port", str(free_base_port(26000))], env=env,

@@ -76,6 +76,10 @@ def schema_for(cls: type) -> dict:
 
 _COMMAND = "(has(self.trainer) && has(self.trainer.kind) && self.trainer.kind == 'command')"
 # Cross-field rules the API server checks at admission (CEL): (rule, message, field path).
+# An integer written as a JSON float (a Python client's 8.0) passes the API server's integer
+# schema, but no CEL rule can read it ("invalid data, expected int, got float64"), and a refusal
+# from a rule at spec's level names only `spec`. So every integer field of the spec carries its
+# own rule (WHOLE_NUMBER): such a value is refused naming its field. kubectl and YAML write 8.
 RULES = [
     ("has(self.checkpoint) && has(self.checkpoint.uri) && size(self.checkpoint.uri) > 0",
      "checkpoint.uri is required: a restarted gang resumes from it", "spec.checkpoint.uri"),
@@ -99,6 +103,19 @@ RULES = [
 ]
 
 
+WHOLE_NUMBER = {"rule": "type(self) == int",
+                "message": "must be written as an integer (8, not 8.0): the API server's rules read it as one"}
+
+
+def _whole_numbers_only(schema: dict) -> None:
+    """WHOLE_NUMBER on every integer in schema, however deep (objects, lists, maps)."""
+    if schema.get("type") == "integer":
+        schema.setdefault("x-kubernetes-validations", []).append(dict(WHOLE_NUMBER))
+    for sub in [*schema.get("properties", {}).values(), schema.get("items"), schema.get("additionalProperties")]:
+        if isinstance(sub, dict):
+            _whole_numbers_only(sub)
+
+
 IMMUTABLE = ("is immutable while the run exists (only {mutable} may change; delete and re-create the run "
              "to change it)")
 
@@ -106,6 +123,7 @@ IMMUTABLE = ("is immutable while the run exists (only {mutable} may change; dele
 def spec_schema() -> dict:
     from .spec import TrainingRunSpec
     out = schema_for(TrainingRunSpec)
+    _whole_numbers_only(out)
     mutable = {f.key for f in api_fields(TrainingRunSpec) if f.name in TrainingRunSpec.MUTABLE}
     why = IMMUTABLE.format(mutable=" and ".join(sorted(mutable)))
     transitions = []

@@ -43,9 +43,8 @@ def monitoring_crds(local_cluster):
     assert files, f"no CRDs in {MONITORING_CRDS}: run bash tools/localcluster/build.sh"
     for f in files:
         local_cluster.kubectl("apply", "--server-side", "-f", str(f))
-    local_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                          *[f"crd/{f.name.split('_', 1)[1].removesuffix('.yaml')}.monitoring.coreos.com"
-                            for f in files])
+    local_cluster.wait_established(*[f"{f.name.split('_', 1)[1].removesuffix('.yaml')}.monitoring.coreos.com"
+                                      for f in files])
 
 
 def helm_env(local_cluster) -> dict:
@@ -101,8 +100,7 @@ def test_helm_install_creates_crd_deployment_and_rbac(local_cluster, monitoring_
 
     install(local_cluster, "inst", namespace, values)
     try:
-        local_cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev",
-                              "--timeout=30s")
+        local_cluster.wait_established("trainingruns.trainium.dev", timeout=30)
         from kubernetes import client
         apps = client.AppsV1Api(local_cluster.api_client())
         dep = apps.read_namespaced_deployment("inst-trainium-operator", namespace)

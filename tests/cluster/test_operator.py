@@ -6,6 +6,7 @@ Detection and recovery times are printed; the goals are in the issue and bench/ 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ QUARANTINE = "trainium.dev/quarantined"
 @pytest.fixture(scope="module")
 def crd(local_cluster):
     res = local_cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-    local_cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+    local_cluster.wait_established("trainingruns.trainium.dev")
     return res
 
 
@@ -201,6 +202,20 @@ API_REJECTS = [  # (what, patch to the valid manifest's spec, words in the API s
     ("an unknown progress format", {"trainer": {"kind": "command", "command": ["train.py"], "progressFormat": "tqdm"}},
      "trainer.progressFormat"),
 ]
+# A whole number a client writes as a JSON float (Python's 8.0) passes the API server's integer
+# schema, but no CEL rule can read it: each integer field's own rule refuses it naming the field
+# (kubectl writes 10.0 as 10, so these go through the Python client). Ints in number fields are
+# compared with the rules' floats.
+NUMBER_KINDS_REJECTS = [  # (patch, the field a refusal names, words in its message)
+    ({"training": {"globalBatchSize": 10.0, "microBatchSize": 4}}, "spec.training.globalBatchSize",
+     "must be written as an integer"),
+    ({"model": {"preset": "llama2-7b", "numHeads": 32.0}, "parallelism": {"tensor": 8}}, "spec.model.numHeads",
+     "must be written as an integer"),
+    ({"nodes": 16.0}, "spec.nodes", "must be written as an integer"),
+    ({"training": {"lr": 1, "minLr": 2.5}}, "spec.training.minLr", "minLr must not exceed"),
+    ({"training": {"lr": 0.5, "minLr": 1}}, "spec.training.minLr", "minLr must not exceed"),
+]
+NUMBER_KINDS_ACCEPTED = [{"training": {"lr": 1, "minLr": 0.5}}]
 OPERATOR_REJECTS = [  # valid for the schema, but not for the layout or the operator's own checks
     ("tensor x pipeline does not divide the world", {"nodes": 1, "instanceType": "cpu", "processesPerNode": 1,
                                                      "model": {"preset": "tiny"},
@@ -273,6 +288,21 @@ def test_invalid_specs_are_refused_naming_the_field(local_cluster, operator, cus
         res = local_cluster.kubectl("apply", "-n", namespace, "-f", str(f), check=False)
         assert res.returncode != 0 and words in res.stderr, f"{what}: {res.stderr}"
         refused += 1
+    from kubernetes.client.exceptions import ApiException
+    for i, (patch, field, words) in enumerate(NUMBER_KINDS_REJECTS):
+        body = manifest(f"bad-number-{i}")
+        body["spec"] = _merge(body["spec"], patch)
+        with pytest.raises(ApiException) as refusal:
+            create(custom, namespace, body)
+        causes = json.loads(refusal.value.body)["details"]["causes"]
+        assert any(c["field"] == field and words in c["message"] for c in causes), (patch, causes)
+        refused += 1
+    for i, spec in enumerate(NUMBER_KINDS_ACCEPTED):  # ... and a valid one written so is taken
+        body = manifest(f"number-kinds-{i}")
+        body["spec"] = _merge(body["spec"], spec)
+        create(custom, namespace, body)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, f"number-kinds-{i}")
+        refused += 1
     for bad_name in ("run.v2", "r" * 57):  # valid object names, but no Service or host name
         body = manifest(bad_name)
         f = tmp_path / "bad-name.yaml"
@@ -289,7 +319,7 @@ def test_invalid_specs_are_refused_naming_the_field(local_cluster, operator, cus
         assert valid["status"] == "False" and valid["message"].startswith(field + ":"), (what, valid)
         assert status(custom, namespace, f"bad-op-{i}")["phase"] == "Failed"
         refused += 1
-    print(f"\n{refused} invalid specs refused ({len(API_REJECTS) + 2} by the API server, "
+    print(f"\n{refused} invalid specs refused ({len(API_REJECTS) + len(NUMBER_KINDS_REJECTS) + 2} by the API server, "
           f"{len(OPERATOR_REJECTS)} by the operator)")
     assert operator["proc"].poll() is None, "the operator must survive malformed objects"
     # ... and still runs a good one, with its checkpoints in its namespace's store

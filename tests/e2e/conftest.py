@@ -81,7 +81,7 @@ def e2e(tmp_path_factory):
     operator = None
     try:
         cluster.kubectl("apply", "-f", str(drill.ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        cluster.wait_established("trainingruns.trainium.dev")
         nodes = drill.process_nodes(cluster, NODES, "e2e-")
         operator = drill.Operator(cluster, state / "operator.log", env=s3.env)
         operator.start()

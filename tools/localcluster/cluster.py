@@ -355,6 +355,21 @@ class Cluster:
         return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], check=check,
                               capture_output=True, text=True, input=input)
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Wait until each CRD (its full name) is Established. kubectl wait fails at once, rather
+        than waiting, on a CRD so new that the API server has not yet written its conditions
+        (".status.conditions accessor error: <nil>"), so that answer is asked again."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(1, int(deadline - time.monotonic()))
+            res = self.kubectl("wait", "--for=condition=Established", f"--timeout={left}s",
+                               *[f"crd/{c}" for c in crds], check=False)
+            if res.returncode == 0:
+                return
+            if "accessor error" not in res.stderr or time.monotonic() > deadline:
+                raise RuntimeError(f"CRDs {', '.join(crds)} not Established: {res.stderr.strip()}")
+            time.sleep(0.2)
+
     def api_client(self):
         """A kubernetes.client.ApiClient for this cluster."""
         from kubernetes import config

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok, pod runner)")
         cluster.up()
         cluster.kubectl("apply", "-f", str(drill.ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/trainingruns.trainium.dev", "--timeout=60s")
+        cluster.wait_established("trainingruns.trainium.dev")
         nodes = drill.process_nodes(cluster, 3, "demo-")
         say(f"3 process-backed cpu nodes Ready: {', '.join(nodes)} (their pods run as real processes)")
         operator = drill.Operator(cluster, STATE / "operator.log")
