@@ -44,6 +44,7 @@ from trainium_api import checkpoints
 
 from . import ckpt_store
 from .config import CheckpointConfig, ConfigError
+from .memtier import MemoryTier
 from .parallel import ParallelState
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class Checkpointer:
         self.fault_delay = float(os.environ.get("TRAINER_FAULT_CKPT_WRITE_DELAY", "0") or 0)
         self.epoch, self.on_fenced = epoch, on_fenced
         self.fenced_by: tuple[int, int] | None = None  # the newer epoch whose fence this gang saw
+        self.memory = MemoryTier(cfg.memory, cfg.uri, ps, async_group)
+        self.restore_source: str | None = None  # where the last load read from (the gang's slowest rank)
 
     def _fenced(self) -> bool:
         """Rank 0: has a newer gang raised its fence? (Once seen, for good.)"""
@@ -158,6 +161,7 @@ class Checkpointer:
         snapshot = host_copy({"model": model_state, "optim": optim_state}, self._host_cache)
         stall = time.perf_counter() - t0
         result = SaveResult(checkpoints.tag_for_step(step), step, False, stall)
+        meta = dict(meta, saveId=checkpoints.save_id(self.epoch, step))
         job = (result, snapshot, scheduler_state, user_content, meta)
         self._last_save_time = time.monotonic()
         if self.cfg.async_save:
@@ -199,6 +203,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         ps, tag_dir = self.ps, f"{self.root}/{result.tag}"
         ok, error = True, ""
+        self.memory.keep(result.tag, result.step, meta["saveId"], snapshot)  # first: it is the fast copy
         try:
             if ps.rank == 0:
                 if self._fenced():
@@ -338,7 +343,14 @@ class Checkpointer:
             with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:  # one GET, then parsed in memory
                 return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
 
-        optim_dp = ps.dp_rank if saved.get("zero1") else 0
-        return {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
-                "optim": read(f"optim/{ckpt_store.shard_name(optim_dp, ps.tp_rank, ps.pp_rank)}"),
-                "scheduler": read("scheduler.pt"), "user_content": read("user_content.pt"), "meta": meta}
+        # model and optimizer from this node's memory or its peer's when they hold this very
+        # save (trainer.memtier), else from the store; the small files always from the store
+        restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"))
+        self.restore_source = restored.gang_source
+        if restored.state is not None:
+            state = restored.state
+        else:
+            optim_dp = ps.dp_rank if saved.get("zero1") else 0
+            state = {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
+                     "optim": read(f"optim/{ckpt_store.shard_name(optim_dp, ps.tp_rank, ps.pp_rank)}")}
+        return {**state, "scheduler": read("scheduler.pt"), "user_content": read("user_content.pt"), "meta": meta}

@@ -59,6 +59,10 @@ class TrainerMetrics:
         self.ckpt_failures = counter("trainer_checkpoint_failures", "Checkpoint saves that did not complete")
         self.restore_seconds = gauge("trainer_restore_seconds",
                                      "Time this attempt took to read and load the checkpoint it resumed from")
+        self._restore_source = Gauge("trainer_restore_source",
+                                     "1 for where this attempt's restore read its state from (memory, peer or "
+                                     "store: the slowest rank's), 0 for the others", names + ["source"],
+                                     registry=self.registry)
         self.spikes = counter("trainer_grad_spikes", "Steps whose gradient norm spiked")
         self.skipped = counter("trainer_skipped_steps", "Updates skipped for NaN/Inf")
         self.eval_loss = gauge("trainer_eval_loss", "Mean token loss on data.heldOut at the last evaluation")
@@ -66,6 +70,11 @@ class TrainerMetrics:
         self.server = None
         if port:
             self.server, _ = start_http_server(port, registry=self.registry)
+
+    def restored_from(self, source: str | None) -> None:
+        from trainium_api.checkpoints import RESTORE_SOURCES
+        for s in RESTORE_SOURCES:
+            self._restore_source.labels(*self._labels, s).set(1 if s == source else 0)
 
     def close(self) -> None:
         if self.server is not None:

@@ -109,7 +109,8 @@ class ProgressReporter:
     def report(self, step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
                force: bool = False, step_time: float | None = None, start_step: int = 0,
                eval_perplexity: float | None = None, compute_seconds: float | None = None,
-               preflight_seconds: float | None = None, restore_seconds: float | None = None) -> None:
+               preflight_seconds: float | None = None, restore_seconds: float | None = None,
+               restore_source: str | None = None) -> None:
         """``step_time``: when the step ended (epoch seconds; default now). The operator measures
         lost time from it, so it is the step's time, not the time the report is sent."""
         if not self.enabled:
@@ -117,7 +118,7 @@ class ProgressReporter:
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
                                start_step=start_step, eval_perplexity=eval_perplexity,
                                compute_seconds=compute_seconds, preflight_seconds=preflight_seconds,
-                               restore_seconds=restore_seconds, attempt=_attempt())
+                               restore_seconds=restore_seconds, attempt=_attempt(), restore_source=restore_source)
         self._unsent = True
         self._force = self._force or force
         self._wake.set()  # the sender decides when: now if forced, else once the interval has passed

@@ -45,6 +45,9 @@ class _StopFlag:
         self.requested = True
 
 
+_FROM = {"memory": "node memory", "peer": "a peer node's memory (on at least one rank)", "store": "the store"}
+
+
 def _epoch() -> tuple[int, int] | None:
     """This gang's (run creation, attempt), from the pod contract (TRAINING_RUN_CREATED, ATTEMPT),
     for fencing; None outside the operator."""
@@ -193,9 +196,11 @@ class Trainer:
         # restore phase, the slowest pod's report being the gang's
         self.restore_seconds = time.perf_counter() - started
         self.metrics.restore_seconds.set(self.restore_seconds)
+        self.metrics.restored_from(self.ckpt.restore_source)
         if self.ps.rank == 0:
             log.info("resumed from %s at step %d (%d tokens)", tag.uri, self.step, self.tokens)
-            log.info("restore: %s read from the store and loaded in %.2f s", tag.tag, self.restore_seconds)
+            log.info("restore: %s read from %s and loaded in %.2f s", tag.tag, _FROM[self.ckpt.restore_source],
+                     self.restore_seconds)
 
     def initialise_from(self, uri: str) -> None:
         """First start only: weights (not optimizer or data state) from a Hugging Face directory
@@ -474,7 +479,8 @@ class Trainer:
             self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
                                  eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
-                                 preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds)
+                                 preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds,
+                                 restore_source=self.ckpt.restore_source)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -7,7 +7,9 @@ step ended; ``startStep``: the step this process resumed at, 0 on a fresh start;
 ``computeSeconds``: this pod's smoothed time per step before the step's first collective, what
 straggler detection compares across pods, null where unmeasured; ``preflightSeconds``: what
 this attempt's pre-flight check took, null without one; ``restoreSeconds``: what reading and
-loading the checkpoint it resumed from took, null on a fresh start; ``attempt``: the attempt
+loading the checkpoint it resumed from took, null on a fresh start; ``restoreSource``: where
+that restore read the model and optimizer state from, the gang's slowest rank's (one of
+checkpoints.RESTORE_SOURCES: memory, peer, store), null on a fresh start; ``attempt``: the attempt
 whose workers wrote it (their ATTEMPT), null from writers that do not know it: after an
 in-place restart the pod still carries the last attempt's report until the new workers write
 theirs, and the operator must not read it as the new attempt's progress). :func:`payload`
@@ -22,9 +24,11 @@ import json
 import math
 import time
 
+from .checkpoints import RESTORE_SOURCES
+
 ANNOTATION = "trainium.dev/progress"
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity",
-          "computeSeconds", "preflightSeconds", "restoreSeconds", "attempt")
+          "computeSeconds", "preflightSeconds", "restoreSeconds", "restoreSource", "attempt")
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -35,7 +39,8 @@ def _rounded(value: float | None, digits: int) -> float | None:
 def payload(step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
             now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None,
             compute_seconds: float | None = None, preflight_seconds: float | None = None,
-            restore_seconds: float | None = None, attempt: int | None = None) -> str:
+            restore_seconds: float | None = None, attempt: int | None = None,
+            restore_source: str | None = None) -> str:
     """``tokens_per_second`` and ``loss`` may be None where the writer cannot know them (a
     script whose log has no throughput); the operator then leaves them out of the status."""
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
@@ -44,7 +49,8 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
                        "evalPerplexity": _rounded(eval_perplexity, 4),
                        "computeSeconds": _rounded(compute_seconds, 4),
                        "preflightSeconds": _rounded(preflight_seconds, 2),
-                       "restoreSeconds": _rounded(restore_seconds, 2), "attempt": attempt},
+                       "restoreSeconds": _rounded(restore_seconds, 2), "restoreSource": restore_source,
+                       "attempt": attempt},
                       separators=(",", ":"))
 
 
@@ -57,6 +63,7 @@ _LIMITS: dict[str, tuple[type, float, float]] = {
     "loss": (float, -1e9, 1e9), "lastCheckpointStep": _STEP, "startStep": _STEP, "evalPerplexity": (float, 0.0, 1e30),
     "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6), "restoreSeconds": (float, 0.0, 1e6),
     "attempt": (int, 1, 2 ** 31)}
+_CHOICES: dict[str, tuple[str, ...]] = {"restoreSource": RESTORE_SOURCES}
 MAX_LENGTH = 4096  # a report is about 150 bytes; a larger annotation is not parsed at all
 
 
@@ -88,10 +95,13 @@ def parse_report(text: str | None) -> tuple[dict | None, list[str]]:
     return (out if out["step"] is not None else None), errors
 
 
-def _checked(key: str, value) -> tuple[int | float | None, str]:
-    kind, low, high = _LIMITS[key]
+def _checked(key: str, value) -> tuple[int | float | str | None, str]:
     if value is None:
         return None, "missing" if key == "step" else ""
+    if key in _CHOICES:
+        ok = isinstance(value, str) and value in _CHOICES[key]
+        return (value, "") if ok else (None, f"must be one of {', '.join(_CHOICES[key])}, got {str(value)[:40]!r}")
+    kind, low, high = _LIMITS[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         return None, f"must be {'an integer' if kind is int else 'a number'}, got {str(value)[:40]!r}"
     if not (low <= value <= high):  # NaN fails this too

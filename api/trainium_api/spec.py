@@ -51,6 +51,7 @@ CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
 Unset = Literal[""]
 StragglerPolicy = Literal["off", "report", "replace"]
 PreflightMode = Literal["auto", "on", "off"]
+MemoryTier = Literal["auto", "off"]
 """The empty string: a field that is not set (a builtin trainer has no progress format)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -350,6 +351,15 @@ class CheckpointConfig:
     reached before exiting, so the restart recomputes nothing. The pod's grace period
     (faultTolerance.teardownGraceSeconds) must cover a save; if it does not, the tag is never
     completed and the previous checkpoint is used."""
+
+    memory: MemoryTier = "auto"
+    """Keep each rank's newest checkpoint in its node's memory (/dev/shm) and a copy of one
+    peer node's (the next node in a ring), so that a restart restores from memory, a replaced
+    node from its peer, and only otherwise from the store. 'auto': on while both copies fit in
+    half of the memory left on the node (/dev/shm's free space and MemAvailable), decided at
+    every save; 'off': the store only. The store's `done` stays the truth: a memory copy is
+    loaded only for the tag the store says is complete, written by the same save (its step,
+    writer and checksums checked), else it is skipped."""
 
     def enabled(self) -> bool:
         return bool(self.uri) and (self.interval_steps > 0 or self.interval_minutes > 0)

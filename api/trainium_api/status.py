@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
+from .checkpoints import RESTORE_SOURCES
 from .spec import Cause
 
 Phase = Literal["Starting", "Preflight", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
@@ -19,6 +20,7 @@ TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
 ConditionStatus = Literal["True", "False", "Unknown"]
 FailureAction = Literal["restart", "fail"]
 RestartKind = Literal["inPlace", "recreate"]
+RestoreSource = Literal[RESTORE_SOURCES]  # type: ignore[valid-type]  # one source: checkpoints
 """inPlace: the gang's pods stayed and their agents started new workers; recreate: new pods."""
 ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted", "ProgressValid"]
 """Valid: the spec passed the operator's checks. Failed: the failure policy gave up.
@@ -187,6 +189,9 @@ class AttemptStatus(_Written):
     """What this attempt's pre-flight check took (its first progress report says)."""
     restore_seconds: float | None = None
     """What restoring this attempt's checkpoint took (its first progress report says)."""
+    restore_source: RestoreSource | None = None
+    """Where that restore read the state from: node memory, a peer node's memory, or the store
+    (checkpoint.memory), the slowest rank's."""
     preflight_trusted: list[str] = field(default_factory=list)
     """Nodes this attempt's pods were told passed the check recently: when every pod is on one,
     the check is skipped (faultTolerance.preflightSkipMinutes)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainium_api import agent, preflight, progress, runtimefaults
+from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import Cause
 
 from .plan import LABEL_ATTEMPT, LABEL_INDEX
@@ -198,6 +199,7 @@ class GangState:
     preflight_seconds: float | None = None  # what the attempt's pre-flight check took (its reports say)
     preflight_running: bool = False  # a pod of the gang says its pre-flight check is under way
     restore_seconds: float | None = None  # what restoring the attempt's checkpoint took (the slowest pod's report)
+    restore_source: str | None = None  # where it read from (the slowest source any pod reports)
 
     @property
     def size(self) -> int:
@@ -224,7 +226,14 @@ def gang_state(pods: list[PodView]) -> GangState:
         preflight_running=any(p.preflight_running and not p.deleting for p in pods),
         # the gang trains when its slowest pod has restored: that pod's time is the phase's
         restore_seconds=max((r["restoreSeconds"] for r in reports if r.get("restoreSeconds") is not None),
-                            default=None))
+                            default=None),
+        restore_source=slowest_source([r.get("restoreSource") for r in reports]))
+
+
+def slowest_source(sources) -> str | None:
+    """The slowest of restore sources (memory < peer < store), None when none is known."""
+    known = [s for s in sources if s in RESTORE_SOURCES]
+    return max(known, key=RESTORE_SOURCES.index, default=None)
 
 
 def succeeded(p: PodView) -> bool:

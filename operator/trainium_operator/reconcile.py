@@ -44,7 +44,8 @@ from . import admission, goodput, inplace, plan, stragglers
 from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine
 from .hostaccess import HostAccess
 from .judge import Clocks, Guards, Observed, device_culprits, judge
-from .observe import STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, waiting_reason
+from .observe import (STARTING_REASONS, Failure, GangState, NodeView, PodView, gang_state, not_started, slowest_source,
+                      waiting_reason)
 from .observer import Snapshot, read_status, snapshot
 from .policy import DisruptionGuard, count, counters_from, decide, straggler_replace_allowed
 from .stragglers import flagged
@@ -725,6 +726,8 @@ def _track_progress(p: Pass, gang: GangState) -> None:
                                              or gang.restore_seconds > old.current.restore_seconds):
         new.current.restore_seconds = gang.restore_seconds
         new.restore_seconds = round(old.restore_seconds + gang.restore_seconds - (old.current.restore_seconds or 0.0), 2)
+    if gang.restore_source is not None:
+        new.current.restore_source = slowest_source([old.current.restore_source, gang.restore_source])
     if gang.preflight_seconds is not None and old.current.preflight_seconds is not None \
             and gang.preflight_seconds > old.current.preflight_seconds:
         new.current.preflight_seconds = gang.preflight_seconds

@@ -19,11 +19,18 @@ def test_progress_payload_roundtrip():
     assert json.loads(text) == {"step": 12, "time": 1700000000.0, "tokensPerSecond": 1234.57,
                                 "loss": 2.34568, "lastCheckpointStep": 10, "startStep": 0, "evalPerplexity": None,
                                 "computeSeconds": None, "preflightSeconds": None, "restoreSeconds": None,
-                                    "attempt": None}
+                                "restoreSource": None, "attempt": None}
     assert progress.parse(text)["step"] == 12
     with_eval = progress.payload(12, 1.0, 2.0, 10, eval_perplexity=7.123456)
     assert progress.parse(with_eval)["evalPerplexity"] == 7.1235
     assert progress.parse(progress.payload(12, 1.0, 2.0, 10, restore_seconds=3.14159))["restoreSeconds"] == 3.14
+    restored = progress.parse(progress.payload(12, 1.0, 2.0, 10, restore_seconds=0.5, restore_source="memory"))
+    assert (restored["restoreSeconds"], restored["restoreSource"]) == (0.5, "memory")
+    # a source the trainer does not write (user code can patch the annotation) is dropped, named
+    forged, errors = progress.parse_report(json.dumps({"step": 3, "restoreSource": "/etc/passwd"}))
+    assert forged["restoreSource"] is None and forged["step"] == 3
+    assert errors == ["restoreSource: must be one of memory, peer, store, got '/etc/passwd'"]
+    assert progress.parse_report(json.dumps({"step": 3, "restoreSource": 7}))[0]["restoreSource"] is None
     for bad in (None, "", "{", "[]", '{"step": "x"}'):
         assert progress.parse(bad) is None
 

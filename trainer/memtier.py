@@ -1,0 +1,373 @@
+"""Checkpoints in node memory (checkpoint.memory): the newest save of every rank kept in its
+node's memory, and one peer node's kept beside it, so that a restart restores from memory (an
+in-place restart keeps the pod and its /dev/shm), a replaced node from its peer, and only
+otherwise from the store.
+
+    <root>/<run key>/own/rank_<r>/state.pt      this rank's model and optimizer state
+    <root>/<run key>/own/rank_<r>/manifest.json  written last (by rename): what, which save, crc
+    <root>/<run key>/peer/rank_<r>/...           the same from rank r of the previous node
+
+``<root>`` is /dev/shm/trainium-checkpoints (the pod's memory volume: the pod contract mounts
+an emptyDir of medium Memory there) or TRAINER_MEMORY_DIR; outside a pod (no TRAINING_RUN)
+the tier is on only where TRAINER_MEMORY_DIR names a directory, so that local runs leave
+nothing in a shared /dev/shm. ``<run key>`` is a digest of the run's identity (its store,
+name and creation time): copies of another run are never read.
+
+The store stays the truth. A save keeps its memory copy (writer thread, before the store's
+shards) with the save's identity: tag, step and save id (trainium_api.checkpoints.save_id, in
+the store's meta.json too). A restore (collective) loads a memory copy only for the tag the
+store says is complete, written by the same save (tag, step, save id, this rank's layout
+coordinates) and with its crc32 intact; otherwise the peer's copy, checked the same way; else
+the store. A copy is deleted before its replacement is written, so a torn write leaves none
+(its manifest comes last). Peers form a ring over the nodes: node n keeps node n-1's copies.
+
+'auto' decides at every save, on every rank, and the ranks agree (a MIN all-reduce): on while
+this node's copies (own and peer, each rank's state x ranks on the node) fit in half of what
+is free for them (the memory volume's free space and the node's MemAvailable, counting what the
+tier already holds as free).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import mmap
+import os
+import shutil
+import time
+import warnings
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainium_api.checkpoints import RESTORE_SOURCES
+
+from .parallel import ParallelState
+
+log = logging.getLogger(__name__)
+
+DIR_ENV = "TRAINER_MEMORY_DIR"
+POD_DIR = "/dev/shm/trainium-checkpoints"
+STATE, MANIFEST = "state.pt", "manifest.json"
+FIT_FRACTION = 0.5  # of the free memory the copies may take
+MEMORY, PEER, STORE = RESTORE_SOURCES
+
+
+def root_dir() -> Path | None:
+    """Where the tier lives, or None where it is off by placement (outside a pod, no TRAINER_MEMORY_DIR)."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    return Path(POD_DIR) if os.environ.get("TRAINING_RUN") else None
+
+
+def run_key(uri: str) -> str:
+    """The run's identity: its store, its name and creation time under the operator."""
+    ident = json.dumps([uri.rstrip("/"), os.environ.get("TRAINING_RUN", ""), os.environ.get("TRAINING_RUN_CREATED", "")])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def crc32_of(path: Path) -> int:
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return zlib.crc32(mm)
+
+
+def _held_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def state_bytes(tensors) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    if isinstance(tensors, dict):
+        return sum(state_bytes(v) for v in tensors.values())
+    if isinstance(tensors, (list, tuple)):
+        return sum(state_bytes(v) for v in tensors)
+    return 0
+
+
+@dataclass
+class Restored:
+    state: dict | None  # {"model": ..., "optim": ...}, None: read the store
+    source: str  # this rank's: memory, peer or store
+    gang_source: str  # the slowest rank's (store > peer > memory)
+
+
+class MemoryTier:
+    """One rank's memory tier. ``group``: a gloo group for the tier's collectives (the
+    checkpoint writers'); every rank makes the same calls in the same order."""
+
+    def __init__(self, mode: str, uri: str, ps: ParallelState, group=None, root: Path | None = None):
+        base = root if root is not None else root_dir()
+        self.ps, self.group = ps, group
+        self.on = mode != "off" and bool(uri) and base is not None
+        self.base = base / run_key(uri) if self.on else None
+        self.fits: bool | None = None  # the last save's decision (logged when it changes)
+        if not self.on:
+            return
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ps.world_size))
+        self.nnodes = max(1, ps.world_size // self.local_world)
+        self.node = ps.rank // self.local_world
+        local = ps.rank % self.local_world
+        # the ring: this rank's copy goes to the same local rank of the next node, and it keeps
+        # the previous node's
+        self.next_rank = ((self.node + 1) % self.nnodes) * self.local_world + local
+        self.prev_rank = ((self.node - 1) % self.nnodes) * self.local_world + local
+
+    @property
+    def peers(self) -> bool:
+        return self.nnodes > 1
+
+    def own_dir(self, rank: int | None = None) -> Path:
+        return self.base / "own" / f"rank_{self.ps.rank if rank is None else rank}"
+
+    def peer_dir(self) -> Path:
+        return self.base / "peer" / f"rank_{self.prev_rank}"
+
+    def coordinates(self, rank: int | None = None) -> dict:
+        """What a copy of ``rank`` (default this one) holds: its place in this layout."""
+        from .parallel import RankGrid
+        ps = self.ps
+        rank = ps.rank if rank is None else rank
+        pp, dp, tp = RankGrid(ps.pp, ps.dp, ps.tp).coords(rank)
+        return {"rank": rank, "tp": tp, "pp": pp, "dp": dp, "layout": [ps.tp, ps.pp, ps.dp], "world": ps.world_size}
+
+    # -- save (the writer thread) -------------------------------------------------------------
+
+    def _agree(self, ok: bool) -> bool:
+        if not self.ps.is_distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
+    def _fit(self, snapshot: dict) -> bool:
+        need = state_bytes(snapshot) * (2 if self.peers else 1) * self.local_world
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+            st = os.statvfs(self.base)
+            held = _held_bytes(self.base)
+            room = st.f_bavail * st.f_frsize + held
+            avail = _mem_available()
+            if avail is not None:
+                room = min(room, avail + held)
+        except OSError as exc:
+            log.warning("checkpoint memory tier: %s is not usable (%s)", self.base, exc)
+            return False
+        ok = need <= FIT_FRACTION * room
+        if not ok and self.fits is not False:
+            log.warning("checkpoint memory tier off for this save: this node's copies need %.2f GB, more than "
+                        "%.0f%% of the %.2f GB free for them (restores read the store)", need / 1e9,
+                        100 * FIT_FRACTION, room / 1e9)
+        return ok
+
+    def keep(self, tag: str, step: int, save_id: str, snapshot: dict) -> None:
+        """Keep this save in memory, and the previous node's beside it. Collective (every rank's
+        writer calls it for every save). Never raises: the tier is a cache of the store."""
+        if not self.on:
+            return
+        t0 = time.perf_counter()
+        fits = self._agree(self._fit(snapshot))
+        if fits != self.fits and fits:
+            log.info("checkpoint memory tier on: each save is kept in %s%s", self.base,
+                     " and on the next node" if self.peers else "")
+        self.fits = fits
+        own = self.own_dir()
+        shutil.rmtree(own, ignore_errors=True)  # first: a torn write leaves no copy
+        manifest = None
+        if fits:
+            try:
+                own.mkdir(parents=True, exist_ok=True)
+                with _no_zip_crc32():
+                    torch.save(snapshot, own / STATE)
+                manifest = {"tag": tag, "step": step, "saveId": save_id, "coordinates": self.coordinates(),
+                            "size": (own / STATE).stat().st_size, "crc32": crc32_of(own / STATE)}
+                (own / (MANIFEST + ".tmp")).write_text(json.dumps(manifest))
+                os.replace(own / (MANIFEST + ".tmp"), own / MANIFEST)
+            except Exception as exc:  # noqa: BLE001 - a full tmpfs, a removed volume: the store still has it
+                log.warning("checkpoint memory tier: could not keep %s (%s)", tag, exc)
+                shutil.rmtree(own, ignore_errors=True)
+                manifest = None
+        if self.peers and fits:
+            self._send_to_peer(manifest)
+        if manifest is not None and self.ps.rank == 0:
+            log.info("checkpoint %s kept in memory in %.2f s", tag, time.perf_counter() - t0)
+
+    def _send_to_peer(self, manifest: dict | None) -> None:
+        """Give this rank's copy to the next node's, take the previous node's (one exchange)."""
+        out = self.own_dir() / STATE
+        header = json.dumps(manifest).encode() if manifest is not None else b""
+        peer = self.peer_dir()
+        shutil.rmtree(peer, ignore_errors=True)
+        try:
+            got = _exchange(header, out if manifest is not None else None, self.next_rank, self.prev_rank,
+                            self.group, peer / STATE)
+            if got is not None:
+                (peer / (MANIFEST + ".tmp")).write_text(got.decode())
+                os.replace(peer / (MANIFEST + ".tmp"), peer / MANIFEST)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("checkpoint memory tier: peer copy not kept (%s)", exc)
+            shutil.rmtree(peer, ignore_errors=True)
+
+    # -- restore (collective) -----------------------------------------------------------------
+
+    def _valid(self, folder: Path, tag: str, step: int, save_id: str, coordinates: dict) -> dict | None:
+        """The manifest of a copy in ``folder`` that is this save's, for these coordinates, intact."""
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            if (manifest.get("tag"), manifest.get("step"), manifest.get("saveId"), manifest.get("coordinates")) != \
+                    (tag, step, save_id, coordinates):
+                return None
+            if (folder / STATE).stat().st_size != manifest.get("size") or crc32_of(folder / STATE) != manifest.get("crc32"):
+                log.warning("checkpoint memory tier: the copy in %s is torn (size or crc32): not loaded", folder)
+                return None
+            return manifest
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def restore(self, tag: str, step: int, save_id: str | None) -> Restored:
+        """This rank's state for the store's complete ``tag``, from memory or its peer, or
+        Restored(None, ...) to read the store. Collective."""
+        if not self.on:
+            return Restored(None, STORE, STORE)
+        mine = self.coordinates()
+        own = self._valid(self.own_dir(), tag, step, save_id, mine) if save_id else None
+        held = self._valid(self.peer_dir(), tag, step, save_id, self.coordinates(self.prev_rank)) \
+            if (save_id and self.peers) else None
+        # who has what: [own ok, holds a good copy of the previous node's]
+        flags = torch.tensor([[int(own is not None), int(held is not None)]])
+        if self.ps.is_distributed:
+            everyone = [torch.zeros_like(flags) for _ in range(self.ps.world_size)]
+            dist.all_gather(everyone, flags, group=self.group)
+            table = torch.cat(everyone).tolist()
+        else:
+            table = flags.tolist()
+        source, state = STORE, None
+        if own is not None:
+            source, state = MEMORY, _load(self.own_dir() / STATE)
+        elif self.peers and not table[self.ps.rank][0] and table[self.next_rank][1]:
+            source = PEER
+        # the exchanges: a rank without its copy whose next node holds one gets it from there
+        # (every rank computes the same pairs from the same table)
+        give = self.peers and not table[self.prev_rank][0] and table[self.ps.rank][1]
+        if self.peers and (give or source == PEER):
+            dest = self.own_dir()
+            if source == PEER:
+                shutil.rmtree(dest, ignore_errors=True)
+            got = _exchange(json.dumps(held).encode() if give else b"",
+                            self.peer_dir() / STATE if give else None,
+                            self.prev_rank if give else None, self.next_rank if source == PEER else None,
+                            self.group, dest / STATE if source == PEER else None)
+            if source == PEER:
+                manifest = json.loads(got.decode()) if got else None
+                if manifest is not None:
+                    (dest / MANIFEST).write_text(json.dumps(manifest))  # this node's own copy again ...
+                if manifest is not None and self._valid(dest, tag, step, save_id, mine):  # ... if it is
+                    state = _load(dest / STATE)
+                else:
+                    log.warning("checkpoint memory tier: the copy from the next node is not this rank's save "
+                                "or arrived torn: reading the store")
+                    shutil.rmtree(dest, ignore_errors=True)
+                    source = STORE
+        gang = self._gang_source(source)
+        return Restored(state, source, gang)
+
+    def _gang_source(self, source: str) -> str:
+        if not self.ps.is_distributed:
+            return source
+        worst = torch.tensor([RESTORE_SOURCES.index(source)])
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.group)
+        return RESTORE_SOURCES[int(worst.item())]
+
+
+@contextlib.contextmanager
+def _no_zip_crc32():
+    """torch.save computes a crc32 of every record (miniz, about 0.5 GB/s here), most of a write
+    to memory. A memory copy has our own crc32 (zlib, several GB/s) and is read only by this
+    trainer, so it goes without; the store's shards keep theirs (torch before 2.6 cannot read
+    a file without them). torch's setting is process-wide: only the checkpoint writer thread
+    saves, one save at a time. torch before 2.6 has no such setting and computes it."""
+    try:
+        from torch.utils.serialization import config
+        patch = config.patch
+    except (ImportError, AttributeError):
+        yield
+        return
+    with patch({"save.compute_crc32": False}):
+        yield
+
+
+def _load(path: Path) -> dict:
+    with open(path, "rb") as fh:  # one read from memory, parsed in place
+        return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+
+
+def _exchange(header: bytes, payload: Path | None, to: int | None, frm: int | None, group,
+              into: Path | None) -> bytes | None:
+    """Send (header, payload file) to rank ``to`` and receive the same from rank ``frm`` (either
+    may be None), at once; the received file is written to ``into``. Returns the received
+    header, or None when the sender had nothing (empty header)."""
+    sizes_out = torch.tensor([len(header), payload.stat().st_size if payload is not None else 0], dtype=torch.int64)
+    sizes_in = torch.zeros(2, dtype=torch.int64)
+    ops = ([dist.P2POp(dist.isend, sizes_out, to, group)] if to is not None else []) + \
+          ([dist.P2POp(dist.irecv, sizes_in, frm, group)] if frm is not None else [])
+    for req in dist.batch_isend_irecv(ops) if ops else []:
+        req.wait()
+    n_header, n_payload = (int(x) for x in sizes_in.tolist())
+    send_header = torch.frombuffer(bytearray(header), dtype=torch.uint8) if header else None
+    recv_header = torch.empty(n_header, dtype=torch.uint8) if frm is not None and n_header else None
+    fh = mm = None
+    try:
+        ops = []
+        if to is not None and send_header is not None:
+            ops.append(dist.P2POp(dist.isend, send_header, to, group))
+            if payload is not None and sizes_out[1] > 0:
+                fh = open(payload, "rb")
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                with warnings.catch_warnings():  # read-only memory: isend only reads it
+                    warnings.simplefilter("ignore", UserWarning)
+                    data = torch.frombuffer(mm, dtype=torch.uint8)
+                ops.append(dist.P2POp(dist.isend, data, to, group))
+        recv_payload = None
+        if recv_header is not None:
+            ops.append(dist.P2POp(dist.irecv, recv_header, frm, group))
+            if n_payload:
+                recv_payload = torch.empty(n_payload, dtype=torch.uint8)
+                ops.append(dist.P2POp(dist.irecv, recv_payload, frm, group))
+        for req in dist.batch_isend_irecv(ops) if ops else []:
+            req.wait()
+    finally:
+        if mm is not None:
+            mm.close()
+        if fh is not None:
+            fh.close()
+    if recv_header is None:
+        return None
+    into.parent.mkdir(parents=True, exist_ok=True)
+    with open(into, "wb") as out:
+        if recv_payload is not None:
+            out.write(memoryview(recv_payload.numpy()))
+    return bytes(recv_header.numpy())
