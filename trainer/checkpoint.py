@@ -203,7 +203,6 @@ class Checkpointer:
         t0 = time.perf_counter()
         ps, tag_dir = self.ps, f"{self.root}/{result.tag}"
         ok, error = True, ""
-        self.memory.keep(result.tag, result.step, meta["saveId"], snapshot)  # first: it is the fast copy
         try:
             if ps.rank == 0:
                 if self._fenced():
@@ -233,6 +232,7 @@ class Checkpointer:
             except Exception as exc:
                 ok, error = False, str(exc) or type(exc).__name__
             ok = self._barrier_ok(ok)
+        shards_written = ok  # every rank agrees on it: the memory tier's exchanges are collective
         if ok and ps.rank == 0:
             try:
                 if self._fenced():
@@ -258,6 +258,10 @@ class Checkpointer:
                     log.info("retention removed %s", ", ".join(deleted))
         else:
             log.error("checkpoint %s FAILED, not marked done: %s", result.tag, error or "another rank failed")
+        # after the store: memory never delays durability, and a save whose shards failed keeps the
+        # previous copy
+        if shards_written:
+            self.memory.keep(result.tag, result.step, meta["saveId"], snapshot)
         self.results.append(result)
 
     # -- resume ----------------------------------------------------------------------------

@@ -13,9 +13,9 @@ the tier is on only where TRAINER_MEMORY_DIR names a directory, so that local ru
 nothing in a shared /dev/shm. ``<run key>`` is a digest of the run's identity (its store,
 name and creation time): copies of another run are never read.
 
-The store stays the truth. A save keeps its memory copy (writer thread, before the store's
-shards) with the save's identity: tag, step and save id (trainium_api.checkpoints.save_id, in
-the store's meta.json too). A restore (collective) loads a memory copy only for the tag the
+The store stays the truth. A save keeps its memory copy (writer thread, once every rank's store
+shards are written, so memory never delays durability) with the save's identity: tag, step and
+save id (trainium_api.checkpoints.save_id, in the store's meta.json too). A restore (collective) loads a memory copy only for the tag the
 store says is complete, written by the same save (tag, step, save id, this rank's layout
 coordinates) and with its crc32 intact; otherwise the peer's copy, checked the same way; else
 the store. A copy is deleted before its replacement is written, so a torn write leaves none
