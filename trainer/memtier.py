@@ -126,7 +126,15 @@ class MemoryTier:
         self.on = mode != "off" and bool(uri) and base is not None
         self.base = base / run_key(uri) if self.on else None
         self.fits: bool | None = None  # the last save's decision (logged when it changes)
+        if getattr(ps, "is_distributed", False):  # every rank makes the tier's calls, or none does
+            flag = torch.tensor([int(self.on)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+            if self.on and not flag.item():
+                log.warning("checkpoint memory tier off: another rank has no memory directory (%s or a pod's "
+                            "TRAINING_RUN)", DIR_ENV)
+            self.on = bool(flag.item())
         if not self.on:
+            self.base = None
             return
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ps.world_size))
         self.nnodes = max(1, ps.world_size // self.local_world)

@@ -203,6 +203,9 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
     assert st["current"].get("restoreSeconds") is not None, st["current"]
     assert st["current"]["restoreSeconds"] == st.get("restoreSeconds", 0.0), st
     assert gp["lostSeconds"]["restore"] == round(st.get("restoreSeconds", 0.0), 1), gp
+    # where it read from: an in-place restart keeps the pods and their memory (checkpoint.memory),
+    # a new gang has none and reads the store
+    assert st["current"].get("restoreSource") == ("memory" if fault in IN_PLACE else "store"), st["current"]
 
 
 def test_a_gang_cut_off_from_the_control_plane_is_fenced_by_the_next_attempt(e2e, tiny_data, tmp_path):

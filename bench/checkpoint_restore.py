@@ -1,0 +1,171 @@
+"""Restore time by source, on the same state: memory, a peer's memory, the store (local disk and
+S3), against DCP's load of the same state from the same stores.
+
+    python -m bench.checkpoint_restore [--size 100m] [--repeats 3]
+
+Two processes on gloo stand for two nodes of one rank each (LOCAL_WORLD_SIZE=1), each with its
+own memory directory under /dev/shm. Each save is ours (trainer.checkpoint.Checkpointer, sync,
+memory tier on) and DCP's ``save``, to a local directory and to moto's S3 server on loopback
+(``s3://``, through s3fs; DCP through its fsspec reader). Then, ``--repeats`` times each, on
+rank 1, timed from nothing to the state loaded into the live model and optimizer:
+
+  memory       Checkpointer.load with the node's own memory copy
+  peer         the same after rank 1's memory is deleted (a replaced node): the copy comes
+               from rank 0's memory over gloo (loopback TCP here; the pod network, TCP, on EKS)
+  store-local  memory tier off, shards read from the local directory
+  dcp-local    torch.distributed.checkpoint.load from the local directory
+  store-s3     memory tier off, shards read from S3
+  dcp-s3       DCP's load through its fsspec reader from S3
+
+The page cache holds the local files (they were just written), so local figures are the
+deserialising and copying; S3 adds moto's HTTP on loopback. Ratios are against dcp-local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
+    os.environ.update(ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", OMP_NUM_THREADS="1",
+                      TRAINER_MEMORY_DIR=f"/dev/shm/bench-restore-{os.getppid()}/node{rank}",
+                      AWS_ENDPOINT_URL=endpoint, FSSPEC_S3_ENDPOINT_URL=endpoint)
+    import fsspec
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    from bench.common import run_config
+    from bench.throughput import SIZES
+    from trainer.checkpoint import Checkpointer
+    from trainer.config import CheckpointConfig, derive_layout
+    from trainer.model import Transformer
+    from trainer.optim import ShardedAdamW
+    from trainer.parallel import ParallelState
+
+    fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = endpoint
+    torch.set_num_threads(1)
+    model_over, seq, batch = SIZES[args.size]
+    cfg = run_config(model_over, {"seqLen": seq, "globalBatchSize": batch * 2, "microBatchSize": batch})
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    layout = derive_layout(2, cfg.model, cfg.parallelism, cfg.training, "cpu")
+    ps = ParallelState(backend="cpu", device=torch.device("cpu"), rank=rank, world_size=2, local_rank=0,
+                       layout=layout, tp_rank=0, dp_rank=rank, tp_group=None, dp_group=None, sequence_parallel=False)
+    model = Transformer(cfg.model, seed=0, max_seq_len=seq)
+    opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=False)
+    opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()
+    group = dist.new_group(backend="gloo")
+    meta = {"step": 1, "tokens": 0, "data": {}, "configDigest": "",
+            "layout": {"tensor": 1, "pipeline": 1, "data": 2, "zero1": False}}
+    roots = {"local": f"{work}/ours", "s3": "s3://bench/ours"}
+    cks = {(where, memory): Checkpointer(CheckpointConfig(uri=root, interval_steps=1, keep=1, async_save=False,
+                                                          memory=memory), ps, group, group)
+           for where, root in roots.items() for memory in ("auto", "off")}
+
+    def state():
+        return {"model": model.state_dict(), "optim": {"exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq}}
+
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2 * opt.exp_avg.numel() * 4
+    for where in roots:  # one save each (the memory tier's copies come with the local one)
+        assert cks[(where, "auto" if where == "local" else "off")].save(
+            1, model.state_dict(), opt.state_dict(), {}, {}, meta).ok
+    dcp.save(state(), checkpoint_id=f"{work}/dcp")
+    dcp.save(state(), storage_writer=FsspecWriter("s3://bench/dcp"))
+    layout_meta = {"tensor": 1, "pipeline": 1, "data": 2}
+
+    def ours(ck) -> float:
+        t0 = time.perf_counter()
+        loaded = ck.load(ck.select_resume(), layout_meta)
+        model.load_state_dict(loaded["model"])
+        opt.load_state_dict(loaded["optim"])
+        return time.perf_counter() - t0
+
+    def theirs(**where) -> float:
+        t0 = time.perf_counter()
+        dcp.load(state(), **where)
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {k: [] for k in ("memory", "peer", "store-local", "dcp-local", "store-s3",
+                                                      "dcp-s3")}
+    sources = {}
+    for rep in range(args.repeats):
+        ck = cks[("local", "auto")]
+        times["memory"].append(ours(ck))
+        sources["memory"] = ck.restore_source
+        if rank == 1:  # this node was replaced: its memory is gone
+            shutil.rmtree(ck.memory.base / "own", ignore_errors=True)
+        dist.barrier()
+        times["peer"].append(ours(ck))
+        sources["peer"] = ck.restore_source
+        times["store-local"].append(ours(cks[("local", "off")]))
+        times["dcp-local"].append(theirs(checkpoint_id=f"{work}/dcp"))
+        times["store-s3"].append(ours(cks[("s3", "off")]))
+        times["dcp-s3"].append(theirs(storage_reader=FsspecReader("s3://bench/dcp")))
+        if rank == 1:
+            print(f"round {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()),
+                  flush=True)
+    if rank == 1:
+        out.put((times, sources, nbytes))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    from bench.common import free_port, median, table
+    from bench.throughput import SIZES
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="100m", choices=list(SIZES))
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    import boto3
+    import torch.multiprocessing as mp
+
+    work = tempfile.mkdtemp(prefix="bench-restore-")
+    s3_port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        endpoint = f"http://127.0.0.1:{s3_port}"
+        for _ in range(100):
+            try:
+                boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                             aws_secret_access_key="testing").create_bucket(Bucket="bench")
+                break
+            except Exception:  # noqa: BLE001 - the server is still starting
+                time.sleep(0.1)
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        port = free_port()
+        procs = [ctx.Process(target=_rank, args=(r, args, port, work, endpoint, out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        times, sources, nbytes = out.get(timeout=3600)
+        for p in procs:
+            p.join(120)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    finally:
+        server.terminate()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(f"/dev/shm/bench-restore-{os.getpid()}", ignore_errors=True)
+    assert sources == {"memory": "memory", "peer": "peer"}, sources
+    base = median(times["dcp-local"])
+    store = median(times["store-local"])
+    rows = [[k, f"{median(v):.3f}", f"{median(v) / base:.2f}x", f"{store / median(v):.1f}x"] for k, v in times.items()]
+    print()
+    print(f"Restore of one rank's state ({args.size} model + AdamW, {nbytes / 1e9:.2f} GB) into the live model "
+          f"and optimizer, median of {args.repeats}, rank 1 of 2")
+    print(table(["source", "restore s", "vs dcp-local", "store-local / this"], rows))
+
+
+if __name__ == "__main__":
+    main()
