@@ -4,7 +4,8 @@ S3), against DCP's load of the same state from the same stores.
     python -m bench.checkpoint_restore [--size 100m] [--repeats 3]
 
 Two processes on gloo stand for two nodes of one rank each (LOCAL_WORLD_SIZE=1), each with its
-own memory directory under /dev/shm. Each save is ours (trainer.checkpoint.Checkpointer, sync,
+own memory directory under /dev/shm; the S3 rows run after them in one process (this machine's
+memory does not hold both parts at once). Each save is ours (trainer.checkpoint.Checkpointer, sync,
 memory tier on) and DCP's ``save``, to a local directory and to moto's S3 server on loopback
 (``s3://``, through s3fs; DCP through its fsspec reader). Then, ``--repeats`` times each, on
 rank 1, timed from nothing to the state loaded into the live model and optimizer:
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -43,7 +45,6 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
     from bench.common import run_config
     from bench.throughput import SIZES
@@ -67,20 +68,15 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
     group = dist.new_group(backend="gloo")
     meta = {"step": 1, "tokens": 0, "data": {}, "configDigest": "",
             "layout": {"tensor": 1, "pipeline": 1, "data": 2, "zero1": False}}
-    roots = {"local": f"{work}/ours", "s3": "s3://bench/ours"}
-    cks = {(where, memory): Checkpointer(CheckpointConfig(uri=root, interval_steps=1, keep=1, async_save=False,
-                                                          memory=memory), ps, group, group)
-           for where, root in roots.items() for memory in ("auto", "off")}
+    cks = {memory: Checkpointer(CheckpointConfig(uri=f"{work}/ours", interval_steps=1, keep=1, async_save=False,
+                                                 memory=memory), ps, group, group) for memory in ("auto", "off")}
 
     def state():
         return {"model": model.state_dict(), "optim": {"exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq}}
 
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2 * opt.exp_avg.numel() * 4
-    for where in roots:  # one save each (the memory tier's copies come with the local one)
-        assert cks[(where, "auto" if where == "local" else "off")].save(
-            1, model.state_dict(), opt.state_dict(), {}, {}, meta).ok
+    assert cks["auto"].save(1, model.state_dict(), opt.state_dict(), {}, {}, meta).ok  # with its memory copies
     dcp.save(state(), checkpoint_id=f"{work}/dcp")
-    dcp.save(state(), storage_writer=FsspecWriter("s3://bench/dcp"))
     layout_meta = {"tensor": 1, "pipeline": 1, "data": 2}
 
     def ours(ck) -> float:
@@ -95,11 +91,10 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
         dcp.load(state(), **where)
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {k: [] for k in ("memory", "peer", "store-local", "dcp-local", "store-s3",
-                                                      "dcp-s3")}
+    times: dict[str, list[float]] = {k: [] for k in ("memory", "peer", "store-local", "dcp-local")}
     sources = {}
     for rep in range(args.repeats):
-        ck = cks[("local", "auto")]
+        ck = cks["auto"]
         times["memory"].append(ours(ck))
         sources["memory"] = ck.restore_source
         if rank == 1:  # this node was replaced: its memory is gone
@@ -107,17 +102,61 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
         dist.barrier()
         times["peer"].append(ours(ck))
         sources["peer"] = ck.restore_source
-        times["store-local"].append(ours(cks[("local", "off")]))
+        times["store-local"].append(ours(cks["off"]))
         times["dcp-local"].append(theirs(checkpoint_id=f"{work}/dcp"))
-        times["store-s3"].append(ours(cks[("s3", "off")]))
-        times["dcp-s3"].append(theirs(storage_reader=FsspecReader("s3://bench/dcp")))
         if rank == 1:
             print(f"round {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()),
                   flush=True)
     if rank == 1:
         out.put((times, sources, nbytes))
     dist.barrier()
+    shutil.rmtree(ck.memory.base, ignore_errors=True)  # before the S3 part: this machine's memory is small
     dist.destroy_process_group()
+
+
+def _s3(args, work: str, endpoint: str, times: dict) -> None:
+    """The store on S3, one process (the same rank's state as rank 1's, read whole)."""
+    import fsspec
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    from bench.common import run_config, single_process
+    from bench.throughput import SIZES
+    from trainer.checkpoint import Checkpointer
+    from trainer.config import CheckpointConfig
+    from trainer.model import Transformer
+    from trainer.optim import ShardedAdamW
+
+    os.environ.update(ENV, AWS_ENDPOINT_URL=endpoint, FSSPEC_S3_ENDPOINT_URL=endpoint)
+    fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = endpoint
+    model_over, seq, batch = SIZES[args.size]
+    cfg = run_config(model_over, {"seqLen": seq, "globalBatchSize": batch, "microBatchSize": batch})
+    ps = single_process(cfg)
+    model = Transformer(cfg.model, seed=0, max_seq_len=seq)
+    opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=False)
+    opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()
+    ck = Checkpointer(CheckpointConfig(uri="s3://bench/ours", interval_steps=1, keep=1, async_save=False,
+                                       memory="off"), ps)
+    meta = {"step": 1, "tokens": 0, "data": {}, "configDigest": "",
+            "layout": {"tensor": 1, "pipeline": 1, "data": 1, "zero1": False}}
+    assert ck.save(1, model.state_dict(), opt.state_dict(), {}, {}, meta).ok
+
+    def state():
+        return {"model": model.state_dict(), "optim": {"exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq}}
+    dcp.save(state(), storage_writer=FsspecWriter("s3://bench/dcp"), no_dist=True)
+    times["store-s3"], times["dcp-s3"] = [], []
+    for rep in range(args.repeats):
+        t0 = time.perf_counter()
+        loaded = ck.load(ck.select_resume(), {"tensor": 1, "pipeline": 1, "data": 1})
+        model.load_state_dict(loaded["model"])
+        opt.load_state_dict(loaded["optim"])
+        del loaded
+        times["store-s3"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        dcp.load(state(), storage_reader=FsspecReader("s3://bench/dcp"), no_dist=True)
+        times["dcp-s3"].append(time.perf_counter() - t0)
+        print(f"S3 round {rep + 1}/{args.repeats}: ours {times['store-s3'][-1]:.3f}s, dcp {times['dcp-s3'][-1]:.3f}s",
+              flush=True)
 
 
 def main() -> None:
@@ -149,10 +188,18 @@ def main() -> None:
         procs = [ctx.Process(target=_rank, args=(r, args, port, work, endpoint, out)) for r in range(2)]
         for p in procs:
             p.start()
-        times, sources, nbytes = out.get(timeout=3600)
+        while True:  # a rank that dies (out of memory) must not leave this waiting
+            try:
+                times, sources, nbytes = out.get(timeout=5)
+                break
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise SystemExit(f"a rank exited {dead[0]} (out of memory? try a smaller --size)")
         for p in procs:
             p.join(120)
         assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        _s3(args, work, endpoint, times)
     finally:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)

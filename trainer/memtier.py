@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import logging
 import mmap
@@ -329,8 +328,9 @@ def _no_zip_crc32():
 
 
 def _load(path: Path) -> dict:
-    with open(path, "rb") as fh:  # one read from memory, parsed in place
-        return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+    """Mapped, not read: the tensors are views of the memory file's pages until load_state_dict
+    copies them (one copy, as from the store's page cache)."""
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
 
 
 def _exchange(header: bytes, payload: Path | None, to: int | None, frm: int | None, group,
