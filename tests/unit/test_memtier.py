@@ -60,7 +60,7 @@ def test_a_torn_copy_is_skipped(tier):
     tier.keep("step_6", 6, "[1,2,6]", _state())
     path = tier.own_dir() / STATE
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, another crc32
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, another digest
     path.write_bytes(bytes(data))
     assert tier.restore("step_6", 6, "[1,2,6]").state is None
     path.write_bytes(bytes(data[: len(data) // 2]))  # cut short
