@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import fsspec
@@ -161,7 +162,6 @@ class Checkpointer:
         snapshot = host_copy({"model": model_state, "optim": optim_state}, self._host_cache)
         stall = time.perf_counter() - t0
         result = SaveResult(checkpoints.tag_for_step(step), step, False, stall)
-        meta = dict(meta, saveId=checkpoints.save_id(self.epoch, step))
         job = (result, snapshot, scheduler_state, user_content, meta)
         self._last_save_time = time.monotonic()
         if self.cfg.async_save:
@@ -190,6 +190,14 @@ class Checkpointer:
         files += [f"optim/{ckpt_store.shard_name(d, t, p)}" for p in pps for d in dps for t in tps]
         return files + ["scheduler.pt", "user_content.pt", checkpoints.META]
 
+    def _save_id(self) -> str:
+        """What tells this save from every other one, a save of the same step included: rank
+        0's random id, the same on every rank (recorded in meta.json and beside memory copies)."""
+        box = [uuid.uuid4().hex]
+        if self.ps.is_distributed:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
     def _barrier_ok(self, ok: bool) -> bool:
         """Every rank learns whether every rank succeeded (on the checkpoint's own group)."""
         if not self.ps.is_distributed:
@@ -203,6 +211,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         ps, tag_dir = self.ps, f"{self.root}/{result.tag}"
         ok, error = True, ""
+        meta = dict(meta, saveId=self._save_id())
         try:
             if ps.rank == 0:
                 if self._fenced():
@@ -232,7 +241,6 @@ class Checkpointer:
             except Exception as exc:
                 ok, error = False, str(exc) or type(exc).__name__
             ok = self._barrier_ok(ok)
-        shards_written = ok  # every rank agrees on it: the memory tier's exchanges are collective
         if ok and ps.rank == 0:
             try:
                 if self._fenced():
@@ -243,6 +251,9 @@ class Checkpointer:
                     self.fs.pipe_file(f"{tag_dir}/{checkpoints.DONE}", b"")
             except Exception as exc:
                 ok, error = False, f"completion marker: {exc}"
+        # every rank learns whether rank 0 completed the tag (the memory tier keeps only complete
+        # saves, and its exchanges are collective)
+        ok = self._barrier_ok(ok)
         result.ok, result.error = ok, error
         result.write_seconds = time.perf_counter() - t0
         if ok:
@@ -258,9 +269,7 @@ class Checkpointer:
                     log.info("retention removed %s", ", ".join(deleted))
         else:
             log.error("checkpoint %s FAILED, not marked done: %s", result.tag, error or "another rank failed")
-        # after the store: memory never delays durability, and a save whose shards failed keeps the
-        # previous copy
-        if shards_written:
+        if ok:  # after the store: memory never delays durability, and a failed save keeps the previous copy
             self.memory.keep(result.tag, result.step, meta["saveId"], snapshot)
         self.results.append(result)
 
@@ -349,7 +358,7 @@ class Checkpointer:
 
         # model and optimizer from this node's memory or its peer's when they hold this very
         # save (trainer.memtier), else from the store; the small files always from the store
-        restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"))
+        restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"), bool(saved.get("zero1")))
         self.restore_source = restored.gang_source
         if restored.state is not None:
             state = restored.state

@@ -102,6 +102,18 @@ def _held_bytes(path: Path) -> int:
     return total
 
 
+def _cgroup_free() -> int | None:
+    """What the pod's cgroup (v2) memory limit leaves (the memory emptyDir counts against it),
+    None without a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def _mem_available() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
@@ -132,7 +144,9 @@ class Restored:
 
 class MemoryTier:
     """One rank's memory tier. ``group``: a gloo group for the tier's collectives (the
-    checkpoint writers'); every rank makes the same calls in the same order."""
+    checkpoint writers'); every rank makes the same calls in the same order, and no local
+    failure (a full /dev/shm, an unreadable copy) skips one: it only makes that rank read the
+    store."""
 
     def __init__(self, mode: str, uri: str, ps: ParallelState, group=None, root: Path | None = None):
         base = root if root is not None else root_dir()
@@ -158,13 +172,10 @@ class MemoryTier:
         # the previous node's
         self.next_rank = ((self.node + 1) % self.nnodes) * self.local_world + local
         self.prev_rank = ((self.node - 1) % self.nnodes) * self.local_world + local
+        self.peers = mode == "peers" and self.nnodes > 1
 
-    @property
-    def peers(self) -> bool:
-        return self.nnodes > 1
-
-    def own_dir(self, rank: int | None = None) -> Path:
-        return self.base / "own" / f"rank_{self.ps.rank if rank is None else rank}"
+    def own_dir(self) -> Path:
+        return self.base / "own" / f"rank_{self.ps.rank}"
 
     def peer_dir(self) -> Path:
         return self.base / "peer" / f"rank_{self.prev_rank}"
@@ -177,6 +188,12 @@ class MemoryTier:
         pp, dp, tp = RankGrid(ps.pp, ps.dp, ps.tp).coords(rank)
         return {"rank": rank, "tp": tp, "pp": pp, "dp": dp, "layout": [ps.tp, ps.pp, ps.dp], "world": ps.world_size}
 
+    def _keeps(self, rank_dp: int, zero1: bool) -> bool:
+        """Whether a rank's own state is what the store holds for it: the store has data rank 0's
+        model and optimizer for every data rank unless ZeRO-1 shards the optimizer (another data
+        rank's stochastic-rounding generator differs), so those ranks read the store."""
+        return zero1 or rank_dp == 0
+
     # -- save (the writer thread) -------------------------------------------------------------
 
     def _agree(self, ok: bool) -> bool:
@@ -186,16 +203,26 @@ class MemoryTier:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
+    def _room(self) -> int:
+        """Bytes this rank's copies may take: what is free in the memory volume, on the node
+        (MemAvailable) and under the pod's cgroup memory limit, counting this rank's current
+        copies (a save replaces them) as free."""
+        held = _held_bytes(self.own_dir()) + (_held_bytes(self.peer_dir()) if self.peers else 0)
+        self.base.mkdir(parents=True, exist_ok=True)  # a new node's memory has none yet
+        st = os.statvfs(self.base)
+        room = st.f_bavail * st.f_frsize
+        for free in (_mem_available(), _cgroup_free()):
+            if free is not None:
+                room = min(room, free)
+        return room + held
+
     def _fit(self, snapshot: dict) -> bool:
-        need = state_bytes(snapshot) * (2 if self.peers else 1) * self.local_world
+        # this rank's copy, the one it holds for its peer and the buffer that receives it, for
+        # every rank of the node
+        need = state_bytes(snapshot) * (3 if self.peers else 1) * self.local_world
         try:
             self.base.mkdir(parents=True, exist_ok=True)
-            st = os.statvfs(self.base)
-            held = _held_bytes(self.base)
-            room = st.f_bavail * st.f_frsize + held
-            avail = _mem_available()
-            if avail is not None:
-                room = min(room, avail + held)
+            room = self._room() * self.local_world
         except OSError as exc:
             log.warning("checkpoint memory tier: %s is not usable (%s)", self.base, exc)
             return False
@@ -207,8 +234,9 @@ class MemoryTier:
         return ok
 
     def keep(self, tag: str, step: int, save_id: str, snapshot: dict) -> None:
-        """Keep this save in memory, and the previous node's beside it. Collective (every rank's
-        writer calls it for every save). Never raises: the tier is a cache of the store."""
+        """Keep this complete save in memory (and, with peers, the previous node's beside it).
+        Collective: every rank's writer calls it after every complete save. Never raises: the
+        tier is a cache of the store."""
         if not self.on:
             return
         t0 = time.perf_counter()
@@ -218,9 +246,11 @@ class MemoryTier:
                      " and on the next node" if self.peers else "")
         self.fits = fits
         own = self.own_dir()
-        _remove(own)  # first: a torn write leaves no copy
+        _remove(own)  # first, and whatever follows: no older save's copy outlives this one
+        if self.peers:
+            _remove(self.peer_dir())
         manifest = None
-        if fits:
+        if fits and self._keeps(self.ps.dp_rank, bool(snapshot["optim"].get("zero1"))):
             try:
                 own.mkdir(parents=True, exist_ok=True)
                 with _no_zip_crc32():
@@ -240,17 +270,19 @@ class MemoryTier:
 
     def _send_to_peer(self, manifest: dict | None) -> None:
         """Give this rank's copy to the next node's, take the previous node's (one exchange)."""
-        out = self.own_dir() / STATE
-        header = json.dumps(manifest).encode() if manifest is not None else b""
         peer = self.peer_dir()
-        _remove(peer)
         try:
-            got = _exchange(header, out if manifest is not None else None, self.next_rank, self.prev_rank,
-                            self.group, peer / STATE)
+            limit = self._room()
+        except OSError:
+            limit = 0
+        got = _exchange(json.dumps(manifest).encode() if manifest is not None else b"",
+                        self.own_dir() / STATE if manifest is not None else None, self.next_rank, self.prev_rank,
+                        self.group, peer / STATE, limit)
+        try:
             if got is not None:
                 (peer / (MANIFEST + ".tmp")).write_text(got.decode())
                 os.replace(peer / (MANIFEST + ".tmp"), peer / MANIFEST)
-        except Exception as exc:  # noqa: BLE001
+        except (OSError, UnicodeDecodeError) as exc:
             log.warning("checkpoint memory tier: peer copy not kept (%s)", exc)
             _remove(peer)
 
@@ -274,17 +306,18 @@ class MemoryTier:
         except (OSError, ValueError, AttributeError):
             return None
 
-    def restore(self, tag: str, step: int, save_id: str | None) -> Restored:
+    def restore(self, tag: str, step: int, save_id: str | None, zero1: bool) -> Restored:
         """This rank's state for the store's complete ``tag``, from memory or its peer, or
         Restored(None, ...) to read the store. Collective."""
         if not self.on:
             return Restored(None, STORE, STORE)
         mine = self.coordinates()
-        own = self._valid(self.own_dir(), tag, step, save_id, mine) if save_id else None
+        own = self._valid(self.own_dir(), tag, step, save_id, mine) \
+            if save_id and self._keeps(self.ps.dp_rank, zero1) else None
         # the copy held for the previous node: its digest is checked only if it is asked for
         held = self._valid(self.peer_dir(), tag, step, save_id, self.coordinates(self.prev_rank),
                            check_digest=False) if (save_id and self.peers) else None
-        # who has what: [own ok, holds a good copy of the previous node's]
+        # who has what: [own ok, holds a copy of the previous node's]
         flags = torch.tensor([[int(own is not None), int(held is not None)]])
         if self.ps.is_distributed:
             everyone = [torch.zeros_like(flags) for _ in range(self.ps.world_size)]
@@ -294,29 +327,37 @@ class MemoryTier:
             table = flags.tolist()
         source, state = STORE, None
         if own is not None:
-            source, state = MEMORY, _load(self.own_dir() / STATE)
-        elif self.peers and not table[self.ps.rank][0] and table[self.next_rank][1]:
-            source = PEER
-        # the exchanges: a rank without its copy whose next node holds one gets it from there
-        # (every rank computes the same pairs from the same table)
-        give = self.peers and not table[self.prev_rank][0] and table[self.ps.rank][1]
+            source, state = MEMORY, _load_or_none(self.own_dir() / STATE)
+            if state is None:
+                source = STORE
+        # the exchanges: a rank without its copy whose next node holds one asks for it (every
+        # rank computes the same pairs from the same table)
+        need = self.peers and not table[self.ps.rank][0] and bool(table[self.next_rank][1])
+        give = self.peers and not table[self.prev_rank][0] and bool(table[self.ps.rank][1])
         if give and self._valid(self.peer_dir(), tag, step, save_id, self.coordinates(self.prev_rank)) is None:
             held = None  # not as written: the previous node's rank is told there is nothing (it reads the store)
-        if self.peers and (give or source == PEER):
+        if need or give:
             dest = self.own_dir()
-            if source == PEER:
+            if need:
                 _remove(dest)
+            try:
+                limit = self._room() if need else 0
+            except OSError:
+                limit = 0
             got = _exchange(json.dumps(held).encode() if give and held is not None else b"",
                             self.peer_dir() / STATE if give and held is not None else None,
-                            self.prev_rank if give else None, self.next_rank if source == PEER else None,
-                            self.group, dest / STATE if source == PEER else None)
-            if source == PEER:
-                manifest = json.loads(got.decode()) if got else None
-                if manifest is not None:
-                    (dest / MANIFEST).write_text(json.dumps(manifest))  # this node's own copy again ...
-                if manifest is not None and self._valid(dest, tag, step, save_id, mine):  # ... if it is
-                    state = _load(dest / STATE)
-                else:
+                            self.prev_rank if give else None, self.next_rank if need else None,
+                            self.group, dest / STATE if need else None, limit)
+            if need:
+                try:
+                    manifest = json.loads(got.decode()) if got else None
+                    if manifest is not None:
+                        (dest / MANIFEST).write_text(json.dumps(manifest))  # this node's own copy again ...
+                    if manifest is not None and self._valid(dest, tag, step, save_id, mine):  # ... if it is
+                        source, state = PEER, _load_or_none(dest / STATE)
+                except (OSError, ValueError, UnicodeDecodeError):
+                    state = None
+                if state is None:
                     log.warning("checkpoint memory tier: the next node had no good copy of this rank's save, "
                                 "or it arrived torn: reading the store")
                     _remove(dest)
@@ -349,55 +390,83 @@ def _no_zip_crc32():
         yield
 
 
-def _load(path: Path) -> dict:
+def _load_or_none(path: Path) -> dict | None:
     """Mapped, not read: the tensors are views of the memory file's pages until load_state_dict
-    copies them (one copy, as from the store's page cache)."""
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    copies them (one copy, as from the store's page cache). Tensors and plain data only
+    (weights_only): the file is in a directory anything in the pod can write. None when it
+    cannot be loaded (that rank reads the store)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with the copy, the store has it
+        log.warning("checkpoint memory tier: cannot load %s (%s): reading the store", path, exc)
+        return None
+
+
+MAX_HEADER = 1 << 20  # a manifest is a few hundred bytes
 
 
 def _exchange(header: bytes, payload: Path | None, to: int | None, frm: int | None, group,
-              into: Path | None) -> bytes | None:
+              into: Path | None, limit: int) -> bytes | None:
     """Send (header, payload file) to rank ``to`` and receive the same from rank ``frm`` (either
-    may be None), at once; the received file is written to ``into``. Returns the received
-    header, or None when the sender had nothing (empty header)."""
-    sizes_out = torch.tensor([len(header), payload.stat().st_size if payload is not None else 0], dtype=torch.int64)
-    sizes_in = torch.zeros(2, dtype=torch.int64)
-    ops = ([dist.P2POp(dist.isend, sizes_out, to, group)] if to is not None else []) + \
-          ([dist.P2POp(dist.irecv, sizes_in, frm, group)] if frm is not None else [])
-    for req in dist.batch_isend_irecv(ops) if ops else []:
-        req.wait()
-    n_header, n_payload = (int(x) for x in sizes_in.tolist())
-    send_header = torch.frombuffer(bytearray(header), dtype=torch.uint8) if header else None
-    recv_header = torch.empty(n_header, dtype=torch.uint8) if frm is not None and n_header else None
-    fh = mm = None
+    may be None), at once: sizes first, then the receiver's answer (it takes sizes it can hold:
+    ``limit`` bytes), then the bytes, so that neither side waits for what the other will not
+    send. The received file is written to ``into``. Returns the received header, or None when
+    nothing came (the sender had nothing, or it did not fit, or it could not be written)."""
+    fh = mm = data = None
+    sends: list = []
     try:
-        ops = []
-        if to is not None and send_header is not None:
-            ops.append(dist.P2POp(dist.isend, send_header, to, group))
-            if payload is not None and sizes_out[1] > 0:
+        if to is not None and header and payload is not None:
+            try:
                 fh = open(payload, "rb")
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-                with warnings.catch_warnings():  # read-only memory: isend only reads it
-                    warnings.simplefilter("ignore", UserWarning)
-                    data = torch.frombuffer(mm, dtype=torch.uint8)
-                ops.append(dist.P2POp(dist.isend, data, to, group))
-        recv_payload = None
-        if recv_header is not None:
-            ops.append(dist.P2POp(dist.irecv, recv_header, frm, group))
-            if n_payload:
+                if os.fstat(fh.fileno()).st_size:
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                    with warnings.catch_warnings():  # read-only memory: isend only reads it
+                        warnings.simplefilter("ignore", UserWarning)
+                        data = torch.frombuffer(mm, dtype=torch.uint8)
+            except OSError as exc:
+                log.warning("checkpoint memory tier: cannot send %s (%s)", payload, exc)
+                header, data = b"", None
+        if data is None:
+            header = b""
+        sizes_out = torch.tensor([len(header), data.numel() if data is not None else 0], dtype=torch.int64)
+        sizes_in = torch.zeros(2, dtype=torch.int64)
+        _run([(dist.isend, sizes_out, to)] if to is not None else [],
+             [(dist.irecv, sizes_in, frm)] if frm is not None else [], group)
+        n_header, n_payload = (int(x) for x in sizes_in.tolist())
+        recv_header = recv_payload = None
+        if frm is not None and 0 < n_header <= MAX_HEADER and 0 < n_payload <= limit:
+            try:
+                recv_header = torch.empty(n_header, dtype=torch.uint8)
                 recv_payload = torch.empty(n_payload, dtype=torch.uint8)
-                ops.append(dist.P2POp(dist.irecv, recv_payload, frm, group))
-        for req in dist.batch_isend_irecv(ops) if ops else []:
-            req.wait()
+            except (MemoryError, RuntimeError):
+                recv_header = recv_payload = None
+        accept_out = torch.tensor([int(recv_header is not None)])
+        accept_in = torch.zeros(1, dtype=torch.int64)
+        _run([(dist.isend, accept_out, frm)] if frm is not None else [],
+             [(dist.irecv, accept_in, to)] if to is not None else [], group)
+        sends = [(dist.isend, torch.frombuffer(bytearray(header), dtype=torch.uint8), to), (dist.isend, data, to)] \
+            if to is not None and data is not None and accept_in.item() else []
+        recvs = [(dist.irecv, recv_header, frm), (dist.irecv, recv_payload, frm)] if recv_header is not None else []
+        _run(sends, recvs, group)
     finally:
+        sends = data = None  # the views of the mapped file go before it is closed
         if mm is not None:
             mm.close()
         if fh is not None:
             fh.close()
     if recv_header is None:
         return None
-    into.parent.mkdir(parents=True, exist_ok=True)
-    with open(into, "wb") as out:
-        if recv_payload is not None:
+    try:
+        into.parent.mkdir(parents=True, exist_ok=True)
+        with open(into, "wb") as out:
             out.write(memoryview(recv_payload.numpy()))
+    except OSError as exc:
+        log.warning("checkpoint memory tier: cannot write %s (%s)", into, exc)
+        return None
     return bytes(recv_header.numpy())
+
+
+def _run(sends: list, recvs: list, group) -> None:
+    ops = [dist.P2POp(op, tensor, peer, group) for op, tensor, peer in sends + recvs]
+    for req in dist.batch_isend_irecv(ops) if ops else []:
+        req.wait()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -61,16 +60,6 @@ _NXDT_TAG = re.compile(r"^.+--step=(\d+)-consumed_samples=[0-9.]+(?:-v\d+)?\.ckp
 # Where a restore read a rank's state from (trainer.memtier): its node's memory, its peer
 # node's memory, the store. In this order of speed: a gang's source is its slowest rank's.
 RESTORE_SOURCES = ("memory", "peer", "store")
-
-
-def save_id(epoch: Epoch | None, step: int, env: dict | None = None) -> str:
-    """What tells one save of a step from another (a step saved again after a restart): the
-    gang's epoch, or outside the operator torchrun's run id and restart count, and the step.
-    The same on every rank of a gang; recorded in meta.json and beside every memory copy."""
-    env = os.environ if env is None else env
-    who = list(epoch) if epoch is not None else [env.get("TORCHELASTIC_RUN_ID", ""),
-                                                  env.get("TORCHELASTIC_RESTART_COUNT", "")]
-    return json.dumps([*who, step], separators=(",", ":"))
 
 
 def tag_for_step(step: int) -> str:

@@ -51,7 +51,7 @@ CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
 Unset = Literal[""]
 StragglerPolicy = Literal["off", "report", "replace"]
 PreflightMode = Literal["auto", "on", "off"]
-MemoryTier = Literal["auto", "off"]
+MemoryTier = Literal["auto", "peers", "off"]
 """The empty string: a field that is not set (a builtin trainer has no progress format)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -353,13 +353,15 @@ class CheckpointConfig:
     completed and the previous checkpoint is used."""
 
     memory: MemoryTier = "auto"
-    """Keep each rank's newest checkpoint in its node's memory (/dev/shm) and a copy of one
-    peer node's (the next node in a ring), so that a restart restores from memory, a replaced
-    node from its peer, and only otherwise from the store. 'auto': on while both copies fit in
-    half of the memory left on the node (/dev/shm's free space and MemAvailable), decided at
-    every save; 'off': the store only. The store's `done` stays the truth: a memory copy is
-    loaded only for the tag the store says is complete, written by the same save (its step,
-    writer and checksums checked), else it is skipped."""
+    """Keep each rank's newest complete checkpoint in its node's memory (/dev/shm), so that a
+    restart in the same pods (in place) restores from memory instead of the store. 'auto': on
+    while the node's copies fit in half of the memory free for them (/dev/shm, the node's
+    MemAvailable, the pod's memory limit), decided at every save; 'peers': also a copy of the
+    previous node's (a ring), so that a rank on a new node restores from its peer (torchrun's
+    own restarts; the operator recreates the whole gang when a node is lost, so its new pods
+    find no peer copy yet); 'off': the store only. The store stays the truth: a copy is loaded
+    only for the tag the store says is complete, written by the same save (its save id), for
+    the same place in the layout, with its digest intact, else that rank reads the store."""
 
     def enabled(self) -> bool:
         return bool(self.uri) and (self.interval_steps > 0 or self.interval_minutes > 0)

@@ -1,4 +1,4 @@
-"""The checkpoint memory tier (trainer.memtier) with real ranks: two "nodes" of two ranks each
+"""The checkpoint memory tier (trainer.memtier, checkpoint.memory: peers) with real ranks: two "nodes" of two ranks each
 (two launchers joined by torchrun's static rendezvous on this host), each node with its own
 memory directory (TRAINER_MEMORY_DIR, what /dev/shm is in a pod). A restart restores from
 memory; a node whose memory is gone (a replaced node) from its peer; a node whose copy is
@@ -53,7 +53,7 @@ def _restore_line(res: list[subprocess.CompletedProcess]) -> str:
 def test_restores_from_memory_from_a_peer_and_from_the_store_bitwise(tiny_data, tmp_path):
     losses, memory = tmp_path / "run.jsonl", tmp_path / "memory"
     common = [*data_overrides(tiny_data), "logging.interval=1", "checkpoint.intervalSteps=3",
-              f"checkpoint.uri={tmp_path / 'ckpt'}", *LAYOUT]
+              f"checkpoint.uri={tmp_path / 'ckpt'}", "checkpoint.memory=peers", *LAYOUT]
     ref = run_trainer(4, [*common, "training.steps=12", f"logging.lossesFile={tmp_path / 'ref.jsonl'}",
                           f"checkpoint.uri={tmp_path / 'ref-ckpt'}"])
     assert ref.returncode == 0, ref.stderr[-3000:]
