@@ -37,7 +37,6 @@ import mmap
 import os
 import shutil
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def _remove(folder: Path) -> None:
     save's state)."""
     try:
         (folder / MANIFEST).unlink()
-    except FileNotFoundError:
+    except OSError:  # gone already, or not removable: nothing here may stop a collective's caller
         pass
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -203,26 +202,31 @@ class MemoryTier:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
-    def _room(self) -> int:
-        """Bytes this rank's copies may take: what is free in the memory volume, on the node
-        (MemAvailable) and under the pod's cgroup memory limit, counting this rank's current
-        copies (a save replaces them) as free."""
-        held = _held_bytes(self.own_dir()) + (_held_bytes(self.peer_dir()) if self.peers else 0)
+    def _free(self) -> int:
+        """Bytes free on this node for the tier: the least of the memory volume's free space,
+        the node's MemAvailable and what the pod's cgroup memory limit leaves. The node's, not
+        this rank's: its other ranks share it."""
         self.base.mkdir(parents=True, exist_ok=True)  # a new node's memory has none yet
         st = os.statvfs(self.base)
         room = st.f_bavail * st.f_frsize
         for free in (_mem_available(), _cgroup_free()):
             if free is not None:
                 room = min(room, free)
-        return room + held
+        return room
+
+    def _receive_limit(self) -> int:
+        """What one rank may accept from a peer: its share of the node's free memory."""
+        try:
+            return self._free() // self.local_world
+        except OSError:
+            return 0
 
     def _fit(self, snapshot: dict) -> bool:
-        # this rank's copy, the one it holds for its peer and the buffer that receives it, for
-        # every rank of the node
+        # every rank of the node: its copy, and with peers the one it holds for its peer and the
+        # buffer that receives it; the run's copies on the node now are replaced, so count as free
         need = state_bytes(snapshot) * (3 if self.peers else 1) * self.local_world
         try:
-            self.base.mkdir(parents=True, exist_ok=True)
-            room = self._room() * self.local_world
+            room = self._free() + _held_bytes(self.base)
         except OSError as exc:
             log.warning("checkpoint memory tier: %s is not usable (%s)", self.base, exc)
             return False
@@ -271,10 +275,7 @@ class MemoryTier:
     def _send_to_peer(self, manifest: dict | None) -> None:
         """Give this rank's copy to the next node's, take the previous node's (one exchange)."""
         peer = self.peer_dir()
-        try:
-            limit = self._room()
-        except OSError:
-            limit = 0
+        limit = self._receive_limit()
         got = _exchange(json.dumps(manifest).encode() if manifest is not None else b"",
                         self.own_dir() / STATE if manifest is not None else None, self.next_rank, self.prev_rank,
                         self.group, peer / STATE, limit)
@@ -340,10 +341,7 @@ class MemoryTier:
             dest = self.own_dir()
             if need:
                 _remove(dest)
-            try:
-                limit = self._room() if need else 0
-            except OSError:
-                limit = 0
+            limit = self._receive_limit() if need else 0
             got = _exchange(json.dumps(held).encode() if give and held is not None else b"",
                             self.peer_dir() / STATE if give and held is not None else None,
                             self.prev_rank if give else None, self.next_rank if need else None,
@@ -412,48 +410,36 @@ def _exchange(header: bytes, payload: Path | None, to: int | None, frm: int | No
     ``limit`` bytes), then the bytes, so that neither side waits for what the other will not
     send. The received file is written to ``into``. Returns the received header, or None when
     nothing came (the sender had nothing, or it did not fit, or it could not be written)."""
-    fh = mm = data = None
-    sends: list = []
-    try:
-        if to is not None and header and payload is not None:
-            try:
-                fh = open(payload, "rb")
-                if os.fstat(fh.fileno()).st_size:
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-                    with warnings.catch_warnings():  # read-only memory: isend only reads it
-                        warnings.simplefilter("ignore", UserWarning)
-                        data = torch.frombuffer(mm, dtype=torch.uint8)
-            except OSError as exc:
-                log.warning("checkpoint memory tier: cannot send %s (%s)", payload, exc)
-                header, data = b"", None
-        if data is None:
-            header = b""
-        sizes_out = torch.tensor([len(header), data.numel() if data is not None else 0], dtype=torch.int64)
-        sizes_in = torch.zeros(2, dtype=torch.int64)
-        _run([(dist.isend, sizes_out, to)] if to is not None else [],
-             [(dist.irecv, sizes_in, frm)] if frm is not None else [], group)
-        n_header, n_payload = (int(x) for x in sizes_in.tolist())
-        recv_header = recv_payload = None
-        if frm is not None and 0 < n_header <= MAX_HEADER and 0 < n_payload <= limit:
-            try:
-                recv_header = torch.empty(n_header, dtype=torch.uint8)
-                recv_payload = torch.empty(n_payload, dtype=torch.uint8)
-            except (MemoryError, RuntimeError):
-                recv_header = recv_payload = None
-        accept_out = torch.tensor([int(recv_header is not None)])
-        accept_in = torch.zeros(1, dtype=torch.int64)
-        _run([(dist.isend, accept_out, frm)] if frm is not None else [],
-             [(dist.irecv, accept_in, to)] if to is not None else [], group)
-        sends = [(dist.isend, torch.frombuffer(bytearray(header), dtype=torch.uint8), to), (dist.isend, data, to)] \
-            if to is not None and data is not None and accept_in.item() else []
-        recvs = [(dist.irecv, recv_header, frm), (dist.irecv, recv_payload, frm)] if recv_header is not None else []
-        _run(sends, recvs, group)
-    finally:
-        sends = data = None  # the views of the mapped file go before it is closed
-        if mm is not None:
-            mm.close()
-        if fh is not None:
-            fh.close()
+    data = None
+    if to is not None and header and payload is not None:
+        try:  # mapped by the tensor itself: the pages live as long as anything (gloo) uses them
+            size = payload.stat().st_size
+            if size:
+                data = torch.from_file(str(payload), shared=False, size=size, dtype=torch.uint8)
+        except (OSError, RuntimeError) as exc:
+            log.warning("checkpoint memory tier: cannot send %s (%s)", payload, exc)
+    if data is None:
+        header = b""
+    sizes_out = torch.tensor([len(header), data.numel() if data is not None else 0], dtype=torch.int64)
+    sizes_in = torch.zeros(2, dtype=torch.int64)
+    _run([(dist.isend, sizes_out, to)] if to is not None else [],
+         [(dist.irecv, sizes_in, frm)] if frm is not None else [], group)
+    n_header, n_payload = (int(x) for x in sizes_in.tolist())
+    recv_header = recv_payload = None
+    if frm is not None and 0 < n_header <= MAX_HEADER and 0 < n_payload <= limit:
+        try:
+            recv_header = torch.empty(n_header, dtype=torch.uint8)
+            recv_payload = torch.empty(n_payload, dtype=torch.uint8)
+        except (MemoryError, RuntimeError):
+            recv_header = recv_payload = None
+    accept_out = torch.tensor([int(recv_header is not None)])
+    accept_in = torch.zeros(1, dtype=torch.int64)
+    _run([(dist.isend, accept_out, frm)] if frm is not None else [],
+         [(dist.irecv, accept_in, to)] if to is not None else [], group)
+    sends = [(dist.isend, torch.frombuffer(bytearray(header), dtype=torch.uint8), to), (dist.isend, data, to)] \
+        if to is not None and data is not None and accept_in.item() else []
+    recvs = [(dist.irecv, recv_header, frm), (dist.irecv, recv_payload, frm)] if recv_header is not None else []
+    _run(sends, recvs, group)
     if recv_header is None:
         return None
     try:
