@@ -46,12 +46,10 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from bench.common import run_config
+    from bench.common import model_with_adamw, run_config
     from bench.throughput import SIZES
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig, derive_layout
-    from trainer.model import Transformer
-    from trainer.optim import ShardedAdamW
     from trainer.parallel import ParallelState
 
     fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = endpoint
@@ -62,10 +60,8 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
     layout = derive_layout(2, cfg.model, cfg.parallelism, cfg.training, "cpu")
     ps = ParallelState(backend="cpu", device=torch.device("cpu"), rank=rank, world_size=2, local_rank=0,
                        layout=layout, tp_rank=0, dp_rank=rank, tp_group=None, dp_group=None, sequence_parallel=False)
-    model = Transformer(cfg.model, seed=0, max_seq_len=seq)
     # ZeRO-1 over the two ranks: each rank's optimizer shard is its own in the store too
-    opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=True)
-    opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()
+    model, opt = model_with_adamw(cfg, ps, zero1=True)
     group = dist.new_group(backend="gloo")
     meta = {"step": 1, "tokens": 0, "data": {}, "configDigest": "",
             "layout": {"tensor": 1, "pipeline": 1, "data": 2, "zero1": True}}
@@ -121,21 +117,17 @@ def _s3(args, work: str, endpoint: str, times: dict) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
-    from bench.common import run_config, single_process
+    from bench.common import model_with_adamw, run_config, single_process
     from bench.throughput import SIZES
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig
-    from trainer.model import Transformer
-    from trainer.optim import ShardedAdamW
 
     os.environ.update(ENV, AWS_ENDPOINT_URL=endpoint, FSSPEC_S3_ENDPOINT_URL=endpoint)
     fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = endpoint
     model_over, seq, batch = SIZES[args.size]
     cfg = run_config(model_over, {"seqLen": seq, "globalBatchSize": batch, "microBatchSize": batch})
     ps = single_process(cfg)
-    model = Transformer(cfg.model, seed=0, max_seq_len=seq)
-    opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=False)
-    opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()
+    model, opt = model_with_adamw(cfg, ps)
     ck = Checkpointer(CheckpointConfig(uri="s3://bench/ours", interval_steps=1, keep=1, async_save=False,
                                        memory="off"), ps)
     meta = {"step": 1, "tokens": 0, "data": {}, "configDigest": "",

@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench.common import median, run_config, single_process, table
+from bench.common import median, model_with_adamw, run_config, single_process, table
 from bench.throughput import SIZES
 
 
@@ -43,15 +43,11 @@ def main() -> None:
 
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig
-    from trainer.model import Transformer
-    from trainer.optim import ShardedAdamW
 
     model_over, seq, batch = SIZES[args.size]
     cfg = run_config(model_over, {"seqLen": seq, "globalBatchSize": batch, "microBatchSize": batch})
     ps = single_process(cfg)
-    model = Transformer(cfg.model, seed=0, max_seq_len=seq)
-    opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=False)
-    opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()
+    model, opt = model_with_adamw(cfg, ps)
     model_state, optim_state = model.state_dict(), opt.state_dict()
     nbytes = sum(t.numel() * t.element_size() for t in model_state.values()) + 2 * opt.exp_avg.numel() * 4
     root = args.dir or tempfile.mkdtemp(prefix="ckpt-bench-")

@@ -28,6 +28,17 @@ def run_config(model: dict, training: dict):
                       "data": {"sources": ["unused"], "tokenizer": "unused"}})
 
 
+def model_with_adamw(cfg, ps, zero1: bool = False):
+    """The benchmark state: a model of ``cfg`` and its AdamW optimizer, moments filled with
+    random values (a checkpoint of zeros would compress and hash unlike a real one)."""
+    from trainer.model import Transformer
+    from trainer.optim import ShardedAdamW
+    model = Transformer(cfg.model, seed=0, max_seq_len=cfg.training.seq_len)
+    opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=zero1)
+    opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()
+    return model, opt
+
+
 def median(xs):
     return statistics.median(xs)
 

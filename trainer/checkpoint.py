@@ -46,7 +46,7 @@ from trainium_api import checkpoints
 from . import ckpt_store
 from .config import CheckpointConfig, ConfigError
 from .memtier import MemoryTier
-from .parallel import ParallelState
+from .parallel import ParallelState, all_agree
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +200,7 @@ class Checkpointer:
 
     def _barrier_ok(self, ok: bool) -> bool:
         """Every rank learns whether every rank succeeded (on the checkpoint's own group)."""
-        if not self.ps.is_distributed:
-            return ok
-        flag = torch.tensor([1 if ok else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
+        return all_agree(ok, self.group, self.ps.is_distributed)
 
     def _write(self, result: SaveResult, snapshot: dict, scheduler_state: dict, user_content: dict,
                meta: dict) -> None:

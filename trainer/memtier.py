@@ -46,7 +46,7 @@ import xxhash
 
 from trainium_api.checkpoints import RESTORE_SOURCES
 
-from .parallel import ParallelState
+from .parallel import ParallelState, RankGrid, all_agree
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,8 @@ def _remove(folder: Path) -> None:
     """Manifest first: a copy counts only while its manifest is there, and its state file is
     written only while it is not (a removal cut short never leaves a manifest over another
     save's state)."""
-    try:
+    with contextlib.suppress(OSError):  # gone already, or not removable: nothing here may stop a collective
         (folder / MANIFEST).unlink()
-    except OSError:  # gone already, or not removable: nothing here may stop a collective's caller
-        pass
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -94,10 +92,8 @@ def _held_bytes(path: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile
                 total += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
     return total
 
 
@@ -114,13 +110,10 @@ def _cgroup_free() -> int | None:
 
 
 def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return None
 
 
@@ -153,13 +146,12 @@ class MemoryTier:
         self.on = mode != "off" and bool(uri) and base is not None
         self.base = base / run_key(uri) if self.on else None
         self.fits: bool | None = None  # the last save's decision (logged when it changes)
-        if getattr(ps, "is_distributed", False):  # every rank makes the tier's calls, or none does
-            flag = torch.tensor([int(self.on)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-            if self.on and not flag.item():
-                log.warning("checkpoint memory tier off: another rank has no memory directory (%s or a pod's "
-                            "TRAINING_RUN)", DIR_ENV)
-            self.on = bool(flag.item())
+        # every rank makes the tier's calls, or none does
+        agreed = all_agree(self.on, group, getattr(ps, "is_distributed", False))
+        if self.on and not agreed:
+            log.warning("checkpoint memory tier off: another rank has no memory directory (%s or a pod's "
+                        "TRAINING_RUN)", DIR_ENV)
+        self.on = agreed
         if not self.on:
             self.base = None
             return
@@ -181,7 +173,6 @@ class MemoryTier:
 
     def coordinates(self, rank: int | None = None) -> dict:
         """What a copy of ``rank`` (default this one) holds: its place in this layout."""
-        from .parallel import RankGrid
         ps = self.ps
         rank = ps.rank if rank is None else rank
         pp, dp, tp = RankGrid(ps.pp, ps.dp, ps.tp).coords(rank)
@@ -194,13 +185,6 @@ class MemoryTier:
         return zero1 or rank_dp == 0
 
     # -- save (the writer thread) -------------------------------------------------------------
-
-    def _agree(self, ok: bool) -> bool:
-        if not self.ps.is_distributed:
-            return ok
-        flag = torch.tensor([1 if ok else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
 
     def _free(self) -> int:
         """Bytes free on this node for the tier: the least of the memory volume's free space,
@@ -244,7 +228,7 @@ class MemoryTier:
         if not self.on:
             return
         t0 = time.perf_counter()
-        fits = self._agree(self._fit(snapshot))
+        fits = all_agree(self._fit(snapshot), self.group, self.ps.is_distributed)
         if fits != self.fits and fits:
             log.info("checkpoint memory tier on: each save is kept in %s%s", self.base,
                      " and on the next node" if self.peers else "")

@@ -64,6 +64,15 @@ def eager_runtime() -> EagerRuntime:
     return DeferredRuntime() if os.environ.get("TRAINER_LAZY_STEPS") == "1" else EagerRuntime()
 
 
+def all_agree(ok: bool, group, distributed: bool = True) -> bool:
+    """Whether ``ok`` holds on every rank of ``group`` (a gloo group: a host tensor, MIN)."""
+    if not distributed:
+        return ok
+    flag = torch.tensor([1 if ok else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
 @dataclass
 class ParallelState:
     """Ranks and process groups of one process. Plain data plus the group handles."""

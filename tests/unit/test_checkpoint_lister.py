@@ -52,19 +52,27 @@ def test_a_hung_store_never_holds_a_pass_and_is_given_up():
     assert len(calls) == 2 and lister.newest(RUN, "Running", []).step == 5
 
 
-def test_a_failing_store_keeps_the_last_answer():
-    answers = [_tag(10), RuntimeError("503 Slow Down")]
+def _answering(*answers):
+    """A store listing that gives these answers in turn (an exception is raised); ``.left``:
+    the answers not given yet."""
+    queue = list(answers)
 
-    def flaky(uri, layout):
-        answer = answers.pop(0)
+    def listing(uri, layout):
+        answer = queue.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
+    listing.left = queue
+    return listing
+
+
+def test_a_failing_store_keeps_the_last_answer():
+    flaky = _answering(_tag(10), RuntimeError("503 Slow Down"))
     lister = CheckpointLister(flaky)
     lister.REPORTED_REFRESH_SECONDS = 0.0
     assert lister.newest(RUN, "Restarting", []).step == 10  # a starting gang waits briefly for it
     lister.newest(RUN, "Restarting", [SimpleNamespace(progress={"lastCheckpointStep": 20})])
-    _until(lambda: not answers)
+    _until(lambda: not flaky.left)
     time.sleep(0.05)
     assert lister.newest(RUN, "Running", []).step == 10
     assert lister.newest({**RUN, "spec": {}}, "Running", []) is None  # no store: nothing to list
@@ -149,13 +157,7 @@ def test_a_finished_run_whose_final_listing_fails_is_tried_a_few_times_not_forev
 
 
 def test_a_final_listing_that_fails_once_still_reports_the_final_save():
-    answers = [RuntimeError("503 Slow Down"), _tag(100)]
-
-    def flaky(uri, layout):
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    flaky = _answering(RuntimeError("503 Slow Down"), _tag(100))
     lister = CheckpointLister(flaky)
     done = [SimpleNamespace(name="r-a1-0", created=1.0, phase="Succeeded", progress=None)]
     lister.newest(RUN, "Running", done)
