@@ -283,8 +283,26 @@ class Agent:
     def _newer(self, attempt: int):
         return lambda order: order.attempt > attempt
 
-    def run(self, attempt: int) -> int:
+    def barrier(self, target: int) -> protocol.Order | None:
+        """Say ``ready`` for ``target`` (or a newer attempt ordered meanwhile) and wait for the
+        order to start it: the operator gives it once every pod of the gang said so. None on
+        SIGTERM (the pod is being deleted)."""
+        while True:
+            self.reports.say(protocol.Report(target, "ready", time=time.time()))
+            order = self.orders.wait(lambda o: o.attempt > target or (o.attempt == target and o.start),
+                                     stop=self.terminating)
+            if order is None or (order.attempt == target and order.start):
+                return order
+            target = order.attempt
+
+    def run(self, attempt: int, await_start: bool = False) -> int:
         first, check = True, False
+        if await_start:  # a pod that replaces one of the gang: its workers start with the others'
+            log(f"attempt {attempt}: a replacement pod; waiting at the barrier for the order to start")
+            order = self.barrier(attempt)
+            if order is None:
+                return self.end(exitcodes.TERMINATED)
+            attempt, first, check = order.attempt, False, order.preflight
         while True:
             if self.terminating.is_set():
                 return self.end(exitcodes.TERMINATED)
@@ -310,16 +328,10 @@ class Agent:
                 return self.end(self.child.returncode if self.child.returncode not in (None, 0) else 1)
             # the barrier: ready for the ordered attempt (or a newer one ordered meanwhile),
             # start only when the operator says every pod is
-            while True:
-                target = order.attempt
-                self.reports.say(protocol.Report(target, "ready", time=time.time()))
-                order = self.orders.wait(lambda o: o.attempt > target or (o.attempt == target and o.start),
-                                         stop=self.terminating)
-                if order is None:
-                    return self.end(exitcodes.TERMINATED)
-                if order.attempt == target and order.start:
-                    break
-            attempt, first, check = target, False, order.preflight
+            order = self.barrier(order.attempt)
+            if order is None:
+                return self.end(exitcodes.TERMINATED)
+            attempt, first, check = order.attempt, False, order.preflight
 
 
 def _become_subreaper() -> None:
@@ -346,4 +358,4 @@ def serve(argv: list[str]) -> int | None:
     _become_subreaper()
     agent = Agent(argv, api, pod, os.environ.get("POD_NAMESPACE", "default"))
     signal.signal(signal.SIGTERM, agent.on_sigterm)
-    return agent.run(int(attempt))
+    return agent.run(int(attempt), await_start=os.environ.get(protocol.AWAIT_START_ENV) == "1")

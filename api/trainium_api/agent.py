@@ -16,6 +16,9 @@ gang said so (the barrier: two attempts' workers never overlap), ``start: true``
 workers of attempt N (environment ATTEMPT=N: the rendezvous and the checkpoint store's fence
 know the new epoch). An agent that does not answer is not waited for: the operator recreates
 the gang (docs/architecture.md 4).
+
+A pod that replaces a lost one of such a gang is created with :data:`AWAIT_START_ENV`: its agent
+starts no workers, says ``ready`` for its ATTEMPT, and joins the others' barrier.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 REPORT = "trainium.dev/agent"
+AWAIT_START_ENV = "TRAINER_AGENT_AWAIT_START"
+"""Set ("1") on a pod that replaces one of a gang restarted in place: its agent says ``ready``
+for its ATTEMPT at once and starts the workers only on the order to, with the others."""
 ORDER = "trainium.dev/order"
 State = Literal["running", "exited", "ready"]
 STATES: tuple[str, ...] = ("running", "exited", "ready")

@@ -19,9 +19,11 @@ PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
 ConditionStatus = Literal["True", "False", "Unknown"]
 FailureAction = Literal["restart", "fail"]
-RestartKind = Literal["inPlace", "recreate"]
+RestartKind = Literal["inPlace", "replace", "recreate"]
+"""inPlace: the gang's pods stayed and their agents started new workers; replace: the failed
+pod alone was replaced by a new one, the others restarted in place; recreate: new pods."""
+RESTART_KINDS: tuple[str, ...] = get_args(RestartKind)
 RestoreSource = Literal[RESTORE_SOURCES]  # type: ignore[valid-type]  # one source: checkpoints
-"""inPlace: the gang's pods stayed and their agents started new workers; recreate: new pods."""
 ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted", "ProgressValid"]
 """Valid: the spec passed the operator's checks. Failed: the failure policy gave up.
 Disrupted: a mass node disruption holds failures. ChildrenCreated: the attempt's Service,
@@ -204,6 +206,12 @@ class AttemptStatus(_Written):
     gang_attempt: int | None = None
     """The attempt whose pods this attempt runs in (their names and labels carry it): an
     in-place restart keeps the gang; None: the attempt's own pods."""
+    pod_attempts: list[int] = field(default_factory=list)
+    """By index, the attempt whose pod runs that index, once a pod was replaced (a replaced
+    index runs in a newer attempt's pod); empty: every index runs in gangAttempt's pod."""
+    replacing: int | None = None
+    """While Restarting with restart replace: the index whose pod is being replaced (its new
+    pod carries the next attempt's name and waits at the barrier with the others)."""
     restart: RestartKind | None = None
     """How this attempt's failure is being restarted (while Restarting)."""
     in_place_streak: int = 0
@@ -280,6 +288,9 @@ class TrainingRunStatus(_Written):
     restart_count: int = 0
     restarts_in_place: int = 0
     """Of restartCount, the restarts done in place (the gang's pods kept, new workers)."""
+    restarts_replaced: int = 0
+    """Of restartCount, the restarts that replaced only the failed pod (the others kept, new
+    workers in them)."""
     quarantined_nodes: list[str] = field(default_factory=list)
     quarantine_pending: list[str] = field(default_factory=list)
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until

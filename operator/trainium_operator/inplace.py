@@ -29,9 +29,26 @@ IN_PLACE_CAUSES = ("application", "hang")
 ANSWER_SLACK_SECONDS = 15.0
 
 
+# Failures that name one pod whose node is left out or whose pod is gone: that pod alone is
+# replaced (restart replace) while the others restart in place and wait for it at the barrier.
+REPLACE_CAUSES = ("node", "neuron-device", "preflight", "straggler", "eviction", "startup")
+
+
 def gang_attempt(status: TrainingRunStatus) -> int:
     """The attempt whose pods the attempt in force runs in."""
     return status.current.gang_attempt or status.attempt
+
+
+def pod_attempt(status: TrainingRunStatus, index: int) -> int:
+    """The attempt whose pod runs ``index`` of the gang: gang_attempt's, unless that index's
+    pod was replaced (status.current.podAttempts)."""
+    replaced = status.current.pod_attempts
+    return replaced[index] if 0 <= index < len(replaced) else gang_attempt(status)
+
+
+def with_replaced(status: TrainingRunStatus, nodes: int, index: int, attempt: int) -> list[int]:
+    """status.current.podAttempts once ``index`` runs in ``attempt``'s pod."""
+    return [attempt if i == index else pod_attempt(status, i) for i in range(nodes)]
 
 
 def _progress_of(pod: PodView, attempt: int) -> PodView:
@@ -94,6 +111,25 @@ def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: i
                 "checkpoint")
     if not answering(pods, attempt, spec.nodes):
         return "not every pod's agent answers"
+    return ""
+
+
+def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: list[PodView],
+                    attempt: int) -> str:
+    """Why this failure's restart cannot replace its pod alone ("" when it can): the failure
+    must name one pod of the gang, and every other pod's agent must answer."""
+    if not spec.in_place_on():
+        return "in-place restarts are off"
+    if failure.cause not in REPLACE_CAUSES:
+        return f"a {failure.cause} failure names no single pod"
+    culprit = next((p for p in pods if p.name == failure.pod), None)
+    if culprit is None:
+        return "the failure names no pod of the gang"
+    if streak > spec.fault_tolerance.in_place_restarts:
+        return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
+                "checkpoint")
+    if not answering([p for p in pods if p is not culprit], attempt, spec.nodes - 1):
+        return "not every other pod's agent answers"
     return ""
 
 

@@ -18,6 +18,7 @@ from datetime import datetime
 import yaml
 
 from trainium_api import API_GROUP, API_VERSION, KIND
+from trainium_api.agent import AWAIT_START_ENV
 from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_PASSED_ENV, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
@@ -109,19 +110,27 @@ def trainer_identity_objects(run: dict, spec: TrainingRunSpec, annotations: dict
                                   "namespace": run["metadata"]["namespace"]}]}]
 
 
-def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: int | None = None) -> dict:
+def gang_pod_names(run_name: str, nodes: int, gang_attempt: int, pod_attempts: list[int] = ()) -> list[str]:
+    """The names of the gang's pods, by index: gang_attempt's, or the attempt whose pod replaced
+    that index (status.current.podAttempts)."""
+    return [pod_name(run_name, pod_attempts[i] if i < len(pod_attempts) else gang_attempt, i) for i in range(nodes)]
+
+
+def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: int | None = None,
+                 pod_attempts: list[int] = (), also: list[str] = ()) -> dict:
     """The only permission a trainer needs: get and patch of its pod (the progress annotation,
     the agent's report), and list and watch of it by name (the agent's orders: the API server
     authorizes a watch with fieldSelector metadata.name against resourceNames), narrowed by
     resourceNames to the pods of the run's current attempt (``gang_attempt``: the attempt
-    whose pods an in-place restart kept; rewritten when an attempt starts), so a trainer token
-    reaches no other run's pods and no pod of an older gang, with or without the admission
-    policy. Before the first attempt: no rule at all (a rule with no resourceNames would allow
-    every pod)."""
+    whose pods an in-place restart kept, ``pod_attempts`` those of replaced indexes, ``also``
+    a replacement pod waiting at the barrier; rewritten when an attempt starts), so a trainer
+    token reaches no other run's pods and no pod of an older gang, with or without the
+    admission policy. Before the first attempt: no rule at all (a rule with no resourceNames
+    would allow every pod)."""
     name = run["metadata"]["name"]
-    gang = gang_attempt or attempt
+    names = gang_pod_names(name, spec.nodes, gang_attempt or attempt, pod_attempts) + list(also)
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
-              "resourceNames": [pod_name(name, gang, i) for i in range(spec.nodes)]}] if attempt else []
+              "resourceNames": names}] if attempt else []
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             # the attempt it names: an ensure never moves the Role back to an older one (Kube.ensure)
             "metadata": {"name": trainer_identity(name), "labels": {LABEL_RUN: name, LABEL_ATTEMPT: str(attempt),
@@ -197,9 +206,11 @@ def container_security(itype: dict) -> dict:
 
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
         checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess(),
-        preflight_trusted: list[str] = ()) -> dict:
+        preflight_trusted: list[str] = (), await_start: bool = False) -> dict:
     """``preflight_trusted``: nodes that passed the run's pre-flight check recently (the
-    attempt's, status.current.preflightTrusted): when every pod is on one, the check is skipped."""
+    attempt's, status.current.preflightTrusted): when every pod is on one, the check is skipped.
+    ``await_start``: a pod that replaces one of a gang restarted in place: its agent says ready
+    and starts its workers only on the operator's order, with the others (the barrier)."""
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
     itype = INSTANCE_TYPES[spec.instance_type]
     master = f"{name}-0.{name}.{ns}.svc"
@@ -223,6 +234,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         env_list.append({"name": "TRAINER_PREFLIGHT_DEVICES", "value": itype["resources"]["aws.amazon.com/neuron"]})
     if spec.preflight_on() and preflight_trusted:
         env_list.append({"name": PREFLIGHT_PASSED_ENV, "value": ",".join(sorted(preflight_trusted))})
+    if await_start:
+        env_list.append({"name": AWAIT_START_ENV, "value": "1"})
     env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                  {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]

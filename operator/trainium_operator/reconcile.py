@@ -104,8 +104,16 @@ class Pass:
     @property
     def gang(self) -> list[PodView]:
         """The pods the attempt in force runs in, as they are (an in-place restart keeps the
-        pods of an earlier attempt: inplace.gang_attempt)."""
-        return [p for p in self.pods if p.attempt == inplace.gang_attempt(self.old)]
+        pods of an earlier attempt, a replaced index runs in a newer one's: inplace.pod_attempt)."""
+        return [p for p in self.pods if p.attempt == inplace.pod_attempt(self.old, p.index)]
+
+    @property
+    def replacement(self) -> list[PodView]:
+        """The new pod of the index being replaced (restart replace), while Restarting: it
+        carries the next attempt's name and waits at the barrier."""
+        index = self.old.current.replacing
+        return [p for p in self.pods if index is not None and self.old.phase == "Restarting"
+                and p.index == index and p.attempt == self.old.attempt + 1]
 
     @cached_property
     def current(self) -> list[PodView]:
@@ -118,12 +126,14 @@ class Pass:
         """Pods of other attempts. One of a newer attempt than the status read means this pass
         read the status before the write that started that attempt reached the watch: it is
         not stale unless it has lived for NEWER_ATTEMPT_GRACE_SECONDS (a status reset by hand)."""
-        return [p for p in self.pods if p.attempt < inplace.gang_attempt(self.old) or (
-            p.attempt > self.old.attempt and self.now - (p.created or self.now) > NEWER_ATTEMPT_GRACE_SECONDS)]
+        kept = self.gang + self.replacement
+        return [p for p in self.pods if p not in kept and (p.attempt <= self.old.attempt or (
+            self.now - (p.created or self.now) > NEWER_ATTEMPT_GRACE_SECONDS))]
 
     @property
     def newer(self) -> list[PodView]:
-        return [p for p in self.pods if p.attempt > self.old.attempt and p not in self.stale]
+        return [p for p in self.pods if p.attempt > self.old.attempt and p not in self.stale
+                and p not in self.replacement]
 
     @property
     def grace(self) -> int:
@@ -167,7 +177,7 @@ def reconcile(snap: Snapshot) -> Result:
         return Result(changed_fields(old, new), effects, None, new)
     p = Pass(snap.run, spec, old, new, snap.pods, snap.nodes, snap.now, snap.checkpoint, snap.disruption,
              snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host)
-    if p.newer or inplace.ahead(p.gang, old.attempt):
+    if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
         return Result({}, [], spec, old)
@@ -176,7 +186,10 @@ def reconcile(snap: Snapshot) -> Result:
         _children(p)
     _phase_step(p)(p)
     if old.phase not in TERMINAL:  # after the step: the attempt it may have started is the one allowed
-        p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt, p.new.current.gang_attempt)))
+        replacing = ([plan.pod_name(p.run["metadata"]["name"], p.new.attempt + 1, p.new.current.replacing)]
+                     if p.new.phase == "Restarting" and p.new.current.replacing is not None else [])
+        p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt, p.new.current.gang_attempt,
+                                                  p.new.current.pod_attempts, replacing)))
     return Result(changed_fields(old, new), p.effects, spec, new)
 
 
@@ -309,7 +322,7 @@ def _finished(p: Pass) -> None:
 def _suspend(p: Pass) -> None:
     """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
     goodput's wall time. A failure whose restart the suspension interrupts ends here."""
-    _stop(p, p.current, _suspended_since(p))
+    _stop(p, p.current + p.replacement, _suspended_since(p))
     if p.current:  # the stopping gang finishes its step (and a checkpoint) before it exits
         _track_progress(p, gang_state(p.current))
     if p.old.phase != "Suspended":
@@ -375,6 +388,9 @@ def _teardown(p: Pass) -> None:
     if p.old.current.restart == "inPlace":
         _teardown_in_place(p)
         return
+    if p.old.current.restart == "replace":
+        _teardown_replace(p)
+        return
     _note_teardown_progress(p)
     _late_culprits(p)
     _stop(p, p.current, p.old.current.teardown_start_time or p.now)
@@ -415,6 +431,63 @@ def _teardown_in_place(p: Pass) -> None:
         _start_in_place(p, target)
 
 
+def _teardown_replace(p: Pass) -> None:
+    """Restart replace: the failed index's pod is deleted (gracefully: it saves with the others
+    where its node still runs it; forced after the grace); the other pods are told to stop
+    their workers, as in place. Once that pod is gone its replacement is created, on a node the
+    run may use, under the next attempt's name; its agent starts no workers but says ready.
+    Once every agent, the replacement's included, said ready (the barrier) and the backoff has
+    passed, the next attempt starts in them all. Another pod that ends or goes, an agent that
+    does not answer in time, or a replacement that is not placed and started within the
+    schedule and startup timeouts, and the gang is recreated instead."""
+    _note_teardown_progress(p)
+    old, ft = p.old, p.spec.fault_tolerance
+    target, index = old.attempt + 1, old.current.replacing
+    since = old.current.teardown_start_time or p.now
+    failed = [x for x in p.gang if x.index == index]
+    kept = [x for x in p.gang if x.index != index]
+    replacement = p.replacement[0] if p.replacement else None
+    lost = next((x for x in kept if x.deleting or x.phase != "Running"), None)
+    answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
+    kept_ready = inplace.ready(kept, target)
+    if lost is not None:
+        _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
+    elif len(kept) < p.spec.nodes - 1:
+        _give_up_in_place(p, "a pod of the gang is gone")
+    elif not kept_ready and p.now - since > answer_within:
+        _give_up_in_place(p, f"not every agent said its workers stopped within {answer_within:.0f}s")
+    elif replacement is not None and (replacement.deleting or replacement.phase in ("Succeeded", "Failed")):
+        _give_up_in_place(p, f"the replacement pod {replacement.name} ended or went")
+    elif replacement is not None and not inplace.ready([replacement], target) and p.now - (
+            replacement.created or p.now) > ft.schedule_timeout_seconds + ft.startup_timeout_seconds:
+        _give_up_in_place(p, f"the replacement pod {replacement.name} was not placed and started within "
+                          f"{ft.schedule_timeout_seconds + ft.startup_timeout_seconds:.0f}s "
+                          f"({replacement.unschedulable or replacement.waiting or 'no reason given'})")
+    if p.new.current.restart != "replace":
+        return
+    stop = Order(target, start=False, grace_seconds=float(p.grace))
+    p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(kept, stop)]
+    # a pod whose node is lost never finishes a graceful delete (no kubelet runs it): at once
+    p.effects += [DeletePod(x.name, 0) for x in failed if x.deleting and _node_lost(p, x)]
+    _stop(p, [x for x in failed if not (x.deleting and _node_lost(p, x))], since)
+    if failed:
+        return
+    # the failed attempt is gone once the failed pod is and the others' workers are: placing
+    # and starting the replacement is the restart's schedule phase
+    may_start = kept_ready and _torn_down(p)
+    if replacement is None:
+        p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _excluded(p.new), p.checkpoint
+                                         or old.last_checkpoint, p.host, _preflight_trusted(p), await_start=True)))
+    elif may_start and inplace.ready([replacement], target):
+        _start_in_place(p, target, replaced=replacement)
+
+
+def _node_lost(p: Pass, pod: PodView) -> bool:
+    """Whether ``pod``'s node is gone, NotReady or unreachable."""
+    node = p.nodes.get(pod.node) if pod.node else None
+    return bool(pod.node) and (node is None or node.ready != "True")
+
+
 def _torn_down(p: Pass) -> bool:
     """The failed attempt is gone: its teardown ends now (on the failure's record); whether the
     backoff has passed too, so the next attempt may start."""
@@ -430,33 +503,48 @@ def _give_up_in_place(p: Pass, why: str) -> None:
     last = p.new.failures[-1] if p.new.failures else None
     if last is not None:  # its teardown is the pods' deletion from now on
         last.restart, last.teardown_done_time = "recreate", None
-    p.new.restarts_in_place = max(0, p.old.restarts_in_place - 1)
+    if p.old.current.restart == "replace":
+        p.new.restarts_replaced = max(0, p.old.restarts_replaced - 1)
+    else:
+        p.new.restarts_in_place = max(0, p.old.restarts_in_place - 1)
+    p.new.current.replacing = None
     p.event("InPlaceRestartGivenUp", f"attempt {p.old.attempt + 1}: {why}; recreating the gang", warning=True)
-    _stop(p, p.gang, p.now)
+    _stop(p, p.gang + p.replacement, p.now)
 
 
-def _start_in_place(p: Pass, target: int) -> None:
-    """The next attempt in the failed attempt's pods: status first, then the orders to start
-    (the applier writes them after the status that records the attempt)."""
+def _start_in_place(p: Pass, target: int, replaced: PodView | None = None) -> None:
+    """The next attempt in the failed attempt's pods (and the pod that ``replaced`` one of
+    them): status first, then the orders to start (the applier writes them after the status
+    that records the attempt)."""
     old, new = p.old, p.new
     resume = p.checkpoint or old.last_checkpoint
     new.phase, new.attempt = "Starting", target
     last = new.failures[-1] if new.failures else None
-    # after a hang the gang is checked again (a device hang looks like one), in place too
-    check = p.spec.preflight_on() and last is not None and last.cause == "hang"
+    # after a hang the gang is checked again (a device hang looks like one), in place too, and
+    # so it is with a replacement on a node that has not passed the check recently
+    check = p.spec.preflight_on() and last is not None and (last.cause == "hang" or (
+        replaced is not None and replaced.node not in _preflight_trusted(p)))
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume, gang_attempt=inplace.gang_attempt(old),
+                                pod_attempts=list(old.current.pod_attempts) if replaced is None else
+                                inplace.with_replaced(old, p.spec.nodes, replaced.index, target),
                                 in_place_streak=inplace.next_streak(old, resume.step if resume else None),
                                 preflight_trusted=[] if check else list(old.current.preflight_trusted),
                                 preflight_check=check)
     _order_start(p, target)
-    p.event("Restarted", f"attempt {target}: restarted in place in the {len(p.gang)} pods of attempt "
-            f"{new.current.gang_attempt} (no pod deleted or created)")
+    if replaced is None:
+        p.event("Restarted", f"attempt {target}: restarted in place in the {len(p.gang)} pods of attempt "
+                f"{new.current.gang_attempt} (no pod deleted or created)")
+    else:
+        p.event("Restarted", f"attempt {target}: pod {replaced.name} on node {replaced.node} replaced the failed "
+                f"one; the other {len(p.gang) - 1} pod(s) restarted in place")
 
 
 def _order_start(p: Pass, attempt: int) -> None:
-    """Tell the gang's agents to start ``attempt`` (the pods that do not carry the order yet)."""
+    """Tell the gang's agents to start ``attempt`` (the pods that do not carry the order yet;
+    in the pass that starts it with a replacement, the gang as read still has the failed
+    index's place empty: the replacement is ordered too)."""
     start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check)
-    p.effects += [OrderPod(x.name, start) for x in inplace.unordered(p.gang, start)]
+    p.effects += [OrderPod(x.name, start) for x in inplace.unordered(p.gang + p.replacement, start)]
 
 
 def _recent_passes(p: Pass) -> list[PreflightPass]:
@@ -777,11 +865,13 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         # stale when the failure is found in the pass that first sees the gang's last steps
         last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
         step=gang.step, checkpoint_step=ckpt_step, step_seconds=old.step_seconds)
-    in_place = ""
+    in_place = replace_not = ""
     if action.kind == "restart":
-        in_place = inplace.why_not(spec, failure, bool(action.quarantine_node or action.avoid_node),
-                                   inplace.next_streak(old, ckpt_step), p.gang, old.attempt)
-        record.restart = "recreate" if in_place else "inPlace"
+        streak = inplace.next_streak(old, ckpt_step)
+        in_place = inplace.why_not(spec, failure, bool(action.quarantine_node or action.avoid_node), streak,
+                                   p.gang, old.attempt)
+        replace_not = inplace.why_not_replace(spec, failure, streak, p.gang, old.attempt) if in_place else ""
+        record.restart = "inPlace" if not in_place else "replace" if not replace_not else "recreate"
     timeline = history + [record]
     new.failure_count = record.id
     new.failure_counters = count(counters, failure.cause, now, ckpt_step, window)
@@ -818,14 +908,23 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         _avoid(p, action.avoid_node, failure.message)
     new.current.restart = record.restart
     after = f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""
+    stop = Order(old.attempt + 1, start=False, grace_seconds=float(p.grace))
     if record.restart == "inPlace":
         new.restarts_in_place = old.restarts_in_place + 1
         p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang in place{after}", warning=True)
-        stop = Order(old.attempt + 1, start=False, grace_seconds=float(p.grace))
         p.effects += [OrderPod(x.name, stop) for x in p.gang]
+    elif record.restart == "replace":
+        new.restarts_replaced = old.restarts_replaced + 1
+        failed = next(x for x in p.gang if x.name == failure.pod)
+        new.current.replacing = failed.index
+        p.event("Restarting", f"{failure.cause}: {failure.message}; replacing pod {failed.name}, the other pods "
+                f"restart in place{after}", warning=True)
+        p.effects += [OrderPod(x.name, stop) for x in p.gang if x is not failed]
+        p.delete([failed], grace=0 if _node_lost(p, failed) else None)
     else:
         p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang{after}"
-                + (f" (recreated: {in_place})" if spec.in_place_on() else ""), warning=True)
+                + (f" (recreated: {replace_not if failure.cause in inplace.REPLACE_CAUSES else in_place})"
+                   if spec.in_place_on() else ""), warning=True)
         p.delete(p.current)
     _account(p, now)
 

@@ -34,6 +34,8 @@ CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "
 QUARANTINES = ("node-not-ready", "neuron-error")
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
 IN_PLACE = ("kill-rank", "hang", "operator-kill", "runtime-restart")  # the nodes stay trusted: new workers in the same pods
+# one pod's node is left out or its pod is gone: that pod alone is replaced, the other restarts in place
+REPLACED = ("node-not-ready", "neuron-error", "runtime-fault", "straggler", "evict")
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -132,9 +134,21 @@ def test_checkpoints_on_s3_with_credentials_from_a_secret(e2e, reference, tiny_d
     assert 5 in drill.complete_steps("s3://ckpt-e2e/tiny")
 
 
-def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> None:
+def test_a_replaced_node_restores_from_its_peers_memory(e2e, reference, tiny_data, tmp_path):
+    """checkpoint.memory peers (ZeRO-1: every data rank keeps its own state): each node also
+    holds a copy of the next node's. Pod 0's node goes NotReady; pod 0 alone is replaced on a
+    third node, whose memory is empty: its ranks read their state from pod 1's node (the peer's
+    copy), pod 1's from its own memory, and the run trains on bitwise as if nothing happened."""
+    body = spec_for("peer", tiny_data, tmp_path)
+    body["spec"]["checkpoint"] = {**body["spec"]["checkpoint"], "memory": "peers"}
+    # the memory tier changes no training: the uninterrupted run is the reference
+    survive(e2e, reference, e2e.namespace("peer-restore"), body, "node-not-ready", source="peer")
+
+
+def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source: str | None = None) -> None:
     """Run ``body``, inject ``fault`` after FAULT_AT steps, and check everything the run must
-    have done right (see the module docstring)."""
+    have done right (see the module docstring). ``source``: where the restart must restore
+    from (else memory in place, store when the gang or a pod is new)."""
     name = body["metadata"]["name"]
     d = Drill(e2e.cluster, ns, body)
     with ProcessSampler(ns, name) as sampler:
@@ -180,11 +194,17 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
         kept_out = st.get("quarantinedNodes") if fault in QUARANTINES else [a["node"] for a in st.get("avoidedNodes", [])]
         assert kept_out == [hit], st
         assert not [r["name"] for r in records if r["node"] == hit and r["created"] > fault_time]
-    # restarted in place (no pod created after the fault) when the nodes stayed trusted
-    assert st["failures"][-1].get("restart") == ("inPlace" if fault in IN_PLACE else "recreate"), st["failures"][-1]
+    # restarted in place (no pod created after the fault) when the nodes stayed trusted; else
+    # only the pod hit (index 0) replaced, the other restarted in place
+    kind = "inPlace" if fault in IN_PLACE else "replace" if fault in REPLACED else "recreate"
+    assert st["failures"][-1].get("restart") == kind, st["failures"][-1]
+    created = sorted({r["name"] for r in records if r["created"] > fault_time})
     if fault in IN_PLACE:
         assert st.get("restartsInPlace") == 1, st
-        assert not [r["name"] for r in records if r["created"] > fault_time], "an in-place restart created pods"
+        assert not created, "an in-place restart created pods"
+    if fault in REPLACED:
+        assert st.get("restartsReplaced") == 1 and st["current"]["podAttempts"] == [2, 1], st
+        assert created == [f"{name}-a2-0"], created
     if fault not in QUARANTINES:
         assert not st.get("quarantinedNodes")
     if fault not in AVOIDS:
@@ -204,8 +224,8 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str) -> Non
     assert st["current"]["restoreSeconds"] == st.get("restoreSeconds", 0.0), st
     assert gp["lostSeconds"]["restore"] == round(st.get("restoreSeconds", 0.0), 1), gp
     # where it read from: an in-place restart keeps the pods and their memory (checkpoint.memory),
-    # a new gang has none and reads the store
-    assert st["current"].get("restoreSource") == ("memory" if fault in IN_PLACE else "store"), st["current"]
+    # a new pod has none and reads the store (the slowest rank's source is the run's)
+    assert st["current"].get("restoreSource") == (source or ("memory" if fault in IN_PLACE else "store")), st["current"]
 
 
 def test_a_gang_cut_off_from_the_control_plane_is_fenced_by_the_next_attempt(e2e, tiny_data, tmp_path):

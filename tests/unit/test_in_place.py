@@ -27,7 +27,7 @@ def run_with(status: dict, spec: dict | None = None) -> dict:
 
 
 def pod(i: int, gang: int = 1, report: dict | None = None, order: dict | None = None, progress: dict | None = None,
-        phase: str = "Running", deleting: bool = False):
+        phase: str = "Running", deleting: bool = False, node: str | None = None, env: list | None = None):
     ann = {}
     if report is not None:
         ann[agent.REPORT] = json.dumps(report)
@@ -39,7 +39,8 @@ def pod(i: int, gang: int = 1, report: dict | None = None, order: dict | None = 
             "annotations": ann, "creationTimestamp": "2026-01-01T00:00:01Z"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:10:00Z"
-    return pod_view({"metadata": meta, "spec": {"nodeName": f"n{i}"}, "status": {"phase": phase}})
+    return pod_view({"metadata": meta, "spec": {"nodeName": f"n{i}" if node is None else node},
+                     "status": {"phase": phase}})
 
 
 def running(attempt: int, step: int | None = None, **kw) -> dict:
@@ -216,3 +217,135 @@ def test_the_agent_protocol_parses_strictly():
         assert agent.parse_order(bad) is None, bad
     assert agent.parse_order('{"attempt": 2, "graceSeconds": 1e300}').grace_seconds == 3600.0
     assert agent.parse_report('{"attempt": 1, "state": "exited", "exitCode": 0}') is None  # finished workers end the pod
+
+
+def node(name: str, ready: str = "True"):
+    return node_view({"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": ready}]}})
+
+
+def events(r, reason: str) -> list[str]:
+    return [e.message for e in r.effects if e.kind == "event" and e.reason == reason]
+
+
+def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
+    """Node n1 goes NotReady: its pod is deleted at once (no kubelet runs a graceful stop there)
+    and the node quarantined; pod 0's agent is told to stop its workers. Once that pod is gone,
+    its replacement is created under attempt 2's name, off the quarantined node, and waits at the
+    barrier (its agent starts no workers). Once both agents said ready, attempt 2 starts in them
+    both: one pod created in all, none of the others deleted."""
+    status = started_run()
+    nodes = {"n0": node("n0"), "n1": node("n1", "False"), "n2": node("n2")}
+    r = reconcile_objects(run_with(status), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
+    status.update(r.status)
+    assert status["phase"] == "Restarting" and status["restarts"] == {"node": 1}
+    assert status["failures"][-1]["restart"] == "replace" and status["restartsReplaced"] == 1
+    assert status["current"]["replacing"] == 1 and status["quarantinedNodes"] == ["n1"]
+    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-1": 0}
+    assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
+        "r-a1-0": agent.Order(2, start=False, grace_seconds=30.0)}
+    assert events(r, "Restarting") and "replacing pod r-a1-1" in events(r, "Restarting")[0]
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+
+    # pod 1 still there (its delete not done): nothing created yet
+    kept = pod(0, report={"attempt": 2, "state": "ready"}, order=stop)
+    r = reconcile_objects(run_with(status), [kept, pod(1, report=running(1), deleting=True)], nodes, now=61.0)
+    assert not r.ensured("Pod") and "attempt" not in r.status
+    # gone: the replacement, attempt 2's name, told to wait for the order, kept off n1
+    r = reconcile_objects(run_with(status), [kept], nodes, now=62.0)
+    status.update(r.status)
+    (new,) = r.ensured("Pod")
+    assert new["metadata"]["name"] == "r-a2-1" and new["metadata"]["labels"]["trainium.dev/attempt"] == "2"
+    env = {e["name"]: e.get("value") for e in new["spec"]["containers"][0]["env"]}
+    assert env[agent.AWAIT_START_ENV] == "1" and env["ATTEMPT"] == "2" and env["NODE_RANK"] == "1"
+    excluded = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert excluded["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["n1"]
+    # the trainer identity may reach the replacement before it starts (its agent watches its pod)
+    assert r.ensured("Role")[0]["rules"][0]["resourceNames"] == ["r-a1-0", "r-a1-1", "r-a2-1"]
+    assert status["phase"] == "Restarting" and status["failures"][-1]["teardownDoneTime"] == 62.0
+
+    # the replacement is not placed yet: not a newer attempt's pod, nothing stale, nothing decided
+    waiting = pod(1, gang=2, phase="Pending", node="")
+    r = reconcile_objects(run_with(status), [kept, waiting], nodes, now=63.0)
+    assert not [e for e in r.effects if e.kind in ("delete_pod", "order_pod")] and "attempt" not in r.status
+    assert not r.ensured("Pod")
+    # placed and its agent ready: the barrier passes, attempt 2 starts in both
+    placed = pod(1, gang=2, report={"attempt": 2, "state": "ready"}, node="n2")
+    r = reconcile_objects(run_with(status), [kept, placed], nodes, now=64.0)
+    status.update(r.status)
+    assert status["attempt"] == 2 and status["phase"] == "Starting"
+    assert status["current"]["gangAttempt"] == 1 and status["current"]["podAttempts"] == [1, 2]
+    assert status["current"].get("replacing") is None
+    assert status["failures"][-1]["teardownDoneTime"] == 62.0  # placing the replacement: its schedule phase
+    assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
+        n: agent.Order(2, start=True, grace_seconds=30.0) for n in ("r-a1-0", "r-a2-1")}
+    assert r.ensured("Role")[0]["rules"][0]["resourceNames"] == ["r-a1-0", "r-a2-1"]
+    assert "pod r-a2-1 on node n2 replaced the failed one" in events(r, "Restarted")[0]
+
+    # a pass that read the status from before the start decides nothing
+    go = {"attempt": 2, "start": True, "graceSeconds": 30.0}
+    both = [pod(0, report=running(2), order=go), pod(1, gang=2, report=running(2), order=go, node="n2")]
+    stale = {**status, "attempt": 1, "phase": "Restarting", "current": {"restart": "replace", "replacing": 1}}
+    r = reconcile_objects(run_with(stale), both, nodes, now=65.0)
+    assert r.status == {} and r.effects == []
+    # the mixed gang runs attempt 2: nothing stale, the recovery recorded
+    r = reconcile_objects(run_with(status), both, nodes, now=66.0)
+    status.update(r.status)
+    assert not [e for e in r.effects if e.kind in ("delete_pod", "order_pod")] and not r.ensured("Pod")
+    assert status["current"]["gangRunningTime"] == 66.0 and status["failures"][-1]["recoveredAfter"] == 6.0
+
+    # and a crash after it restarts that mixed gang in place
+    crashed = {"attempt": 2, "state": "exited", "exitCode": 1, "message": "", "time": 70.0}
+    both[1] = pod(1, gang=2, report=crashed, order=go, node="n2")
+    r = reconcile_objects(run_with(status), both, nodes, now=71.0)
+    assert r.status["failures"][-1]["restart"] == "inPlace"
+    assert {e.name for e in r.effects if e.kind == "order_pod"} == {"r-a1-0", "r-a2-1"}
+    assert not [e for e in r.effects if e.kind == "delete_pod"]
+
+
+def test_a_replacement_that_is_not_placed_or_an_agent_that_does_not_answer_recreates_the_gang():
+    status = started_run()
+    nodes = {"n0": node("n0"), "n1": node("n1", "False")}
+    spec = {**SPEC, "faultTolerance": {"scheduleTimeoutSeconds": 30, "startupTimeoutSeconds": 30}}
+    # the other pod's agent does not answer: the whole gang is recreated at once
+    r = reconcile_objects(run_with(status, spec), [pod(0), pod(1, report=running(1))], nodes, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+    assert "not every other pod's agent answers" in events(r, "Restarting")[0]
+    # replaced; the replacement is never placed (no node left): recreated after both timeouts
+    r = reconcile_objects(run_with(status, spec), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
+    status.update(r.status)
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    kept = pod(0, report={"attempt": 2, "state": "ready"}, order=stop)
+    created = pod_view({"metadata": {"name": "r-a2-1", "creationTimestamp": "1970-01-01T00:01:02Z",
+                                     "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": "1"}},
+                        "spec": {}, "status": {"phase": "Pending", "conditions": [
+                            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                             "message": "0/2 nodes are available"}]}})
+    r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=100.0)
+    assert not events(r, "InPlaceRestartGivenUp") and not [e for e in r.effects if e.kind == "delete_pod"]
+    r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=123.0)
+    status.update(r.status)
+    assert "0/2 nodes are available" in events(r, "InPlaceRestartGivenUp")[0]
+    assert status["current"]["restart"] == "recreate" and status["failures"][-1]["restart"] == "recreate"
+    assert status["restartsReplaced"] == 0 and status["current"].get("replacing") is None
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0", "r-a2-1"}
+    # the usual teardown from here: once every pod is gone, a new gang of attempt 2
+    r = reconcile_objects(run_with(status, spec), [], nodes, now=124.0)
+    assert r.status["attempt"] == 2 and [p["metadata"]["name"] for p in r.ensured("Pod")] == ["r-a2-0", "r-a2-1"]
+
+
+def test_which_failures_replace_a_pod():
+    status = started_run()
+    # an eviction of one pod from outside the operator replaces it (its node stays usable)
+    r = reconcile_objects(run_with(status), [pod(0, report=running(1)), pod(1, report=running(1), deleting=True)],
+                          NODES, now=60.0)
+    assert r.status["restarts"] == {"eviction": 1} and r.status["failures"][-1]["restart"] == "replace"
+    assert not r.status.get("quarantinedNodes")
+    # a crashed rank is restarted in place, not replaced
+    crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
+    r = reconcile_objects(run_with(status), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "inPlace"
+    # off with in-place restarts
+    off = {**SPEC, "faultTolerance": {"inPlaceRestarts": 0}}
+    nodes = {"n0": node("n0"), "n1": node("n1", "False")}
+    r = reconcile_objects(run_with(status, off), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
