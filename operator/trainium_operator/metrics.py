@@ -33,6 +33,8 @@ phase = _run_gauge("trainium_run_phase", "1 for the run's current phase, 0 for t
 restarts = _run_gauge("trainium_run_restarts", "Gang restarts so far, by cause (status.restarts)", ["cause"])
 restarts_in_place = _run_gauge("trainium_run_restarts_in_place", "Of the gang restarts, those done in place: the "
                                "gang's pods kept, new workers (status.restartsInPlace)")
+restarts_replaced = _run_gauge("trainium_run_restarts_replaced", "Of the gang restarts, those that replaced only the "
+                               "failed pod, the others kept (status.restartsReplaced)")
 goodput_ratio = _run_gauge("trainium_run_effective_training_ratio", "Productive / wall time since creation")
 lost = _run_gauge("trainium_run_lost_seconds", "Lost time by phase (detect, teardown, schedule, recompute)",
                   ["phase"])
@@ -70,7 +72,8 @@ for _cause in CAUSES:  # present from the start, so the first failure of a cause
 
 _SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, eval_perplexity, checkpoint_step,
            checkpoint_time,
-           checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers, restarts_in_place)
+           checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers, restarts_in_place,
+           restarts_replaced)
 
 
 def serve(port: int) -> None:
@@ -106,6 +109,7 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
     for cause in CAUSES:
         restarts.labels(*labels, cause).set(status.restarts.get(cause, 0))
     restarts_in_place.labels(*labels).set(status.restarts_in_place)
+    restarts_replaced.labels(*labels).set(status.restarts_replaced)
     gp = status.goodput
     _set(goodput_ratio, labels, gp.effective_ratio if gp else None)
     for p in PHASES:

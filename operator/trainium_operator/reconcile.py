@@ -393,8 +393,10 @@ def _teardown(p: Pass) -> None:
         return
     _note_teardown_progress(p)
     _late_culprits(p)
-    _stop(p, p.current, p.old.current.teardown_start_time or p.now)
-    if p.current or p.stale:
+    # (a replacement pod left by a restart replace that was given up goes too: the next gang
+    # takes its name)
+    _stop(p, p.current + p.replacement, p.old.current.teardown_start_time or p.now)
+    if p.current or p.stale or p.replacement:
         return
     if not _torn_down(p):
         return
@@ -507,7 +509,6 @@ def _give_up_in_place(p: Pass, why: str) -> None:
         p.new.restarts_replaced = max(0, p.old.restarts_replaced - 1)
     else:
         p.new.restarts_in_place = max(0, p.old.restarts_in_place - 1)
-    p.new.current.replacing = None
     p.event("InPlaceRestartGivenUp", f"attempt {p.old.attempt + 1}: {why}; recreating the gang", warning=True)
     _stop(p, p.gang + p.replacement, p.now)
 
