@@ -7,7 +7,13 @@ Starts its own local control plane (tools/localcluster) with nodes + 4 spare trn
 nodes, then for each gang size:
   ours  a TrainingRun; progress written as the trainer writes it; each fault is injected into
         the running gang; detect = the run's status records the failure; recover = every pod of
-        the next attempt is Running.
+        the next attempt is Running. The pods have no agent (kwok runs no process), so every
+        restart recreates the gang: today's path without in-place restarts.
+  agents  the same TrainingRun with each pod's agent played by the benchmark (AgentStandIn, a
+        stand-in for trainer.agent: it answers the operator's orders on the pod as the agent
+        does, at once); a crash is the agent's report that its workers exited (the pod stays),
+        so it restarts in place, and a lost node replaces its pod alone; recover = the status
+        records the next attempt's gang running (every agent running its workers).
   jobset  JobSet v0.12.0 (bench/jobset.py: built from its Go module, its controller run out of
         cluster like ours), one Job of ``nodes`` pods with backoffLimit 0 and failurePolicy
         Recreate: any failed rank restarts the whole gang, as Kubeflow Trainer v2 runs it;
@@ -22,7 +28,8 @@ nodes, then for each gang size:
 Faults: crash (a rank's container exits 1), not-ready (the node's kubelet reports NotReady),
 neuron-health (the Neuron node problem detector's NeuronHealth condition turns True). Peers
 that never react to a fault show ">cap" (--peer-timeout). Prints p50/p95 per gang size, method
-and fault kind, and the ratios peer / ours for detection and for recovery.
+and fault kind, the pods each restart created (median), and the ratios peer / ours for
+detection and for recovery.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench.common import stop_cleanly_on_signals, table  # noqa: E402
-from trainium_api import progress  # noqa: E402
+from trainium_api import agent, progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 
@@ -115,11 +122,17 @@ class Bench:
         wait(lambda: all(t.key not in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
                          for t in self.core.read_node(node).spec.taints or []), 60)
 
+    def created_since(self, ns, before: set[str]) -> int:
+        return len({p.metadata.uid for p in self.core.list_namespaced_pod(ns).items} - before)
+
+    def uids(self, ns) -> set[str]:
+        return {p.metadata.uid for p in self.core.list_namespaced_pod(ns).items}
+
     # -- ours -----------------------------------------------------------------------------
 
-    def ours(self, n, ns, kinds):
-        name = "run"
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun", "metadata": {"name": name}, "spec": {
+    @staticmethod
+    def run_body(name: str, n: int) -> dict:
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun", "metadata": {"name": name}, "spec": {
             "image": "trainer:bench", "nodes": n, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
             "parallelism": {"tensor": 8, "sequenceParallel": True},
             "training": {"seqLen": 4096, "globalBatchSize": 1024, "microBatchSize": 1},
@@ -127,8 +140,11 @@ class Bench:
             "checkpoint": {"uri": f"/tmp/bench-ckpt-{os.getpid()}"},
             "faultTolerance": {"teardownGraceSeconds": 5, "restartBudget": {"application": 1000, "node": 1000},
                                "budgetWindowMinutes": 1, "noProgressRestarts": 1000, "maxQuarantinedNodes": 1000}}}
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-        results = {k: ([], []) for k in kinds}
+
+    def ours(self, n, ns, kinds):
+        name = "run"
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self.run_body(name, n))
+        results = {k: ([], [], []) for k in kinds}
         for i in range(self.args.faults + 1):
             attempt = i + 1
             sel = f"trainium.dev/run={name},trainium.dev/attempt={attempt}"
@@ -137,11 +153,13 @@ class Bench:
                 raise RuntimeError(f"attempt {attempt} did not come up")
             if i:
                 results[kind][1].append(time.monotonic() - t_detect)
+                results[kind][2].append(self.created_since(ns, before))
                 if kind != "crash":
                     self.heal(bad)
             if i == self.args.faults:
                 break
             gang = self.pods(ns, sel)
+            before = self.uids(ns)
             payload = progress.payload(10 * attempt, 1e5, 2.0, None)
             for p in gang:
                 self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {
@@ -155,6 +173,55 @@ class Bench:
             t_detect = time.monotonic()
             results[kind][0].append(d)
             print(f"  ours n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s", flush=True)
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return results
+
+    def agents(self, n, ns, kinds):
+        """The operator with in-place restarts: each pod's agent played by AgentStandIn."""
+        from trainium_operator import plan
+        name = "run"
+        stand_in = AgentStandIn(self.core, ns).start()
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self.run_body(name, n))
+        results = {k: ([], [], []) for k in kinds}
+        try:
+            for i in range(self.args.faults + 1):
+                attempt = i + 1
+                up = wait(lambda: (st := self._status(ns, name)).get("attempt") == attempt
+                          and (st.get("current") or {}).get("gangRunningTime"), 300, 0.02)
+                if up is None:
+                    raise RuntimeError(f"attempt {attempt} did not come up: {self._status(ns, name).get('message')}")
+                if i:
+                    results[kind][1].append(time.monotonic() - t_detect)
+                    results[kind][2].append(self.created_since(ns, before))
+                    if kind != "crash":
+                        self.heal(bad)
+                if i == self.args.faults:
+                    break
+                current = self._status(ns, name).get("current") or {}
+                names = plan.gang_pod_names(name, n, current.get("gangAttempt") or attempt,
+                                            current.get("podAttempts") or [])
+                payload = progress.payload(10 * attempt, 1e5, 2.0, None, attempt=attempt)
+                for pod in names:
+                    self.core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {
+                        progress.ANNOTATION: payload}}})
+                wait(lambda: self._status(ns, name).get("phase") == "Running", 60, 0.02)
+                kind = kinds[i % len(kinds)]
+                victim = self.core.read_namespaced_pod(names[i % n], ns)
+                bad = victim.spec.node_name
+                before = self.uids(ns)
+                seen = self._status(ns, name).get("failureCount") or 0
+                if kind == "crash":  # with an agent the pod stays: its workers' exit is the agent's report
+                    stand_in.crash(victim.metadata.name, attempt)
+                else:
+                    inject(self.core, kind, ns, victim)
+                d = wait(lambda: (self._status(ns, name).get("failureCount") or 0) > seen, 120, 0.02)
+                t_detect = time.monotonic()
+                results[kind][0].append(d)
+                restart = (self._status(ns, name).get("failures") or [{}])[-1].get("restart")
+                print(f"  agents n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s, restart {restart}",
+                      flush=True)
+        finally:
+            stand_in.stop()
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
         return results
 
@@ -174,7 +241,7 @@ class Bench:
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
             "template": self.pod_template("job")}}
         self.batch.create_namespaced_job(ns, body)
-        results = {k: ([], []) for k in kinds}
+        results = {k: ([], [], []) for k in kinds}
         cap = self.args.peer_timeout
         for i in range(self.args.faults):
             wait(lambda: sum(x.status.phase == "Running" for x in self.pods(ns, "bench=job")) == n, 300)
@@ -184,6 +251,7 @@ class Bench:
             victim = gang[i % n]
             index = victim.metadata.labels.get("batch.kubernetes.io/job-completion-index")
             before = {p.metadata.name for p in self.core.list_namespaced_pod(ns, label_selector="bench=job").items}
+            before_uids = self.uids(ns)
             inject(self.core, kind, ns, victim)
 
             def replacement():
@@ -193,6 +261,7 @@ class Bench:
             r = wait(lambda: (rp := replacement()) is not None and rp.status.phase == "Running", cap) if d else None
             results[kind][0].append(d)
             results[kind][1].append(r)
+            results[kind][2].append(len(self.uids(ns) - before_uids) if d else None)
             print(f"  job  n={n} fault {i + 1}/{self.args.faults} {kind}: replacement "
                   f"{fmt(d, cap)}s, running {fmt(r, cap)}s later", flush=True)
             if kind != "crash":
@@ -213,7 +282,7 @@ class Bench:
             self.jobset_controller = js.Controller(self.cluster.kubeconfig, Path(tempfile.mkdtemp(prefix="bench-jobset-")))
         self.custom.create_namespaced_custom_object(js.GROUP, js.API_VERSION, ns, js.PLURAL,
                                                     js.gang("torchrun", n, self.pod_template("jobset")))
-        results = {k: ([], []) for k in kinds}
+        results = {k: ([], [], []) for k in kinds}
         cap = self.args.peer_timeout
 
         def restarts():
@@ -231,11 +300,13 @@ class Bench:
             gang = sorted(self.pods(ns, f"bench=jobset,jobset.sigs.k8s.io/restart-attempt={before}"),
                           key=lambda p: p.metadata.name)
             victim = gang[i % n]
+            before_uids = self.uids(ns)
             inject(self.core, kind, ns, victim)
             d = wait(lambda: restarts() > before, cap, 0.02)
             r = wait(lambda: gang_running(before + 1), cap) if d else None
             results[kind][0].append(d)
             results[kind][1].append(r)
+            results[kind][2].append(len(self.uids(ns) - before_uids) if r else None)
             print(f"  jobset n={n} fault {i + 1}/{self.args.faults} {kind}: restart {fmt(d, cap)}s, "
                   f"new gang running {fmt(r, cap)}s later", flush=True)
             if kind != "crash":
@@ -261,6 +332,70 @@ class Bench:
                             "resources": {"limits": limits, "requests": limits}}]}}
 
 
+class AgentStandIn:
+    """A stand-in for every pod's agent (trainer.agent) in one namespace: kwok runs no process,
+    so this answers the operator's orders on the pods as the agent does, with no workers to
+    stop: a running pod reports ``running`` for its attempt, an order to stop is answered
+    ``ready``, an order to start ``running``, a pod created to replace another
+    (TRAINER_AGENT_AWAIT_START) reports ``ready`` for its attempt; :meth:`crash` makes a pod
+    report that its workers exited, until a newer attempt is ordered. One watch, as the agents'
+    watches would be (one per pod)."""
+
+    def __init__(self, core, ns: str):
+        import threading
+        self.core, self.ns = core, ns
+        self.crashed: dict[str, int] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "AgentStandIn":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def crash(self, pod: str, attempt: int) -> None:
+        self.crashed[pod] = attempt
+        self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {agent.REPORT: agent.report_payload(
+            agent.Report(attempt, "exited", 1, "simulated worker crash", time.time()))}}})
+
+    def wanted(self, pod) -> agent.Report | None:
+        meta = pod.metadata
+        if meta.deletion_timestamp or pod.status.phase != "Running":
+            return None
+        ann = meta.annotations or {}
+        order = agent.parse_order(ann.get(agent.ORDER))
+        attempt = int((meta.labels or {}).get("trainium.dev/attempt", "1"))
+        if order is not None and order.attempt >= attempt:
+            if self.crashed.get(meta.name, 0) >= order.attempt:
+                return None
+            return agent.Report(order.attempt, "running" if order.start else "ready")
+        if meta.name in self.crashed:
+            return None
+        waits = any(e.name == agent.AWAIT_START_ENV for e in pod.spec.containers[0].env or [])
+        return agent.Report(attempt, "ready" if waits else "running")
+
+    def _loop(self) -> None:
+        from kubernetes import watch
+        while not self.stopped.is_set():
+            try:
+                for event in watch.Watch().stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=30):
+                    if self.stopped.is_set():
+                        return
+                    pod = event["object"]
+                    want = self.wanted(pod) if event["type"] != "DELETED" else None
+                    have = agent.parse_report((pod.metadata.annotations or {}).get(agent.REPORT))
+                    if want is not None and (have is None or (have.attempt, have.state) != (want.attempt, want.state)):
+                        self.core.patch_namespaced_pod(pod.metadata.name, self.ns, {"metadata": {"annotations": {
+                            agent.REPORT: agent.report_payload(agent.Report(want.attempt, want.state,
+                                                                            time=time.time()))}}})
+            except Exception as exc:  # a patch racing a deletion, a watch ended: watch again
+                if not self.stopped.is_set():
+                    print(f"  agent stand-in: {str(exc)[:120]}; watching again", flush=True)
+                    time.sleep(0.2)
+
+
 def inject(core, kind, ns, victim):
     from localcluster import faults
     try:
@@ -270,6 +405,7 @@ def inject(core, kind, ns, victim):
 
 
 PEERS = {"jobset": "jobset", "job": "indexed-job"}
+METHODS = {"ours": "operator, recreate (no agents)", "agents": "operator, in place / replace"}
 
 
 def main() -> None:
@@ -278,14 +414,18 @@ def main() -> None:
     ap.add_argument("--nodes", default="16")
     ap.add_argument("--faults", type=int, default=20, help="faults per method and gang size")
     ap.add_argument("--kinds", default="crash,not-ready,neuron-health")
+    ap.add_argument("--methods", default="agents,ours", help="comma-separated: agents (in-place restarts, the "
+                    "agents played by the benchmark), ours (no agents: the gang recreated)")
     ap.add_argument("--peers", default="jobset,job", help="comma-separated: jobset, job (Indexed Job)")
     ap.add_argument("--peer-timeout", type=float, default=30.0)
     args = ap.parse_args()
     stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     kinds, peers = args.kinds.split(","), [p for p in args.peers.split(",") if p]
-    unknown = set(peers) - set(PEERS)
-    if unknown:
-        raise SystemExit(f"unknown peer(s) {sorted(unknown)}: choose from {', '.join(PEERS)}")
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = (set(peers) - set(PEERS)) | (set(methods) - set(METHODS))
+    if unknown or not methods:
+        raise SystemExit(f"unknown method or peer {sorted(unknown)}: methods {', '.join(METHODS)}; peers "
+                         f"{', '.join(PEERS)}")
     if "jobset" in peers:
         from bench import jobset
         jobset.build()  # before the control plane starts: a first build takes minutes
@@ -295,38 +435,45 @@ def main() -> None:
         from localcluster.nodes import create_nodes
         for n in [int(x) for x in args.nodes.split(",")]:
             create_nodes(b.core, n + 4, "trn1.32xlarge", f"b{n}-")
-            for method in ("ours", *peers):
+            for method in (*methods, *peers):
                 ns = f"bench-{method}-{n}"
                 b.namespace(ns)
                 res = getattr(b, method)(n, ns, kinds)
-                for kind, (det, rec) in res.items():
-                    rows.append((n, method, kind, det, rec))
+                for kind, (det, rec, made) in res.items():
+                    rows.append((n, method, kind, det, rec, made))
             for node in b.core.list_node(label_selector="type=kwok").items:
                 b.core.delete_node(node.metadata.name)
     finally:
         b.close()
     print("\nDetection and recovery latency (seconds; recover = from detection until every pod of the new gang "
-          "is Running; for the Indexed Job, until its one replacement pod is)")
-    print(table(["nodes", "method", "fault", "n", "detect p50", "detect p95", "recover p50", "recover p95"],
-                result_rows(rows, kinds, peers, args.peer_timeout)))
+          "is Running, with agents until the status records it running its workers; for the Indexed Job, until "
+          "its one replacement pod is Running), and the pods each restart created (median)")
+    print(table(["nodes", "method", "fault", "n", "detect p50", "detect p95", "recover p50", "recover p95",
+                 "pods created"], result_rows(rows, kinds, methods, peers, args.peer_timeout)))
 
 
-def result_rows(rows, kinds, peers, cap):
-    """The table: per gang size and fault, the operator, each peer, and peer / operator ratios
-    of the p50s (a peer that never reacted counts as the cap, marked +)."""
+def result_rows(rows, kinds, methods, peers, cap):
+    """The table: per gang size and fault, the operator's methods, each peer, and the ratios
+    other / the first method of the p50s (a peer that never reacted counts as the cap, marked +)."""
     out = []
     for n in sorted({r[0] for r in rows}):
         for kind in kinds:
-            ours = next(r for r in rows if r[0] == n and r[1] == "ours" and r[2] == kind)
-            out.append([n, "operator", kind, len(ours[3]), fmt(pct(ours[3], .5)), fmt(pct(ours[3], .95)),
-                        fmt(pct(ours[4], .5)), fmt(pct(ours[4], .95))])
-            for peer in peers:
-                r = next(r for r in rows if r[0] == n and r[1] == peer and r[2] == kind)
-                out.append([n, PEERS[peer], kind, len(r[3]), fmt(pct(r[3], .5), cap), fmt(pct(r[3], .95), cap),
-                            fmt(pct(r[4], .5), cap), fmt(pct(r[4], .95), cap)])
-                out.append([n, f"ratio {PEERS[peer]}/operator", kind, "", _ratio(pct(r[3], .5), pct(ours[3], .5), cap),
-                            "", _ratio(pct(r[4], .5), pct(ours[4], .5), cap), ""])
+            first = next(r for r in rows if r[0] == n and r[1] == methods[0] and r[2] == kind)
+            for other in (*methods, *peers):
+                r = next(r for r in rows if r[0] == n and r[1] == other and r[2] == kind)
+                label = METHODS.get(other) or PEERS[other]
+                limit = None if other in METHODS else cap
+                out.append([n, label, kind, len(r[3]), fmt(pct(r[3], .5), limit), fmt(pct(r[3], .95), limit),
+                            fmt(pct(r[4], .5), limit), fmt(pct(r[4], .95), limit), fmt_count(pct(r[5], .5))])
+                if other != methods[0]:
+                    out.append([n, f"ratio {label} / {METHODS[methods[0]]}", kind, "",
+                                _ratio(pct(r[3], .5), pct(first[3], .5), cap), "",
+                                _ratio(pct(r[4], .5), pct(first[4], .5), cap), "", ""])
     return out
+
+
+def fmt_count(x) -> str:
+    return "n/a" if x is None else str(int(x))
 
 
 def _ratio(peer, ours, cap):

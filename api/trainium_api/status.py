@@ -84,12 +84,24 @@ class LostSeconds(_Written):
 
 
 @dataclass
+class RestartLosses(_Written):
+    """Of the seconds lost to failures, those of the failures restarted each way
+    (failures[].restart), by phase: detect, teardown, schedule (here including the new
+    attempt's pre-flight check and restore) and recompute."""
+    in_place: LostSeconds = field(default_factory=LostSeconds)
+    replace: LostSeconds = field(default_factory=LostSeconds)
+    recreate: LostSeconds = field(default_factory=LostSeconds)
+
+
+@dataclass
 class Goodput(_Written):
     wall_seconds: float = 0.0
     productive_seconds: float = 0.0
     lost_seconds: LostSeconds = field(default_factory=LostSeconds)
     effective_ratio: float | None = None
     """productiveSeconds / wallSeconds."""
+    by_restart: RestartLosses = field(default_factory=RestartLosses)
+    """The failures' lost seconds by how each was restarted (in place, pod replaced, gang recreated)."""
 
 
 @dataclass
@@ -101,6 +113,7 @@ class GoodputArchive(_Written):
     """Where the archived part of the timeline ends."""
     failures: int = 0
     """Failures folded in."""
+    by_restart: RestartLosses = field(default_factory=RestartLosses)
 
 
 @dataclass

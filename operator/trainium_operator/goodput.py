@@ -22,6 +22,9 @@ end of teardown:
              (failed attempt's last step - resumed step) x step time. When that checkpoint is
              past the last reported step (reports are rate-limited), the attempt's last step
              is taken to be at least the checkpoint's, (resumed - reported) step times later.
+Each failure's detect, teardown, schedule and recompute seconds are also added up by how it
+was restarted (``byRestart``: inPlace, replace, recreate; failures[].restart), so the cost of
+each kind of restart shows on its own.
 The initial start (creation -> training) counts as schedule time, and so does each restart
 after a resume (spec.suspend cleared -> training again), with the steps it trains again
 counted as recompute; the time suspended counts as neither
@@ -34,9 +37,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainium_api.status import FailureRecord, Goodput, GoodputArchive, LostSeconds, Suspension
+from trainium_api.fields import snake
+from trainium_api.status import RESTART_KINDS, FailureRecord, Goodput, GoodputArchive, LostSeconds, RestartLosses, Suspension
 
 PHASES = tuple(f.name for f in dataclasses.fields(LostSeconds))
+RESTART_FIELDS = {kind: snake(kind) for kind in RESTART_KINDS}  # failures[].restart -> its RestartLosses field
+
+
+def _add(total: LostSeconds, part: LostSeconds) -> None:
+    for p in PHASES:
+        setattr(total, p, getattr(total, p) + getattr(part, p))
+
+
+def _rounded(lost: LostSeconds) -> LostSeconds:
+    return LostSeconds(**{p: round(getattr(lost, p), 1) for p in PHASES})
 
 
 def _start(created: float, first_progress: float | None, now: float, step_s: float,
@@ -46,11 +60,13 @@ def _start(created: float, first_progress: float | None, now: float, step_s: flo
     return LostSeconds(schedule=max(0.0, began - created)), began if first_progress else created
 
 
-def _walk(lost: LostSeconds, previous_end: float, failures: list[FailureRecord], after: float | None, now: float,
-          step_s: float) -> float:
-    """Add each failure's lost seconds to ``lost``; ``after``: when the failure following the
-    last one was detected (None: none yet). Returns where the timeline ends."""
+def _walk(total: LostSeconds, previous_end: float, failures: list[FailureRecord], after: float | None, now: float,
+          step_s: float, by_restart: RestartLosses | None = None) -> float:
+    """Add each failure's lost seconds to ``total``, and to its restart kind's in
+    ``by_restart``; ``after``: when the failure following the last one was detected (None:
+    none yet). Returns where the timeline ends."""
     for i, f in enumerate(failures):
+        lost = LostSeconds()
         detected = f.time
         nxt = failures[i + 1].time if i + 1 < len(failures) else after
         last_step = max(f.last_progress_time or previous_end, previous_end)
@@ -73,6 +89,9 @@ def _walk(lost: LostSeconds, previous_end: float, failures: list[FailureRecord],
         previous_end = max(resumed, torn_down)
         if step is not None and step_s:
             lost.recompute += max(0, step - (base or 0)) * step_s
+        _add(total, lost)
+        if by_restart is not None and f.restart in RESTART_FIELDS:
+            _add(getattr(by_restart, RESTART_FIELDS[f.restart]), lost)
     return previous_end
 
 
@@ -87,8 +106,14 @@ def archive(previous: GoodputArchive | None, created: float, first_progress: flo
         lost, until = dataclasses.replace(previous.lost_seconds), previous.until
     else:
         lost, until = _start(created, first_progress, now, step_s, first_progress_steps)
-    until = _walk(lost, until, dropped, next_detected, now, step_s)
-    return GoodputArchive(lost_seconds=lost, until=until, failures=(previous.failures if previous else 0) + len(dropped))
+    by_restart = _copy(previous.by_restart if previous else RestartLosses())
+    until = _walk(lost, until, dropped, next_detected, now, step_s, by_restart)
+    return GoodputArchive(lost_seconds=lost, until=until, failures=(previous.failures if previous else 0) + len(dropped),
+                          by_restart=by_restart)
+
+
+def _copy(losses: RestartLosses) -> RestartLosses:
+    return RestartLosses(**{k: dataclasses.replace(getattr(losses, k)) for k in RESTART_FIELDS.values()})
 
 
 def account(created: float, first_progress: float | None, failures: list[FailureRecord], now: float,
@@ -106,7 +131,8 @@ def account(created: float, first_progress: float | None, failures: list[Failure
         lost, previous_end = dataclasses.replace(archived.lost_seconds), archived.until
     else:
         lost, previous_end = _start(created, first_progress, now, step_s, first_progress_steps)
-    _walk(lost, previous_end, failures, None, now, step_s)
+    by_restart = _copy(archived.by_restart if archived else RestartLosses())
+    _walk(lost, previous_end, failures, None, now, step_s, by_restart)
     paused = 0.0
     if suspension is not None:
         paused = suspension.seconds + (max(0.0, now - suspension.since) if suspension.since is not None else 0.0)
@@ -121,5 +147,5 @@ def account(created: float, first_progress: float | None, failures: list[Failure
     total_lost = min(wall, sum(getattr(lost, p) for p in PHASES))
     productive = wall - total_lost
     return Goodput(wall_seconds=round(wall, 1), productive_seconds=round(productive, 1),
-                   lost_seconds=LostSeconds(**{p: round(getattr(lost, p), 1) for p in PHASES}),
-                   effective_ratio=round(productive / wall, 4) if wall > 0 else None)
+                   lost_seconds=_rounded(lost), effective_ratio=round(productive / wall, 4) if wall > 0 else None,
+                   by_restart=RestartLosses(**{k: _rounded(getattr(by_restart, k)) for k in RESTART_FIELDS.values()}))

@@ -17,7 +17,7 @@ from trainium_api.spec import CAUSES, TrainingRunSpec
 from trainium_api.status import PHASES as PHASES_OF_RUN
 from trainium_api.status import FailureRecord, TrainingRunStatus
 
-from .goodput import PHASES
+from .goodput import PHASES, RESTART_FIELDS
 from .judge import hang_timeout
 
 REGISTRY = CollectorRegistry()
@@ -38,6 +38,9 @@ restarts_replaced = _run_gauge("trainium_run_restarts_replaced", "Of the gang re
 goodput_ratio = _run_gauge("trainium_run_effective_training_ratio", "Productive / wall time since creation")
 lost = _run_gauge("trainium_run_lost_seconds", "Lost time by phase (detect, teardown, schedule, recompute)",
                   ["phase"])
+lost_by_restart = _run_gauge("trainium_run_restart_lost_seconds", "Lost time of the failures restarted each way "
+                             "(restart: inPlace, replace, recreate), by phase (status.goodput.byRestart)",
+                             ["restart", "phase"])
 step = _run_gauge("trainium_run_step", "Newest step reported by the gang")
 last_step_time = _run_gauge("trainium_run_last_step_timestamp_seconds", "When the reported step last advanced")
 tokens_per_second = _run_gauge("trainium_run_tokens_per_second", "Tokens per second of the gang")
@@ -114,6 +117,8 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
     _set(goodput_ratio, labels, gp.effective_ratio if gp else None)
     for p in PHASES:
         lost.labels(*labels, p).set(getattr(gp.lost_seconds, p) if gp else 0.0)
+        for kind, name in RESTART_FIELDS.items():
+            lost_by_restart.labels(*labels, kind, p).set(getattr(getattr(gp.by_restart, name), p) if gp else 0.0)
     _set(step, labels, status.step)
     if status.current.last_step_time:  # cleared at a new attempt's start; keep the previous value until then
         last_step_time.labels(*labels).set(status.current.last_step_time)
@@ -154,5 +159,9 @@ def forget(namespace: str, run: str) -> None:
         for value in extra:
             with suppress(KeyError):
                 gauge.remove(*labels, value)
+    for kind in RESTART_FIELDS:
+        for p in PHASES:
+            with suppress(KeyError):
+                lost_by_restart.remove(*labels, kind, p)
     for gauge in _SINGLE + (reconcile_errors,):
         _set(gauge, labels, None)

@@ -231,6 +231,25 @@ def test_goodput_failure_that_never_resumed_is_closed_by_the_next():
     assert g["productiveSeconds"] == 158.0
 
 
+def test_goodput_splits_the_lost_seconds_by_how_each_failure_was_restarted():
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=0, step_seconds=1.0, failures=[
+        {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 101.0, "resumedTime": 104.0,
+         "resumedStep": 95, "step": 98, "restart": "inPlace"},
+        {"time": 200.0, "lastProgressTime": 199.0, "teardownDoneTime": 202.0, "resumedTime": 210.0,
+         "resumedStep": 195, "step": 199, "restart": "replace"},
+        {"time": 300.0, "lastProgressTime": 297.0, "teardownDoneTime": 310.0, "resumedTime": 330.0,
+         "resumedStep": 290, "step": 297, "restart": "recreate"}], now=400.0)
+    by = g["byRestart"]
+    assert by["inPlace"] == {"detect": 2.0, "teardown": 1.0, "schedule": 3.0, "recompute": 3.0, "preflight": 0.0,
+                             "restore": 0.0}
+    assert by["replace"] == {"detect": 1.0, "teardown": 2.0, "schedule": 8.0, "recompute": 4.0, "preflight": 0.0,
+                             "restore": 0.0}
+    assert by["recreate"] == {"detect": 3.0, "teardown": 10.0, "schedule": 20.0, "recompute": 7.0, "preflight": 0.0,
+                              "restore": 0.0}
+    for phase in ("detect", "teardown", "recompute"):  # the kinds add up to the run's (schedule has the start too)
+        assert sum(by[k][phase] for k in by) == g["lostSeconds"][phase]
+
+
 def _equal_failures(n: int) -> list[dict]:
     """n identical failures, one every 100 s: 2 s to detect, 3 s teardown, 5 s to train again,
     5 steps (1 s each) recomputed."""
