@@ -158,6 +158,16 @@ def _without_preflight(argv: list[str]) -> list[str]:
     return out
 
 
+def _placed(argv: list[str], index: int | None, master: str | None) -> list[str]:
+    """The launcher's arguments with its node rank and rendezvous address as the operator's
+    order says (a spare taking a lost pod's place; the gang's index-0 pod replaced by one)."""
+    out = list(argv)
+    for flag, value in (("--node_rank", index), ("--master_addr", master)):
+        if value is not None and flag in out[:-1]:
+            out[out.index(flag) + 1] = str(value)
+    return out
+
+
 def _under_me() -> list[tuple[int, int]]:
     """Every live process under this one (the workers' launcher, its workers in sessions of
     their own, and orphans of theirs: the agent is their subreaper, or PID 1 in a container):
@@ -198,6 +208,8 @@ class Agent:
         self.orders = Orders(api, pod, namespace).start()
         self.reports = Reports(api, pod, namespace)
         self.child: subprocess.Popen | None = None
+        self.index: int | None = None  # the node rank and rendezvous address the operator ordered, if it did
+        self.master: str | None = None
         self.terminating = threading.Event()
         fd, self.message_path = tempfile.mkstemp(prefix="trainer-agent-", suffix=".msg")
         os.close(fd)
@@ -213,8 +225,12 @@ class Agent:
     def spawn(self, attempt: int, first: bool, check: bool = False) -> None:
         """``check``: run the pre-flight check again (ordered after a hang), trusting no node."""
         Path(self.message_path).write_text("")
-        argv = self.argv if first or check else _without_preflight(self.argv)
+        argv = _placed(self.argv if first or check else _without_preflight(self.argv), self.index, self.master)
         env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path}
+        if self.index is not None:
+            env["NODE_RANK"] = str(self.index)
+        if self.master is not None:
+            env["MASTER_ADDR"] = self.master
         if check:
             env.pop(PREFLIGHT_PASSED_ENV, None)
         self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
@@ -292,6 +308,9 @@ class Agent:
             order = self.orders.wait(lambda o: o.attempt > target or (o.attempt == target and o.start),
                                      stop=self.terminating)
             if order is None or (order.attempt == target and order.start):
+                if order is not None:
+                    self.index = order.index if order.index is not None else self.index
+                    self.master = order.master if order.master is not None else self.master
                 return order
             target = order.attempt
 

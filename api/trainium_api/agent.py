@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -56,6 +57,12 @@ class Order:
     grace_seconds: float = 30.0
     preflight: bool = False
     """Run the pre-flight check before the new workers (after a hang); else it is skipped."""
+    index: int | None = None
+    """The pod's node rank in the gang from this attempt on (a spare taking a lost pod's place;
+    None: as the pod was started with)."""
+    master: str | None = None
+    """The rendezvous address (the index-0 pod's DNS name) from this attempt on (None: as the
+    pod was started with)."""
 
 
 def report_payload(report: Report) -> str:
@@ -64,8 +71,16 @@ def report_payload(report: Report) -> str:
 
 
 def order_payload(order: Order) -> str:
-    return json.dumps({"attempt": order.attempt, "start": order.start, "graceSeconds": order.grace_seconds,
-                       "preflight": order.preflight}, separators=(",", ":"))
+    body = {"attempt": order.attempt, "start": order.start, "graceSeconds": order.grace_seconds,
+            "preflight": order.preflight}
+    if order.index is not None:
+        body["index"] = order.index
+    if order.master is not None:
+        body["master"] = order.master
+    return json.dumps(body, separators=(",", ":"))
+
+
+MASTER_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS name, as Kubernetes writes one
 
 
 def _load(text) -> dict | None:
@@ -113,4 +128,10 @@ def parse_order(text) -> Order | None:
     grace = data.get("graceSeconds", 30.0)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
         grace = 30.0
-    return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)), data.get("preflight") is True)
+    index, master = data.get("index"), data.get("master")
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_ATTEMPT):
+        return None
+    if master is not None and (not isinstance(master, str) or not MASTER_NAME.fullmatch(master)):
+        return None
+    return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)), data.get("preflight") is True,
+                 index, master)

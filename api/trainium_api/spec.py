@@ -506,6 +506,12 @@ class FaultToleranceConfig:
     answers; this many consecutive in-place restarts without the checkpoint step advancing,
     and the next restart recreates the gang. 0: every restart recreates the gang. Our trainer
     only: a command trainer's gang is always recreated."""
+    spares: NonNegative = 0
+    """Warm spares: this many standby pods, each on a node of its own, scheduled and started
+    (image pulled, container and agent running) and holding their nodes. A failure that
+    replaces one pod (a lost, quarantined or avoided node, an eviction, a pod that would not
+    start) gives its index to a spare at once, and a new spare is created. Needs in-place
+    restarts (inPlaceRestarts above 0, our trainer); at most nodes."""
     stragglers: StragglerPolicy = "report"
     """A pod whose compute time per step (the trainer's progress report: the time before the
     step's first collective) is above stragglerFactor x the median of the other pods for

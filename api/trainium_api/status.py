@@ -219,12 +219,15 @@ class AttemptStatus(_Written):
     gang_attempt: int | None = None
     """The attempt whose pods this attempt runs in (their names and labels carry it): an
     in-place restart keeps the gang; None: the attempt's own pods."""
-    pod_attempts: list[int] = field(default_factory=list)
-    """By index, the attempt whose pod runs that index, once a pod was replaced (a replaced
-    index runs in a newer attempt's pod); empty: every index runs in gangAttempt's pod."""
+    pod_names: list[str] = field(default_factory=list)
+    """By index, the pod that runs it, once a pod was replaced (by a newer attempt's pod or a
+    spare); empty: every index runs in gangAttempt's pod, ``<run>-a<gangAttempt>-<index>``."""
     replacing: int | None = None
-    """While Restarting with restart replace: the index whose pod is being replaced (its new
-    pod carries the next attempt's name and waits at the barrier with the others)."""
+    """While Restarting with restart replace: the index whose pod is being replaced."""
+    replacement: str = ""
+    """While Restarting with restart replace: the pod that takes that index, a spare
+    (faultTolerance.spares) or a new pod under the next attempt's name; it waits at the barrier
+    with the others."""
     restart: RestartKind | None = None
     """How this attempt's failure is being restarted (while Restarting)."""
     in_place_streak: int = 0
@@ -304,6 +307,11 @@ class TrainingRunStatus(_Written):
     restarts_replaced: int = 0
     """Of restartCount, the restarts that replaced only the failed pod (the others kept, new
     workers in them)."""
+    spares: list[str] = field(default_factory=list)
+    """Standby pods (faultTolerance.spares) placed and started, their agents waiting: a
+    replaced pod's index goes to one of them at once."""
+    spares_created: int = 0
+    """Spare pods created so far (the newest is ``<run>-spare-<sparesCreated>``)."""
     quarantined_nodes: list[str] = field(default_factory=list)
     quarantine_pending: list[str] = field(default_factory=list)
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until

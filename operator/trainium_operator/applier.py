@@ -218,8 +218,8 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
                 pass  # a child: made sure of above
             case DeletePod(pod, grace):
                 pod_calls.append((kube.delete_pod, (ns, pod, grace)))
-            case OrderPod(pod, order):
-                pod_calls.append((kube.order_pod, (ns, pod, order_payload(order))))
+            case OrderPod(pod, order, labels):
+                pod_calls.append((kube.order_pod, (ns, pod, order_payload(order), dict(labels))))
             case Quarantine(node, reason):
                 try:
                     kube.quarantine(node, name, reason)

@@ -32,6 +32,8 @@ class OrderPod:
     """Write ``order`` on pod ``name`` for its agent (an in-place restart: trainium_api.agent)."""
     name: str
     order: Order
+    labels: tuple[tuple[str, str | None], ...] = ()
+    """Labels to set with it (None removes one): a spare taking an index is labelled as the gang's pod."""
     kind: ClassVar[str] = "order_pod"
 
 

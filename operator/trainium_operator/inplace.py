@@ -19,6 +19,7 @@ from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import TrainingRunStatus
 
 from .observe import Failure, PodView
+from .plan import gang_pod_names
 
 # Failures after which the nodes are still trusted: the workers are restarted where they are.
 # A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
@@ -39,16 +40,17 @@ def gang_attempt(status: TrainingRunStatus) -> int:
     return status.current.gang_attempt or status.attempt
 
 
-def pod_attempt(status: TrainingRunStatus, index: int) -> int:
-    """The attempt whose pod runs ``index`` of the gang: gang_attempt's, unless that index's
-    pod was replaced (status.current.podAttempts)."""
-    replaced = status.current.pod_attempts
-    return replaced[index] if 0 <= index < len(replaced) else gang_attempt(status)
+def gang_names(status: TrainingRunStatus, run_name: str, nodes: int) -> list[str]:
+    """The pods the attempt in force runs in, by index: gang_attempt's, unless that index's pod
+    was replaced (status.current.podNames)."""
+    return gang_pod_names(run_name, nodes, gang_attempt(status), status.current.pod_names)
 
 
-def with_replaced(status: TrainingRunStatus, nodes: int, index: int, attempt: int) -> list[int]:
-    """status.current.podAttempts once ``index`` runs in ``attempt``'s pod."""
-    return [attempt if i == index else pod_attempt(status, i) for i in range(nodes)]
+def with_replaced(status: TrainingRunStatus, run_name: str, nodes: int, index: int, name: str) -> list[str]:
+    """status.current.podNames once ``index`` runs in pod ``name``."""
+    names = gang_names(status, run_name, nodes)
+    names[index] = name
+    return names
 
 
 def _progress_of(pod: PodView, attempt: int) -> PodView:

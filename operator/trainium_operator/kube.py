@@ -135,10 +135,11 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def order_pod(self, namespace: str, name: str, order: str) -> None:
-        """Write an agent's order on its pod (trainium_api.agent.ORDER). A pod already gone is
-        not an error: the next pass sees it gone and recreates the gang."""
-        body = {"metadata": {"annotations": {ORDER: order}}}
+    def order_pod(self, namespace: str, name: str, order: str, labels: dict | None = None) -> None:
+        """Write an agent's order on its pod (trainium_api.agent.ORDER), with ``labels`` in the same
+        patch (a spare taking an index). A pod already gone is not an error: the next pass sees it
+        gone and acts on that."""
+        body = {"metadata": {"annotations": {ORDER: order}, **({"labels": labels} if labels else {})}}
         try:
             self.core.patch_namespaced_pod(name, namespace, body, **T)
         except ApiException as exc:

@@ -13,7 +13,7 @@ from trainium_api import agent, preflight, progress, runtimefaults
 from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import Cause
 
-from .plan import LABEL_ATTEMPT, LABEL_INDEX
+from .plan import LABEL_ATTEMPT, LABEL_INDEX, LABEL_SPARE
 
 NEURON = "aws.amazon.com/neuron"
 # The kubelet's waiting reasons of a container that is starting as it should; any other
@@ -67,6 +67,7 @@ class PodView:
     preflight_running: bool = False  # its launcher says the pre-flight check is under way (its annotation)
     agent: agent.Report | None = None  # its agent's report (in-place restarts), None without one
     order: agent.Order | None = None  # the operator's newest order to its agent
+    spare: bool = False  # a standby pod that has not taken an index (faultTolerance.spares)
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -116,7 +117,8 @@ def pod_view(pod: dict) -> PodView:
                    gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check,
                    preflight_running=preflight.is_running(meta.get("annotations")),
                    agent=agent.parse_report((meta.get("annotations") or {}).get(agent.REPORT)),
-                   order=agent.parse_order((meta.get("annotations") or {}).get(agent.ORDER)))
+                   order=agent.parse_order((meta.get("annotations") or {}).get(agent.ORDER)),
+                   spare=labels.get(LABEL_SPARE) == "true")
 
 
 def _label_int(labels: dict, key: str) -> int:

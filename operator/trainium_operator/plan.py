@@ -28,6 +28,7 @@ from trainium_api.status import CheckpointRef
 from .hostaccess import HostAccess
 
 LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
+LABEL_SPARE = "trainium.dev/spare"  # "true" on a standby pod until it takes an index
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
 QUARANTINE_TAINT = "trainium.dev/quarantined"
 MASTER_PORT = 29500
@@ -58,6 +59,22 @@ def _created(run: dict) -> int:
 
 def pod_name(run_name: str, attempt: int, index: int) -> str:
     return f"{run_name}-a{attempt}-{index}"
+
+
+def spare_name(run_name: str, serial: int) -> str:
+    return f"{run_name}-spare-{serial}"
+
+
+def is_spare_name(run_name: str, name: str) -> bool:
+    return name.startswith(f"{run_name}-spare-")
+
+
+def master_address(run: dict, index0_pod: str) -> str:
+    """The rendezvous address: the DNS name of the pod that runs index 0 (its hostname under the
+    run's headless Service: ``<run>-0``, or a spare's own name once it took index 0)."""
+    name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
+    host = index0_pod if is_spare_name(name, index0_pod) else f"{name}-0"
+    return f"{host}.{name}.{ns}.svc"
 
 
 _RENDERED: dict[int, tuple[TrainingRunSpec, str]] = {}  # id(spec) -> (spec, its YAML)
@@ -110,25 +127,26 @@ def trainer_identity_objects(run: dict, spec: TrainingRunSpec, annotations: dict
                                   "namespace": run["metadata"]["namespace"]}]}]
 
 
-def gang_pod_names(run_name: str, nodes: int, gang_attempt: int, pod_attempts: list[int] = ()) -> list[str]:
-    """The names of the gang's pods, by index: gang_attempt's, or the attempt whose pod replaced
-    that index (status.current.podAttempts)."""
-    return [pod_name(run_name, pod_attempts[i] if i < len(pod_attempts) else gang_attempt, i) for i in range(nodes)]
+def gang_pod_names(run_name: str, nodes: int, gang_attempt: int, pod_names: list[str] = ()) -> list[str]:
+    """The names of the gang's pods, by index: gang_attempt's, or the pod that replaced that
+    index (status.current.podNames)."""
+    return [pod_names[i] if i < len(pod_names) else pod_name(run_name, gang_attempt, i) for i in range(nodes)]
 
 
 def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: int | None = None,
-                 pod_attempts: list[int] = (), also: list[str] = ()) -> dict:
+                 pod_names: list[str] = (), also: list[str] = ()) -> dict:
     """The only permission a trainer needs: get and patch of its pod (the progress annotation,
     the agent's report), and list and watch of it by name (the agent's orders: the API server
     authorizes a watch with fieldSelector metadata.name against resourceNames), narrowed by
     resourceNames to the pods of the run's current attempt (``gang_attempt``: the attempt
-    whose pods an in-place restart kept, ``pod_attempts`` those of replaced indexes, ``also``
-    a replacement pod waiting at the barrier; rewritten when an attempt starts), so a trainer
+    whose pods an in-place restart kept, ``pod_names`` the pods of replaced indexes, ``also``
+    a replacement waiting at the barrier and the spares; rewritten when an attempt starts), so a trainer
     token reaches no other run's pods and no pod of an older gang, with or without the
     admission policy. Before the first attempt: no rule at all (a rule with no resourceNames
     would allow every pod)."""
     name = run["metadata"]["name"]
-    names = gang_pod_names(name, spec.nodes, gang_attempt or attempt, pod_attempts) + list(also)
+    names = gang_pod_names(name, spec.nodes, gang_attempt or attempt, pod_names)
+    names += [n for n in also if n not in names]
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
               "resourceNames": names}] if attempt else []
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -154,6 +172,20 @@ def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[st
     starts, or None; a command trainer's pods are told about it (resume_arguments). ``host``:
     where the compile cache lives on the node (the operator's configuration)."""
     return [pod(run, spec, attempt, i, excluded_nodes, checkpoint, host, preflight_trusted) for i in range(spec.nodes)]
+
+
+def spare_pod(run: dict, spec: TrainingRunSpec, attempt: int, serial: int, excluded_nodes: list[str],
+              host: HostAccess = HostAccess()) -> dict:
+    """A standby pod (faultTolerance.spares): a gang pod of no index yet, its own name as its
+    hostname, its agent told to wait (it says ready and starts workers only when an order gives
+    it an index, a node rank and the rendezvous address: trainium_api.agent.Order). The run's
+    anti-affinity keeps it off the gang's nodes and the other spares'."""
+    obj = pod(run, spec, attempt, 0, excluded_nodes, None, host, (), await_start=True)
+    name = spare_name(run["metadata"]["name"], serial)
+    labels = {k: v for k, v in obj["metadata"]["labels"].items() if k not in (LABEL_ATTEMPT, LABEL_INDEX)}
+    obj["metadata"] = {**obj["metadata"], "name": name, "labels": {**labels, LABEL_SPARE: "true"}}
+    obj["spec"]["hostname"] = name
+    return obj
 
 
 # NxD Training resumes from the newest *.ckpt by modification time without checking that it is

@@ -100,20 +100,31 @@ class Pass:
     """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
     effects: list[Effect] = field(default_factory=list)
     host: HostAccess = HostAccess()
+    spares: list[PodView] = field(default_factory=list)
+    """Standby pods (faultTolerance.spares) that have not taken an index: not the gang's."""
+
+    @property
+    def name(self) -> str:
+        return self.run["metadata"]["name"]
+
+    @cached_property
+    def gang_names(self) -> list[str]:
+        return inplace.gang_names(self.old, self.name, self.spec.nodes)
 
     @property
     def gang(self) -> list[PodView]:
         """The pods the attempt in force runs in, as they are (an in-place restart keeps the
-        pods of an earlier attempt, a replaced index runs in a newer one's: inplace.pod_attempt)."""
-        return [p for p in self.pods if p.attempt == inplace.pod_attempt(self.old, p.index)]
+        pods of an earlier attempt, a replaced index runs in its replacement: inplace.gang_names)."""
+        names = set(self.gang_names)
+        return [p for p in self.pods if p.name in names]
 
     @property
     def replacement(self) -> list[PodView]:
-        """The new pod of the index being replaced (restart replace), while Restarting: it
-        carries the next attempt's name and waits at the barrier."""
-        index = self.old.current.replacing
-        return [p for p in self.pods if index is not None and self.old.phase == "Restarting"
-                and p.index == index and p.attempt == self.old.attempt + 1]
+        """The pod taking the index being replaced (restart replace), while Restarting: a
+        spare, or a new pod under the next attempt's name; it waits at the barrier."""
+        name = self.old.current.replacement
+        return [p for p in self.pods + self.spares if name and self.old.phase == "Restarting"
+                and self.old.current.replacing is not None and p.name == name]
 
     @cached_property
     def current(self) -> list[PodView]:
@@ -175,8 +186,9 @@ def reconcile(snap: Snapshot) -> Result:
     if spec is None:
         effects = _invalid_spec(old, new, snap.spec_error, snap.run["metadata"].get("generation"), snap.now)
         return Result(changed_fields(old, new), effects, None, new)
-    p = Pass(snap.run, spec, old, new, snap.pods, snap.nodes, snap.now, snap.checkpoint, snap.disruption,
-             snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host)
+    p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
+             snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
+             spares=[x for x in snap.pods if x.spare])
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
@@ -185,11 +197,12 @@ def reconcile(snap: Snapshot) -> Result:
     if old.phase not in TERMINAL:
         _children(p)
     _phase_step(p)(p)
+    created_spares = _spares(p)
     if old.phase not in TERMINAL:  # after the step: the attempt it may have started is the one allowed
-        replacing = ([plan.pod_name(p.run["metadata"]["name"], p.new.attempt + 1, p.new.current.replacing)]
-                     if p.new.phase == "Restarting" and p.new.current.replacing is not None else [])
+        also = ([p.new.current.replacement] if p.new.phase == "Restarting" and p.new.current.replacement else [])
+        also += [x.name for x in p.spares if not x.deleting] + created_spares
         p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt, p.new.current.gang_attempt,
-                                                  p.new.current.pod_attempts, replacing)))
+                                                  p.new.current.pod_names, also)))
     return Result(changed_fields(old, new), p.effects, spec, new)
 
 
@@ -449,6 +462,11 @@ def _teardown_replace(p: Pass) -> None:
     failed = [x for x in p.gang if x.index == index]
     kept = [x for x in p.gang if x.index != index]
     replacement = p.replacement[0] if p.replacement else None
+    if replacement is None and plan.is_spare_name(p.name, old.current.replacement):
+        # the spare it was given went (deleted, its node lost): a new pod instead
+        p.new.current.replacement = plan.pod_name(p.name, target, index)
+        p.event("SpareLost", f"spare {old.current.replacement} went before it took index {index}; creating pod "
+                f"{p.new.current.replacement} instead", warning=True)
     lost = next((x for x in kept if x.deleting or x.phase != "Running"), None)
     answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
     kept_ready = inplace.ready(kept, target)
@@ -460,8 +478,8 @@ def _teardown_replace(p: Pass) -> None:
         _give_up_in_place(p, f"not every agent said its workers stopped within {answer_within:.0f}s")
     elif replacement is not None and (replacement.deleting or replacement.phase in ("Succeeded", "Failed")):
         _give_up_in_place(p, f"the replacement pod {replacement.name} ended or went")
-    elif replacement is not None and not inplace.ready([replacement], target) and p.now - (
-            replacement.created or p.now) > ft.schedule_timeout_seconds + ft.startup_timeout_seconds:
+    elif replacement is not None and not inplace.ready([replacement], target) and p.now - max(
+            replacement.created or p.now, since) > ft.schedule_timeout_seconds + ft.startup_timeout_seconds:
         _give_up_in_place(p, f"the replacement pod {replacement.name} was not placed and started within "
                           f"{ft.schedule_timeout_seconds + ft.startup_timeout_seconds:.0f}s "
                           f"({replacement.unschedulable or replacement.waiting or 'no reason given'})")
@@ -469,6 +487,8 @@ def _teardown_replace(p: Pass) -> None:
         return
     stop = Order(target, start=False, grace_seconds=float(p.grace))
     p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(kept, stop)]
+    if replacement is not None and plan.is_spare_name(p.name, replacement.name):  # (until it carries the order)
+        p.effects += [_take_index(x, stop, target, index) for x in inplace.unordered([replacement], stop)]
     # a pod whose node is lost never finishes a graceful delete (no kubelet runs it): at once
     p.effects += [DeletePod(x.name, 0) for x in failed if x.deleting and _node_lost(p, x)]
     _stop(p, [x for x in failed if not (x.deleting and _node_lost(p, x))], since)
@@ -478,10 +498,63 @@ def _teardown_replace(p: Pass) -> None:
     # and starting the replacement is the restart's schedule phase
     may_start = kept_ready and _torn_down(p)
     if replacement is None:
+        assert p.new.current.replacement == plan.pod_name(p.name, target, index), p.new.current.replacement
         p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _excluded(p.new), p.checkpoint
                                          or old.last_checkpoint, p.host, _preflight_trusted(p), await_start=True)))
     elif may_start and inplace.ready([replacement], target):
         _start_in_place(p, target, replaced=replacement)
+
+
+def _take_index(spare: PodView, stop: Order, attempt: int, index: int) -> OrderPod:
+    """A spare takes ``index``: labelled as the gang's pod of ``attempt`` (no longer a spare),
+    and told to stop (it runs no workers: it says ready at once) in the same patch."""
+    return OrderPod(spare.name, stop, ((plan.LABEL_ATTEMPT, str(attempt)), (plan.LABEL_INDEX, str(index)),
+                                       (plan.LABEL_SPARE, None)))
+
+
+def _usable_spare(p: Pass, spare: PodView) -> bool:
+    """Placed on a node that answers and that the run may use, its container running."""
+    return (not spare.deleting and spare.phase == "Running" and bool(spare.node) and not _node_lost(p, spare)
+            and spare.node not in _excluded(p.new))
+
+
+def _ready_spare(p: Pass) -> PodView | None:
+    """A spare whose agent waits (said ready), on a usable node: the oldest."""
+    ready = [s for s in p.spares if _usable_spare(p, s) and s.agent is not None and s.agent.state == "ready"
+             and s.name in p.old.spares]
+    return min(ready, key=lambda s: (s.created or 0.0, s.name), default=None)
+
+
+SPARE_PHASES = ("Starting", "Preflight", "Running", "Restarting")
+
+
+def _spares(p: Pass) -> list[str]:
+    """Every pass: keep faultTolerance.spares standby pods (none once the run is suspended or
+    finished, or with in-place restarts off), each on a node of its own (the run's
+    anti-affinity), and status.spares the ones ready. A spare that ended, went to a node that
+    no longer answers or that the run leaves out, or is one too many, is deleted. New spares are
+    created only while every pod of the gang (and a replacement) is placed: a spare never takes
+    a node the gang is waiting for. Returns the names of the spares created."""
+    want = p.spec.fault_tolerance.spares if p.spec.in_place_on() and p.new.phase in SPARE_PHASES else 0
+    live = [s for s in p.spares if not s.deleting and s.name != p.new.current.replacement]  # (one taken this pass)
+    gone = [s for s in live if s.phase in ("Succeeded", "Failed")
+            or (s.node and (_node_lost(p, s) or s.node in _excluded(p.new)))]
+    keep = sorted((s for s in live if s not in gone), key=lambda s: (s.created or 0.0, s.name))
+    p.delete(gone + keep[want:])
+    keep = keep[:want]
+    ready = sorted(s.name for s in keep if s.phase == "Running" and s.agent is not None and s.agent.state == "ready")
+    if ready != p.old.spares:
+        p.new.spares = ready
+    placed = all(x.node for x in p.gang + p.replacement) and len(p.gang) >= p.spec.nodes - (
+        1 if p.new.current.replacing is not None else 0)
+    created = []
+    if len(keep) < want and placed:
+        for _ in range(want - len(keep)):
+            p.new.spares_created += 1
+            obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _excluded(p.new), p.host)
+            p.effects.append(Ensure(obj))
+            created.append(obj["metadata"]["name"])
+    return created
 
 
 def _node_lost(p: Pass, pod: PodView) -> bool:
@@ -526,8 +599,9 @@ def _start_in_place(p: Pass, target: int, replaced: PodView | None = None) -> No
     check = p.spec.preflight_on() and last is not None and (last.cause == "hang" or (
         replaced is not None and replaced.node not in _preflight_trusted(p)))
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume, gang_attempt=inplace.gang_attempt(old),
-                                pod_attempts=list(old.current.pod_attempts) if replaced is None else
-                                inplace.with_replaced(old, p.spec.nodes, replaced.index, target),
+                                pod_names=list(old.current.pod_names) if replaced is None else
+                                inplace.with_replaced(old, p.name, p.spec.nodes, old.current.replacing,
+                                                      replaced.name),
                                 in_place_streak=inplace.next_streak(old, resume.step if resume else None),
                                 preflight_trusted=[] if check else list(old.current.preflight_trusted),
                                 preflight_check=check)
@@ -544,8 +618,15 @@ def _order_start(p: Pass, attempt: int) -> None:
     """Tell the gang's agents to start ``attempt`` (the pods that do not carry the order yet;
     in the pass that starts it with a replacement, the gang as read still has the failed
     index's place empty: the replacement is ordered too)."""
-    start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check)
-    p.effects += [OrderPod(x.name, start) for x in inplace.unordered(p.gang + p.replacement, start)]
+    names = inplace.gang_names(p.new, p.name, p.spec.nodes)
+    # a spare runs with its own node rank and hostname: it is told its index, and every pod
+    # the rendezvous address once a spare runs index 0 (a new pod keeps the index's hostname)
+    master = plan.master_address(p.run, names[0]) if plan.is_spare_name(p.name, names[0]) else None
+    for x in p.gang + p.replacement:
+        index = names.index(x.name) if plan.is_spare_name(p.name, x.name) and x.name in names else None
+        start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check,
+                      index=index, master=master)
+        p.effects += [OrderPod(y.name, start) for y in inplace.unordered([x], start)]
 
 
 def _recent_passes(p: Pass) -> list[PreflightPass]:
@@ -917,9 +998,15 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     elif record.restart == "replace":
         new.restarts_replaced = old.restarts_replaced + 1
         failed = next(x for x in p.gang if x.name == failure.pod)
+        spare = _ready_spare(p)
         new.current.replacing = failed.index
-        p.event("Restarting", f"{failure.cause}: {failure.message}; replacing pod {failed.name}, the other pods "
-                f"restart in place{after}", warning=True)
+        new.current.replacement = spare.name if spare else plan.pod_name(p.name, old.attempt + 1, failed.index)
+        if spare is not None:  # it takes the index at once: labelled as the gang's, told to stop (it runs nothing)
+            p.effects.append(_take_index(spare, stop, old.attempt + 1, failed.index))
+            new.spares = [s for s in new.spares if s != spare.name]
+        p.event("Restarting", f"{failure.cause}: {failure.message}; replacing pod {failed.name} by "
+                + (f"spare {spare.name} on node {spare.node}" if spare else f"a new pod, {new.current.replacement}")
+                + f"; the other pods restart in place{after}", warning=True)
         p.effects += [OrderPod(x.name, stop) for x in p.gang if x is not failed]
         p.delete([failed], grace=0 if _node_lost(p, failed) else None)
     else:

@@ -78,6 +78,13 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.compileCache.precompileSteps", f"needs the neuron backend, got {s.backend}")
     if not s.checkpoint.uri:
         raise ConfigError("spec.checkpoint.uri", "is required: a restarted gang resumes from it")
+    if s.fault_tolerance.spares and not s.in_place_on():
+        raise ConfigError("spec.faultTolerance.spares", "needs in-place restarts (faultTolerance.inPlaceRestarts "
+                          "above 0, and the builtin trainer): a spare takes a lost pod's place while the other "
+                          "pods restart in place")
+    if s.fault_tolerance.spares > s.nodes:
+        raise ConfigError("spec.faultTolerance.spares", f"at most spec.nodes ({s.nodes}), got "
+                          f"{s.fault_tolerance.spares}")
     check_checkpoint_uri(s.checkpoint.uri)
     if s.service_account_name is not None and not DNS_SUBDOMAIN.fullmatch(s.service_account_name):
         # found by the cluster tier's spec fuzzing: the RoleBinding naming it could never be made

@@ -73,7 +73,10 @@ FULL = {"phase": "Running", "attempt": 3, "createdTime": 1.0, "restarts": {"node
         "goodput": {"wallSeconds": 10.0, "productiveSeconds": 8.0,
                     "lostSeconds": {"detect": 1.0, "teardown": 1.0, "schedule": 0.0, "recompute": 0.0,
                                     "preflight": 0.0, "restore": 0.0},
-                    "effectiveRatio": 0.8}}
+                    "effectiveRatio": 0.8,
+                    "byRestart": {kind: {"detect": 1.0 if kind == "recreate" else 0.0, "teardown": 0.0, "schedule": 0.0,
+                                         "recompute": 0.0, "preflight": 0.0, "restore": 0.0}
+                                  for kind in ("inPlace", "replace", "recreate")}}}
 
 
 def test_a_status_reads_into_its_types_and_back_unchanged():

@@ -239,7 +239,8 @@ def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
     status.update(r.status)
     assert status["phase"] == "Restarting" and status["restarts"] == {"node": 1}
     assert status["failures"][-1]["restart"] == "replace" and status["restartsReplaced"] == 1
-    assert status["current"]["replacing"] == 1 and status["quarantinedNodes"] == ["n1"]
+    assert status["current"]["replacing"] == 1 and status["current"]["replacement"] == "r-a2-1"
+    assert status["quarantinedNodes"] == ["n1"]
     assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-1": 0}
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
         "r-a1-0": agent.Order(2, start=False, grace_seconds=30.0)}
@@ -273,7 +274,7 @@ def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
     r = reconcile_objects(run_with(status), [kept, placed], nodes, now=64.0)
     status.update(r.status)
     assert status["attempt"] == 2 and status["phase"] == "Starting"
-    assert status["current"]["gangAttempt"] == 1 and status["current"]["podAttempts"] == [1, 2]
+    assert status["current"]["gangAttempt"] == 1 and status["current"]["podNames"] == ["r-a1-0", "r-a2-1"]
     assert status["current"].get("replacing") is None
     assert status["failures"][-1]["teardownDoneTime"] == 62.0  # placing the replacement: its schedule phase
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
@@ -353,3 +354,107 @@ def test_which_failures_replace_a_pod():
     nodes = {"n0": node("n0"), "n1": node("n1", "False")}
     r = reconcile_objects(run_with(status, off), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
     assert r.status["failures"][-1]["restart"] == "recreate"
+
+
+def spare(serial: int, node: str | None, report: dict | None = None, order: dict | None = None,
+          labels: dict | None = None, phase: str = "Running"):
+    ann = {agent.REPORT: json.dumps(report)} if report else {}
+    if order is not None:
+        ann[agent.ORDER] = json.dumps(order)
+    meta = {"name": f"r-spare-{serial}", "labels": labels or {"trainium.dev/run": "r", "trainium.dev/spare": "true"},
+            "annotations": ann, "creationTimestamp": f"2026-01-01T00:00:0{serial}Z"}
+    return pod_view({"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}})
+
+
+def test_a_warm_spare_takes_a_lost_pods_index_at_once_and_a_new_spare_is_requested():
+    """faultTolerance.spares 1: once the gang is placed a standby pod is created (its agent told
+    to wait), kept off the gang's nodes by the run's anti-affinity; it shows in status.spares
+    once its agent waits. Pod 0's node is lost: the spare takes index 0 in the failure's own pass
+    (labelled as attempt 2's pod 0, told to stop), a new spare is requested, and once the spare
+    and pod 1 said ready, attempt 2 starts with the spare told its index, and every pod the
+    new rendezvous address (the spare's own hostname): no pod created for the gang."""
+    spec = {**SPEC, "faultTolerance": {"spares": 1}}
+    nodes = {n: node(n) for n in ("n0", "n1", "n2", "n3")}
+    r = reconcile_objects(run_with({}, spec), [], nodes, now=0.0)
+    assert not [o for o in r.ensured("Pod") if "spare" in o["metadata"]["name"]]  # not before the gang is placed
+    status = {**r.status, "conditions": [{"type": "Valid", "status": "True"}]}
+    gang = [pod(i, report=running(1), progress=step_report(12, 1)) for i in range(2)]
+    r = reconcile_objects(run_with(status, spec), gang, nodes, now=5.0)
+    status.update(r.status)
+    (made,) = r.ensured("Pod")
+    assert made["metadata"]["name"] == "r-spare-1" and status["sparesCreated"] == 1
+    assert made["metadata"]["labels"]["trainium.dev/spare"] == "true" and "trainium.dev/index" not in made[
+        "metadata"]["labels"]
+    assert made["spec"]["hostname"] == "r-spare-1" and made["spec"]["subdomain"] == "r"
+    assert {e["name"]: e.get("value") for e in made["spec"]["containers"][0]["env"]}[agent.AWAIT_START_ENV] == "1"
+    assert "r-spare-1" in r.ensured("Role")[0]["rules"][0]["resourceNames"]
+    # placed and waiting: a spare in status; not created again
+    waiting = spare(1, "n2", report={"attempt": 1, "state": "ready"})
+    r = reconcile_objects(run_with(status, spec), gang + [waiting], nodes, now=6.0)
+    status.update(r.status)
+    assert status["spares"] == ["r-spare-1"] and not r.ensured("Pod") and not [
+        e for e in r.effects if e.kind == "delete_pod"]
+
+    # pod 0's node is lost: the spare takes index 0 at once, a new spare is requested
+    nodes["n0"] = node("n0", "False")
+    r = reconcile_objects(run_with(status, spec), gang + [waiting], nodes, now=10.0)
+    status.update(r.status)
+    assert status["failures"][-1]["restart"] == "replace" and status["current"]["replacement"] == "r-spare-1"
+    assert "by spare r-spare-1 on node n2" in events(r, "Restarting")[0]
+    taken = next(e for e in r.effects if e.kind == "order_pod" and e.name == "r-spare-1")
+    assert taken.order == agent.Order(2, start=False, grace_seconds=30.0)
+    assert dict(taken.labels) == {"trainium.dev/attempt": "2", "trainium.dev/index": "0", "trainium.dev/spare": None}
+    assert status["spares"] == [] and [o["metadata"]["name"] for o in r.ensured("Pod")] == ["r-spare-2"]
+    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0": 0}
+
+    # pod 0 gone, the spare (labelled now) and pod 1 ready: attempt 2 starts, no gang pod created
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    promoted = spare(1, "n2", report={"attempt": 2, "state": "ready"}, order=stop,
+                     labels={"trainium.dev/run": "r", "trainium.dev/attempt": "2", "trainium.dev/index": "0"})
+    kept = pod(1, report={"attempt": 2, "state": "ready"}, order=stop)
+    r = reconcile_objects(run_with(status, spec), [promoted, kept], nodes, now=11.0)
+    status.update(r.status)
+    assert status["attempt"] == 2 and status["current"]["podNames"] == ["r-spare-1", "r-a1-1"]
+    master = "r-spare-1.r.ns.svc"
+    assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
+        "r-spare-1": agent.Order(2, start=True, grace_seconds=30.0, index=0, master=master),
+        "r-a1-1": agent.Order(2, start=True, grace_seconds=30.0, master=master)}
+    assert not [o for o in r.ensured("Pod") if o["metadata"]["name"].startswith("r-a")]
+    assert r.ensured("Role")[0]["rules"][0]["resourceNames"][:2] == ["r-spare-1", "r-a1-1"]
+    # the spare is the gang's pod 0 now: running attempt 2, nothing stale
+    go = {"attempt": 2, "start": True, "graceSeconds": 30.0, "index": 0, "master": master}
+    promoted = spare(1, "n2", report=running(2), order=go,
+                     labels={"trainium.dev/run": "r", "trainium.dev/attempt": "2", "trainium.dev/index": "0"})
+    r = reconcile_objects(run_with(status, spec), [promoted, pod(1, report=running(2), order={**go, "index": None})],
+                          nodes, now=12.0)
+    assert not [e for e in r.effects if e.kind == "delete_pod"]
+    assert r.status["current"]["gangRunningTime"] == 12.0
+
+
+def test_spares_are_refused_without_in_place_restarts_and_go_when_the_run_is_suspended():
+    from trainium_api.fields import ConfigError
+    from trainium_operator.spec import parse
+    import pytest
+    with pytest.raises(ConfigError, match="spec.faultTolerance.spares"):
+        parse({**SPEC, "faultTolerance": {"spares": 1, "inPlaceRestarts": 0}})
+    with pytest.raises(ConfigError, match="at most spec.nodes"):
+        parse({**SPEC, "faultTolerance": {"spares": 3}})
+    status = started_run()
+    spec = {**SPEC, "faultTolerance": {"spares": 1}, "suspend": True}
+    r = reconcile_objects(run_with(status, spec), [pod(i, report=running(1)) for i in range(2)]
+                          + [spare(1, "n2", report={"attempt": 1, "state": "ready"})], NODES, now=20.0)
+    assert "r-spare-1" in {e.name for e in r.effects if e.kind == "delete_pod"}
+    assert not r.ensured("Pod")
+
+
+def test_the_agent_order_carries_an_index_and_a_rendezvous_address_strictly():
+    order = agent.Order(3, True, 5.0, index=2, master="r-spare-1.r.ns.svc")
+    assert agent.parse_order(agent.order_payload(order)) == order
+    for bad in ('{"attempt": 2, "index": -1}', '{"attempt": 2, "index": true}', '{"attempt": 2, "master": "a b"}',
+                '{"attempt": 2, "master": "x;rm -rf /"}', '{"attempt": 2, "master": 7}'):
+        assert agent.parse_order(bad) is None, bad
+    from trainer.agent import _placed
+    argv = ["--nnodes", "2", "--node_rank", "0", "--master_addr", "r-0.r.ns.svc", "-m", "trainer"]
+    assert _placed(argv, 1, "r-spare-1.r.ns.svc") == ["--nnodes", "2", "--node_rank", "1", "--master_addr",
+                                                      "r-spare-1.r.ns.svc", "-m", "trainer"]
+    assert _placed(argv, None, None) == argv
