@@ -33,6 +33,8 @@ phase = _run_gauge("trainium_run_phase", "1 for the run's current phase, 0 for t
 restarts = _run_gauge("trainium_run_restarts", "Gang restarts so far, by cause (status.restarts)", ["cause"])
 restarts_in_place = _run_gauge("trainium_run_restarts_in_place", "Of the gang restarts, those done in place: the "
                                "gang's pods kept, new workers (status.restartsInPlace)")
+spares_ready = _run_gauge("trainium_run_spares_ready", "Standby pods placed, started and waiting to take a lost "
+                          "pod's place (status.spares; faultTolerance.spares wanted)")
 restarts_replaced = _run_gauge("trainium_run_restarts_replaced", "Of the gang restarts, those that replaced only the "
                                "failed pod, the others kept (status.restartsReplaced)")
 goodput_ratio = _run_gauge("trainium_run_effective_training_ratio", "Productive / wall time since creation")
@@ -76,7 +78,7 @@ for _cause in CAUSES:  # present from the start, so the first failure of a cause
 _SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, eval_perplexity, checkpoint_step,
            checkpoint_time,
            checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers, restarts_in_place,
-           restarts_replaced)
+           restarts_replaced, spares_ready)
 
 
 def serve(port: int) -> None:
@@ -113,6 +115,7 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
         restarts.labels(*labels, cause).set(status.restarts.get(cause, 0))
     restarts_in_place.labels(*labels).set(status.restarts_in_place)
     restarts_replaced.labels(*labels).set(status.restarts_replaced)
+    spares_ready.labels(*labels).set(len(status.spares))
     gp = status.goodput
     _set(goodput_ratio, labels, gp.effective_ratio if gp else None)
     for p in PHASES:

@@ -145,15 +145,30 @@ def test_a_replaced_node_restores_from_its_peers_memory(e2e, reference, tiny_dat
     survive(e2e, reference, e2e.namespace("peer-restore"), body, "node-not-ready", source="peer")
 
 
-def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source: str | None = None) -> None:
+def test_a_lost_node_is_replaced_by_a_warm_spare_while_the_other_pod_restarts_in_place(e2e, reference, tiny_data,
+                                                                                      tmp_path):
+    """faultTolerance.spares 1: a standby pod waits on the third node. Pod 0's node goes
+    NotReady; the spare takes index 0 at once (node rank 0 and the rendezvous address: its own
+    hostname), pod 1 restarts in place, and no pod is started for the gang; the run trains on
+    bitwise as if nothing happened. A new spare is requested (no node is left for it here)."""
+    body = spec_for("warm", tiny_data, tmp_path)
+    body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "spares": 1}
+    survive(e2e, reference, e2e.namespace("spare"), body, "node-not-ready", spare=True)
+
+
+def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source: str | None = None,
+            spare: bool = False) -> None:
     """Run ``body``, inject ``fault`` after FAULT_AT steps, and check everything the run must
     have done right (see the module docstring). ``source``: where the restart must restore
-    from (else memory in place, store when the gang or a pod is new)."""
+    from (else memory in place, store when the gang or a pod is new); ``spare``: the run has a
+    warm spare, which must take the replaced pod's place."""
     name = body["metadata"]["name"]
     d = Drill(e2e.cluster, ns, body)
     with ProcessSampler(ns, name) as sampler:
         d.create()
         d.wait_step(FAULT_AT, 240)
+        if spare:
+            d.wait(lambda: d.status().get("spares") == [f"{name}-spare-1"], 120, "the spare to wait at the ready")
         failed_step, fault_time = d.trained_step(), time.time()
         hit = d.inject(fault, e2e.operator)
         st = finish(d)
@@ -203,8 +218,9 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
         assert st.get("restartsInPlace") == 1, st
         assert not created, "an in-place restart created pods"
     if fault in REPLACED:
-        assert st.get("restartsReplaced") == 1 and st["current"]["podNames"] == [f"{name}-a2-0", f"{name}-a1-1"], st
-        assert created == [f"{name}-a2-0"], created
+        took = f"{name}-spare-1" if spare else f"{name}-a2-0"
+        assert st.get("restartsReplaced") == 1 and st["current"]["podNames"] == [took, f"{name}-a1-1"], st
+        assert created == ([] if spare else [took]), created  # (the new spare finds no node here)
     if fault not in QUARANTINES:
         assert not st.get("quarantinedNodes")
     if fault not in AVOIDS:

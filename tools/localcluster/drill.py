@@ -98,7 +98,7 @@ class ProcessSampler:
     live processes at each sample (via the LOCALPOD variable the runner gives every process)."""
 
     def __init__(self, namespace: str, run: str, interval: float = 0.05):
-        self.prefix, self.interval = f"{namespace}/{run}-a", interval
+        self.prefix, self.interval = f"{namespace}/{run}-", interval
         self.overlaps: list[tuple[float, set]] = []
         self.seen: dict[int, tuple[float, float]] = {}  # attempt -> (first, last) sample time
         self._pid_attempt: dict[tuple[int, str], int | None] = {}
@@ -124,12 +124,14 @@ class ProcessSampler:
         key = (pid, start)
         if key not in self._pid_attempt:
             env = podprocs.process_env(pid)
-            m = re.match(re.escape(self.prefix) + r"(\d+)-\d+/", env.get("LOCALPOD", ""))
+            # a gang pod <run>-a<attempt>-<index>, or a spare <run>-spare-<n> (faultTolerance.spares)
+            m = re.match(re.escape(self.prefix) + r"(?:a(\d+)-\d+|spare-\d+)/", env.get("LOCALPOD", ""))
             # a worker's attempt is its ATTEMPT (an in-place restart's workers run in the pods
-            # of an earlier attempt); the pod's agent outlives every attempt it runs: not counted
+            # of an earlier attempt, a spare's in a pod of none); the pod's agent outlives every
+            # attempt it runs: not counted
             attempt = env.get("ATTEMPT", "")
             self._pid_attempt[key] = None if not m or podprocs.is_agent(pid) else (
-                int(attempt) if attempt.isdigit() else int(m.group(1)))
+                int(attempt) if attempt.isdigit() else int(m.group(1)) if m.group(1) else None)
         return self._pid_attempt[key]
 
     def _loop(self) -> None:
