@@ -372,6 +372,11 @@ def serve(argv: list[str]) -> int | None:
     attempt = os.environ.get("ATTEMPT", "")
     api = connect_api() if pod else None
     if api is None or not attempt.isdigit():
+        if os.environ.get(protocol.AWAIT_START_ENV) == "1":
+            # a replacement or a spare must wait for the others at the barrier: running the
+            # workers now would start them beside the previous attempt's
+            log("no pod or no API server, and this pod must wait for the order to start: ending it")
+            return exitcodes.RETRYABLE
         log("no pod or no API server: running without in-place restarts")
         return None
     _become_subreaper()

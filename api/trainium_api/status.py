@@ -87,7 +87,8 @@ class LostSeconds(_Written):
 class RestartLosses(_Written):
     """Of the seconds lost to failures, those of the failures restarted each way
     (failures[].restart), by phase: detect, teardown, schedule (here including the new
-    attempt's pre-flight check and restore) and recompute."""
+    attempt's pre-flight check and restore: preflight and restore stay 0 in this breakdown) and
+    recompute."""
     in_place: LostSeconds = field(default_factory=LostSeconds)
     replace: LostSeconds = field(default_factory=LostSeconds)
     recreate: LostSeconds = field(default_factory=LostSeconds)
@@ -228,6 +229,9 @@ class AttemptStatus(_Written):
     """While Restarting with restart replace: the pod that takes that index, a spare
     (faultTolerance.spares) or a new pod under the next attempt's name; it waits at the barrier
     with the others."""
+    replacement_since: float | None = None
+    """When that pod was asked for (a spare given the index, or the new pod first ordered
+    created): the replacement's schedule and startup timeouts count from here."""
     restart: RestartKind | None = None
     """How this attempt's failure is being restarted (while Restarting)."""
     in_place_streak: int = 0

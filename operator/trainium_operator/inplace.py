@@ -117,11 +117,14 @@ def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: i
 
 
 def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: list[PodView],
-                    attempt: int) -> str:
+                    attempt: int, lost_nodes: set[str] = frozenset()) -> str:
     """Why this failure's restart cannot replace its pod alone ("" when it can): the failure
-    must name one pod of the gang, and every other pod's agent must answer."""
+    must name one pod of a gang of several, and every other pod's agent must answer, on a node
+    that is not lost (``lost_nodes``)."""
     if not spec.in_place_on():
         return "in-place restarts are off"
+    if spec.nodes == 1:
+        return "a one-pod gang has no other pod to keep"
     if failure.cause not in REPLACE_CAUSES:
         return f"a {failure.cause} failure names no single pod"
     culprit = next((p for p in pods if p.name == failure.pod), None)
@@ -130,8 +133,11 @@ def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: 
     if streak > spec.fault_tolerance.in_place_restarts:
         return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
                 "checkpoint")
-    if not answering([p for p in pods if p is not culprit], attempt, spec.nodes - 1):
+    others = [p for p in pods if p is not culprit]
+    if not answering(others, attempt, spec.nodes - 1):
         return "not every other pod's agent answers"
+    if any(p.node in lost_nodes for p in others):
+        return "another pod's node is lost too"
     return ""
 
 

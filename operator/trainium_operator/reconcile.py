@@ -123,8 +123,8 @@ class Pass:
         """The pod taking the index being replaced (restart replace), while Restarting: a
         spare, or a new pod under the next attempt's name; it waits at the barrier."""
         name = self.old.current.replacement
-        return [p for p in self.pods + self.spares if name and self.old.phase == "Restarting"
-                and self.old.current.replacing is not None and p.name == name]
+        return [p for p in self.pods + self.spares if name and self.old.current.replacing is not None
+                and p.name == name]
 
     @cached_property
     def current(self) -> list[PodView]:
@@ -263,8 +263,10 @@ def _observe(p: Pass) -> None:
         new.last_checkpoint = p.checkpoint
     _still_quarantined(p)
     _still_avoided(p)
-    # left over from an attempt whose teardown an earlier operator did not finish
-    p.delete(p.stale, grace=0)
+    # left over from an attempt whose teardown an earlier operator did not finish (forced again
+    # once a graceful delete has run out: its node may no longer answer)
+    p.effects += [DeletePod(x.name, 0) for x in p.stale
+                  if not x.deleting or (x.gone_by is not None and p.now >= x.gone_by)]
 
 
 def _still_quarantined(p: Pass) -> None:
@@ -357,10 +359,10 @@ def _resume(p: Pass) -> None:
     run created suspended starts its first attempt."""
     if p.old.attempt == 0:
         _create(p)
-    elif p.current:
+    elif p.current or p.replacement:
         # the suspended gang is still there (an operator stopped before its deletes landed, or
-        # a pod on a lost node): finish stopping it before the next attempt
-        _stop(p, p.current, _suspended_since(p))
+        # a pod on a lost node; a replacement a suspended replace left): finish stopping it first
+        _stop(p, p.current + p.replacement, _suspended_since(p))
     elif not p.pods:
         was = p.old.suspension or Suspension()
         paused = p.now - was.since if was.since is not None else 0.0
@@ -453,8 +455,9 @@ def _teardown_replace(p: Pass) -> None:
     run may use, under the next attempt's name; its agent starts no workers but says ready.
     Once every agent, the replacement's included, said ready (the barrier) and the backoff has
     passed, the next attempt starts in them all. Another pod that ends or goes, an agent that
-    does not answer in time, or a replacement that is not placed and started within the
-    schedule and startup timeouts, and the gang is recreated instead."""
+    does not answer in time, another pod's node lost, or a replacement that is not created or
+    placed within scheduleTimeoutSeconds, not started within startupTimeoutSeconds once placed,
+    that ends or whose node is lost, and the gang is recreated instead."""
     _note_teardown_progress(p)
     old, ft = p.old, p.spec.fault_tolerance
     target, index = old.attempt + 1, old.current.replacing
@@ -464,26 +467,40 @@ def _teardown_replace(p: Pass) -> None:
     replacement = p.replacement[0] if p.replacement else None
     if replacement is None and plan.is_spare_name(p.name, old.current.replacement):
         # the spare it was given went (deleted, its node lost): a new pod instead
-        p.new.current.replacement = plan.pod_name(p.name, target, index)
+        p.new.current.replacement, p.new.current.replacement_since = plan.pod_name(p.name, target, index), None
         p.event("SpareLost", f"spare {old.current.replacement} went before it took index {index}; creating pod "
                 f"{p.new.current.replacement} instead", warning=True)
-    lost = next((x for x in kept if x.deleting or x.phase != "Running"), None)
+    lost = next((x for x in kept if x.deleting or x.phase != "Running" or _node_lost(p, x)), None)
     answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
     kept_ready = inplace.ready(kept, target)
+    asked = p.new.current.replacement_since
+    if asked is None:  # (a status from before replacementSince)
+        asked = replacement.created if replacement is not None and replacement.created else p.now
+    waited = p.now - max(asked, since)
+    placed_at = (replacement.scheduled or replacement.created) if replacement is not None else None
+    why = ""
     if lost is not None:
-        _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
+        why = f"pod {lost.name} is " + ("going" if lost.deleting else "no longer running" if lost.phase != "Running"
+                                         else f"on node {lost.node}, which is lost")
     elif len(kept) < p.spec.nodes - 1:
-        _give_up_in_place(p, "a pod of the gang is gone")
+        why = "a pod of the gang is gone"
     elif not kept_ready and p.now - since > answer_within:
-        _give_up_in_place(p, f"not every agent said its workers stopped within {answer_within:.0f}s")
-    elif replacement is not None and (replacement.deleting or replacement.phase in ("Succeeded", "Failed")):
-        _give_up_in_place(p, f"the replacement pod {replacement.name} ended or went")
-    elif replacement is not None and not inplace.ready([replacement], target) and p.now - max(
-            replacement.created or p.now, since) > ft.schedule_timeout_seconds + ft.startup_timeout_seconds:
-        _give_up_in_place(p, f"the replacement pod {replacement.name} was not placed and started within "
-                          f"{ft.schedule_timeout_seconds + ft.startup_timeout_seconds:.0f}s "
-                          f"({replacement.unschedulable or replacement.waiting or 'no reason given'})")
-    if p.new.current.restart != "replace":
+        why = f"not every agent said its workers stopped within {answer_within:.0f}s"
+    elif replacement is not None and (replacement.deleting or replacement.phase in ("Succeeded", "Failed")
+                                      or _node_lost(p, replacement)):
+        why = f"the replacement pod {replacement.name} ended, went or lost its node"
+    elif replacement is None and waited > ft.schedule_timeout_seconds:
+        why = (f"the replacement pod {p.new.current.replacement} could not be created within "
+               f"{ft.schedule_timeout_seconds:.0f}s ({p.children_error or 'no reason given'})")
+    elif replacement is not None and not replacement.node and waited > ft.schedule_timeout_seconds:
+        why = (f"the replacement pod {replacement.name} was not placed within {ft.schedule_timeout_seconds:.0f}s "
+               f"({replacement.unschedulable or 'no reason given'})")
+    elif replacement is not None and replacement.node and not inplace.ready([replacement], target) and p.now - max(
+            placed_at or p.now, since) > ft.startup_timeout_seconds:
+        why = (f"the replacement pod {replacement.name} did not start within {ft.startup_timeout_seconds:.0f}s of "
+               f"being placed ({replacement.waiting or 'no reason given'})")
+    if why:
+        _give_up_in_place(p, why)
         return
     stop = Order(target, start=False, grace_seconds=float(p.grace))
     p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(kept, stop)]
@@ -499,6 +516,8 @@ def _teardown_replace(p: Pass) -> None:
     may_start = kept_ready and _torn_down(p)
     if replacement is None:
         assert p.new.current.replacement == plan.pod_name(p.name, target, index), p.new.current.replacement
+        if p.new.current.replacement_since is None:
+            p.new.current.replacement_since = p.now
         p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _excluded(p.new), p.checkpoint
                                          or old.last_checkpoint, p.host, _preflight_trusted(p), await_start=True)))
     elif may_start and inplace.ready([replacement], target):
@@ -952,7 +971,8 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         streak = inplace.next_streak(old, ckpt_step)
         in_place = inplace.why_not(spec, failure, bool(action.quarantine_node or action.avoid_node), streak,
                                    p.gang, old.attempt)
-        replace_not = inplace.why_not_replace(spec, failure, streak, p.gang, old.attempt) if in_place else ""
+        lost = {x.node for x in p.gang if x.node and _node_lost(p, x)} - {failure.node}
+        replace_not = inplace.why_not_replace(spec, failure, streak, p.gang, old.attempt, lost) if in_place else ""
         record.restart = "inPlace" if not in_place else "replace" if not replace_not else "recreate"
     timeline = history + [record]
     new.failure_count = record.id
@@ -1001,7 +1021,8 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         spare = _ready_spare(p)
         new.current.replacing = failed.index
         new.current.replacement = spare.name if spare else plan.pod_name(p.name, old.attempt + 1, failed.index)
-        if spare is not None:  # it takes the index at once: labelled as the gang's, told to stop (it runs nothing)
+        if spare is not None:
+            new.current.replacement_since = now  # it takes the index at once: labelled as the gang's, told to stop (it runs nothing)
             p.effects.append(_take_index(spare, stop, old.attempt + 1, failed.index))
             new.spares = [s for s in new.spares if s != spare.name]
         p.event("Restarting", f"{failure.cause}: {failure.message}; replacing pod {failed.name} by "

@@ -321,20 +321,20 @@ def test_a_replacement_that_is_not_placed_or_an_agent_that_does_not_answer_recre
                         "spec": {}, "status": {"phase": "Pending", "conditions": [
                             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                              "message": "0/2 nodes are available"}]}})
-    r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=100.0)
+    r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=85.0)
     assert not events(r, "InPlaceRestartGivenUp") and not [e for e in r.effects if e.kind == "delete_pod"]
-    r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=123.0)
+    r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=93.0)  # 31 s unplaced
     status.update(r.status)
     assert "0/2 nodes are available" in events(r, "InPlaceRestartGivenUp")[0]
     assert status["current"]["restart"] == "recreate" and status["failures"][-1]["restart"] == "recreate"
     assert status["restartsReplaced"] == 0
     assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0", "r-a2-1"}
     # the usual teardown from here; the given-up replacement is waited for (the new gang takes its name)
-    r = reconcile_objects(run_with(status, spec), [created], nodes, now=123.5)
+    r = reconcile_objects(run_with(status, spec), [created], nodes, now=93.5)
     assert r.status.get("attempt") is None and not r.ensured("Pod")
     assert [e.name for e in r.effects if e.kind == "delete_pod"] == ["r-a2-1"]
     # once every pod is gone, a new gang of attempt 2
-    r = reconcile_objects(run_with(status, spec), [], nodes, now=124.0)
+    r = reconcile_objects(run_with(status, spec), [], nodes, now=94.0)
     assert r.status["attempt"] == 2 and [p["metadata"]["name"] for p in r.ensured("Pod")] == ["r-a2-0", "r-a2-1"]
 
 
@@ -458,3 +458,77 @@ def test_the_agent_order_carries_an_index_and_a_rendezvous_address_strictly():
     assert _placed(argv, 1, "r-spare-1.r.ns.svc") == ["--nnodes", "2", "--node_rank", "1", "--master_addr",
                                                       "r-spare-1.r.ns.svc", "-m", "trainer"]
     assert _placed(argv, None, None) == argv
+
+
+def test_a_replace_gives_up_at_once_or_on_time_when_it_cannot_finish():
+    """Found in review: a replacement the API server refuses to create, or whose node is lost
+    after it said ready, another pod's node lost too, a one-pod gang: recreated, never stuck."""
+    spec = {**SPEC, "faultTolerance": {"scheduleTimeoutSeconds": 30}}
+    status = started_run()
+    nodes = {"n0": node("n0"), "n1": node("n1", "False"), "n2": node("n2")}
+    r = reconcile_objects(run_with(status, spec), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
+    status.update(r.status)
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    kept = pod(0, report={"attempt": 2, "state": "ready"}, order=stop)
+    # the create is refused (a quota): asked for at 61, given up once the schedule timeout passed
+    refused = "pods \"r-a2-1\" is forbidden: exceeded quota"
+    r = reconcile_objects(run_with(status, spec), [kept], nodes, now=61.0, children_error=refused)
+    status.update(r.status)
+    assert status["current"]["replacementSince"] == 61.0 and r.ensured("Pod")
+    r = reconcile_objects(run_with(status, spec), [kept], nodes, now=90.0, children_error=refused)
+    assert not events(r, "InPlaceRestartGivenUp")
+    r = reconcile_objects(run_with(status, spec), [kept], nodes, now=92.0, children_error=refused)
+    assert "exceeded quota" in events(r, "InPlaceRestartGivenUp")[0] and r.status["current"]["restart"] == "recreate"
+    # the replacement said ready, then its node was lost: not started, given up
+    placed = pod(1, gang=2, report={"attempt": 2, "state": "ready"}, node="n2")
+    nodes_lost = {**nodes, "n2": node("n2", "Unknown")}
+    r = reconcile_objects(run_with(status, spec), [kept, placed], nodes_lost, now=63.0)
+    assert "lost its node" in events(r, "InPlaceRestartGivenUp")[0] and "attempt" not in r.status
+    # two nodes lost at once: the whole gang is recreated at once
+    base = started_run()
+    four = {**SPEC, "nodes": 4, "training": {**SPEC["training"], "globalBatchSize": 8}}
+    gang = [pod(i, report=running(1)) for i in range(4)]
+    both = {f"n{i}": node(f"n{i}", "False" if i in (1, 2) else "True") for i in range(4)}  # (2 of 4: no disruption)
+    r = reconcile_objects(run_with({**base, "worldSize": 8}, four), gang, both, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+    assert "another pod's node is lost too" in events(r, "Restarting")[0]
+    # a one-pod gang has nothing to keep
+    one = {**SPEC, "nodes": 1}
+    r = reconcile_objects(run_with(base, one), [pod(0, report=running(1))], {"n0": node("n0", "False")}, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+
+
+def test_a_run_suspended_mid_replace_stops_its_replacement_and_resumes():
+    status = started_run()
+    nodes = {"n0": node("n0"), "n1": node("n1", "False"), "n2": node("n2")}
+    r = reconcile_objects(run_with(status), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
+    status.update(r.status)
+    stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    kept = pod(0, report={"attempt": 2, "state": "ready"}, order=stop)
+    waiting = pod(1, gang=2, report={"attempt": 2, "state": "ready"}, node="n2")
+    suspended = {**SPEC, "suspend": True}
+    r = reconcile_objects(run_with(status, suspended), [kept, waiting], nodes, now=62.0)
+    status.update(r.status)
+    assert status["phase"] == "Suspended" and {e.name for e in r.effects if e.kind == "delete_pod"} == {
+        "r-a1-0", "r-a2-1"}
+    # suspended, the replacement still going: seen (not a newer attempt's pod), stopped, and the
+    # resume waits for it (forced once its grace ran out), then starts a new attempt
+    going = pod_view({"metadata": {"name": "r-a2-1", "deletionTimestamp": "1970-01-01T00:01:32Z",  # grace to 92
+                                   "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": "1"}},
+                      "spec": {"nodeName": "n2"}, "status": {"phase": "Running"}})
+    r = reconcile_objects(run_with(status), [going], nodes, now=70.0)
+    assert r.effects and "attempt" not in r.status
+    r = reconcile_objects(run_with(status), [going], nodes, now=93.0)
+    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a2-1": 0}
+    r = reconcile_objects(run_with(status), [], nodes, now=94.0)
+    assert r.status["attempt"] == 2 and r.status["phase"] == "Starting" and len(r.ensured("Pod")) == 2
+
+
+def test_a_pod_told_to_await_the_start_never_runs_its_workers_without_an_agent(monkeypatch):
+    from trainer import agent as pod_agent
+    from trainium_api import exitcodes
+    monkeypatch.delenv("POD_NAME", raising=False)
+    monkeypatch.setenv(agent.AWAIT_START_ENV, "1")
+    assert pod_agent.serve(["--nnodes", "2"]) == exitcodes.RETRYABLE  # the pod ends: the operator recreates
+    monkeypatch.delenv(agent.AWAIT_START_ENV)
+    assert pod_agent.serve(["--nnodes", "2"]) is None  # an ordinary pod runs its workers without one
