@@ -564,16 +564,23 @@ def _spares(p: Pass) -> list[str]:
     ready = sorted(s.name for s in keep if s.phase == "Running" and s.agent is not None and s.agent.state == "ready")
     if ready != p.old.spares:
         p.new.spares = ready
-    placed = all(x.node for x in p.gang + p.replacement) and len(p.gang) >= p.spec.nodes - (
-        1 if p.new.current.replacing is not None else 0)
     created = []
-    if len(keep) < want and placed:
+    if len(keep) < want and _gang_placed(p):
         for _ in range(want - len(keep)):
             p.new.spares_created += 1
             obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _excluded(p.new), p.host)
             p.effects.append(Ensure(obj))
             created.append(obj["metadata"]["name"])
     return created
+
+
+def _gang_placed(p: Pass) -> bool:
+    """Every pod the gang needs is on a node (new spares must not take one it waits for): the
+    attempt's pods while it runs, and while a pod is replaced, the pod that takes its place."""
+    if p.new.phase == "Restarting":
+        taking = next((x for x in p.pods + p.spares if x.name == p.new.current.replacement), None)
+        return p.new.current.restart == "replace" and taking is not None and bool(taking.node)
+    return len(p.gang) == p.spec.nodes and all(x.node for x in p.gang)
 
 
 def _node_lost(p: Pass, pod: PodView) -> bool:
