@@ -316,6 +316,9 @@ class TrainingRunStatus(_Written):
     replaced pod's index goes to one of them at once."""
     spares_created: int = 0
     """Spare pods created so far (the newest is ``<run>-spare-<sparesCreated>``)."""
+    spares_requested_time: float | None = None
+    """When the newest spare was created: until it is seen (or SPARE_SETTLE_SECONDS pass), no
+    other is (the pass after a create may not see the new pod yet)."""
     quarantined_nodes: list[str] = field(default_factory=list)
     quarantine_pending: list[str] = field(default_factory=list)
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until

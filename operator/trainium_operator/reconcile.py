@@ -545,6 +545,8 @@ def _ready_spare(p: Pass) -> PodView | None:
 
 
 SPARE_PHASES = ("Starting", "Preflight", "Running", "Restarting")
+SPARE_SETTLE_SECONDS = 10.0
+"""How long a created spare may be missing from the pod cache before another is created."""
 
 
 def _spares(p: Pass) -> list[str]:
@@ -565,7 +567,11 @@ def _spares(p: Pass) -> list[str]:
     if ready != p.old.spares:
         p.new.spares = ready
     created = []
-    if len(keep) < want and _gang_placed(p):
+    newest = plan.spare_name(p.name, p.old.spares_created)
+    unseen = p.old.spares_created and newest not in {x.name for x in p.pods + p.spares} and \
+        p.now - (p.old.spares_requested_time or 0.0) < SPARE_SETTLE_SECONDS
+    if len(keep) < want and _gang_placed(p) and not unseen:
+        p.new.spares_requested_time = p.now
         for _ in range(want - len(keep)):
             p.new.spares_created += 1
             obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _excluded(p.new), p.host)
@@ -637,7 +643,7 @@ def _start_in_place(p: Pass, target: int, replaced: PodView | None = None) -> No
                 f"{new.current.gang_attempt} (no pod deleted or created)")
     else:
         p.event("Restarted", f"attempt {target}: pod {replaced.name} on node {replaced.node} replaced the failed "
-                f"one; the other {len(p.gang) - 1} pod(s) restarted in place")
+                f"one; the other {p.spec.nodes - 1} pod(s) restarted in place")
 
 
 def _order_start(p: Pass, attempt: int) -> None:

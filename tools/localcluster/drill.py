@@ -207,7 +207,8 @@ def resumes(pods_root: Path, namespace: str, run: str) -> list[dict]:
     checkpoint step it loaded."""
     out = []
     for rec in podprocs.all_records(pods_root):
-        if rec.get("namespace") != namespace or not rec["name"].startswith(f"{run}-a"):
+        # the gang's pods <run>-a<attempt>-<index> and its spares <run>-spare-<n>
+        if rec.get("namespace") != namespace or not rec["name"].startswith((f"{run}-a", f"{run}-spare-")):
             continue
         log = Path(rec["dir"]) / podprocs.LOG
         text = log.read_text(errors="replace") if log.exists() else ""
