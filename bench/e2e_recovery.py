@@ -2,7 +2,7 @@
 local control plane (process-backed nodes), 2 nodes x 2 ranks (TP 2 x DP 2).
 
     python bench/e2e_recovery.py [--faults kill-rank,node-not-ready,...] [--steps 40] [--fault-at 18]
-                                 [--restart both|in-place|recreate]
+                                 [--restart both|all|in-place|spare|recreate]
 
 For each fault: fault injected -> detected by the operator -> every pod of the new gang running
 -> the first new step -> back at the step of the failure, from the trainer's own step times;
@@ -11,7 +11,9 @@ The peer is the same run without a fault, measured in the same session: the tabl
 column is the faulted run's wall time over the uninterrupted run's. With ``--restart both``
 (the default) every fault runs twice, with in-place restarts (faultTolerance.inPlaceRestarts,
 the default) and with the gang recreated (inPlaceRestarts 0, the peer of the second table),
-and the second table compares fault -> first new step between the two, as a ratio. Everything started is
+and the second table compares fault -> first new step between the two, as a ratio. ``all`` adds
+a third way, in place with one warm spare (faultTolerance.spares 1: a lost node's pod index goes
+to a standby pod already running). Everything started is
 stopped at the end, on Ctrl-C and on errors.
 """
 
@@ -32,7 +34,10 @@ from localcluster import drill  # noqa: E402
 from localcluster.cluster import Cluster, free_base_port  # noqa: E402
 
 
-def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None, in_place: bool = True) -> dict:
+MODES = {"in-place": "in place allowed", "spare": "in place, 1 warm spare", "recreate": "recreate (inPlaceRestarts 0)"}
+
+
+def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None, mode: str = "in-place") -> dict:
     from kubernetes import client
     core = client.CoreV1Api(cluster.api_client())
     drill.new_namespace(core, name)
@@ -41,13 +46,17 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
                           logging={"interval": 5, "progressIntervalSeconds": 1})
     if fault == "hang":
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "hangTimeoutFloorSeconds": 8}
-    if not in_place:
+    if mode == "recreate":
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "inPlaceRestarts": 0}
+    if mode == "spare":
+        body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "spares": 1}
     d = drill.Drill(cluster, name, body)
     d.create()
     out: dict = {"fault": fault or "none (peer)"}
     if fault:
         d.wait_step(args.fault_at, 300)
+        if mode == "spare":
+            d.wait(lambda: d.status().get("spares"), 120, "the spare to wait")
         failed_step, fault_time = d.trained_step(), time.time()
         d.inject(fault, operator)
     st = d.wait(lambda: (s := d.status()).get("phase") in ("Succeeded", "Failed") and s, 600, "the run to end")
@@ -71,10 +80,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--fault-at", type=int, default=18)
     ap.add_argument("--checkpoint-every", type=int, default=5)
-    ap.add_argument("--restart", choices=("both", "in-place", "recreate"), default="both",
-                    help="in-place restarts on, off (the gang recreated), or each fault both ways")
+    ap.add_argument("--restart", choices=("both", "all", *MODES), default="both",
+                    help="in-place restarts on, on with one warm spare, off (the gang recreated); both: in place "
+                         "and recreated; all: the three")
     args = ap.parse_args()
-    modes = {"both": (True, False), "in-place": (True,), "recreate": (False,)}[args.restart]
+    modes = {"both": ("in-place", "recreate"), "all": ("spare", "in-place", "recreate")}.get(
+        args.restart, (args.restart,))
     stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from trainer import tinydata
@@ -94,10 +105,9 @@ def main() -> int:
         print(f"peer (no fault): wall {peer['wall']:.1f}s, goodput {peer['ratio']} (trainer {peer['truth_ratio']:.3f})",
               flush=True)
         for i, fault in enumerate(args.faults.split(",")):
-            for in_place in modes:
-                r = one_run(cluster, operator, work, data, f"f{i}-{fault}-{'ip' if in_place else 'rc'}", args, fault,
-                            in_place)
-                r["mode"] = "in place allowed" if in_place else "recreate (inPlaceRestarts 0)"
+            for mode in modes:
+                r = one_run(cluster, operator, work, data, f"f{i}-{fault}-{mode}", args, fault, mode)
+                r["mode"] = MODES[mode]
                 print(f"{fault} ({r['mode']}): {r}", flush=True)
                 rows.append(r)
     finally:
@@ -116,12 +126,14 @@ def main() -> int:
                   "/".join(fmt(r["lost"].get(k)) for k in ("detect", "teardown", "schedule", "recompute")),
                   f"{r['ratio']:.3f}", f"{r['truth_ratio']:.3f}", fmt(r["wall"] / peer["wall"])] for r in rows]))
     print("\nlost (trainer): seconds lost to the fault by the trainer's clock, beyond the peer's own start-up")
-    if len(modes) == 2:
-        pairs = [(a, b) for a, b in zip(rows[::2], rows[1::2])]
-        print("\nfault -> first new step, in place against the same fault with the gang recreated (same session)\n")
-        print(table(["fault", "restart done", "first new step", "recreated: first new step", "ratio"],
-                    [[a["fault"], a["restart"], fmt(a["first"]), fmt(b["first"]),
-                      fmt(a["first"] / b["first"]) if a["first"] and b["first"] else "-"] for a, b in pairs]))
+    if len(modes) > 1 and modes[-1] == "recreate":
+        k = len(modes)
+        print("\nfault -> first new step, against the same fault with the gang recreated (same session)\n")
+        print(table(["fault", "mode", "restart done", "first new step", "recreated: first new step", "ratio"],
+                    [[a["fault"], a["mode"], a["restart"], fmt(a["first"]), fmt(b["first"]),
+                      fmt(a["first"] / b["first"]) if a["first"] and b["first"] else "-"]
+                     for group in (rows[j:j + k] for j in range(0, len(rows), k)) for a in group[:-1]
+                     for b in group[-1:]]))
     return 0
 
 
