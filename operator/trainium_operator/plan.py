@@ -66,14 +66,20 @@ def spare_name(run_name: str, serial: int) -> str:
 
 
 def is_spare_name(run_name: str, name: str) -> bool:
-    return name.startswith(f"{run_name}-spare-")
+    return name.startswith(f"{run_name}-spare-") and name.rsplit("-", 1)[-1].isdigit()
+
+
+def spare_hostname(run_name: str, pod: str) -> str:
+    """A spare's hostname, ``<run>-s<n>``: within a DNS label's 63 characters for every run
+    name (at most RUN_NAME_MAX) and up to 99,999 spares."""
+    return f"{run_name}-s{pod.rsplit('-', 1)[-1]}"
 
 
 def master_address(run: dict, index0_pod: str) -> str:
     """The rendezvous address: the DNS name of the pod that runs index 0 (its hostname under the
-    run's headless Service: ``<run>-0``, or a spare's own name once it took index 0)."""
+    run's headless Service: ``<run>-0``, or a spare's own once it took index 0)."""
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
-    host = index0_pod if is_spare_name(name, index0_pod) else f"{name}-0"
+    host = spare_hostname(name, index0_pod) if is_spare_name(name, index0_pod) else f"{name}-0"
     return f"{host}.{name}.{ns}.svc"
 
 
@@ -176,15 +182,15 @@ def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[st
 
 def spare_pod(run: dict, spec: TrainingRunSpec, attempt: int, serial: int, excluded_nodes: list[str],
               host: HostAccess = HostAccess()) -> dict:
-    """A standby pod (faultTolerance.spares): a gang pod of no index yet, its own name as its
-    hostname, its agent told to wait (it says ready and starts workers only when an order gives
+    """A standby pod (faultTolerance.spares): a gang pod of no index yet (hostname
+    ``<run>-s<n>``: spare_hostname), its agent told to wait (it says ready and starts workers only when an order gives
     it an index, a node rank and the rendezvous address: trainium_api.agent.Order). The run's
     anti-affinity keeps it off the gang's nodes and the other spares'."""
     obj = pod(run, spec, attempt, 0, excluded_nodes, None, host, (), await_start=True)
     name = spare_name(run["metadata"]["name"], serial)
     labels = {k: v for k, v in obj["metadata"]["labels"].items() if k not in (LABEL_ATTEMPT, LABEL_INDEX)}
     obj["metadata"] = {**obj["metadata"], "name": name, "labels": {**labels, LABEL_SPARE: "true"}}
-    obj["spec"]["hostname"] = name
+    obj["spec"]["hostname"] = spare_hostname(run["metadata"]["name"], name)
     return obj
 
 

@@ -186,9 +186,13 @@ def reconcile(snap: Snapshot) -> Result:
     if spec is None:
         effects = _invalid_spec(old, new, snap.spec_error, snap.run["metadata"].get("generation"), snap.now)
         return Result(changed_fields(old, new), effects, None, new)
+    name, uid = snap.run["metadata"]["name"], snap.run["metadata"].get("uid")
+    # a spare is one the operator made for this run: its name, and the run as its controller
+    # (a pod someone else labelled one is no spare, and no trainer identity reaches it)
+    spares = [x for x in snap.pods if x.spare and plan.is_spare_name(name, x.name) and x.owner == uid]
     p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
              snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
-             spares=[x for x in snap.pods if x.spare])
+             spares=spares)
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
@@ -465,11 +469,24 @@ def _teardown_replace(p: Pass) -> None:
     failed = [x for x in p.gang if x.index == index]
     kept = [x for x in p.gang if x.index != index]
     replacement = p.replacement[0] if p.replacement else None
-    if replacement is None and plan.is_spare_name(p.name, old.current.replacement):
-        # the spare it was given went (deleted, its node lost): a new pod instead
-        p.new.current.replacement, p.new.current.replacement_since = plan.pod_name(p.name, target, index), None
-        p.event("SpareLost", f"spare {old.current.replacement} went before it took index {index}; creating pod "
-                f"{p.new.current.replacement} instead", warning=True)
+    taken = old.current.replacement
+    if plan.is_spare_name(p.name, taken) and (replacement is None or replacement.deleting or replacement.phase in (
+            "Succeeded", "Failed") or _node_lost(p, replacement)):
+        # the spare given the index went (deleted, ended, its node lost) before the start: the
+        # next ready spare takes it, else a new pod
+        if replacement is not None:
+            p.effects.append(DeletePod(replacement.name, 0 if _node_lost(p, replacement) else p.grace))
+        other = _ready_spare(p, but=taken)
+        p.new.current.replacement = other.name if other else plan.pod_name(p.name, target, index)
+        p.new.current.replacement_since = p.now if other else None
+        if other is not None:
+            p.effects.append(_take_index(other, Order(target, start=False, grace_seconds=float(p.grace)), target,
+                                         index))
+            p.new.spares = [s for s in p.new.spares if s != other.name]
+        p.event("SpareLost", f"spare {taken} went before attempt {target} started; "
+                + (f"spare {other.name} takes index {index}" if other else f"creating pod {p.new.current.replacement}"),
+                warning=True)
+        replacement = other
     lost = next((x for x in kept if x.deleting or x.phase != "Running" or _node_lost(p, x)), None)
     answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
     kept_ready = inplace.ready(kept, target)
@@ -537,14 +554,15 @@ def _usable_spare(p: Pass, spare: PodView) -> bool:
             and spare.node not in _excluded(p.new))
 
 
-def _ready_spare(p: Pass) -> PodView | None:
-    """A spare whose agent waits (said ready), on a usable node: the oldest."""
+def _ready_spare(p: Pass, but: str = "") -> PodView | None:
+    """A spare whose agent waits (said ready), on a usable node: the oldest (not ``but``)."""
     ready = [s for s in p.spares if _usable_spare(p, s) and s.agent is not None and s.agent.state == "ready"
-             and s.name in p.old.spares]
+             and s.name in p.old.spares and s.name != but]
     return min(ready, key=lambda s: (s.created or 0.0, s.name), default=None)
 
 
 SPARE_PHASES = ("Starting", "Preflight", "Running", "Restarting")
+SPARES_MAX_SERIAL = 99_999  # a spare's hostname <run>-s<n> stays a DNS label (plan.spare_hostname)
 SPARE_SETTLE_SECONDS = 10.0
 """How long a created spare may be missing from the pod cache before another is created."""
 
@@ -552,32 +570,49 @@ SPARE_SETTLE_SECONDS = 10.0
 def _spares(p: Pass) -> list[str]:
     """Every pass: keep faultTolerance.spares standby pods (none once the run is suspended or
     finished, or with in-place restarts off), each on a node of its own (the run's
-    anti-affinity), and status.spares the ones ready. A spare that ended, went to a node that
-    no longer answers or that the run leaves out, or is one too many, is deleted. New spares are
-    created only while every pod of the gang (and a replacement) is placed: a spare never takes
-    a node the gang is waiting for. Returns the names of the spares created."""
-    want = p.spec.fault_tolerance.spares if p.spec.in_place_on() and p.new.phase in SPARE_PHASES else 0
+    anti-affinity), and status.spares the ones ready. Spares yield to the gang: while any pod the
+    gang needs is not placed (a recreated gang, a new replacement pod) every spare is deleted,
+    unplaced ones too, and none is created, so a spare never holds a node the gang waits for. A
+    spare that ended, went to a node that no longer answers or that the run leaves out, did not
+    start within startupTimeoutSeconds of being placed, or is one too many (a ready one is kept
+    first), is deleted; one at a time is created, once the previous one is seen. Returns the
+    names of the spares created."""
+    ft = p.spec.fault_tolerance
+    placed = _gang_placed(p)
+    want = ft.spares if p.spec.in_place_on() and p.new.phase in SPARE_PHASES and placed else 0
     live = [s for s in p.spares if not s.deleting and s.name != p.new.current.replacement]  # (one taken this pass)
-    gone = [s for s in live if s.phase in ("Succeeded", "Failed")
-            or (s.node and (_node_lost(p, s) or s.node in _excluded(p.new)))]
-    keep = sorted((s for s in live if s not in gone), key=lambda s: (s.created or 0.0, s.name))
-    p.delete(gone + keep[want:])
+
+    def ready(s: PodView) -> bool:
+        return s.phase == "Running" and s.agent is not None and s.agent.state == "ready"
+    ended = [s for s in live if s.phase in ("Succeeded", "Failed")]
+    bad = [s for s in live if s not in ended and s.node and (_node_lost(p, s) or s.node in _excluded(p.new) or (
+        not ready(s) and p.now - (s.scheduled or s.created or p.now) > ft.startup_timeout_seconds))]
+    keep = sorted((s for s in live if s not in ended + bad), key=lambda s: (not ready(s), s.created or 0.0, s.name))
+    for s in ended + bad:
+        p.event("SpareReplaced", f"spare {s.name}" + (f" on node {s.node}" if s.node else "") + ": " + (
+            f"ended ({s.reason or s.phase} {s.message})".strip() if s in ended else
+            "its node is lost or left out" if _node_lost(p, s) or s.node in _excluded(p.new) else
+            f"not started {ft.startup_timeout_seconds:.0f}s after it was placed ({s.waiting or 'no reason given'})")
+            + "; deleted", warning=True)
+    p.delete([s for s in ended + bad + keep[want:] if not _node_lost(p, s)])
+    # a spare on a node that no longer answers never finishes a graceful delete
+    p.effects += [DeletePod(s.name, 0) for s in p.spares
+                  if s.name != p.new.current.replacement and (_node_lost(p, s) and (s in bad or s.deleting) or (
+                      s.deleting and s.gone_by is not None and p.now >= s.gone_by))]
     keep = keep[:want]
-    ready = sorted(s.name for s in keep if s.phase == "Running" and s.agent is not None and s.agent.state == "ready")
-    if ready != p.old.spares:
-        p.new.spares = ready
-    created = []
+    ready_names = sorted(s.name for s in keep if ready(s))
+    if ready_names != p.old.spares:
+        p.new.spares = ready_names
     newest = plan.spare_name(p.name, p.old.spares_created)
     unseen = p.old.spares_created and newest not in {x.name for x in p.pods + p.spares} and \
         p.now - (p.old.spares_requested_time or 0.0) < SPARE_SETTLE_SECONDS
-    if len(keep) < want and _gang_placed(p) and not unseen:
-        p.new.spares_requested_time = p.now
-        for _ in range(want - len(keep)):
-            p.new.spares_created += 1
-            obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _excluded(p.new), p.host)
-            p.effects.append(Ensure(obj))
-            created.append(obj["metadata"]["name"])
-    return created
+    if len(keep) >= want or unseen or p.old.spares_created >= SPARES_MAX_SERIAL:
+        return []
+    p.new.spares_created += 1
+    p.new.spares_requested_time = p.now
+    obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _excluded(p.new), p.host)
+    p.effects.append(Ensure(obj))
+    return [obj["metadata"]["name"]]
 
 
 def _gang_placed(p: Pass) -> bool:
@@ -651,11 +686,11 @@ def _order_start(p: Pass, attempt: int) -> None:
     in the pass that starts it with a replacement, the gang as read still has the failed
     index's place empty: the replacement is ordered too)."""
     names = inplace.gang_names(p.new, p.name, p.spec.nodes)
-    # a spare runs with its own node rank and hostname: it is told its index, and every pod
-    # the rendezvous address once a spare runs index 0 (a new pod keeps the index's hostname)
-    master = plan.master_address(p.run, names[0]) if plan.is_spare_name(p.name, names[0]) else None
+    # every pod is told its node rank and the rendezvous address (the index-0 pod's: a spare's
+    # own hostname once it runs index 0), so none relies on what it was started with
+    master = plan.master_address(p.run, names[0])
     for x in p.gang + p.replacement:
-        index = names.index(x.name) if plan.is_spare_name(p.name, x.name) and x.name in names else None
+        index = names.index(x.name) if x.name in names else x.index
         start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check,
                       index=index, master=master)
         p.effects += [OrderPod(y.name, start) for y in inplace.unordered([x], start)]

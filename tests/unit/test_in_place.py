@@ -89,8 +89,9 @@ def test_a_crashed_rank_restarts_the_gang_in_its_own_pods_behind_a_barrier():
     assert status["attempt"] == 2 and status["phase"] == "Starting"
     assert status["current"]["gangAttempt"] == 1 and status["current"]["inPlaceStreak"] == 1
     assert status["failures"][-1]["teardownDoneTime"] == 62.0
+    # every pod is told its node rank and the rendezvous address
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
-        f"r-a1-{i}": agent.Order(2, start=True, grace_seconds=30.0) for i in range(2)}
+        f"r-a1-{i}": agent.Order(2, start=True, grace_seconds=30.0, index=i, master="r-0.r.ns.svc") for i in range(2)}
     role = r.ensured("Role")[0]
     assert role["rules"][0]["resourceNames"] == ["r-a1-0", "r-a1-1"] and role["metadata"]["labels"][
         "trainium.dev/attempt"] == "2"
@@ -278,7 +279,8 @@ def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
     assert status["current"].get("replacing") is None
     assert status["failures"][-1]["teardownDoneTime"] == 62.0  # placing the replacement: its schedule phase
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
-        n: agent.Order(2, start=True, grace_seconds=30.0) for n in ("r-a1-0", "r-a2-1")}
+        n: agent.Order(2, start=True, grace_seconds=30.0, index=i, master="r-0.r.ns.svc")
+        for i, n in enumerate(("r-a1-0", "r-a2-1"))}
     assert r.ensured("Role")[0]["rules"][0]["resourceNames"] == ["r-a1-0", "r-a2-1"]
     assert "pod r-a2-1 on node n2 replaced the failed one" in events(r, "Restarted")[0]
 
@@ -362,7 +364,8 @@ def spare(serial: int, node: str | None, report: dict | None = None, order: dict
     if order is not None:
         ann[agent.ORDER] = json.dumps(order)
     meta = {"name": f"r-spare-{serial}", "labels": labels or {"trainium.dev/run": "r", "trainium.dev/spare": "true"},
-            "annotations": ann, "creationTimestamp": f"2026-01-01T00:00:0{serial}Z"}
+            "annotations": ann, "creationTimestamp": f"2026-01-01T00:00:0{serial}Z",
+            "ownerReferences": [{"uid": "u-1", "controller": True}]}
     return pod_view({"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}})
 
 
@@ -385,7 +388,7 @@ def test_a_warm_spare_takes_a_lost_pods_index_at_once_and_a_new_spare_is_request
     assert made["metadata"]["name"] == "r-spare-1" and status["sparesCreated"] == 1
     assert made["metadata"]["labels"]["trainium.dev/spare"] == "true" and "trainium.dev/index" not in made[
         "metadata"]["labels"]
-    assert made["spec"]["hostname"] == "r-spare-1" and made["spec"]["subdomain"] == "r"
+    assert made["spec"]["hostname"] == "r-s1" and made["spec"]["subdomain"] == "r"  # (a DNS label for any run name)
     assert {e["name"]: e.get("value") for e in made["spec"]["containers"][0]["env"]}[agent.AWAIT_START_ENV] == "1"
     assert "r-spare-1" in r.ensured("Role")[0]["rules"][0]["resourceNames"]
     # the next pass may not see the new pod yet: no second spare for it (until the settle time)
@@ -420,17 +423,17 @@ def test_a_warm_spare_takes_a_lost_pods_index_at_once_and_a_new_spare_is_request
     r = reconcile_objects(run_with(status, spec), [promoted, kept], nodes, now=11.0)
     status.update(r.status)
     assert status["attempt"] == 2 and status["current"]["podNames"] == ["r-spare-1", "r-a1-1"]
-    master = "r-spare-1.r.ns.svc"
+    master = "r-s1.r.ns.svc"
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
         "r-spare-1": agent.Order(2, start=True, grace_seconds=30.0, index=0, master=master),
-        "r-a1-1": agent.Order(2, start=True, grace_seconds=30.0, master=master)}
+        "r-a1-1": agent.Order(2, start=True, grace_seconds=30.0, index=1, master=master)}
     assert not [o for o in r.ensured("Pod") if o["metadata"]["name"].startswith("r-a")]
     assert r.ensured("Role")[0]["rules"][0]["resourceNames"][:2] == ["r-spare-1", "r-a1-1"]
     # the spare is the gang's pod 0 now: running attempt 2, nothing stale
     go = {"attempt": 2, "start": True, "graceSeconds": 30.0, "index": 0, "master": master}
     promoted = spare(1, "n2", report=running(2), order=go,
                      labels={"trainium.dev/run": "r", "trainium.dev/attempt": "2", "trainium.dev/index": "0"})
-    r = reconcile_objects(run_with(status, spec), [promoted, pod(1, report=running(2), order={**go, "index": None})],
+    r = reconcile_objects(run_with(status, spec), [promoted, pod(1, report=running(2), order={**go, "index": 1})],
                           nodes, now=12.0)
     assert not [e for e in r.effects if e.kind == "delete_pod"]
     assert r.status["current"]["gangRunningTime"] == 12.0
@@ -537,3 +540,56 @@ def test_a_pod_told_to_await_the_start_never_runs_its_workers_without_an_agent(m
     assert pod_agent.serve(["--nnodes", "2"]) == exitcodes.RETRYABLE  # the pod ends: the operator recreates
     monkeypatch.delenv(agent.AWAIT_START_ENV)
     assert pod_agent.serve(["--nnodes", "2"]) is None  # an ordinary pod runs its workers without one
+
+
+def test_spares_yield_to_the_gang_and_are_replaced_when_they_fail():
+    """Found in review: spares are deleted while the gang waits for a node (a recreated gang),
+    a taken spare that goes hands the index to the next ready spare, a failed spare or one on a
+    lost node is replaced (forced there), lowering spares keeps the ready one, and a pod someone
+    else labelled a spare is none."""
+    spec = {**SPEC, "faultTolerance": {"spares": 2}}
+    nodes = {n: node(n) for n in ("n0", "n1", "n2", "n3")}
+    status = {**started_run(), "spares": ["r-spare-1", "r-spare-2"], "sparesCreated": 2}
+    ready = {"attempt": 1, "state": "ready"}
+    spares = [spare(1, "n2", report=ready), spare(2, "n3", report=ready)]
+    gang = [pod(i, report=running(1)) for i in range(2)]
+    # a recreated gang (an agent that does not answer): the spares go, none is created
+    nodes_lost = {**nodes, "n0": node("n0", "False")}
+    r = reconcile_objects(run_with(status, spec), [pod(0, report=running(1)), pod(1)] + spares, nodes_lost, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "recreate"
+    assert {"r-spare-1", "r-spare-2"} <= {e.name for e in r.effects if e.kind == "delete_pod"}
+    assert not r.ensured("Pod")
+    # the spare given index 0 is deleted before the start: the next ready spare takes it
+    r = reconcile_objects(run_with(status, spec), gang + spares, nodes_lost, now=60.0)
+    taking = {**status, **r.status}
+    assert taking["current"]["replacement"] == "r-spare-1"
+    promoted_labels = {"trainium.dev/run": "r", "trainium.dev/attempt": "2", "trainium.dev/index": "0"}
+    going = pod_view({"metadata": {"name": "r-spare-1", "labels": promoted_labels, "deletionTimestamp":
+                                   "2026-01-01T00:10:00Z", "ownerReferences": [{"uid": "u-1", "controller": True}]},
+                      "spec": {"nodeName": "n2"}, "status": {"phase": "Running"}})
+    r = reconcile_objects(run_with(taking, spec), [gang[1], going, spares[1]], nodes_lost, now=61.0)
+    assert r.status["current"]["replacement"] == "r-spare-2" and "spare r-spare-2 takes index 0" in events(
+        r, "SpareLost")[0]
+    assert dict(next(e for e in r.effects if e.kind == "order_pod" and e.name == "r-spare-2").labels)[
+        "trainium.dev/index"] == "0"
+    # a failed spare is deleted (an event) and, once the other is seen, another created; a
+    # spare on a lost node is forced out
+    failed = spare(2, "n3", phase="Failed")
+    r = reconcile_objects(run_with(status, spec), gang + [spares[0], failed], nodes, now=70.0)
+    assert "r-spare-2" in {e.name for e in r.effects if e.kind == "delete_pod"} and events(r, "SpareReplaced")
+    assert [o["metadata"]["name"] for o in r.ensured("Pod")] == ["r-spare-3"]
+    r = reconcile_objects(run_with(status, spec), gang + spares, {**nodes, "n3": node("n3", "Unknown")}, now=70.0)
+    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-spare-2": 0}
+    # down to 1: the ready spare stays, the one still starting goes
+    one = {**SPEC, "faultTolerance": {"spares": 1}}
+    starting = spare(1, "n2", phase="Pending")
+    r = reconcile_objects(run_with(status, one), gang + [starting, spares[1]], nodes, now=70.0)
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-spare-1"}
+    assert r.status["spares"] == ["r-spare-2"]
+    # a pod labelled a spare by someone else: not one (no index for it, no trainer identity)
+    foreign = pod_view({"metadata": {"name": "r-spare-9", "labels": {"trainium.dev/run": "r",
+                                                                    "trainium.dev/spare": "true"}},
+                        "spec": {"nodeName": "n2"}, "status": {"phase": "Running"}})
+    r = reconcile_objects(run_with({**status, "spares": []}, spec), gang + [foreign], nodes, now=70.0)
+    assert "r-spare-9" not in r.ensured("Role")[0]["rules"][0]["resourceNames"]
+    assert "r-spare-9" not in {e.name for e in r.effects if e.kind == "delete_pod"}
