@@ -118,10 +118,10 @@ def main() -> int:
     fmt = (lambda x: "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x))
     print(f"\n{args.steps} steps, fault after step {args.fault_at}, checkpoints every {args.checkpoint_every}; "
           "times in seconds from the fault\n")
-    print(table(["fault", "restart", "detected", "gang running", "first new step", "back at failed step", "resumed at",
+    print(table(["fault", "mode", "restart", "detected", "gang running", "first new step", "back at failed step", "resumed at",
                  "lost (trainer)", "lost detect/teardown/schedule/recompute (operator)", "goodput operator",
                  "goodput trainer", "wall / peer wall"],
-                [[r["fault"], r["restart"], fmt(r["detected"]), fmt(r["running"]), fmt(r["first"]), fmt(r["caught_up"]),
+                [[r["fault"], r["mode"], r["restart"], fmt(r["detected"]), fmt(r["running"]), fmt(r["first"]), fmt(r["caught_up"]),
                   f"{r['resumed']} (failed {r['failed_step']})", fmt(r["true_lost"] - peer["true_lost"]),
                   "/".join(fmt(r["lost"].get(k)) for k in ("detect", "teardown", "schedule", "recompute")),
                   f"{r['ratio']:.3f}", f"{r['truth_ratio']:.3f}", fmt(r["wall"] / peer["wall"])] for r in rows]))
