@@ -199,7 +199,7 @@ class Bench:
                     break
                 current = self._status(ns, name).get("current") or {}
                 names = plan.gang_pod_names(name, n, current.get("gangAttempt") or attempt,
-                                            current.get("podAttempts") or [])
+                                            current.get("podNames") or [])
                 payload = progress.payload(10 * attempt, 1e5, 2.0, None, attempt=attempt)
                 for pod in names:
                     self.core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {
@@ -338,15 +338,20 @@ class AgentStandIn:
     stop: a running pod reports ``running`` for its attempt, an order to stop is answered
     ``ready``, an order to start ``running``, a pod created to replace another
     (TRAINER_AGENT_AWAIT_START) reports ``ready`` for its attempt; :meth:`crash` makes a pod
-    report that its workers exited, until a newer attempt is ordered. One watch, as the agents'
-    watches would be (one per pod)."""
+    report that its workers exited, until a newer attempt is ordered. One watch (the agents
+    have one each); its reports are written by 32 threads, as independent agents write theirs
+    side by side (one thread would serialise 128 pods' reports and time itself, not the
+    operator)."""
 
     def __init__(self, core, ns: str):
         import threading
         self.core, self.ns = core, ns
         self.crashed: dict[str, int] = {}
+        from concurrent.futures import ThreadPoolExecutor
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.writers = ThreadPoolExecutor(32)
+        self.written: dict[str, tuple[int, str]] = {}  # pod -> the report last sent (not yet seen back)
 
     def start(self) -> "AgentStandIn":
         self.thread.start()
@@ -354,6 +359,16 @@ class AgentStandIn:
 
     def stop(self) -> None:
         self.stopped.set()
+        self.writers.shutdown(wait=False, cancel_futures=True)
+
+    def _write(self, pod: str, want: agent.Report) -> None:
+        try:
+            self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {
+                agent.REPORT: agent.report_payload(agent.Report(want.attempt, want.state, time=time.time()))}}})
+        except Exception as exc:  # a pod deleted meanwhile: its report is moot
+            if not self.stopped.is_set():
+                print(f"  agent stand-in: {pod}: {str(exc)[:100]}", flush=True)
+            self.written.pop(pod, None)
 
     def crash(self, pod: str, attempt: int) -> None:
         self.crashed[pod] = attempt
@@ -386,10 +401,11 @@ class AgentStandIn:
                     pod = event["object"]
                     want = self.wanted(pod) if event["type"] != "DELETED" else None
                     have = agent.parse_report((pod.metadata.annotations or {}).get(agent.REPORT))
-                    if want is not None and (have is None or (have.attempt, have.state) != (want.attempt, want.state)):
-                        self.core.patch_namespaced_pod(pod.metadata.name, self.ns, {"metadata": {"annotations": {
-                            agent.REPORT: agent.report_payload(agent.Report(want.attempt, want.state,
-                                                                            time=time.time()))}}})
+                    key, name = (want.attempt, want.state) if want else None, pod.metadata.name
+                    if want is not None and (have is None or (have.attempt, have.state) != key) \
+                            and self.written.get(name) != key:
+                        self.written[name] = key
+                        self.writers.submit(self._write, name, want)
             except Exception as exc:  # a patch racing a deletion, a watch ended: watch again
                 if not self.stopped.is_set():
                     print(f"  agent stand-in: {str(exc)[:120]}; watching again", flush=True)
