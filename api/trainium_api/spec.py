@@ -357,9 +357,8 @@ class CheckpointConfig:
     restart in the same pods (in place) restores from memory instead of the store. 'auto': on
     while the node's copies fit in half of the memory free for them (/dev/shm, the node's
     MemAvailable, the pod's memory limit), decided at every save; 'peers': also a copy of the
-    previous node's (a ring), so that a rank on a new node restores from its peer (torchrun's
-    own restarts; the operator recreates the whole gang when a node is lost, so its new pods
-    find no peer copy yet); 'off': the store only. The store stays the truth: a copy is loaded
+    previous node's (a ring), so that a rank on a new node (a lost node's pod replaced alone)
+    restores from its peer; 'off': the store only. The store stays the truth: a copy is loaded
     only for the tag the store says is complete, written by the same save (its save id), for
     the same place in the layout, with its digest intact, else that rank reads the store."""
 
