@@ -618,10 +618,11 @@ def _spares(p: Pass) -> list[str]:
 def _gang_placed(p: Pass) -> bool:
     """Every pod the gang needs is on a node (new spares must not take one it waits for): the
     attempt's pods while it runs, and while a pod is replaced, the pod that takes its place."""
-    if p.new.phase == "Restarting":
-        taking = next((x for x in p.pods + p.spares if x.name == p.new.current.replacement), None)
-        return p.new.current.restart == "replace" and taking is not None and bool(taking.node)
-    return len(p.gang) == p.spec.nodes and all(x.node for x in p.gang)
+    kept = len(p.gang) == p.spec.nodes and all(x.node for x in p.gang)
+    if p.new.phase != "Restarting" or p.new.current.restart == "inPlace":  # (in place: the gang keeps its pods)
+        return kept
+    taking = next((x for x in p.pods + p.spares if x.name == p.new.current.replacement), None)
+    return p.new.current.restart == "replace" and taking is not None and bool(taking.node)
 
 
 def _node_lost(p: Pass, pod: PodView) -> bool:

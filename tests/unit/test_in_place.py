@@ -553,6 +553,10 @@ def test_spares_yield_to_the_gang_and_are_replaced_when_they_fail():
     ready = {"attempt": 1, "state": "ready"}
     spares = [spare(1, "n2", report=ready), spare(2, "n3", report=ready)]
     gang = [pod(i, report=running(1)) for i in range(2)]
+    # a crashed rank restarts the gang in place: the spares stay
+    crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
+    r = reconcile_objects(run_with(status, spec), [pod(0, report=crashed), gang[1]] + spares, nodes, now=60.0)
+    assert r.status["failures"][-1]["restart"] == "inPlace" and not [e for e in r.effects if e.kind == "delete_pod"]
     # a recreated gang (an agent that does not answer): the spares go, none is created
     nodes_lost = {**nodes, "n0": node("n0", "False")}
     r = reconcile_objects(run_with(status, spec), [pod(0, report=running(1)), pod(1)] + spares, nodes_lost, now=60.0)
