@@ -523,9 +523,10 @@ def _teardown_replace(p: Pass) -> None:
     p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(kept, stop)]
     if replacement is not None and plan.is_spare_name(p.name, replacement.name):  # (until it carries the order)
         p.effects += [_take_index(x, stop, target, index) for x in inplace.unordered([replacement], stop)]
-    # a pod whose node is lost never finishes a graceful delete (no kubelet runs it): at once
-    p.effects += [DeletePod(x.name, 0) for x in failed if x.deleting and _node_lost(p, x)]
-    _stop(p, [x for x in failed if not (x.deleting and _node_lost(p, x))], since)
+    # graceful, forced after the grace (a NotReady node may still run it: a partition or a
+    # kubelet down, and the replacement takes the same index), at once on a node known dead
+    p.effects += [DeletePod(x.name, 0) for x in failed if x.deleting and _node_gone(p, x)]
+    _stop(p, [x for x in failed if not (x.deleting and _node_gone(p, x))], since)
     if failed:
         return
     # the failed attempt is gone once the failed pod is and the others' workers are: placing
@@ -623,6 +624,18 @@ def _gang_placed(p: Pass) -> bool:
         return kept
     taking = next((x for x in p.pods + p.spares if x.name == p.new.current.replacement), None)
     return p.new.current.restart == "replace" and taking is not None and bool(taking.node)
+
+
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+"""Kubernetes' word that a node is shut down (non-graceful node shutdown): its pods may go at once."""
+
+
+def _node_gone(p: Pass, pod: PodView) -> bool:
+    """Whether ``pod``'s node is known dead: its Node object deleted (the instance terminated),
+    or tainted out-of-service. Only then is a failed pod forced at once: on a node that is only
+    NotReady its processes may live on, and its replacement takes the same index."""
+    node = p.nodes.get(pod.node) if pod.node else None
+    return bool(pod.node) and (node is None or OUT_OF_SERVICE_TAINT in node.taints)
 
 
 def _node_lost(p: Pass, pod: PodView) -> bool:
@@ -1078,7 +1091,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
                 + (f"spare {spare.name} on node {spare.node}" if spare else f"a new pod, {new.current.replacement}")
                 + f"; the other pods restart in place{after}", warning=True)
         p.effects += [OrderPod(x.name, stop) for x in p.gang if x is not failed]
-        p.delete([failed], grace=0 if _node_lost(p, failed) else None)
+        p.delete([failed], grace=0 if _node_gone(p, failed) else None)
     else:
         p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang{after}"
                 + (f" (recreated: {replace_not if failure.cause in inplace.REPLACE_CAUSES else in_place})"

@@ -229,8 +229,8 @@ def events(r, reason: str) -> list[str]:
 
 
 def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
-    """Node n1 goes NotReady: its pod is deleted at once (no kubelet runs a graceful stop there)
-    and the node quarantined; pod 0's agent is told to stop its workers. Once that pod is gone,
+    """Node n1 goes NotReady: its pod is deleted (forced after the grace: the node may still run
+    it) and the node quarantined; pod 0's agent is told to stop its workers. Once that pod is gone,
     its replacement is created under attempt 2's name, off the quarantined node, and waits at the
     barrier (its agent starts no workers). Once both agents said ready, attempt 2 starts in them
     both: one pod created in all, none of the others deleted."""
@@ -242,7 +242,12 @@ def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
     assert status["failures"][-1]["restart"] == "replace" and status["restartsReplaced"] == 1
     assert status["current"]["replacing"] == 1 and status["current"]["replacement"] == "r-a2-1"
     assert status["quarantinedNodes"] == ["n1"]
-    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-1": 0}
+    # a NotReady node may still run it (a partition): graceful, forced after the grace; at once
+    # only on a node known dead (deleted, or tainted out-of-service)
+    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-1": 30}
+    gone = reconcile_objects(run_with(started_run()), [pod(i, report=running(1)) for i in range(2)],
+                             {"n0": node("n0"), "n2": node("n2")}, now=60.0)
+    assert {e.name: e.grace for e in gone.effects if e.kind == "delete_pod"} == {"r-a1-1": 0}
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
         "r-a1-0": agent.Order(2, start=False, grace_seconds=30.0)}
     assert events(r, "Restarting") and "replacing pod r-a1-1" in events(r, "Restarting")[0]
@@ -413,7 +418,7 @@ def test_a_warm_spare_takes_a_lost_pods_index_at_once_and_a_new_spare_is_request
     assert taken.order == agent.Order(2, start=False, grace_seconds=30.0)
     assert dict(taken.labels) == {"trainium.dev/attempt": "2", "trainium.dev/index": "0", "trainium.dev/spare": None}
     assert status["spares"] == [] and [o["metadata"]["name"] for o in r.ensured("Pod")] == ["r-spare-2"]
-    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0": 0}
+    assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0": 30}
 
     # pod 0 gone, the spare (labelled now) and pod 1 ready: attempt 2 starts, no gang pod created
     stop = {"attempt": 2, "start": False, "graceSeconds": 30.0}
