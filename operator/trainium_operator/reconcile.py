@@ -465,6 +465,9 @@ def _teardown_replace(p: Pass) -> None:
     _note_teardown_progress(p)
     old, ft = p.old, p.spec.fault_tolerance
     target, index = old.attempt + 1, old.current.replacing
+    if index is None or not 0 <= index < p.spec.nodes:  # (a status edited by hand)
+        _give_up_in_place(p, f"the status names no index of the gang to replace ({index})")
+        return
     since = old.current.teardown_start_time or p.now
     failed = [x for x in p.gang if x.index == index]
     kept = [x for x in p.gang if x.index != index]

@@ -602,3 +602,15 @@ def test_spares_yield_to_the_gang_and_are_replaced_when_they_fail():
     r = reconcile_objects(run_with({**status, "spares": []}, spec), gang + [foreign], nodes, now=70.0)
     assert "r-spare-9" not in r.ensured("Role")[0]["rules"][0]["resourceNames"]
     assert "r-spare-9" not in {e.name for e in r.effects if e.kind == "delete_pod"}
+
+
+def test_a_replace_status_edited_by_hand_recreates_instead_of_stalling():
+    status = started_run()
+    nodes = {"n0": node("n0"), "n1": node("n1", "False"), "n2": node("n2")}
+    r = reconcile_objects(run_with(status), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
+    status.update(r.status)
+    for bad in ({"replacing": None}, {"replacing": 7}, {"replacement": "someone-elses-pod"}):
+        edited = {**status, "current": {**status["current"], **bad}}
+        r = reconcile_objects(run_with(edited), [pod(0, report={"attempt": 2, "state": "ready"})], nodes, now=61.0)
+        made = [o["metadata"]["name"] for o in r.ensured("Pod")]
+        assert events(r, "InPlaceRestartGivenUp") or made == ["r-a2-1"], (bad, made)
