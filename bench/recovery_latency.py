@@ -142,15 +142,51 @@ class Bench:
                                "budgetWindowMinutes": 1, "noProgressRestarts": 1000, "maxQuarantinedNodes": 1000}}}
 
     def ours(self, n, ns, kinds):
+        """The operator without agents: every restart recreates the gang."""
+        def up(attempt):
+            sel = f"trainium.dev/run=run,trainium.dev/attempt={attempt}"
+            return len(p := self.pods(ns, sel)) == n and all(x.status.phase == "Running" for x in p)
+
+        def gang(attempt):
+            return self.pods(ns, f"trainium.dev/run=run,trainium.dev/attempt={attempt}")
+        return self._faults("ours", n, ns, kinds, up, gang, lambda kind, victim, attempt: inject(
+            self.core, kind, ns, victim))
+
+    def agents(self, n, ns, kinds):
+        """The operator with in-place restarts: each pod's agent played by AgentStandIn."""
+        from trainium_operator import plan
+        stand_in = AgentStandIn(self.core, ns).start()
+
+        def up(attempt):
+            st = self._status(ns, "run")
+            return st.get("attempt") == attempt and (st.get("current") or {}).get("gangRunningTime")
+
+        def gang(attempt):
+            current = self._status(ns, "run").get("current") or {}
+            names = plan.gang_pod_names("run", n, current.get("gangAttempt") or attempt, current.get("podNames") or [])
+            return [self.core.read_namespaced_pod(pod, ns) for pod in names]
+
+        def fault(kind, victim, attempt):
+            if kind == "crash":  # with an agent the pod stays: its workers' exit is the agent's report
+                stand_in.crash(victim.metadata.name, attempt)
+            else:
+                inject(self.core, kind, ns, victim)
+        try:
+            return self._faults("agents", n, ns, kinds, up, gang, fault)
+        finally:
+            stand_in.stop()
+
+    def _faults(self, method, n, ns, kinds, up, gang, fault):
+        """One TrainingRun through --faults faults: wait for attempt ``up``, write the gang's
+        (``gang``) progress, inject ``fault`` into one pod, time the detection (status.failureCount
+        grows), then the recovery (the next attempt ``up``) and count the pods it created."""
         name = "run"
         self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self.run_body(name, n))
         results = {k: ([], [], []) for k in kinds}
         for i in range(self.args.faults + 1):
             attempt = i + 1
-            sel = f"trainium.dev/run={name},trainium.dev/attempt={attempt}"
-            up = wait(lambda: len(p := self.pods(ns, sel)) == n and all(x.status.phase == "Running" for x in p), 300)
-            if up is None:
-                raise RuntimeError(f"attempt {attempt} did not come up")
+            if wait(lambda: up(attempt), 300, 0.02) is None:
+                raise RuntimeError(f"attempt {attempt} did not come up: {self._status(ns, name).get('message')}")
             if i:
                 results[kind][1].append(time.monotonic() - t_detect)
                 results[kind][2].append(self.created_since(ns, before))
@@ -158,70 +194,24 @@ class Bench:
                     self.heal(bad)
             if i == self.args.faults:
                 break
-            gang = self.pods(ns, sel)
+            pods = gang(attempt)
             before = self.uids(ns)
-            payload = progress.payload(10 * attempt, 1e5, 2.0, None)
-            for p in gang:
+            payload = progress.payload(10 * attempt, 1e5, 2.0, None, attempt=attempt)
+            for p in pods:
                 self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {
                     progress.ANNOTATION: payload}}})
+            wait(lambda: self._status(ns, name).get("phase") == "Running", 60, 0.02)
             kind = kinds[i % len(kinds)]
-            victim = gang[i % n]
+            victim = pods[i % n]
             bad = victim.spec.node_name
             seen = self._status(ns, name).get("failureCount") or 0  # status keeps only the newest failures
-            inject(self.core, kind, ns, victim)
+            fault(kind, victim, attempt)
             d = wait(lambda: (self._status(ns, name).get("failureCount") or 0) > seen, 120, 0.02)
             t_detect = time.monotonic()
             results[kind][0].append(d)
-            print(f"  ours n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s", flush=True)
-        self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        return results
-
-    def agents(self, n, ns, kinds):
-        """The operator with in-place restarts: each pod's agent played by AgentStandIn."""
-        from trainium_operator import plan
-        name = "run"
-        stand_in = AgentStandIn(self.core, ns).start()
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self.run_body(name, n))
-        results = {k: ([], [], []) for k in kinds}
-        try:
-            for i in range(self.args.faults + 1):
-                attempt = i + 1
-                up = wait(lambda: (st := self._status(ns, name)).get("attempt") == attempt
-                          and (st.get("current") or {}).get("gangRunningTime"), 300, 0.02)
-                if up is None:
-                    raise RuntimeError(f"attempt {attempt} did not come up: {self._status(ns, name).get('message')}")
-                if i:
-                    results[kind][1].append(time.monotonic() - t_detect)
-                    results[kind][2].append(self.created_since(ns, before))
-                    if kind != "crash":
-                        self.heal(bad)
-                if i == self.args.faults:
-                    break
-                current = self._status(ns, name).get("current") or {}
-                names = plan.gang_pod_names(name, n, current.get("gangAttempt") or attempt,
-                                            current.get("podNames") or [])
-                payload = progress.payload(10 * attempt, 1e5, 2.0, None, attempt=attempt)
-                for pod in names:
-                    self.core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {
-                        progress.ANNOTATION: payload}}})
-                wait(lambda: self._status(ns, name).get("phase") == "Running", 60, 0.02)
-                kind = kinds[i % len(kinds)]
-                victim = self.core.read_namespaced_pod(names[i % n], ns)
-                bad = victim.spec.node_name
-                before = self.uids(ns)
-                seen = self._status(ns, name).get("failureCount") or 0
-                if kind == "crash":  # with an agent the pod stays: its workers' exit is the agent's report
-                    stand_in.crash(victim.metadata.name, attempt)
-                else:
-                    inject(self.core, kind, ns, victim)
-                d = wait(lambda: (self._status(ns, name).get("failureCount") or 0) > seen, 120, 0.02)
-                t_detect = time.monotonic()
-                results[kind][0].append(d)
-                restart = (self._status(ns, name).get("failures") or [{}])[-1].get("restart")
-                print(f"  agents n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s, restart {restart}",
-                      flush=True)
-        finally:
-            stand_in.stop()
+            restart = (self._status(ns, name).get("failures") or [{}])[-1].get("restart")
+            print(f"  {method} n={n} fault {i + 1}/{self.args.faults} {kind}: detected {d:.2f}s, restart {restart}",
+                  flush=True)
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
         return results
 
