@@ -122,9 +122,11 @@ class Pass:
     def replacement(self) -> list[PodView]:
         """The pod taking the index being replaced (restart replace), while Restarting: a
         spare, or a new pod under the next attempt's name; it waits at the barrier."""
-        name = self.old.current.replacement
-        return [p for p in self.pods + self.spares if name and self.old.current.replacing is not None
-                and p.name == name]
+        name, index = self.old.current.replacement, self.old.current.replacing
+        # a spare by name, or the index's pod of the next attempt: never another pod of the gang
+        # (a status edited to name one)
+        return [p for p in self.pods + self.spares if name and index is not None and p.name == name and (
+            plan.is_spare_name(self.name, p.name) or (p.index == index and p.attempt == self.old.attempt + 1))]
 
     @cached_property
     def current(self) -> list[PodView]:

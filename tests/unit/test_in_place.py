@@ -609,7 +609,7 @@ def test_a_replace_status_edited_by_hand_recreates_instead_of_stalling():
     nodes = {"n0": node("n0"), "n1": node("n1", "False"), "n2": node("n2")}
     r = reconcile_objects(run_with(status), [pod(i, report=running(1)) for i in range(2)], nodes, now=60.0)
     status.update(r.status)
-    for bad in ({"replacing": None}, {"replacing": 7}, {"replacement": "someone-elses-pod"}):
+    for bad in ({"replacing": None}, {"replacing": 7}, {"replacement": "someone-elses-pod"}, {"replacement": "r-a1-0"}):
         edited = {**status, "current": {**status["current"], **bad}}
         r = reconcile_objects(run_with(edited), [pod(0, report={"attempt": 2, "state": "ready"})], nodes, now=61.0)
         made = [o["metadata"]["name"] for o in r.ensured("Pod")]
