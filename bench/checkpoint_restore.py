@@ -25,15 +25,14 @@ deserialising and copying; S3 adds moto's HTTP on loopback. Ratios are against d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+from bench.common import S3_ENV as ENV
 
 
 def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
@@ -159,22 +158,14 @@ def main() -> None:
     ap.add_argument("--size", default="100m", choices=list(SIZES))
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    import boto3
     import torch.multiprocessing as mp
 
+    from bench.common import loopback_s3
     work = tempfile.mkdtemp(prefix="bench-restore-")
-    s3_port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        endpoint = f"http://127.0.0.1:{s3_port}"
-        for _ in range(100):
-            try:
-                boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                             aws_secret_access_key="testing").create_bucket(Bucket="bench")
-                break
-            except Exception:  # noqa: BLE001 - the server is still starting
-                time.sleep(0.1)
+    with contextlib.ExitStack() as stack:
+        endpoint = stack.enter_context(loopback_s3("bench"))
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        stack.callback(shutil.rmtree, f"/dev/shm/bench-restore-{os.getpid()}", ignore_errors=True)
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
         port = free_port()
@@ -193,10 +184,6 @@ def main() -> None:
             p.join(120)
         assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
         _s3(args, work, endpoint, times)
-    finally:
-        server.terminate()
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(f"/dev/shm/bench-restore-{os.getpid()}", ignore_errors=True)
     assert sources == {"memory": "memory", "peer": "peer"}, sources
     base = median(times["dcp-local"])
     store = median(times["store-local"])

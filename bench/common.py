@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -80,3 +81,40 @@ def stop_process(proc, timeout: float = 20) -> None:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@contextlib.contextmanager
+def loopback_s3(*buckets: str):
+    """moto's S3 server on loopback with ``buckets`` created; yields its endpoint. This process's
+    s3fs (and boto3) point at it; pass ``S3_ENV`` plus the endpoint to child processes."""
+    import subprocess
+    import time
+
+    import boto3
+    import fsspec.config
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                              aws_secret_access_key="testing")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.list_buckets()
+                break
+            except Exception:  # noqa: BLE001 - the server is still starting
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("moto's S3 server did not start (pip install 'moto[server]')")
+                time.sleep(0.1)
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        os.environ.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, FSSPEC_S3_ENDPOINT_URL=endpoint)
+        fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = endpoint
+        yield endpoint
+    finally:
+        stop_process(server)

@@ -35,7 +35,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
 import torch
@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from trainium_api import checkpoints
 
-from . import ckpt_store
+from . import ckpt_store, store_write
 from .config import CheckpointConfig, ConfigError
 from .memtier import MemoryTier
 from .parallel import ParallelState, all_agree
@@ -57,8 +57,10 @@ class SaveResult:
     step: int
     ok: bool
     stall_seconds: float
-    write_seconds: float = 0.0
+    write_seconds: float = 0.0  # the whole background write, retention and memory copy included
+    durable_seconds: float = 0.0  # from the save call until rank 0 wrote ``done``
     error: str = ""
+    started: float = field(default=0.0, repr=False)  # perf_counter() at the save call
 
 
 def host_copy(tensors, cache: dict | None = None, key: str = ""):
@@ -91,11 +93,6 @@ def host_copy(tensors, cache: dict | None = None, key: str = ""):
     if not key and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()  # the optimizer must not run before the copies landed
     return out
-
-
-def _write_torch(fs, path: str, obj) -> None:
-    with fs.open(path, "wb") as fh:  # streamed: no second in-memory copy of the shard
-        torch.save(obj, fh)
 
 
 class Checkpointer:
@@ -161,7 +158,7 @@ class Checkpointer:
         self.wait()  # at most one save in flight
         snapshot = host_copy({"model": model_state, "optim": optim_state}, self._host_cache)
         stall = time.perf_counter() - t0
-        result = SaveResult(checkpoints.tag_for_step(step), step, False, stall)
+        result = SaveResult(checkpoints.tag_for_step(step), step, False, stall, started=t0)
         job = (result, snapshot, scheduler_state, user_content, meta)
         self._last_save_time = time.monotonic()
         if self.cfg.async_save:
@@ -217,7 +214,8 @@ class Checkpointer:
                         self.fs.rm_file(f"{tag_dir}/{checkpoints.DONE}")
                     self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
                     self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
-                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.BEGIN}", json.dumps({"writer": self.epoch}).encode())
+                    store_write.write_bytes(self.fs, f"{tag_dir}/{checkpoints.BEGIN}",
+                                            json.dumps({"writer": self.epoch}).encode())
         except Exception as exc:
             ok, error = False, f"begin marker: {exc}"
         ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
@@ -226,14 +224,14 @@ class Checkpointer:
         if ok:
             try:
                 if ps.dp_rank == 0:
-                    _write_torch(self.fs, f"{tag_dir}/model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}",
-                                 snapshot["model"])
+                    model_shard = ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)
+                    store_write.save_torch(self.fs, f"{tag_dir}/model/{model_shard}", snapshot["model"])
                 if ps.dp_rank == 0 or snapshot["optim"].get("zero1"):
                     name = ckpt_store.shard_name(ps.dp_rank, ps.tp_rank, ps.pp_rank)
-                    _write_torch(self.fs, f"{tag_dir}/optim/{name}", snapshot["optim"])
+                    store_write.save_torch(self.fs, f"{tag_dir}/optim/{name}", snapshot["optim"])
                 if ps.rank == 0:
-                    _write_torch(self.fs, f"{tag_dir}/scheduler.pt", scheduler_state)
-                    _write_torch(self.fs, f"{tag_dir}/user_content.pt", user_content)
+                    store_write.save_torch(self.fs, f"{tag_dir}/scheduler.pt", scheduler_state)
+                    store_write.save_torch(self.fs, f"{tag_dir}/user_content.pt", user_content)
             except Exception as exc:
                 ok, error = False, str(exc) or type(exc).__name__
             ok = self._barrier_ok(ok)
@@ -243,8 +241,10 @@ class Checkpointer:
                     ok, error = False, f"fenced by {self.describe(self.fenced_by)}"
                 else:
                     meta = dict(meta, files=self._files(meta), time=time.time(), writer=self.epoch)
-                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
-                    self.fs.pipe_file(f"{tag_dir}/{checkpoints.DONE}", b"")
+                    store_write.write_bytes(self.fs, f"{tag_dir}/{checkpoints.META}",
+                                            json.dumps(meta, indent=1).encode())
+                    store_write.write_bytes(self.fs, f"{tag_dir}/{checkpoints.DONE}", b"")
+                    result.durable_seconds = time.perf_counter() - result.started
             except Exception as exc:
                 ok, error = False, f"completion marker: {exc}"
         # every rank learns whether rank 0 completed the tag (the memory tier keeps only complete
@@ -253,7 +253,8 @@ class Checkpointer:
         result.ok, result.error = ok, error
         result.write_seconds = time.perf_counter() - t0
         if ok:
-            log.info("checkpoint %s complete (%.2fs in background)", result.tag, result.write_seconds)
+            log.info("checkpoint %s complete (%.2fs in background%s)", result.tag, result.write_seconds,
+                     f", durable {result.durable_seconds:.2f}s after the save began" if ps.rank == 0 else "")
             if ps.rank == 0 and self.cfg.keep:
                 try:
                     fenced = self._fenced()
@@ -341,7 +342,7 @@ class Checkpointer:
                               + " ".join(f"{d}={layout[d]}" for d in dims)
                               + " (NxD checkpoints load only with the same layout)")
 
-        local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        local = store_write.is_local(self.fs)
 
         def read(path):
             if local:  # mapped, not read: load_state_dict copies each tensor once, from the page cache
