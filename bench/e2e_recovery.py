@@ -2,7 +2,7 @@
 local control plane (process-backed nodes), 2 nodes x 2 ranks (TP 2 x DP 2).
 
     python bench/e2e_recovery.py [--faults kill-rank,node-not-ready,...] [--steps 40] [--fault-at 18]
-                                 [--restart both|all|in-place|spare|recreate]
+                                 [--restart both|warm|all|in-place|cold|spare|recreate]
 
 For each fault: fault injected -> detected by the operator -> every pod of the new gang running
 -> the first new step -> back at the step of the failure, from the trainer's own step times;
@@ -12,8 +12,10 @@ column is the faulted run's wall time over the uninterrupted run's. With ``--res
 (the default) every fault runs twice, with in-place restarts (faultTolerance.inPlaceRestarts,
 the default) and with the gang recreated (inPlaceRestarts 0, the peer of the second table),
 and the second table compares fault -> first new step between the two, as a ratio. ``all`` adds
-a third way, in place with one warm spare (faultTolerance.spares 1: a lost node's pod index goes
-to a standby pod already running). Everything started is
+in place with cold workers (TRAINER_WARM_WORKERS=0 in spec.env: every restart starts its
+launcher and workers as new interpreters, as before trainer.warm) and in place with one warm
+spare (faultTolerance.spares 1: a lost node's pod index goes to a standby pod already running);
+``warm`` runs in place with warm and with cold workers, and recreated. Everything started is
 stopped at the end, on Ctrl-C and on errors.
 """
 
@@ -34,7 +36,10 @@ from localcluster import drill  # noqa: E402
 from localcluster.cluster import Cluster, free_base_port  # noqa: E402
 
 
-MODES = {"in-place": "in place allowed", "spare": "in place, 1 warm spare", "recreate": "recreate (inPlaceRestarts 0)"}
+MODES = {"in-place": "in place allowed", "cold": "in place, cold workers (TRAINER_WARM_WORKERS=0)",
+         "spare": "in place, 1 warm spare", "recreate": "recreate (inPlaceRestarts 0)"}
+PRESETS = {"both": ("in-place", "recreate"), "warm": ("in-place", "cold", "recreate"),
+           "all": ("spare", "in-place", "cold", "recreate")}
 
 
 def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | None, mode: str = "in-place") -> dict:
@@ -50,6 +55,9 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "inPlaceRestarts": 0}
     if mode == "spare":
         body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "spares": 1}
+    if mode == "cold":
+        from trainium_api.agent import WARM_ENV
+        body["spec"]["env"] = [*body["spec"].get("env", []), {"name": WARM_ENV, "value": "0"}]
     d = drill.Drill(cluster, name, body)
     d.create()
     out: dict = {"fault": fault or "none (peer)"}
@@ -80,12 +88,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--fault-at", type=int, default=18)
     ap.add_argument("--checkpoint-every", type=int, default=5)
-    ap.add_argument("--restart", choices=("both", "all", *MODES), default="both",
-                    help="in-place restarts on, on with one warm spare, off (the gang recreated); both: in place "
-                         "and recreated; all: the three")
+    ap.add_argument("--restart", choices=(*PRESETS, *MODES), default="both",
+                    help="in-place restarts on (warm workers, the default), on with cold workers, on with one warm "
+                         "spare, off (the gang recreated); both: in place and recreated; warm: in place with warm "
+                         "and cold workers, and recreated; all: the four")
     args = ap.parse_args()
-    modes = {"both": ("in-place", "recreate"), "all": ("spare", "in-place", "recreate")}.get(
-        args.restart, (args.restart,))
+    modes = PRESETS.get(args.restart, (args.restart,))
     stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from trainer import tinydata
@@ -134,6 +142,14 @@ def main() -> int:
                       fmt(a["first"] / b["first"]) if a["first"] and b["first"] else "-"]
                      for group in (rows[j:j + k] for j in range(0, len(rows), k)) for a in group[:-1]
                      for b in group[-1:]]))
+    if "in-place" in modes and "cold" in modes:
+        warm, cold = MODES["in-place"], MODES["cold"]
+        pairs = [(a, b) for a in rows for b in rows if a["fault"] == b["fault"] and a["mode"] == warm
+                 and b["mode"] == cold]
+        print("\nfault -> first new step, warm workers against cold ones (same session)\n")
+        print(table(["fault", "restart (warm)", "warm: first new step", "cold: first new step", "warm / cold"],
+                    [[a["fault"], a["restart"], fmt(a["first"]), fmt(b["first"]),
+                      fmt(a["first"] / b["first"]) if a["first"] and b["first"] else "-"] for a, b in pairs]))
     return 0
 
 

@@ -22,6 +22,7 @@ watch latency (tens of milliseconds).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATIO
 from .proctable import proc_self as _proc_self
 from .proctable import process_table as _process_table
 from .proctable import status as _status
+from . import warm
 from .progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
 WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
@@ -168,10 +170,11 @@ def _placed(argv: list[str], index: int | None, master: str | None) -> list[str]
     return out
 
 
-def _under_me() -> list[tuple[int, int]]:
+def _under_me(spare: int | None = None) -> list[tuple[int, int]]:
     """Every live process under this one (the workers' launcher, its workers in sessions of
     their own, and orphans of theirs: the agent is their subreaper, or PID 1 in a container):
-    (its number in /proc, its pid)."""
+    (its number in /proc, its pid). ``spare``: a child's pid (the parked launcher) left out,
+    with everything under it."""
     children: dict[int, list[tuple[int, int]]] = {}
     for n, (ppid, local, state) in _process_table().items():
         if state != "Z":
@@ -179,6 +182,8 @@ def _under_me() -> list[tuple[int, int]]:
     out, todo = [], [_proc_self()]
     while todo:
         for child in children.get(todo.pop(), []):
+            if spare is not None and child[1] == spare:
+                continue
             out.append(child)
             todo.append(child[0])
     return out
@@ -208,6 +213,10 @@ class Agent:
         self.orders = Orders(api, pod, namespace).start()
         self.reports = Reports(api, pod, namespace)
         self.child: subprocess.Popen | None = None
+        self.parked: subprocess.Popen | None = None  # the next attempt's launcher, warm (trainer.warm)
+        self.warm = os.environ.get(protocol.WARM_ENV, "1") != "0"
+        self.parked_failures = 0
+        self.started_at = time.monotonic()
         self.index: int | None = None  # the node rank and rendezvous address the operator ordered, if it did
         self.master: str | None = None
         self.terminating = threading.Event()
@@ -233,20 +242,70 @@ class Agent:
             env["MASTER_ADDR"] = self.master
         if check:
             env.pop(PREFLIGHT_PASSED_ENV, None)
-        self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
-        log(f"attempt {attempt}: workers started (pid {self.child.pid}) at {time.time():.3f}")
+        self.child = self._unpark(argv, env)
+        how = "from the warm launcher" if self.child is not None else "cold"
+        if self.child is None:
+            self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
+        self.started_at = time.monotonic()
+        log(f"attempt {attempt}: workers started {how} (pid {self.child.pid}) at {time.time():.3f}")
         if self.terminating.is_set():  # a SIGTERM that came while it was being started
             self.child.send_signal(signal.SIGTERM)
+
+    def park(self) -> None:
+        """Start the next attempt's launcher, warm and waiting (none while one is parked)."""
+        if not self.warm or self.terminating.is_set() or (self.parked is not None and self.parked.poll() is None):
+            return
+        if self.parked is not None:  # it ended unused: say so, and stop trying after a few
+            self.parked_failures += 1
+            log(f"the parked launcher exited {self.parked.returncode} before its order"
+                + ("; restarts start cold from now on" if self.parked_failures >= warm.MAX_PARK_FAILURES else ""))
+            self.parked = None
+            if self.parked_failures >= warm.MAX_PARK_FAILURES:
+                self.warm = False
+                return
+        self.parked = subprocess.Popen([sys.executable, "-m", "trainer.launch", warm.PARK_FLAG],
+                                       stdin=subprocess.PIPE, env=warm.parked_env())
+        log(f"a warm launcher is parked for the next attempt (pid {self.parked.pid})")
+
+    def _unpark(self, argv: list[str], env: dict) -> subprocess.Popen | None:
+        """The parked launcher, given this attempt's command and environment; None when there
+        is none alive (the attempt then starts cold)."""
+        parked, self.parked = self.parked, None
+        if parked is None or parked.poll() is not None:
+            return None
+        try:
+            parked.stdin.write((json.dumps({"argv": argv, "env": env}) + "\n").encode())
+            parked.stdin.close()
+        except OSError:  # it died meanwhile
+            with contextlib.suppress(OSError):
+                parked.kill()
+            parked.wait()
+            return None
+        return parked
+
+    def drop_parked(self) -> None:
+        """The pod is ending: the parked launcher (an EOF on its stdin) goes too."""
+        parked, self.parked = self.parked, None
+        if parked is None:
+            return
+        with contextlib.suppress(OSError):
+            parked.stdin.close()
+        try:
+            parked.wait(5)
+        except subprocess.TimeoutExpired:
+            parked.kill()
+            parked.wait()
 
     def clear(self, grace: float) -> bool:
         """Stop every process under the agent: SIGTERM (torchrun passes it to its workers, which
         save as on any teardown), SIGKILL after ``grace`` seconds. Whether none is left: until
         then no new attempt may start here (the barrier's promise)."""
-        under = _under_me()
+        spare = self.parked.pid if self.parked is not None else None
+        under = _under_me(spare)
         _signal(under, signal.SIGTERM)
         numbers = [n for n, _ in under]
         _wait_gone(numbers, grace)
-        under = _under_me()  # and what they started meanwhile
+        under = _under_me(spare)  # and what they started meanwhile
         _signal(under, signal.SIGKILL)
         numbers += [n for n, _ in under]
         _wait_gone(numbers, 10.0)
@@ -286,6 +345,7 @@ class Agent:
 
     def end(self, code: int) -> int:
         """The pod ends with the workers' code and their termination message."""
+        self.drop_parked()
         path = os.environ.get(TERMINATION_LOG_ENV)
         text = self.message()
         if path and text:
@@ -318,6 +378,7 @@ class Agent:
         first, check = True, False
         if await_start:  # a pod that replaces one of the gang: its workers start with the others'
             log(f"attempt {attempt}: a replacement pod; waiting at the barrier for the order to start")
+            self.park()  # idle until then: its first workers start warm
             order = self.barrier(attempt)
             if order is None:
                 return self.end(exitcodes.TERMINATED)
@@ -330,6 +391,8 @@ class Agent:
             order = None
             while self.child.poll() is None and order is None and not self.terminating.is_set():
                 order = self.orders.wait(self._newer(attempt), timeout=0.2, stop=self.terminating)
+                if time.monotonic() - self.started_at >= warm.PARK_AFTER_SECONDS:
+                    self.park()  # once this attempt's start no longer needs the CPU
             if self.terminating.is_set():
                 return self.end(self.child.wait())
             if order is None:  # the workers exited by themselves
@@ -337,6 +400,7 @@ class Agent:
                 if not restartable(code, message):
                     return self.end(code)
                 self.reports.say(protocol.Report(attempt, "exited", code, message, time.time()))
+                self.park()  # while the order comes
                 order = self.orders.wait(self._newer(attempt), stop=self.terminating)
                 if order is None:  # SIGTERM: the pod is being deleted
                     return self.end(code)

@@ -12,7 +12,8 @@ container's terminationMessagePath; unset, nothing is written: we are not in suc
 
 ``--agent`` first (in-place restarts): this process becomes the pod's agent (trainer.agent),
 which runs the rest of the command as ``python -m trainer.launch`` in a child and starts new
-workers on the operator's order instead of ending the pod.
+workers on the operator's order instead of ending the pod. ``--warm`` alone: a launcher the
+agent parks, warm, for the next attempt (trainer.warm).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from trainium_api import preflight as verdicts
 from trainium_api.launch import (AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
                                  TERMINATION_LOG_ENV)
 
-from . import liveness
+from . import liveness, warm
 from .outputwatch import OutputWatch
 from .progress import annotate_own_pod
 
@@ -222,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         if code is not None:
             return code
         argv = argv[1:]
+    watch = forked = None
+    if argv[:1] == [warm.PARK_FLAG]:  # parked by the agent until its start order (trainer.warm)
+        parked = warm.park()
+        if parked is None:
+            return exitcodes.OK
+        argv, watch = parked
+        forked = warm.forks_workers(argv)
     steps = _pop_precompile(argv)
     check = _pop_flag(argv, PREFLIGHT_FLAG)
     args = parse_args(argv)
@@ -233,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         code = precompile(argv, steps)
         if code != exitcodes.OK:
             return code
-    watch = OutputWatch().start()
+    watch = watch or OutputWatch().start()
     try:
-        run(args)
+        if forked:
+            warm.run(args)
+        else:
+            run(args)
     except ChildFailedError as exc:
         # the pod is ending: a SIGTERM now (a teardown) must not cut the report short (torch's
         # handler is still installed and would raise out of this block)

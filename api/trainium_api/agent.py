@@ -34,6 +34,29 @@ AWAIT_START_ENV = "TRAINER_AGENT_AWAIT_START"
 """Set ("1") on a pod that replaces one of a gang restarted in place: its agent says ``ready``
 for its ATTEMPT at once and starts the workers only on the order to, with the others."""
 ORDER = "trainium.dev/order"
+WARM_ENV = "TRAINER_WARM_WORKERS"
+"""Warm workers (trainer.warm): on unless the pod's environment sets this to "0"."""
+PARKED_ATTEMPT = "warm"
+"""The ATTEMPT a parked launcher (trainer.warm) starts with: it belongs to no attempt until its
+start order. Its /proc environment keeps this value after the order, and so does that of the
+workers it forks: they name their attempt (and rank) in their process name instead."""
+_NAME = re.compile(r"tr-a(\d+)(?:-r(\d+))?")
+NAME_LIMIT = 15  # Linux keeps 15 bytes of a process name
+
+
+def process_name(attempt: int, rank: int | None = None) -> str:
+    """What a warm-started launcher (``tr-a<attempt>``) or worker (``tr-a<attempt>-r<rank>``)
+    calls itself: ``ps`` and ``top`` show it, and tools read the attempt from it."""
+    return f"tr-a{attempt}" + ("" if rank is None else f"-r{rank}")
+
+
+def parse_process_name(name: str) -> tuple[int, int | None] | None:
+    """(attempt, rank or None) of a name :func:`process_name` made; None for any other name
+    and for one that may have been cut at the limit."""
+    m = _NAME.fullmatch(name.strip())
+    if not m or len(name.strip()) >= NAME_LIMIT:
+        return None
+    return int(m.group(1)), (int(m.group(2)) if m.group(2) else None)
 State = Literal["running", "exited", "ready"]
 STATES: tuple[str, ...] = ("running", "exited", "ready")
 MESSAGE_LIMIT = 1024  # a termination message's worth (the kubelet keeps 4 KiB; ours are one line)

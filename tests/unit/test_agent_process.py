@@ -27,22 +27,37 @@ import json, subprocess, sys, time
 from trainer import agent
 a = agent.Agent.__new__(agent.Agent)  # the process part only: no API server here
 agent._become_subreaper()
+a.parked = None
+if len(sys.argv) > 3:  # a parked launcher stand-in (a process with a child of its own, waiting on stdin)
+    a.parked = subprocess.Popen([sys.executable, "-c", sys.argv[3]], stdin=subprocess.PIPE)
 a.child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+expect = 3 + 2 * (a.parked is not None)
 deadline = time.monotonic() + 20
-while len(agent._under_me()) < 3 and time.monotonic() < deadline:
+while len(agent._under_me()) < expect and time.monotonic() < deadline:
     time.sleep(0.05)
-under = [n for n, _ in agent._under_me()]
+spare = a.parked.pid if a.parked is not None else None
+under = [n for n, _ in agent._under_me(spare)]
+parked = [n for n, _ in agent._under_me()] if spare else []
+parked = [n for n in parked if n not in under]
 started = time.monotonic()
 ok = a.clear(grace=0.5)
 me = agent._proc_self()
 zombies = [n for n, (ppid, _, state) in agent._process_table().items() if ppid == me and state == "Z"]
 print(json.dumps({"found": len(under), "ok": ok, "left": agent._alive(under), "seconds": time.monotonic() - started,
-                  "launcher": a.child.returncode, "zombies": zombies}))
+                  "launcher": a.child.returncode, "zombies": zombies, "parked": len(parked),
+                  "parked_alive": all(agent._alive([n]) for n in parked) if parked else None}))
+if a.parked is not None:
+    a.drop_parked()
 """
+# what stands in for a parked launcher: it and a child of its own (the fork server), until stdin closes
+PARKED = ("import subprocess, sys\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "sys.stdin.read()\n"
+          "child.kill()\n")
 
 
-def _stop(launcher_exits: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", AGENT_SIDE, TREE, str(launcher_exits)], capture_output=True,
+def _stop(launcher_exits: int, *parked: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", AGENT_SIDE, TREE, str(launcher_exits), *parked], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -57,6 +72,14 @@ def test_a_stop_reaches_every_process_even_those_ignoring_sigterm():
 def test_workers_that_outlive_their_launcher_are_stopped_before_the_agent_says_ready():
     got = _stop(1)  # the launcher ends on SIGTERM; one worker does not: found and killed all the same
     assert got["found"] == 3 and got["ok"] and not got["left"] and got["launcher"] is not None, got
+
+
+def test_the_parked_launcher_and_what_it_started_survive_the_stop_of_an_attempt():
+    """trainer.warm: the next attempt's launcher, parked under the agent, is not the stopped
+    attempt's: the stop leaves it (and its fork server) alive while every other process goes."""
+    got = _stop(0, PARKED)
+    assert got["found"] == 3 and got["ok"] and not got["left"], got
+    assert got["parked"] == 2 and got["parked_alive"], got
 
 
 def test_which_exits_may_be_restarted_in_place_and_the_check_is_not_run_again():

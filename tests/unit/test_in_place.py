@@ -614,3 +614,14 @@ def test_a_replace_status_edited_by_hand_recreates_instead_of_stalling():
         r = reconcile_objects(run_with(edited), [pod(0, report={"attempt": 2, "state": "ready"})], nodes, now=61.0)
         made = [o["metadata"]["name"] for o in r.ensured("Pod")]
         assert events(r, "InPlaceRestartGivenUp") or made == ["r-a2-1"], (bad, made)
+
+
+def test_warm_process_names_round_trip_and_refuse_what_they_did_not_make():
+    """trainer.warm: a warm-started launcher or worker names its attempt and rank (its /proc
+    environment is the parked one's); a name cut at Linux's 15 bytes is not trusted."""
+    from trainium_api.agent import NAME_LIMIT, parse_process_name, process_name
+    assert parse_process_name(process_name(7)) == (7, None)
+    assert parse_process_name(process_name(12, 127) + "\n") == (12, 127)  # as /proc/<pid>/comm reads
+    assert parse_process_name("python3") is None and parse_process_name("tr-a1-rx") is None
+    long = process_name(123456, 12345)
+    assert len(long) >= NAME_LIMIT and parse_process_name(long[:NAME_LIMIT]) is None

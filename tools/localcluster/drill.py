@@ -124,12 +124,15 @@ class ProcessSampler:
         key = (pid, start)
         if key not in self._pid_attempt:
             env = podprocs.process_env(pid)
+            if podprocs.is_parked(pid, env):  # no attempt's yet: looked at again next time
+                return None
+            warm = podprocs.warm_identity(pid, env)  # started warm: its name says its attempt
             # a gang pod <run>-a<attempt>-<index>, or a spare <run>-spare-<n> (faultTolerance.spares)
             m = re.match(re.escape(self.prefix) + r"(?:a(\d+)-\d+|spare-\d+)/", env.get("LOCALPOD", ""))
             # a worker's attempt is its ATTEMPT (an in-place restart's workers run in the pods
             # of an earlier attempt, a spare's in a pod of none); the pod's agent outlives every
             # attempt it runs: not counted
-            attempt = env.get("ATTEMPT", "")
+            attempt = str(warm[0]) if warm is not None else env.get("ATTEMPT", "")
             self._pid_attempt[key] = None if not m or podprocs.is_agent(pid) else (
                 int(attempt) if attempt.isdigit() else int(m.group(1)) if m.group(1) else None)
         return self._pid_attempt[key]

@@ -76,6 +76,25 @@ def process_env(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
+def warm_identity(pid: int, env: dict[str, str]) -> tuple[int, int | None] | None:
+    """(attempt, rank or None) of a launcher or worker started warm (trainer.warm: its /proc
+    environment is the parked launcher's, its name says what it runs); None for a process still
+    parked (or a fork server) and for any process not started warm."""
+    from trainium_api.agent import PARKED_ATTEMPT, parse_process_name
+    if env.get("ATTEMPT") != PARKED_ATTEMPT:
+        return None
+    try:
+        return parse_process_name(Path(f"/proc/{pid}/comm").read_text())
+    except OSError:
+        return None
+
+
+def is_parked(pid: int, env: dict[str, str]) -> bool:
+    """A process the agent keeps warm for the next attempt (or a warm launcher's fork server)."""
+    from trainium_api.agent import PARKED_ATTEMPT
+    return env.get("ATTEMPT") == PARKED_ATTEMPT and warm_identity(pid, env) is None
+
+
 def is_agent(pid: int) -> bool:
     """Whether ``pid`` is a pod's agent (trainer.launch --agent: in-place restarts)."""
     from trainium_api.launch import AGENT_FLAG
@@ -87,11 +106,11 @@ def is_agent(pid: int) -> bool:
 
 
 def signal_all(init_pid: int, sig: int, spare_agent: bool = False) -> list[int]:
-    """Send ``sig`` to every process of the pod (but its agent, with ``spare_agent``); returns
-    the PIDs signalled."""
+    """Send ``sig`` to every process of the pod (but its agent and what it keeps parked, with
+    ``spare_agent``); returns the PIDs signalled."""
     done = []
     for pid in namespace_pids(init_pid):
-        if spare_agent and is_agent(pid):
+        if spare_agent and (is_agent(pid) or is_parked(pid, process_env(pid))):
             continue
         try:
             os.kill(pid, sig)
@@ -136,11 +155,13 @@ def live_init_pid(pod_dir: Path) -> int:
 
 
 def worker_pids(init_pid: int) -> dict[int, int]:
-    """Global rank -> PID of each torchrun worker in the pod (workers carry RANK in their env;
-    torchrun's agent does not)."""
+    """Global rank -> PID of each torchrun worker in the pod (workers carry RANK in their env,
+    or in their name when forked warm; torchrun's agent does not)."""
     out = {}
     for pid in namespace_pids(init_pid):
         env = process_env(pid)
         if "RANK" in env and "LOCAL_RANK" in env and env.get("TORCHELASTIC_RUN_ID") is not None:
             out[int(env["RANK"])] = pid
+        elif (warm := warm_identity(pid, env)) is not None and warm[1] is not None:
+            out[warm[1]] = pid  # a worker forked warm (trainer.warm)
     return out
