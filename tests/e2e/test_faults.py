@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import drill
+from localcluster import drill, podprocs
 from localcluster.drill import Drill, ProcessSampler
 
 pytestmark = pytest.mark.e2e
@@ -169,6 +169,9 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
         d.wait_step(FAULT_AT, 240)
         if spare:
             d.wait(lambda: d.status().get("spares") == [f"{name}-spare-1"], 120, "the spare to wait at the ready")
+        if fault in IN_PLACE:  # the agents park the next attempt's launcher a few seconds into this one
+            d.wait(lambda: all(podprocs.parked_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(
+                e2e.cluster.pods_dir, ns, p.metadata.name))) for p in d.pods()), 60, "warm launchers to be parked")
         failed_step, fault_time = d.trained_step(), time.time()
         hit = d.inject(fault, e2e.operator)
         st = finish(d)
@@ -217,6 +220,8 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     if fault in IN_PLACE:
         assert st.get("restartsInPlace") == 1, st
         assert not created, "an in-place restart created pods"
+        # the new workers came from the parked launchers (trainer.warm), forked, not started cold
+        assert sampler.warm == {2}, sampler.warm
     if fault in REPLACED:
         took = f"{name}-spare-1" if spare else f"{name}-a2-0"
         assert st.get("restartsReplaced") == 1 and st["current"]["podNames"] == [took, f"{name}-a1-1"], st

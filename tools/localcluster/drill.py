@@ -101,6 +101,7 @@ class ProcessSampler:
         self.prefix, self.interval = f"{namespace}/{run}-", interval
         self.overlaps: list[tuple[float, set]] = []
         self.seen: dict[int, tuple[float, float]] = {}  # attempt -> (first, last) sample time
+        self.warm: set[int] = set()  # attempts whose processes were started warm (trainer.warm)
         self._pid_attempt: dict[tuple[int, str], int | None] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="process-sampler")
@@ -133,6 +134,8 @@ class ProcessSampler:
             # of an earlier attempt, a spare's in a pod of none); the pod's agent outlives every
             # attempt it runs: not counted
             attempt = str(warm[0]) if warm is not None else env.get("ATTEMPT", "")
+            if warm is not None and m:
+                self.warm.add(warm[0])
             self._pid_attempt[key] = None if not m or podprocs.is_agent(pid) else (
                 int(attempt) if attempt.isdigit() else int(m.group(1)) if m.group(1) else None)
         return self._pid_attempt[key]

@@ -95,6 +95,11 @@ def is_parked(pid: int, env: dict[str, str]) -> bool:
     return env.get("ATTEMPT") == PARKED_ATTEMPT and warm_identity(pid, env) is None
 
 
+def parked_pids(init_pid: int) -> list[int]:
+    """The pod's parked launcher and its fork server (trainer.warm), if its agent keeps one."""
+    return [pid for pid in namespace_pids(init_pid) if is_parked(pid, process_env(pid))]
+
+
 def is_agent(pid: int) -> bool:
     """Whether ``pid`` is a pod's agent (trainer.launch --agent: in-place restarts)."""
     from trainium_api.launch import AGENT_FLAG
