@@ -32,7 +32,8 @@ GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "runtime-restart", "straggler", "hang",
           "operator-kill", "evict")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
-WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started \(pid \d+\) at ([0-9.]+)")
+WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started (?:cold |from the warm launcher )?"
+                             r"\(pid \d+\) at ([0-9.]+)")
 
 
 def manifest(name: str, data: dict[str, str], workdir: Path, prepared: bool = True, **groups) -> dict:
