@@ -42,9 +42,9 @@ COSTS = {
     "restart_recreate": Cost(5.60, "ours, bench/recovery_latency 128 nodes: recreate, detection -> 128 new pods Running"),
     "restart_in_place": Cost(6.23, "ours, bench/recovery_latency 128 nodes: in-place barrier, detection -> started"),
     "restart_replace": Cost(6.48, "ours, bench/recovery_latency 128 nodes: one pod replaced, the rest in place"),
-    "imports_cold": Cost(4.5, "ours, bench/e2e_recovery: the workers' start (launcher, PyTorch and trainer imports) "
-                              "of an in-place restart with cold workers"),
-    "imports_warm": Cost(0.5, "ours, bench/e2e_recovery: the same with warm workers (trainer.warm)"),
+    "imports_cold": Cost(4.84, "ours, bench/e2e_recovery kill-rank, in place with cold workers: detection -> first "
+                               "new step (launcher and ranks started, imports, rendezvous, restore, one step)"),
+    "imports_warm": Cost(1.43, "ours, bench/e2e_recovery kill-rank, in place with warm workers (trainer.warm): the same"),
     "restore_memory": Cost(0.27, "ours, bench/checkpoint_restore: 1.07 GB from this node's memory in 0.325 s, "
                                  "scaled to 0.875 GB (a node's 1/128 of 112 GB)"),
     "restore_peer": Cost(1.45, "ours, bench/checkpoint_restore: 1.07 GB from the next node over gloo (loopback TCP) "
