@@ -244,6 +244,8 @@ class Agent:
             env.pop(PREFLIGHT_PASSED_ENV, None)
         self.child = self._unpark(argv, env)
         how = "from the warm launcher" if self.child is not None else "cold"
+        if self.child is not None:
+            self.parked_failures = 0  # it worked: a later failure of warm-up starts the count again
         if self.child is None:
             self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
         self.started_at = time.monotonic()

@@ -211,6 +211,14 @@ def report_fault(finding: runtimefaults.Finding | None, path: str | None) -> Non
         print(f"trainer.launch: could not write the termination message to {path}: {exc}", file=sys.stderr)
 
 
+def _stop_watch(watch: OutputWatch, forked: bool):
+    """The watch's finding, once the ranks' output is read to its end. A warm launcher's fork
+    server holds the watch's pipes too: it goes first, or the watch would wait it out."""
+    if forked:
+        warm.stop_fork_server()
+    return watch.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         # the pod is ending: a SIGTERM now (a teardown) must not cut the report short (torch's
         # handler is still installed and would raise out of this block)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        finding = watch.stop()
+        finding = _stop_watch(watch, forked)
         codes = [f.exitcode for f in exc.failures.values()]
         code = exit_code_for(codes)
         print(f"trainer.launch: workers exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
@@ -262,12 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         # stopped (a teardown): a rank whose runtime reported a hardware fault before it was
         # told to stop is still this node's fault (the operator reads it in teardown); a lost
         # peer is not worth saying here, everyone lost one
-        finding = watch.stop()
+        finding = _stop_watch(watch, forked)
         if finding is not None and finding.kind != "peer":
             report_fault(finding, os.environ.get(TERMINATION_LOG_ENV))
         return exitcodes.TERMINATED
     finally:
-        watch.stop()
+        _stop_watch(watch, forked)
     return exitcodes.OK
 
 

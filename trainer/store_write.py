@@ -14,7 +14,8 @@ itself; on ``s3://``, s3fs uploads a file's parts one after another. So:
   * ``s3://``: one multipart upload whose parts (``PART_BYTES``) go up ``PARTS_IN_FLIGHT`` at a
     time while torch.save produces the next ones, through s3fs's own request path (credentials,
     endpoint, retries of transient errors). A failed part aborts the upload: no object, no
-    partial object. Memory: at most ``PARTS_IN_FLIGHT + 1`` parts per writing rank.
+    partial object. Memory: at most ``PARTS_IN_FLIGHT + 1`` parts per writing rank (one being
+    filled, the others on their way).
 
 Other protocols use the file system's own ``open``.
 """
@@ -100,13 +101,22 @@ class S3PartsWriter:
         """Parts go up when full; a flush does not cut a short part (S3's minimum is 5 MiB)."""
 
     def write(self, data) -> int:
+        """Cut parts as the bytes come (torch.save hands over a whole tensor's storage in one
+        call): at most one part is buffered here, besides those in flight."""
         self._raise_failed()
         view = memoryview(data).cast("B")
-        self._buf += view
+        i = 0
+        while i < len(view):
+            take = min(self.part_bytes - len(self._buf), len(view) - i)
+            if not self._buf and take == self.part_bytes:
+                self._send(bytes(view[i:i + take]))  # a whole part straight from the caller's bytes
+            else:
+                self._buf += view[i:i + take]
+                if len(self._buf) == self.part_bytes:
+                    self._send(bytes(self._buf))
+                    self._buf = bytearray()
+            i += take
         self._pos += len(view)
-        while len(self._buf) >= self.part_bytes:
-            self._send(bytes(self._buf[:self.part_bytes]))
-            del self._buf[:self.part_bytes]
         return len(view)
 
     def close(self) -> None:

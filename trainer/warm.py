@@ -22,16 +22,23 @@ What differs for a forked worker, and how it is kept the same:
     name themselves ``tr-a<attempt>`` / ``tr-a<attempt>-r<rank>`` (trainium_api.agent), which
     ``ps`` shows and the local cluster's process tools read.
 
-The fork server has run no PyTorch operation (no OpenMP or other threads to lose in a fork).
+The fork server has run no PyTorch operation; the thread pools its libraries size when PyTorch
+loads follow OMP_NUM_THREADS, which the parked environment sets as torchrun would (1, unless the
+pod sets it). A forked rank asks for SIGTERM when the fork server dies (a stop, with its
+stop-save), runs its exit handlers itself (a fork server's child ends with ``os._exit``), and
+the launcher ends the fork server before reading the ranks' output to its end.
 A parked launcher whose agent goes (its stdin closes) exits. ``TRAINER_WARM_WORKERS=0`` in the
 pod's environment turns all of this off.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import json
 import os
+import signal
 import sys
 
 from trainium_api.agent import PARKED_ATTEMPT, process_name
@@ -68,10 +75,12 @@ def park():
     import multiprocessing
 
     importlib.import_module("torch.distributed.run")  # imported now, not after the order
+    from multiprocessing import forkserver, resource_tracker
+
     from .outputwatch import OutputWatch
-    watch = OutputWatch().start()  # first: the fork server, and the workers it forks, write into it
+    resource_tracker.ensure_running()  # before the watch: it must not hold the watch's pipes
+    watch = OutputWatch().start()  # then the fork server, and the ranks it forks, write into it
     multiprocessing.set_forkserver_preload(PRELOAD)
-    from multiprocessing import forkserver
     forkserver.ensure_running()
     line = sys.stdin.readline()
     if not line.strip():
@@ -82,6 +91,15 @@ def park():
     os.environ.update(go["env"])
     set_process_name(process_name(int(go["env"].get("ATTEMPT", "0") or 0)))
     return list(go["argv"]), watch
+
+
+def stop_fork_server() -> None:
+    """End the fork server (the ranks are gone): it holds the output watch's pipes open."""
+    from multiprocessing import forkserver
+    try:
+        forkserver._forkserver._stop()  # noqa: SLF001 - the stdlib's own way to end it
+    except (AttributeError, OSError, ChildProcessError):
+        pass
 
 
 def run(args) -> None:
@@ -98,10 +116,21 @@ def run(args) -> None:
     elastic_launch(config=config, entrypoint=worker)(dict(os.environ), trainer_argv)
 
 
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+                 "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+"""What torchrun gives each worker (besides TORCHELASTIC_*): taken from the worker's environment
+even where the value equals the fork server's."""
+
+
 def worker(launcher_env: dict, argv: list[str]) -> None:
     """A rank forked from the fork server: the environment a started worker would have, then
     the trainer's main, its exit code the process's."""
-    torchrun_vars = {k: v for k, v in os.environ.items() if _FORKSERVER_ENV.get(k) != v}
+    # torch's spawn wrapper asked for SIGINT when the parent (the fork server) dies, which the
+    # wrapper swallows: a rank would end mid-step without its stop-save. SIGTERM, as a stop.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    torchrun_vars = {k: v for k, v in os.environ.items()
+                     if _FORKSERVER_ENV.get(k) != v or k in TORCHRUN_VARS or k.startswith("TORCHELASTIC_")}
     os.environ.clear()
     os.environ.update(launcher_env)
     os.environ.update(torchrun_vars)
@@ -112,11 +141,16 @@ def worker(launcher_env: dict, argv: list[str]) -> None:
     for stream in (sys.stdout, sys.stderr):  # as a started worker's `python -u`
         stream.reconfigure(line_buffering=True, write_through=True)
     from .__main__ import main
-    code = main(argv)
+    try:
+        code = main(argv)
+    finally:
+        atexit._run_exitfuncs()  # a forked process ends with os._exit: its exit handlers run here
     if code:
         sys.exit(code)
 
 
 def parked_env() -> dict[str, str]:
-    """The environment a parked launcher starts with (the agent's, belonging to no attempt)."""
-    return {**os.environ, "ATTEMPT": PARKED_ATTEMPT}
+    """The environment a parked launcher starts with (the agent's, belonging to no attempt).
+    OMP_NUM_THREADS as torchrun gives its workers when unset (1): the fork server's libraries
+    (OpenMP, OpenBLAS) size their thread pools from it when PyTorch loads, before any order."""
+    return {**os.environ, "ATTEMPT": PARKED_ATTEMPT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

@@ -7,6 +7,7 @@ The order comes on the launcher's stdin as the pod's agent writes it (trainer.ag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -98,3 +99,42 @@ def test_a_parked_launcher_without_an_order_exits_quietly():
     proc.stdin.close()
     err = _finish(proc, 120)
     assert proc.returncode == 0, err[-3000:]
+
+
+def test_a_stop_of_every_process_lets_warm_ranks_save_as_cold_ones_do(tiny_data, tmp_path):
+    """The agent's stop (trainer.agent.clear) SIGTERMs every process under it, the fork server
+    included: its ranks must still stop as on any teardown, with the save of the step reached
+    (checkpoint.saveOnStop), not be cut short by the fork server's death."""
+    import os
+    import signal
+
+    from trainium_api import checkpoints
+    env = trainer_env()
+    proc = _parked(env)
+    uri = str(tmp_path / "ckpt")
+    losses = tmp_path / "stop.jsonl"
+    argv = trainer_cmd(2, [*data_overrides(tiny_data), "training.steps=5000", f"checkpoint.uri={uri}",
+                           "checkpoint.intervalSteps=4000", f"logging.lossesFile={losses}",
+                           "logging.interval=1"])[3:]
+    _order(proc, argv, {**env, "ATTEMPT": "2"})
+    deadline = time.monotonic() + 240
+    while not (losses.exists() and len(read_losses(losses)) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.1)
+    from trainer import agent
+    launcher = next(n for n, local in agent._under_me() if local == proc.pid)
+    under = [local for n, local in agent._under_me() if n == launcher]  # the launcher
+    table = agent._process_table()
+    todo = [launcher]
+    while todo:  # and everything under it
+        parent = todo.pop()
+        for n, (ppid, local, _) in table.items():
+            if ppid == parent:
+                under.append(local)
+                todo.append(n)
+    for pid in under:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    err = _finish(proc, 120)
+    tag = checkpoints.newest_complete(uri)
+    assert tag is not None and tag.step >= 3, err[-3000:]
