@@ -51,12 +51,15 @@ PRELOAD = ["torch", "torch.distributed", "torch.distributed.elastic.multiprocess
 _FORKSERVER_ENV = dict(os.environ)  # where :func:`worker` runs: the fork server's environment at its start
 
 
+def _prctl(option: int, arg) -> None:
+    """prctl(2) through glibc; where there is none (another libc) the setting is skipped."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg, 0, 0, 0)
+
+
 def set_process_name(name: str) -> None:
     """Linux's name of this process (PR_SET_NAME, what ``ps -o comm`` and /proc/<pid>/comm show)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15] + b"\0", 0, 0, 0)
-    except (OSError, AttributeError):  # no glibc: the name is only cosmetic there
-        pass
+    _prctl(15, name.encode()[:15] + b"\0")
 
 
 def forks_workers(argv: list[str]) -> bool:
@@ -96,10 +99,8 @@ def park():
 def stop_fork_server() -> None:
     """End the fork server (the ranks are gone): it holds the output watch's pipes open."""
     from multiprocessing import forkserver
-    try:
+    with contextlib.suppress(AttributeError, OSError, ChildProcessError):
         forkserver._forkserver._stop()  # noqa: SLF001 - the stdlib's own way to end it
-    except (AttributeError, OSError, ChildProcessError):
-        pass
 
 
 def run(args) -> None:
@@ -127,8 +128,7 @@ def worker(launcher_env: dict, argv: list[str]) -> None:
     the trainer's main, its exit code the process's."""
     # torch's spawn wrapper asked for SIGINT when the parent (the fork server) dies, which the
     # wrapper swallows: a rank would end mid-step without its stop-save. SIGTERM, as a stop.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     torchrun_vars = {k: v for k, v in os.environ.items()
                      if _FORKSERVER_ENV.get(k) != v or k in TORCHRUN_VARS or k.startswith("TORCHELASTIC_")}
     os.environ.clear()
