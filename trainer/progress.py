@@ -110,15 +110,17 @@ class ProgressReporter:
                force: bool = False, step_time: float | None = None, start_step: int = 0,
                eval_perplexity: float | None = None, compute_seconds: float | None = None,
                preflight_seconds: float | None = None, restore_seconds: float | None = None,
-               restore_source: str | None = None) -> None:
+               restore_source: str | None = None, first_step_time: float | None = None) -> None:
         """``step_time``: when the step ended (epoch seconds; default now). The operator measures
-        lost time from it, so it is the step's time, not the time the report is sent."""
+        lost time from it, so it is the step's time, not the time the report is sent;
+        ``first_step_time`` likewise for this process's first step."""
         if not self.enabled:
             return
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
                                start_step=start_step, eval_perplexity=eval_perplexity,
                                compute_seconds=compute_seconds, preflight_seconds=preflight_seconds,
-                               restore_seconds=restore_seconds, attempt=_attempt(), restore_source=restore_source)
+                               restore_seconds=restore_seconds, attempt=_attempt(), restore_source=restore_source,
+                               first_step_time=first_step_time)
         self._unsent = True
         self._force = self._force or force
         self._wake.set()  # the sender decides when: now if forced, else once the interval has passed

@@ -128,6 +128,7 @@ class Trainer:
         self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
         self.step = 0
         self.start_step = 0  # where this process began: 0, or the checkpoint it resumed from
+        self.first_step_time: float | None = None  # when this process's first step ended (epoch)
         self.tokens = 0
         self.last_ckpt_step: int | None = None
         self._failed_seen = 0  # failed saves already counted in the metrics
@@ -337,7 +338,7 @@ class Trainer:
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step on an eager device. Returns (loss, grad_norm, stop_requested)
         with the loss averaged over data-parallel ranks."""
-        ps, tcfg = self.ps, self.cfg.training
+        tcfg = self.cfg.training
         shared = self._forward_backward()
         loss_value, stop = shared[0].item() / self.loss_holders, shared[1].item() > 0
         grads, grad_norm = self.optim.sync_and_norm()
@@ -461,6 +462,8 @@ class Trainer:
         if param_norm is not None:
             m.param_norm.set(param_norm)
         self._last = (step, loss, tps, time.time())  # the step's end (observed)
+        if self.first_step_time is None:  # the operator dates this attempt's training start from it
+            self.first_step_time = self._last[3]
         self._note_finished_saves()
         self._report_progress()
         if self.losses_fh:
@@ -480,7 +483,7 @@ class Trainer:
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
                                  eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
                                  preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds,
-                                 restore_source=self.ckpt.restore_source)
+                                 restore_source=self.ckpt.restore_source, first_step_time=self.first_step_time)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -12,7 +12,10 @@ that restore read the model and optimizer state from, the gang's slowest rank's 
 checkpoints.RESTORE_SOURCES: memory, peer, store), null on a fresh start; ``attempt``: the attempt
 whose workers wrote it (their ATTEMPT), null from writers that do not know it: after an
 in-place restart the pod still carries the last attempt's report until the new workers write
-theirs, and the operator must not read it as the new attempt's progress). :func:`payload`
+theirs, and the operator must not read it as the new attempt's progress; ``firstStepTime``: when
+this process's first step ended, null from writers that do not know it: the operator dates the
+attempt's training start from it, exactly, where otherwise it has to reckon back from a later
+report by the run's step time). :func:`payload`
 encodes it, :func:`parse_report` reads it back with every field checked. The writer (a
 background thread that patches the pod) is trainer.progress; the operator and tools need only
 this module.
@@ -28,7 +31,7 @@ from .checkpoints import RESTORE_SOURCES
 
 ANNOTATION = "trainium.dev/progress"
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity",
-          "computeSeconds", "preflightSeconds", "restoreSeconds", "restoreSource", "attempt")
+          "computeSeconds", "preflightSeconds", "restoreSeconds", "restoreSource", "attempt", "firstStepTime")
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -40,7 +43,7 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
             now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None,
             compute_seconds: float | None = None, preflight_seconds: float | None = None,
             restore_seconds: float | None = None, attempt: int | None = None,
-            restore_source: str | None = None) -> str:
+            restore_source: str | None = None, first_step_time: float | None = None) -> str:
     """``tokens_per_second`` and ``loss`` may be None where the writer cannot know them (a
     script whose log has no throughput); the operator then leaves them out of the status."""
     return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
@@ -50,7 +53,7 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
                        "computeSeconds": _rounded(compute_seconds, 4),
                        "preflightSeconds": _rounded(preflight_seconds, 2),
                        "restoreSeconds": _rounded(restore_seconds, 2), "restoreSource": restore_source,
-                       "attempt": attempt},
+                       "attempt": attempt, "firstStepTime": _rounded(first_step_time, 3)},
                       separators=(",", ":"))
 
 
@@ -59,7 +62,7 @@ def payload(step: int, tokens_per_second: float | None, loss: float | None, last
 # field for type and range and drops one that does not fit rather than compute with it.
 _STEP = (int, 0, 2 ** 53)
 _LIMITS: dict[str, tuple[type, float, float]] = {
-    "step": _STEP, "time": (float, 0.0, 1e11), "tokensPerSecond": (float, 0.0, 1e15),
+    "step": _STEP, "time": (float, 0.0, 1e11), "firstStepTime": (float, 0.0, 1e11), "tokensPerSecond": (float, 0.0, 1e15),
     "loss": (float, -1e9, 1e9), "lastCheckpointStep": _STEP, "startStep": _STEP, "evalPerplexity": (float, 0.0, 1e30),
     "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6), "restoreSeconds": (float, 0.0, 1e6),
     "attempt": (int, 1, 2 ** 31)}

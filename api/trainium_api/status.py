@@ -144,7 +144,8 @@ class FailureRecord(_Written):
     """The new gang all Running."""
     recovered_after: float | None = None
     resumed_time: float | None = None
-    """The new attempt's first progress report."""
+    """A step end of the new attempt's first progress report: its first step's where the trainer
+    reports it (progress ``firstStepTime``), else the newest step's."""
     resumed_step: int | None = None
     """The checkpoint step the new attempt resumed from."""
     resumed_steps: int | None = None
@@ -298,7 +299,8 @@ class TrainingRunStatus(_Written):
     eval_perplexity: float | None = None
     first_progress_time: float | None = None
     first_progress_steps: int | None = None
-    """Steps trained by the first progress report (training began that many step times earlier)."""
+    """Steps trained by ``first_progress_time`` (training began that many step times earlier): 1
+    where the trainer reports its first step's end."""
     last_progress_time: float | None = None
     step_seconds: float | None = None
     """Smoothed seconds per step."""

@@ -197,6 +197,7 @@ class GangState:
     last_checkpoint_step: int | None
     last_progress_time: float | None
     start_step: int | None = None  # where the reporting processes began (their checkpoint), if known
+    first_step_time: float | None = None  # when their first step ended (the last pod's), where they say
     eval_perplexity: float | None = None  # newest held-out perplexity, when the run evaluates
     preflight_seconds: float | None = None  # what the attempt's pre-flight check took (its reports say)
     preflight_running: bool = False  # a pod of the gang says its pre-flight check is under way
@@ -221,6 +222,7 @@ def gang_state(pods: list[PodView]) -> GangState:
                                  default=None),
         last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None),
         start_step=newest.get("startStep") if newest else None,
+        first_step_time=max((r["firstStepTime"] for r in reports if r.get("firstStepTime")), default=None),
         eval_perplexity=next((r["evalPerplexity"] for r in sorted(reports, key=lambda r: -r["step"])
                               if r.get("evalPerplexity") is not None), None),
         preflight_seconds=max((r["preflightSeconds"] for r in reports if r.get("preflightSeconds") is not None),

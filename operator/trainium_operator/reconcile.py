@@ -949,7 +949,8 @@ def _gang_running(p: Pass, gang: GangState) -> None:
             new.message = ""
         if new.suspension is not None and new.suspension.resumed_time is not None:
             # training again after a resume: from the resume to the attempt's first step is lost
-            began = (gang.last_progress_time or p.now) - (gang.step - (gang.start_step or 0)) * (old.step_seconds or 0.0)
+            seen, steps = _first_seen(gang, p.now)
+            began = seen - steps * (old.step_seconds or 0.0)
             redone = max(0, (new.suspension.step or 0) - (gang.start_step or 0)) * (old.step_seconds or 0.0)
             new.suspension = replace(new.suspension, resumed_time=None, restart_seconds=round(
                 new.suspension.restart_seconds + max(0.0, began - new.suspension.resumed_time), 3),
@@ -958,9 +959,18 @@ def _gang_running(p: Pass, gang: GangState) -> None:
         if last and last.recovered_time and not last.resumed_time:
             # training again: the restart's schedule phase ends where the new attempt's
             # training began; it resumed at startStep (its checkpoint)
-            last.resumed_time = gang.last_progress_time or p.now
+            last.resumed_time, last.resumed_steps = _first_seen(gang, p.now)
             last.resumed_step = gang.start_step
-            last.resumed_steps = gang.step - (gang.start_step or 0)
+
+
+def _first_seen(gang: GangState, now: float) -> tuple[float, int]:
+    """A step end of the attempt's first report and how many steps it had trained by then: its
+    first step's own end where the trainer says (exact), else the newest report's (the operator
+    may see it late, after a restart of its own: goodput then reckons back by the run's step
+    time, which the new attempt's own warm-up can make inaccurate)."""
+    if gang.first_step_time is not None:  # no later than the newest step end
+        return min(gang.first_step_time, gang.last_progress_time or now), 1
+    return gang.last_progress_time or now, gang.step - (gang.start_step or 0)
 
 
 def _track_progress(p: Pass, gang: GangState) -> None:
@@ -999,8 +1009,7 @@ def _track_progress(p: Pass, gang: GangState) -> None:
         new.preflight_passed = [pp for pp in _recent_passes(p) if pp.node not in fresh] + \
             [PreflightPass(node=n, time=now) for n in sorted(fresh)]
     if not old.first_progress_time:
-        new.first_progress_time = gang.last_progress_time or now  # the trainer's step end time
-        new.first_progress_steps = gang.step - (gang.start_step or 0)  # steps trained by then
+        new.first_progress_time, new.first_progress_steps = _first_seen(gang, now)
     last = old.current.last_step
     if last is None or gang.step != last:  # a step back (a trainer that rolled back in place) is progress too
         if last is not None and old.current.last_step_time and gang.step > last:

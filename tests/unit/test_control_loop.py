@@ -309,8 +309,8 @@ def test_budgets_count_every_failure_not_only_the_records_kept():
     assert len(r.after.failure_counters.recent["application"]) == 51
 
 
-def _reporting(attempt: int, step: int, at: float, start_step: int | None = None) -> list:
-    ann = {"step": step, "time": at, **({"startStep": start_step} if start_step is not None else {})}
+def _reporting(attempt: int, step: int, at: float, start_step: int | None = None, **fields) -> list:
+    ann = {"step": step, "time": at, **({"startStep": start_step} if start_step is not None else {}), **fields}
     import json
     return [pod_view({"metadata": {"name": f"r-a{attempt}-{i}", "labels": {"trainium.dev/attempt": str(attempt),
                                                                        "trainium.dev/index": str(i)},
@@ -564,3 +564,27 @@ def test_restore_and_check_times_rise_to_the_slowest_pod_as_reports_arrive():
     assert (r.after.current.restore_seconds, r.after.restore_seconds) == (6.0, 6.0)
     assert (r.after.current.preflight_seconds, r.after.preflight_seconds) == (4.5, 4.5)
     assert r.after.goodput.lost_seconds.restore == 6.0
+
+
+def test_a_restart_seen_late_is_dated_from_the_trainers_first_step():
+    """The operator was down while the new attempt started: the first report it sees is 5 steps
+    in. With the trainer's ``firstStepTime`` the restart's training start is one step time before
+    that step ended, whatever the run's step time says; without it, goodput reckons back by 5
+    step times (the run's median, which a warm-up on a busy machine can inflate). A first step
+    time later than the newest step (garbage) is taken as the newest step."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Starting", "attempt": 2, "createdTime": 0.0, "firstProgressTime": 10.0,
+              "firstProgressSteps": 1, "stepSeconds": 2.0,
+              "failures": [{"id": 1, "time": 100.0, "attempt": 1, "lastProgressTime": 98.0, "step": 95,
+                            "checkpointStep": 90, "teardownDoneTime": 101.0, "recoveredTime": 104.0,
+                            "restart": "inPlace"}],
+              "failureCount": 1, "current": {"gangRunningTime": 104.0}}
+    exact = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90, firstStepTime=111.5),
+                              nodes, now=121.0).after.failures[-1]
+    assert (exact.resumed_time, exact.resumed_steps, exact.resumed_step) == (111.5, 1, 90)
+    reckoned = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90), nodes,
+                                 now=121.0).after.failures[-1]
+    assert (reckoned.resumed_time, reckoned.resumed_steps) == (120.0, 5)
+    capped = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90, firstStepTime=5e9),
+                               nodes, now=121.0).after.failures[-1]
+    assert (capped.resumed_time, capped.resumed_steps) == (120.0, 1)
