@@ -25,6 +25,17 @@ from .plan import gang_pod_names
 # A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
 # pre-flight or straggler verdict, all need other pods: the gang is recreated.
 IN_PLACE_CAUSES = ("application", "hang")
+# A hung gang's workers are stopped at once (SIGKILL, no grace): the stop-save a SIGTERM asks
+# for is agreed on at a step boundary through a collective, which a hung gang never reaches, so
+# the grace would only be waited out (the newest complete checkpoint is the one resumed from).
+NO_GRACE_CAUSES = ("hang",)
+
+
+def stop_grace(cause: str | None, grace: float) -> float:
+    """The grace an in-place stop gives the workers of a failure of ``cause``."""
+    return 0.0 if cause in NO_GRACE_CAUSES else grace
+
+
 # An agent that has not said its workers are gone this long after the teardown grace does not
 # answer: the gang is recreated (its pods are deleted, force after the grace).
 ANSWER_SLACK_SECONDS = 15.0

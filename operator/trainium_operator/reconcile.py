@@ -436,7 +436,8 @@ def _teardown_in_place(p: Pass) -> None:
     since = p.old.current.teardown_start_time or p.now
     lost = next((x for x in gang if x.deleting or x.phase != "Running"), None)
     ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
-    answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
+    stop = _stop_order(p, target)
+    answer_within = stop.grace_seconds + inplace.ANSWER_SLACK_SECONDS
     if lost is not None:
         _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
         return
@@ -446,12 +447,18 @@ def _teardown_in_place(p: Pass) -> None:
     if not ready and p.now - since > answer_within:
         _give_up_in_place(p, f"not every agent said its workers stopped within {answer_within:.0f}s")
         return
-    stop = Order(target, start=False, grace_seconds=float(p.grace))
     if not ready:
         p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(gang, stop)]
         return
     if _torn_down(p):
         _start_in_place(p, target)
+
+
+def _stop_order(p: Pass, target: int) -> Order:
+    """The order to stop the workers of the attempts before ``target``, with the grace the
+    failure being restarted from leaves them (none after a hang: inplace.stop_grace)."""
+    last = p.new.failures[-1] if p.new.failures else None
+    return Order(target, start=False, grace_seconds=inplace.stop_grace(last.cause if last else None, float(p.grace)))
 
 
 def _teardown_replace(p: Pass) -> None:
@@ -485,7 +492,7 @@ def _teardown_replace(p: Pass) -> None:
         p.new.current.replacement = other.name if other else plan.pod_name(p.name, target, index)
         p.new.current.replacement_since = p.now if other else None
         if other is not None:
-            p.effects.append(_take_index(other, Order(target, start=False, grace_seconds=float(p.grace)), target,
+            p.effects.append(_take_index(other, _stop_order(p, target), target,
                                          index))
             p.new.spares = [s for s in p.new.spares if s != other.name]
         p.event("SpareLost", f"spare {taken} went before attempt {target} started; "
@@ -524,7 +531,7 @@ def _teardown_replace(p: Pass) -> None:
     if why:
         _give_up_in_place(p, why)
         return
-    stop = Order(target, start=False, grace_seconds=float(p.grace))
+    stop = _stop_order(p, target)
     p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(kept, stop)]
     if replacement is not None and plan.is_spare_name(p.name, replacement.name):  # (until it carries the order)
         p.effects += [_take_index(x, stop, target, index) for x in inplace.unordered([replacement], stop)]
@@ -1087,7 +1094,7 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         _avoid(p, action.avoid_node, failure.message)
     new.current.restart = record.restart
     after = f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""
-    stop = Order(old.attempt + 1, start=False, grace_seconds=float(p.grace))
+    stop = _stop_order(p, old.attempt + 1)
     if record.restart == "inPlace":
         new.restarts_in_place = old.restarts_in_place + 1
         p.event("Restarting", f"{failure.cause}: {failure.message}; restarting the gang in place{after}", warning=True)

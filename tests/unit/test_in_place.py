@@ -625,3 +625,22 @@ def test_warm_process_names_round_trip_and_refuse_what_they_did_not_make():
     assert parse_process_name("python3") is None and parse_process_name("tr-a1-rx") is None
     long = process_name(123456, 12345)
     assert len(long) >= NAME_LIMIT and parse_process_name(long[:NAME_LIMIT]) is None
+
+
+def test_a_hung_gang_is_stopped_without_grace():
+    """A hang: the stop order gives no grace (a hung gang cannot agree on its stop-save), and an
+    agent that has not answered after ANSWER_SLACK_SECONDS has the gang recreated."""
+    status = started_run()
+    pods = [pod(i, report=running(1), progress=step_report(12, 1)) for i in range(2)]
+    r = reconcile_objects(run_with(status), pods, NODES, now=5000.0)
+    status.update(r.status)
+    assert status["phase"] == "Restarting" and status["failures"][-1]["cause"] == "hang", status
+    orders = {e.name: e.order for e in r.effects if e.kind == "order_pod"}
+    assert orders == {f"r-a1-{i}": agent.Order(2, start=False, grace_seconds=0.0) for i in range(2)}
+    stop = {"attempt": 2, "start": False, "graceSeconds": 0.0}
+    silent = [pod(i, report=running(1), order=stop) for i in range(2)]
+    r = reconcile_objects(run_with(status), silent, NODES, now=5000.0 + 14.0)
+    assert not [e for e in r.effects if e.kind == "delete_pod"]
+    r = reconcile_objects(run_with(status), silent, NODES, now=5000.0 + 16.0)
+    assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0", "r-a1-1"}
+    assert r.status["failures"][-1]["restart"] == "recreate"
