@@ -36,6 +36,7 @@ from localcluster import drill  # noqa: E402
 from localcluster.cluster import Cluster, free_base_port  # noqa: E402
 
 
+NODES, NODE_PREFIX = 3, "bench-"  # two for the gang, a third for a replacement or a spare
 MODES = {"in-place": "in place allowed", "cold": "in place, cold workers (TRAINER_WARM_WORKERS=0)",
          "spare": "in place, 1 warm spare", "recreate": "recreate (inPlaceRestarts 0)"}
 PRESETS = {"both": ("in-place", "recreate"), "warm": ("in-place", "cold", "recreate"),
@@ -79,6 +80,7 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
                    caught_up=rel(tl.caught_up), resumed=tl.resumed_step, failed_step=failed_step,
                    restart=(st.get("failures") or [{}])[-1].get("restart") or "-")
     drill.heal_process_nodes(core)
+    drill.process_nodes(cluster, NODES, NODE_PREFIX)  # a deleted node is registered again
     return out
 
 
@@ -106,7 +108,7 @@ def main() -> int:
         cluster.up()
         cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
         cluster.wait_established("trainingruns.trainium.dev")
-        drill.process_nodes(cluster, 3, "bench-")
+        drill.process_nodes(cluster, NODES, NODE_PREFIX)
         operator = drill.Operator(cluster, work / "operator.log")
         operator.start()
         peer = one_run(cluster, operator, work, data, "peer", args, None)

@@ -105,3 +105,4 @@ def e2e(tmp_path_factory):
 def healthy_nodes(e2e):
     yield
     drill.heal_process_nodes(e2e.core)
+    drill.process_nodes(e2e.cluster, NODES, "e2e-")  # a node a test deleted is registered again

@@ -29,14 +29,14 @@ pytestmark = pytest.mark.e2e
 STEPS = 40
 FAULT_AT = 18  # steps trained before the fault (checkpoints every 5: step 15 is complete by then)
 CHECKPOINT_EVERY = 5
-CAUSE = {"kill-rank": "application", "node-not-ready": "node", "neuron-error": "neuron-device",
+CAUSE = {"kill-rank": "application", "node-not-ready": "node", "node-deleted": "node", "neuron-error": "neuron-device",
          "runtime-fault": "neuron-device", "runtime-restart": "application", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
          "evict": "eviction"}
-QUARANTINES = ("node-not-ready", "neuron-error")
+QUARANTINES = ("node-not-ready", "node-deleted", "neuron-error")
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
 IN_PLACE = ("kill-rank", "hang", "operator-kill", "runtime-restart")  # the nodes stay trusted: new workers in the same pods
 # one pod's node is left out or its pod is gone: that pod alone is replaced, the other restarts in place
-REPLACED = ("node-not-ready", "neuron-error", "runtime-fault", "straggler", "evict")
+REPLACED = ("node-not-ready", "node-deleted", "neuron-error", "runtime-fault", "straggler", "evict")
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -76,7 +76,7 @@ def test_uninterrupted_run_succeeds_and_reports_true_goodput(reference):
     assert abs(status_ratio - true_ratio) <= 0.02
 
 
-@pytest.mark.parametrize("fault", list(CAUSE))
+@pytest.mark.parametrize("fault", [f for f in CAUSE if f != "node-deleted"])  # (that one with a warm spare, below)
 def test_fault_is_survived_with_exact_resume(e2e, reference, tiny_data, tmp_path, fault):
     body = spec_for("tiny", tiny_data, tmp_path)
     if fault == "hang":
@@ -146,15 +146,18 @@ def test_a_replaced_node_restores_from_its_peers_memory(e2e, reference, tiny_dat
     survive(e2e, reference, e2e.namespace("peer-restore"), body, "node-not-ready", source="peer")
 
 
+@pytest.mark.parametrize("fault", ["node-not-ready", "node-deleted"])
 def test_a_lost_node_is_replaced_by_a_warm_spare_while_the_other_pod_restarts_in_place(e2e, reference, tiny_data,
-                                                                                      tmp_path):
+                                                                                      tmp_path, fault):
     """faultTolerance.spares 1: a standby pod waits on the third node. Pod 0's node goes
-    NotReady; the spare takes index 0 at once (node rank 0 and the rendezvous address: its own
-    hostname), pod 1 restarts in place, and no pod is started for the gang; the run trains on
-    bitwise as if nothing happened. A new spare is requested (no node is left for it here)."""
+    NotReady (its pod is forced after the teardown grace: a NotReady node may still run it), or
+    is deleted (the instance terminated: its pod is forced at once); the spare takes index 0
+    (node rank 0 and the rendezvous address: its own hostname), pod 1 restarts in place, and no
+    pod is started for the gang; the run trains on bitwise as if nothing happened. A new spare
+    is requested (no node is left for it here)."""
     body = spec_for("warm", tiny_data, tmp_path)
     body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "spares": 1}
-    survive(e2e, reference, e2e.namespace("spare"), body, "node-not-ready", spare=True)
+    survive(e2e, reference, e2e.namespace(f"spare-{fault}"), body, fault, spare=True)
 
 
 def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source: str | None = None,

@@ -29,8 +29,8 @@ from .nodes import create_nodes
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
-FAULTS = ("kill-rank", "node-not-ready", "neuron-error", "runtime-fault", "runtime-restart", "straggler", "hang",
-          "operator-kill", "evict")
+FAULTS = ("kill-rank", "node-not-ready", "node-deleted", "neuron-error", "runtime-fault", "runtime-restart",
+          "straggler", "hang", "operator-kill", "evict")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started (?:cold |from the warm launcher )?"
                              r"\(pid \d+\) at ([0-9.]+)")
@@ -319,6 +319,9 @@ class Drill:
             return pname
         if kind == "node-not-ready":
             faults.node_not_ready(self.core, node)
+            return node
+        if kind == "node-deleted":  # the instance terminated: the runner kills its processes
+            faults.delete_node(self.core, node)
             return node
         if kind == "neuron-error":
             faults.neuron_error(self.core, node)
