@@ -956,28 +956,38 @@ def _gang_running(p: Pass, gang: GangState) -> None:
             new.message = ""
         if new.suspension is not None and new.suspension.resumed_time is not None:
             # training again after a resume: from the resume to the attempt's first step is lost
-            seen, steps = _first_seen(gang, p.now)
+            seen, steps = _first_seen(p, gang)
             began = seen - steps * (old.step_seconds or 0.0)
             redone = max(0, (new.suspension.step or 0) - (gang.start_step or 0)) * (old.step_seconds or 0.0)
             new.suspension = replace(new.suspension, resumed_time=None, restart_seconds=round(
                 new.suspension.restart_seconds + max(0.0, began - new.suspension.resumed_time), 3),
                 recompute_seconds=round(new.suspension.recompute_seconds + redone, 3))
         p.event("Running", f"attempt {old.attempt} reports progress at step {gang.step}")
-        if last and last.recovered_time and not last.resumed_time:
-            # training again: the restart's schedule phase ends where the new attempt's
-            # training began; it resumed at startStep (its checkpoint)
-            last.resumed_time, last.resumed_steps = _first_seen(gang, p.now)
-            last.resumed_step = gang.start_step
+        if last and last.recovered_time:
+            _note_resumed(p, last, gang)
 
 
-def _first_seen(gang: GangState, now: float) -> tuple[float, int]:
+def _note_resumed(p: Pass, last: FailureRecord, gang: GangState) -> None:
+    """The attempt after ``last`` trains: the restart's schedule phase ends where its training
+    began; it resumed at startStep (its checkpoint). Once."""
+    if not last.resumed_time and gang.step is not None:
+        last.resumed_time, last.resumed_steps = _first_seen(p, gang)
+        last.resumed_step = gang.start_step
+
+
+def _first_seen(p: Pass, gang: GangState) -> tuple[float, int]:
     """A step end of the attempt's first report and how many steps it had trained by then: its
-    first step's own end where the trainer says (exact), else the newest report's (the operator
-    may see it late, after a restart of its own: goodput then reckons back by the run's step
-    time, which the new attempt's own warm-up can make inaccurate)."""
-    if gang.first_step_time is not None:  # no later than the newest step end
-        return min(gang.first_step_time, gang.last_progress_time or now), 1
-    return gang.last_progress_time or now, gang.step - (gang.start_step or 0)
+    first step's own end where the trainer says, else the newest report's (the operator may see
+    it late, after a restart of its own: goodput then reckons back by the run's step time, which
+    the new attempt's own warm-up can make inaccurate). A first step time outside the attempt
+    (before its start, after its newest step: written by user code, or a clock far off the
+    operator's) is not used."""
+    newest = gang.last_progress_time or p.now
+    began = p.old.current.start_time
+    if gang.first_step_time is not None and (began is None or began <= gang.first_step_time) \
+            and gang.first_step_time <= newest:
+        return gang.first_step_time, 1
+    return newest, gang.step - (gang.start_step or 0)
 
 
 def _track_progress(p: Pass, gang: GangState) -> None:
@@ -1016,7 +1026,7 @@ def _track_progress(p: Pass, gang: GangState) -> None:
         new.preflight_passed = [pp for pp in _recent_passes(p) if pp.node not in fresh] + \
             [PreflightPass(node=n, time=now) for n in sorted(fresh)]
     if not old.first_progress_time:
-        new.first_progress_time, new.first_progress_steps = _first_seen(gang, now)
+        new.first_progress_time, new.first_progress_steps = _first_seen(p, gang)
     last = old.current.last_step
     if last is None or gang.step != last:  # a step back (a trainer that rolled back in place) is progress too
         if last is not None and old.current.last_step_time and gang.step > last:
@@ -1035,6 +1045,10 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     """Record the failure (by identity), then fail the run or tear the gang down for a restart."""
     spec, old, new, now = p.spec, p.old, p.new, p.now
     history = list(new.failures)
+    if history and history[-1].attempt == old.attempt - 1:
+        # an attempt first seen failed (the operator was down while it trained): the restart
+        # before it ended where its training began all the same
+        _note_resumed(p, history[-1], gang)
     ckpt = p.checkpoint or new.last_checkpoint
     ckpt_step = ckpt.step if ckpt else None
     window = spec.fault_tolerance.budget_window_minutes * 60

@@ -309,8 +309,11 @@ def test_budgets_count_every_failure_not_only_the_records_kept():
     assert len(r.after.failure_counters.recent["application"]) == 51
 
 
-def _reporting(attempt: int, step: int, at: float, start_step: int | None = None, **fields) -> list:
-    ann = {"step": step, "time": at, **({"startStep": start_step} if start_step is not None else {}), **fields}
+def _reporting(attempt: int, step: int, at: float, start_step: int | None = None, written_by: int | None = None,
+               **fields) -> list:
+    """Pods of ``attempt`` with a progress report (by ``written_by``'s workers, where given)."""
+    ann = {"step": step, "time": at, **({"startStep": start_step} if start_step is not None else {}),
+           **({"attempt": written_by} if written_by is not None else {}), **fields}
     import json
     return [pod_view({"metadata": {"name": f"r-a{attempt}-{i}", "labels": {"trainium.dev/attempt": str(attempt),
                                                                        "trainium.dev/index": str(i)},
@@ -571,20 +574,63 @@ def test_a_restart_seen_late_is_dated_from_the_trainers_first_step():
     in. With the trainer's ``firstStepTime`` the restart's training start is one step time before
     that step ended, whatever the run's step time says; without it, goodput reckons back by 5
     step times (the run's median, which a warm-up on a busy machine can inflate). A first step
-    time later than the newest step (garbage) is taken as the newest step."""
+    time outside the attempt (before its start, after its newest step: garbage, or a clock far
+    off) is not used. Reports of another attempt's workers are not this attempt's."""
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     status = {"phase": "Starting", "attempt": 2, "createdTime": 0.0, "firstProgressTime": 10.0,
               "firstProgressSteps": 1, "stepSeconds": 2.0,
               "failures": [{"id": 1, "time": 100.0, "attempt": 1, "lastProgressTime": 98.0, "step": 95,
                             "checkpointStep": 90, "teardownDoneTime": 101.0, "recoveredTime": 104.0,
                             "restart": "inPlace"}],
-              "failureCount": 1, "current": {"gangRunningTime": 104.0}}
-    exact = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90, firstStepTime=111.5),
-                              nodes, now=121.0).after.failures[-1]
-    assert (exact.resumed_time, exact.resumed_steps, exact.resumed_step) == (111.5, 1, 90)
-    reckoned = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90), nodes,
-                                 now=121.0).after.failures[-1]
-    assert (reckoned.resumed_time, reckoned.resumed_steps) == (120.0, 5)
-    capped = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90, firstStepTime=5e9),
-                               nodes, now=121.0).after.failures[-1]
-    assert (capped.resumed_time, capped.resumed_steps) == (120.0, 1)
+              "failureCount": 1, "current": {"startTime": 102.0, "gangRunningTime": 104.0}}
+
+    def resumed(**fields):
+        r = reconcile_objects(_run(status), _reporting(2, 95, 120.0, start_step=90, **fields), nodes, now=121.0)
+        return r.after.failures[-1].resumed_time, r.after.failures[-1].resumed_steps
+
+    assert resumed(firstStepTime=111.5, written_by=2) == (111.5, 1)
+    assert resumed() == (120.0, 5)
+    for outside in (5e9, 1.0, 101.9):
+        assert resumed(firstStepTime=outside) == (120.0, 5), outside
+    # attempt 1's workers' report, still on a pod restarted in place: no progress of attempt 2
+    assert resumed(firstStepTime=111.5, written_by=1) == (None, None)
+    # the pods' first steps end apart (their clocks, the report's rounding): the last one's
+    pods = _reporting(2, 95, 120.0, start_step=90, firstStepTime=111.5)
+    pods[2] = _reporting(2, 95, 120.0, start_step=90, firstStepTime=111.9)[2]
+    late = reconcile_objects(_run(status), pods, nodes, now=121.0).after.failures[-1]
+    assert (late.resumed_time, late.resumed_steps) == (111.9, 1)
+
+
+def test_the_first_start_and_a_resume_are_dated_from_the_trainers_first_step():
+    """The first start's schedule time ends one step time before the first step ended, as the
+    trainer reports it, and so does the restart after a resume (spec.suspend cleared)."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Starting", "attempt": 1, "createdTime": 0.0, "stepSeconds": 1.0,
+              "current": {"startTime": 0.0, "gangRunningTime": 5.0}}
+    r = reconcile_objects(_run(status), _reporting(1, 6, 20.0, firstStepTime=15.0), nodes, now=21.0)
+    assert (r.after.first_progress_time, r.after.first_progress_steps) == (15.0, 1)
+    assert r.after.goodput.lost_seconds.schedule == 14.0  # 15 - 1 step - 0
+    resuming = {"phase": "Starting", "attempt": 2, "createdTime": 0.0, "firstProgressTime": 10.0,
+                "firstProgressSteps": 1, "stepSeconds": 1.0,
+                "suspension": {"seconds": 100.0, "resumedTime": 200.0, "step": 90},
+                "current": {"startTime": 200.0, "gangRunningTime": 205.0}}
+    r = reconcile_objects(_run(resuming), _reporting(2, 95, 219.0, start_step=90, firstStepTime=211.0), nodes,
+                          now=220.0)
+    assert r.after.suspension.restart_seconds == 10.0  # 211 - 1 step - 200 (not 219 - 5 steps - 200)
+
+
+def test_an_attempt_first_seen_failed_still_ends_the_restart_before_it():
+    """The operator was down while attempt 2 trained from 80 and crashed: the pass that sees its
+    reports and its crash at once dates the restart before it from the first step all the same
+    (the attempt's training is not counted as the restart's schedule time)."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    status = {"phase": "Starting", "attempt": 2, "createdTime": 0.0, "firstProgressTime": 10.0,
+              "firstProgressSteps": 1, "stepSeconds": 1.0,
+              "failures": [{"id": 1, "time": 70.0, "attempt": 1, "lastProgressTime": 69.0, "step": 60,
+                            "checkpointStep": 60, "teardownDoneTime": 72.0, "restart": "recreate"}],
+              "failureCount": 1, "current": {"startTime": 73.0}}
+    pods = _reporting(2, 120, 150.0, start_step=60, firstStepTime=80.0)
+    pods[0] = replace(pods[0], phase="Failed", exit_code=1, reason="Error")
+    r = reconcile_objects(_run(status), pods, nodes, now=151.0)
+    first = r.after.failures[0]
+    assert len(r.after.failures) == 2 and (first.resumed_time, first.resumed_steps, first.resumed_step) == (80.0, 1, 60)
