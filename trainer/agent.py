@@ -36,6 +36,7 @@ from trainium_api import agent as protocol
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
+from .proctable import cpu_seconds as _cpu_seconds
 from .proctable import proc_self as _proc_self
 from .proctable import process_table as _process_table
 from .proctable import status as _status
@@ -201,10 +202,26 @@ def _signal(processes: list[tuple[int, int]], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _wait_gone(numbers: list[int], seconds: float) -> None:
+def _cpu(numbers: list[int]) -> dict[int, float]:
+    return {n: c for n in numbers if (c := _cpu_seconds(n)) is not None}
+
+
+def _wait_gone(numbers: list[int], seconds: float, idle_seconds: float | None = None) -> bool:
+    """Wait until none of ``numbers`` is alive, ``seconds`` at most; with ``idle_seconds``, only
+    until those alive used less than IDLE_CPU_SHARE of one core over that long (stuck: a hung
+    collective, a frozen device, a stopped process). Whether it ended early, idle."""
     deadline = time.monotonic() + seconds
+    since, before = time.monotonic(), _cpu(numbers)
     while _alive(numbers) and time.monotonic() < deadline:
         time.sleep(0.05)
+        now = time.monotonic()
+        if idle_seconds is not None and now - since >= idle_seconds:
+            after = _cpu(numbers)  # (a process that ended meanwhile counts for nothing)
+            used = sum(max(0.0, c - before[n]) for n, c in after.items() if n in before)
+            if used < protocol.IDLE_CPU_SHARE * (now - since):
+                return True
+            since, before = now, after
+    return False
 
 
 class Agent:
@@ -298,15 +315,18 @@ class Agent:
             parked.kill()
             parked.wait()
 
-    def clear(self, grace: float) -> bool:
+    def clear(self, grace: float, idle_seconds: float | None = None) -> bool:
         """Stop every process under the agent: SIGTERM (torchrun passes it to its workers, which
-        save as on any teardown), SIGKILL after ``grace`` seconds. Whether none is left: until
-        then no new attempt may start here (the barrier's promise)."""
+        save as on any teardown), SIGKILL after ``grace`` seconds, or once they have been idle
+        for ``idle_seconds`` (the order's: stuck, they would save nothing). Whether none is
+        left: until then no new attempt may start here (the barrier's promise)."""
         spare = self.parked.pid if self.parked is not None else None
         under = _under_me(spare)
         _signal(under, signal.SIGTERM)
         numbers = [n for n, _ in under]
-        _wait_gone(numbers, grace)
+        if _wait_gone(numbers, grace, idle_seconds):
+            log(f"the stopped workers were idle for {idle_seconds:g}s (stuck, not saving): SIGKILL before the "
+                f"{grace:g}s grace ended")
         under = _under_me(spare)  # and what they started meanwhile
         _signal(under, signal.SIGKILL)
         numbers += [n for n, _ in under]
@@ -409,7 +429,7 @@ class Agent:
             else:
                 log(f"attempt {order.attempt} ordered: stopping the workers of attempt {attempt}")
             # nothing of this attempt may outlive it (workers that outlived their launcher too)
-            if not self.clear(order.grace_seconds):
+            if not self.clear(order.grace_seconds, order.idle_seconds):
                 return self.end(self.child.returncode if self.child.returncode not in (None, 0) else 1)
             # the barrier: ready for the ordered attempt (or a newer one ordered meanwhile),
             # start only when the operator says every pod is

@@ -36,6 +36,16 @@ def proc_self() -> int:
 
 
 PF_EXITING = 0x4  # include/linux/sched.h: the process is tearing itself down
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(number: int | str) -> float | None:
+    """The CPU time (user + system) the process /proc/<number> has used, None when gone."""
+    try:
+        fields = Path(f"/proc/{number}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # stat's 14th and 15th fields
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def live_children(running: str) -> dict[int, str]:

@@ -11,7 +11,8 @@ workers (torchrun) as its child and outlives them. It reports on its own pod, in
 
 The operator orders, in :data:`ORDER` (the trainer identity may not write it: the admission
 policy), ``{"attempt": N, "start": false, "graceSeconds": G}``: stop the workers of any earlier
-attempt (SIGTERM, SIGKILL after G seconds) and say ``ready`` for N; then, once every pod of the
+attempt (SIGTERM, SIGKILL after G seconds, or, with ``idleSeconds: I``, as soon as they have
+been idle for I seconds: stuck, not saving) and say ``ready`` for N; then, once every pod of the
 gang said so (the barrier: two attempts' workers never overlap), ``start: true``: start the
 workers of attempt N (environment ATTEMPT=N: the rendezvous and the checkpoint store's fence
 know the new epoch). An agent that does not answer is not waited for: the operator recreates
@@ -86,6 +87,15 @@ class Order:
     master: str | None = None
     """The rendezvous address (the index-0 pod's DNS name) from this attempt on (None: as the
     pod was started with)."""
+    idle_seconds: float | None = None
+    """The grace ends early once the stopped workers have used almost no CPU (IDLE_CPU_SHARE of
+    one core) for this long: they are stuck, not saving (after a hang). None: the whole grace."""
+
+
+IDLE_CPU_SHARE = 0.05
+"""Below this share of one core, workers told to stop are idle: a rank that computes its last
+step or writes its stop-save uses far more."""
+IDLE_SECONDS_LIMITS = (0.1, 3600.0)
 
 
 def report_payload(report: Report) -> str:
@@ -100,6 +110,8 @@ def order_payload(order: Order) -> str:
         body["index"] = order.index
     if order.master is not None:
         body["master"] = order.master
+    if order.idle_seconds is not None:
+        body["idleSeconds"] = order.idle_seconds
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -156,5 +168,9 @@ def parse_order(text) -> Order | None:
         return None
     if master is not None and (not isinstance(master, str) or not MASTER_NAME.fullmatch(master)):
         return None
+    idle = data.get("idleSeconds")
+    low, high = IDLE_SECONDS_LIMITS
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not low <= idle <= high:  # NaN too
+        idle = None  # (no early end: the whole grace)
     return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)), data.get("preflight") is True,
-                 index, master)
+                 index, master, float(idle) if idle is not None else None)

@@ -25,15 +25,18 @@ from .plan import gang_pod_names
 # A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
 # pre-flight or straggler verdict, all need other pods: the gang is recreated.
 IN_PLACE_CAUSES = ("application", "hang")
-# A hung gang's workers are stopped at once (SIGKILL, no grace): the stop-save a SIGTERM asks
-# for is agreed on at a step boundary through a collective, which a hung gang never reaches, so
-# the grace would only be waited out (the newest complete checkpoint is the one resumed from).
-NO_GRACE_CAUSES = ("hang",)
+# A hung gang's workers are SIGKILLed as soon as they are idle for IDLE_STOP_SECONDS after the
+# SIGTERM (trainium_api.agent.Order.idle_seconds), not after the whole grace: the stop-save a
+# SIGTERM asks for is agreed on at a step boundary, which a hung gang never reaches. A gang only
+# taken for hung (alive, its reports lost) computes, and a save still being written keeps its
+# writer busy: both keep the whole grace.
+IDLE_STOP_CAUSES = ("hang",)
+IDLE_STOP_SECONDS = 1.0
 
 
-def stop_grace(cause: str | None, grace: float) -> float:
-    """The grace an in-place stop gives the workers of a failure of ``cause``."""
-    return 0.0 if cause in NO_GRACE_CAUSES else grace
+def stop_idle_seconds(cause: str | None) -> float | None:
+    """The idle time after which an in-place stop after a failure of ``cause`` ends its grace."""
+    return IDLE_STOP_SECONDS if cause in IDLE_STOP_CAUSES else None
 
 
 # An agent that has not said its workers are gone this long after the teardown grace does not

@@ -437,7 +437,7 @@ def _teardown_in_place(p: Pass) -> None:
     lost = next((x for x in gang if x.deleting or x.phase != "Running"), None)
     ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
     stop = _stop_order(p, target)
-    answer_within = stop.grace_seconds + inplace.ANSWER_SLACK_SECONDS
+    answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
     if lost is not None:
         _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
         return
@@ -455,10 +455,11 @@ def _teardown_in_place(p: Pass) -> None:
 
 
 def _stop_order(p: Pass, target: int) -> Order:
-    """The order to stop the workers of the attempts before ``target``, with the grace the
-    failure being restarted from leaves them (none after a hang: inplace.stop_grace)."""
+    """The order to stop the workers of the attempts before ``target``: the teardown grace, ended
+    early once they are idle after a hang (inplace.stop_idle_seconds)."""
     last = p.new.failures[-1] if p.new.failures else None
-    return Order(target, start=False, grace_seconds=inplace.stop_grace(last.cause if last else None, float(p.grace)))
+    return Order(target, start=False, grace_seconds=float(p.grace),
+                 idle_seconds=inplace.stop_idle_seconds(last.cause if last else None))
 
 
 def _teardown_replace(p: Pass) -> None:

@@ -23,7 +23,7 @@ TREE = ("import os, subprocess, sys, time, signal\n"
         "if not int(sys.argv[1]): signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "time.sleep(60)\n")
 AGENT_SIDE = """
-import json, subprocess, sys, time
+import json, os, subprocess, sys, time
 from trainer import agent
 a = agent.Agent.__new__(agent.Agent)  # the process part only: no API server here
 agent._become_subreaper()
@@ -40,7 +40,7 @@ under = [n for n, _ in agent._under_me(spare)]
 parked = [n for n, _ in agent._under_me()] if spare else []
 parked = [n for n in parked if n not in under]
 started = time.monotonic()
-ok = a.clear(grace=0.5)
+ok = a.clear(grace=float(os.environ.get("GRACE", "0.5")), idle_seconds=float(os.environ["IDLE"]) if "IDLE" in os.environ else None)
 me = agent._proc_self()
 zombies = [n for n, (ppid, _, state) in agent._process_table().items() if ppid == me and state == "Z"]
 print(json.dumps({"found": len(under), "ok": ok, "left": agent._alive(under), "seconds": time.monotonic() - started,
@@ -56,9 +56,15 @@ PARKED = ("import subprocess, sys\n"
           "child.kill()\n")
 
 
-def _stop(launcher_exits: int, *parked: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", AGENT_SIDE, TREE, str(launcher_exits), *parked], capture_output=True,
-                         text=True, timeout=60)
+# as TREE, but the worker that ignores SIGTERM computes (a rank finishing its step, or writing
+# its stop-save)
+BUSY_TREE = TREE.replace("signal.SIG_IGN); time.sleep(60)", "signal.SIG_IGN)\\nwhile True: pass")
+
+
+def _stop(launcher_exits: int, *parked: str, tree: str = TREE, env: dict | None = None) -> dict:
+    import os
+    out = subprocess.run([sys.executable, "-c", AGENT_SIDE, tree, str(launcher_exits), *parked], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -92,3 +98,18 @@ def test_which_exits_may_be_restarted_in_place_and_the_check_is_not_run_again():
     assert not agent.restartable(1, device) and agent.restartable(1, peer)
     argv = [PREFLIGHT_FLAG, "2,300", "--nnodes", "2", f"{PREFLIGHT_FLAG}=2,300", "-m", "trainer"]
     assert agent._without_preflight(argv) == ["--nnodes", "2", "-m", "trainer"]
+
+
+def test_a_stop_after_a_hang_ends_the_grace_once_the_workers_are_idle():
+    """Order.idle_seconds (after a hang): workers that use no CPU after the SIGTERM are stuck,
+    not saving; they are SIGKILLed once idle that long, well before the grace ends."""
+    got = _stop(0, env={"GRACE": "30", "IDLE": "0.5"})
+    assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] < 15, got
+
+
+def test_a_worker_that_computes_keeps_the_whole_grace():
+    """A gang only taken for hung (alive, computing its step or writing its stop-save) is not
+    idle: the grace runs to its end."""
+    assert "while True: pass" in BUSY_TREE
+    got = _stop(0, tree=BUSY_TREE, env={"GRACE": "3", "IDLE": "0.5"})
+    assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] >= 3, got

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from trainium_api import agent
+from trainium_operator import inplace
 from trainium_operator.observe import node_view, pod_view
 from trainium_operator.reconcile import reconcile_objects
 
@@ -627,20 +628,36 @@ def test_warm_process_names_round_trip_and_refuse_what_they_did_not_make():
     assert len(long) >= NAME_LIMIT and parse_process_name(long[:NAME_LIMIT]) is None
 
 
-def test_a_hung_gang_is_stopped_without_grace():
-    """A hang: the stop order gives no grace (a hung gang cannot agree on its stop-save), and an
-    agent that has not answered after ANSWER_SLACK_SECONDS has the gang recreated."""
+def test_a_hung_gang_is_stopped_once_idle():
+    """A hang: the stop order keeps the grace but ends it once the workers are idle for
+    IDLE_STOP_SECONDS (a hung gang cannot agree on its stop-save; one only taken for hung
+    computes and keeps the grace), written again with the same terms while an agent has not
+    seen it; an agent that has not answered within the grace and ANSWER_SLACK_SECONDS has the
+    gang recreated."""
     status = started_run()
     pods = [pod(i, report=running(1), progress=step_report(12, 1)) for i in range(2)]
     r = reconcile_objects(run_with(status), pods, NODES, now=5000.0)
     status.update(r.status)
     assert status["phase"] == "Restarting" and status["failures"][-1]["cause"] == "hang", status
-    orders = {e.name: e.order for e in r.effects if e.kind == "order_pod"}
-    assert orders == {f"r-a1-{i}": agent.Order(2, start=False, grace_seconds=0.0) for i in range(2)}
-    stop = {"attempt": 2, "start": False, "graceSeconds": 0.0}
+    hung = agent.Order(2, start=False, grace_seconds=30.0, idle_seconds=inplace.IDLE_STOP_SECONDS)
+    assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {f"r-a1-{i}": hung for i in range(2)}
+    stop = json.loads(agent.order_payload(hung))
+    assert stop["idleSeconds"] == inplace.IDLE_STOP_SECONDS
+    one_unseen = [pod(0, report={"attempt": 2, "state": "ready"}, order=stop), pod(1, report=running(1))]
+    r = reconcile_objects(run_with(status), one_unseen, NODES, now=5001.0)
+    assert [(e.name, e.order) for e in r.effects if e.kind == "order_pod"] == [("r-a1-1", hung)]
     silent = [pod(i, report=running(1), order=stop) for i in range(2)]
-    r = reconcile_objects(run_with(status), silent, NODES, now=5000.0 + 14.0)
+    r = reconcile_objects(run_with(status), silent, NODES, now=5000.0 + 44.0)
     assert not [e for e in r.effects if e.kind == "delete_pod"]
-    r = reconcile_objects(run_with(status), silent, NODES, now=5000.0 + 16.0)
+    r = reconcile_objects(run_with(status), silent, NODES, now=5000.0 + 46.0)
     assert {e.name for e in r.effects if e.kind == "delete_pod"} == {"r-a1-0", "r-a1-1"}
     assert r.status["failures"][-1]["restart"] == "recreate"
+
+
+def test_an_order_without_a_valid_idle_time_keeps_the_whole_grace():
+    base = {"attempt": 2, "start": False, "graceSeconds": 30.0}
+    assert agent.parse_order(json.dumps(base)).idle_seconds is None
+    assert agent.parse_order(json.dumps({**base, "idleSeconds": 2})).idle_seconds == 2.0
+    for bad in (0, 0.05, -1, 1e9, True, "1", None):
+        assert agent.parse_order(json.dumps({**base, "idleSeconds": bad})).idle_seconds is None, bad
+    assert agent.parse_order('{"attempt": 2, "idleSeconds": NaN}').idle_seconds is None
