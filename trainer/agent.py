@@ -87,13 +87,19 @@ class Orders:
                 log(f"watching pod {self.pod} for orders failed ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
                 time.sleep(RETRY_SECONDS)
 
-    def wait(self, accept, timeout: float | None = None, stop: threading.Event | None = None) -> protocol.Order | None:
+    def wake(self) -> None:
+        """Have waiters look again (something besides an order changed: ``wait``'s ``done``)."""
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait(self, accept, timeout: float | None = None, stop: threading.Event | None = None,
+             done=None) -> protocol.Order | None:
         """The newest order that ``accept`` takes, waiting up to ``timeout`` (None: forever);
-        None once ``stop`` is set."""
+        None once ``stop`` is set or ``done()`` is true (checked on each :meth:`wake`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.changed:
             while True:
-                if stop is not None and stop.is_set():
+                if (stop is not None and stop.is_set()) or (done is not None and done()):
                     return None
                 if self.latest is not None and accept(self.latest):
                     return self.latest
@@ -243,8 +249,7 @@ class Agent:
     def on_sigterm(self, signum, frame) -> None:
         """The pod is being deleted: pass it on (the trainer finishes its step and checkpoint)."""
         self.terminating.set()
-        with self.orders.changed:
-            self.orders.changed.notify_all()
+        self.orders.wake()
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
 
@@ -266,6 +271,8 @@ class Agent:
         if self.child is None:
             self.child = subprocess.Popen([sys.executable, "-m", "trainer.launch", *argv], env=env)
         self.started_at = time.monotonic()
+        child = self.child  # the order wait below ends the moment it exits, not at its next poll
+        threading.Thread(target=lambda: (child.wait(), self.orders.wake()), name="workers-exit", daemon=True).start()
         log(f"attempt {attempt}: workers started {how} (pid {self.child.pid}) at {time.time():.3f}")
         if self.terminating.is_set():  # a SIGTERM that came while it was being started
             self.child.send_signal(signal.SIGTERM)
@@ -412,7 +419,8 @@ class Agent:
             self.reports.say(protocol.Report(attempt, "running", time=time.time()))
             order = None
             while self.child.poll() is None and order is None and not self.terminating.is_set():
-                order = self.orders.wait(self._newer(attempt), timeout=0.2, stop=self.terminating)
+                order = self.orders.wait(self._newer(attempt), timeout=0.2, stop=self.terminating,
+                                         done=lambda: self.child.poll() is not None)
                 if time.monotonic() - self.started_at >= warm.PARK_AFTER_SECONDS:
                     self.park()  # once this attempt's start no longer needs the CPU
             if self.terminating.is_set():

@@ -31,7 +31,7 @@ FAULT_AT = 18  # steps trained before the fault (checkpoints every 5: step 15 is
 CHECKPOINT_EVERY = 5
 CAUSE = {"kill-rank": "application", "node-not-ready": "node", "node-deleted": "node", "neuron-error": "neuron-device",
          "runtime-fault": "neuron-device", "runtime-restart": "application", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
-         "evict": "eviction"}
+         "evict": "eviction", "agent-frozen": "application"}
 QUARANTINES = ("node-not-ready", "node-deleted", "neuron-error")
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
 IN_PLACE = ("kill-rank", "hang", "operator-kill", "runtime-restart")  # the nodes stay trusted: new workers in the same pods
@@ -76,7 +76,7 @@ def test_uninterrupted_run_succeeds_and_reports_true_goodput(reference):
     assert abs(status_ratio - true_ratio) <= 0.02
 
 
-@pytest.mark.parametrize("fault", [f for f in CAUSE if f != "node-deleted"])  # (that one with a warm spare, below)
+@pytest.mark.parametrize("fault", [f for f in CAUSE if f not in ("node-deleted", "agent-frozen")])  # (those below)
 def test_fault_is_survived_with_exact_resume(e2e, reference, tiny_data, tmp_path, fault):
     body = spec_for("tiny", tiny_data, tmp_path)
     if fault == "hang":
@@ -158,6 +158,20 @@ def test_a_lost_node_is_replaced_by_a_warm_spare_while_the_other_pod_restarts_in
     body = spec_for("warm", tiny_data, tmp_path)
     body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "spares": 1}
     survive(e2e, reference, e2e.namespace(f"spare-{fault}"), body, fault, spare=True)
+
+
+def test_an_agent_that_does_not_answer_has_the_gang_recreated(e2e, reference, tiny_data, tmp_path):
+    """Pod 0's agent is frozen (SIGSTOP), then a rank of pod 1 crashes: the operator orders the
+    gang to stop in place, pod 0's agent never answers, and once the teardown grace (3 s here)
+    and inplace.ANSWER_SLACK_SECONDS have passed the gang is recreated: both pods deleted (pod
+    0's processes killed with its namespace after the grace), and a new gang resumes from the
+    newest checkpoint and trains on bitwise as if nothing happened."""
+    body = spec_for("frozen", tiny_data, tmp_path)
+    body["spec"]["faultTolerance"] = {**body["spec"]["faultTolerance"], "teardownGraceSeconds": 3}
+    ns = e2e.namespace("agent-frozen")
+    survive(e2e, reference, ns, body, "agent-frozen")
+    given_up = [e.message for e in e2e.core.list_namespaced_event(ns).items if e.reason == "InPlaceRestartGivenUp"]
+    assert len(given_up) == 1 and "not every agent said its workers stopped within 18s" in given_up[0], given_up
 
 
 def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source: str | None = None,

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 FAULTS = ("kill-rank", "node-not-ready", "node-deleted", "neuron-error", "runtime-fault", "runtime-restart",
-          "straggler", "hang", "operator-kill", "evict")
+          "straggler", "hang", "operator-kill", "evict", "agent-frozen")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started (?:cold |from the warm launcher )?"
                              r"\(pid \d+\) at ([0-9.]+)")
@@ -313,6 +313,10 @@ class Drill:
             return pname
         if kind == "hang":
             faults.hang_pod(self.cluster.pods_dir, self.ns, pname)
+            return pname
+        if kind == "agent-frozen":  # pod 0's agent stops answering, then a rank of pod 1 crashes
+            faults.freeze_agent(self.cluster.pods_dir, self.ns, pname)
+            faults.kill_rank(self.cluster.pods_dir, self.ns, self.running_pod(1).metadata.name)
             return pname
         if kind == "evict":
             faults.evict_pod(self.core, self.ns, pname)

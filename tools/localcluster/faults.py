@@ -16,6 +16,8 @@
 | pod_fail         | pod phase Failed, container terminated with the exit code     | delete the pod  |
 |                  | (kwok's pod-container-running-failed stage)                   |                 |
 | evict_pod        | an Eviction through the API (policy/v1)                       | n/a             |
+| freeze_agent     | SIGSTOP of a process-backed pod's agent alone: its workers     | (the pod's      |
+|                  | run on, and no order is answered                               |  deletion)      |
 | hang_pod         | SIGSTOP of every process of a process-backed pod: Running,     | unhang_pod      |
 |                  | silent                                                         |                 |
 | kill_rank        | SIGKILL of one torchrun worker of a process-backed pod         | n/a             |
@@ -27,6 +29,9 @@ unreachable and deleted nodes SIGKILL every process placed on them; a partitione
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 from datetime import datetime, timezone
 
@@ -236,6 +241,22 @@ def hang_pod(pods_root, namespace: str, pod: str) -> list[int]:
     from . import podprocs
     return podprocs.signal_all(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod)),
                                signal.SIGSTOP, spare_agent=True)
+
+
+def freeze_agent(pods_root, namespace: str, pod: str) -> list[int]:
+    """SIGSTOP the pod's agent alone (in-place restarts): its workers run on, but it answers no
+    order and writes no report, as an agent stuck in the kernel or starved. Returns the PIDs
+    stopped (the pod's deletion kills them: SIGKILL of its namespace after the grace)."""
+    import signal
+
+    from . import podprocs
+    stopped = []
+    for pid in podprocs.namespace_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(pods_root, namespace, pod))):
+        if podprocs.is_agent(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+    return stopped
 
 
 def unhang_pod(pods_root, namespace: str, pod: str) -> list[int]:
