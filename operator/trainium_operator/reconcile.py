@@ -1100,7 +1100,12 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
     new.restart_count = sum(new.restarts.values())
     new.phase, new.message = "Restarting", action.reason
     new.current.teardown_start_time, new.current.restart_not_before = now, now + action.delay_seconds
-    if action.quarantine_node:
+    if action.quarantine_node and action.quarantine_node not in p.nodes:
+        # its Node object is gone (the instance terminated): there is nothing to taint, and a
+        # node that registers later under the same name is another machine (EKS names nodes by
+        # private IP, which a new instance may get): a quarantine still pending would land on it
+        p.event("NodeGone", f"{action.quarantine_node}: {failure.message}; not quarantined: its Node object is gone")
+    elif action.quarantine_node:
         p.effects.append(Quarantine(action.quarantine_node, failure.message))
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
         new.quarantine_pending = new.quarantine_pending + [action.quarantine_node]

@@ -32,7 +32,7 @@ CHECKPOINT_EVERY = 5
 CAUSE = {"kill-rank": "application", "node-not-ready": "node", "node-deleted": "node", "neuron-error": "neuron-device",
          "runtime-fault": "neuron-device", "runtime-restart": "application", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
          "evict": "eviction", "agent-frozen": "application"}
-QUARANTINES = ("node-not-ready", "node-deleted", "neuron-error")
+QUARANTINES = ("node-not-ready", "neuron-error")  # (a deleted node has nothing to taint)
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
 IN_PLACE = ("kill-rank", "hang", "operator-kill", "runtime-restart")  # the nodes stay trusted: new workers in the same pods
 # one pod's node is left out or its pod is gone: that pod alone is replaced, the other restarts in place

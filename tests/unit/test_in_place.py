@@ -249,6 +249,10 @@ def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
     gone = reconcile_objects(run_with(started_run()), [pod(i, report=running(1)) for i in range(2)],
                              {"n0": node("n0"), "n2": node("n2")}, now=60.0)
     assert {e.name: e.grace for e in gone.effects if e.kind == "delete_pod"} == {"r-a1-1": 0}
+    # a deleted node is not quarantined: nothing to taint, and a node registering later under
+    # its name is another machine (a quarantine left pending would land on it)
+    assert not [e for e in gone.effects if e.kind == "quarantine"] and not gone.status.get("quarantinedNodes")
+    assert "not quarantined: its Node object is gone" in events(gone, "NodeGone")[0]
     assert {e.name: e.order for e in r.effects if e.kind == "order_pod"} == {
         "r-a1-0": agent.Order(2, start=False, grace_seconds=30.0)}
     assert events(r, "Restarting") and "replacing pod r-a1-1" in events(r, "Restarting")[0]
