@@ -532,6 +532,11 @@ def _teardown_replace(p: Pass) -> None:
     if why:
         _give_up_in_place(p, why)
         return
+    if replacement is not None and not replacement.node and replacement.unschedulable:
+        last = p.new.failures[-1] if p.new.failures else None
+        p.new.message = (f"{last.message if last else 'restarting'}; the replacement pod {replacement.name} waits to "
+                         f"be placed ({replacement.unschedulable[:300]}); the gang is recreated if it is not placed "
+                         f"within {ft.schedule_timeout_seconds:.0f}s")
     stop = _stop_order(p, target)
     p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(kept, stop)]
     if replacement is not None and plan.is_spare_name(p.name, replacement.name):  # (until it carries the order)

@@ -335,6 +335,9 @@ def test_a_replacement_that_is_not_placed_or_an_agent_that_does_not_answer_recre
                              "message": "0/2 nodes are available"}]}})
     r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=85.0)
     assert not events(r, "InPlaceRestartGivenUp") and not [e for e in r.effects if e.kind == "delete_pod"]
+    # meanwhile the status says what the restart waits for, and until when
+    assert "the replacement pod r-a2-1 waits to be placed (0/2 nodes are available); the gang is recreated if it " \
+           "is not placed within 30s" in r.status["message"], r.status["message"]
     r = reconcile_objects(run_with(status, spec), [kept, created], nodes, now=93.0)  # 31 s unplaced
     status.update(r.status)
     assert "0/2 nodes are available" in events(r, "InPlaceRestartGivenUp")[0]
