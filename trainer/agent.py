@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,19 +213,24 @@ def _cpu(numbers: list[int]) -> dict[int, float]:
     return {n: c for n in numbers if (c := _cpu_seconds(n)) is not None}
 
 
-def _wait_gone(numbers: list[int], seconds: float, idle_seconds: float | None = None) -> bool:
+def _wait_gone(numbers: list[int], seconds: float, idle_seconds: float | None = None, listing=None,
+               saving=None) -> bool:
     """Wait until none of ``numbers`` is alive, ``seconds`` at most; with ``idle_seconds``, only
     until those alive used less than IDLE_CPU_SHARE of one core over that long (stuck: a hung
-    collective, a frozen device, a stopped process). Whether it ended early, idle."""
+    collective, a frozen device, a stopped process) while ``saving()`` is false (a save waits
+    in barriers and on the store without CPU: trainer.busy). ``listing()``: the processes now
+    (those started since count too). Whether it ended early, idle."""
     deadline = time.monotonic() + seconds
     since, before = time.monotonic(), _cpu(numbers)
     while _alive(numbers) and time.monotonic() < deadline:
         time.sleep(0.05)
         now = time.monotonic()
         if idle_seconds is not None and now - since >= idle_seconds:
-            after = _cpu(numbers)  # (a process that ended meanwhile counts for nothing)
-            used = sum(max(0.0, c - before[n]) for n, c in after.items() if n in before)
-            if used < protocol.IDLE_CPU_SHARE * (now - since):
+            if listing is not None:
+                numbers += [n for n in listing() if n not in numbers]
+            after = _cpu(numbers)  # (a process that ended meanwhile counts for nothing; a new one from 0)
+            used = sum(max(0.0, c - before.get(n, 0.0)) for n, c in after.items())
+            if used < protocol.IDLE_CPU_SHARE * (now - since) and not (saving is not None and saving()):
                 return True
             since, before = now, after
     return False
@@ -245,6 +251,7 @@ class Agent:
         self.terminating = threading.Event()
         fd, self.message_path = tempfile.mkstemp(prefix="trainer-agent-", suffix=".msg")
         os.close(fd)
+        self.busy_dir = tempfile.mkdtemp(prefix="trainer-busy-")  # the workers' saves say so here (trainer.busy)
 
     def on_sigterm(self, signum, frame) -> None:
         """The pod is being deleted: pass it on (the trainer finishes its step and checkpoint)."""
@@ -257,7 +264,10 @@ class Agent:
         """``check``: run the pre-flight check again (ordered after a hang), trusting no node."""
         Path(self.message_path).write_text("")
         argv = _placed(self.argv if first or check else _without_preflight(self.argv), self.index, self.master)
-        env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path}
+        for left in Path(self.busy_dir).iterdir():  # by processes killed mid-save: gone with them
+            left.unlink(missing_ok=True)
+        env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path,
+               protocol.BUSY_DIR_ENV: self.busy_dir}
         if self.index is not None:
             env["NODE_RANK"] = str(self.index)
         if self.master is not None:
@@ -331,7 +341,8 @@ class Agent:
         under = _under_me(spare)
         _signal(under, signal.SIGTERM)
         numbers = [n for n, _ in under]
-        if _wait_gone(numbers, grace, idle_seconds):
+        if _wait_gone(numbers, grace, idle_seconds, lambda: [n for n, _ in _under_me(spare)],
+                      lambda: bool(os.listdir(self.busy_dir))):
             log(f"the stopped workers were idle for {idle_seconds:g}s (stuck, not saving): SIGKILL before the "
                 f"{grace:g}s grace ended")
         under = _under_me(spare)  # and what they started meanwhile
@@ -383,6 +394,7 @@ class Agent:
             except OSError as exc:
                 log(f"could not write the termination message to {path}: {exc}")
         Path(self.message_path).unlink(missing_ok=True)
+        shutil.rmtree(self.busy_dir, ignore_errors=True)
         return code
 
     def _newer(self, attempt: int):

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from trainium_api import checkpoints
 
 from . import ckpt_store, store_write
+from .busy import busy
 from .config import CheckpointConfig, ConfigError
 from .memtier import MemoryTier
 from .parallel import ParallelState, all_agree
@@ -201,6 +202,11 @@ class Checkpointer:
 
     def _write(self, result: SaveResult, snapshot: dict, scheduler_state: dict, user_content: dict,
                meta: dict) -> None:
+        with busy("save"):  # idle in its barriers, still saving: the agent waits (trainer.busy)
+            self._write_now(result, snapshot, scheduler_state, user_content, meta)
+
+    def _write_now(self, result: SaveResult, snapshot: dict, scheduler_state: dict, user_content: dict,
+                   meta: dict) -> None:
         t0 = time.perf_counter()
         ps, tag_dir = self.ps, f"{self.root}/{result.tag}"
         ok, error = True, ""

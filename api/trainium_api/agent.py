@@ -92,6 +92,10 @@ class Order:
     one core) for this long: they are stuck, not saving (after a hang). None: the whole grace."""
 
 
+BUSY_DIR_ENV = "TRAINER_BUSY_DIR"
+"""A directory the agent gives its workers: a file there says a process is writing a checkpoint
+(trainer.busy), and while one is there the grace is not ended early for idleness: ranks that
+wait in a save's barrier for another pod's upload use no CPU, and must not lose the save."""
 IDLE_CPU_SHARE = 0.05
 """Below this share of one core, workers told to stop are idle: a rank that computes its last
 step or writes its stop-save uses far more."""

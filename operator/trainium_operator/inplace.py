@@ -31,7 +31,7 @@ IN_PLACE_CAUSES = ("application", "hang")
 # taken for hung (alive, its reports lost) computes, and a save still being written keeps its
 # writer busy: both keep the whole grace.
 IDLE_STOP_CAUSES = ("hang",)
-IDLE_STOP_SECONDS = 1.0
+IDLE_STOP_SECONDS = 0.5
 
 
 def stop_idle_seconds(cause: str | None) -> float | None:

@@ -28,6 +28,10 @@ from trainer import agent
 a = agent.Agent.__new__(agent.Agent)  # the process part only: no API server here
 agent._become_subreaper()
 a.parked = None
+import tempfile
+a.busy_dir = tempfile.mkdtemp()
+if os.environ.get("SAVING"):  # a worker writing a checkpoint (trainer.busy)
+    open(os.path.join(a.busy_dir, "save-1-1"), "w").close()
 if len(sys.argv) > 3:  # a parked launcher stand-in (a process with a child of its own, waiting on stdin)
     a.parked = subprocess.Popen([sys.executable, "-c", sys.argv[3]], stdin=subprocess.PIPE)
 a.child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
@@ -59,6 +63,12 @@ PARKED = ("import subprocess, sys\n"
 # as TREE, but the worker that ignores SIGTERM computes (a rank finishing its step, or writing
 # its stop-save)
 BUSY_TREE = TREE.replace("signal.SIG_IGN); time.sleep(60)", "signal.SIG_IGN)\\nwhile True: pass")
+
+
+# as TREE, but the launcher starts a computing process when told to stop (a compile, an uploader)
+STARTS_ON_STOP = TREE.replace("if not int(sys.argv[1]): signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+                              "signal.signal(signal.SIGTERM, lambda *_: subprocess.Popen([sys.executable, '-c', "
+                              "'while True: pass']))")
 
 
 def _stop(launcher_exits: int, *parked: str, tree: str = TREE, env: dict | None = None) -> dict:
@@ -113,3 +123,31 @@ def test_a_worker_that_computes_keeps_the_whole_grace():
     assert "while True: pass" in BUSY_TREE
     got = _stop(0, tree=BUSY_TREE, env={"GRACE": "3", "IDLE": "0.5"})
     assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] >= 3, got
+
+
+def test_a_save_in_progress_or_a_process_started_by_the_stop_keeps_the_whole_grace():
+    """Ranks waiting in a save's barrier for another pod's upload use no CPU: a save's file in
+    the agent's directory (trainer.busy) keeps the grace. So does a process the stop itself
+    started that computes (it is counted from its start)."""
+    got = _stop(0, env={"GRACE": "3", "IDLE": "0.5", "SAVING": "1"})
+    assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] >= 3, got
+    assert "subprocess.Popen" in STARTS_ON_STOP.split("signal.SIGTERM, lambda")[1]
+    got = _stop(0, tree=STARTS_ON_STOP, env={"GRACE": "3", "IDLE": "0.5"})
+    assert got["ok"] and not got["left"] and got["seconds"] >= 3, got
+
+
+def test_a_save_says_so_in_the_agents_directory_while_it_runs(tmp_path, monkeypatch):
+    from trainer.busy import busy
+    from trainium_api.agent import BUSY_DIR_ENV
+    with busy("save"):  # no agent: nothing written anywhere
+        pass
+    monkeypatch.setenv(BUSY_DIR_ENV, str(tmp_path))
+    with busy("save"):
+        assert len(list(tmp_path.iterdir())) == 1
+    assert not list(tmp_path.iterdir())
+    try:
+        with busy("save"):
+            raise RuntimeError("the write failed")
+    except RuntimeError:
+        pass
+    assert not list(tmp_path.iterdir())

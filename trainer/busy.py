@@ -1,0 +1,34 @@
+"""Telling the pod's agent that a checkpoint is being written (trainium_api.agent.BUSY_DIR_ENV).
+
+After a hang the agent ends the stop's grace early once the workers use no CPU (stuck, they
+would save nothing). A save is the exception: ranks waiting in its barrier while another pod
+uploads, or in an fsync or an S3 request, are idle by the CPU and still saving. While a save
+runs, its process keeps a file in the agent's directory, and the agent waits the whole grace.
+A file left by a killed process only costs the next stop its early end: the agent empties the
+directory before it starts new workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+from trainium_api.agent import BUSY_DIR_ENV
+
+
+@contextlib.contextmanager
+def busy(what: str):
+    """While the body runs, the agent (if any) sees this thread ``what``-ing."""
+    directory = os.environ.get(BUSY_DIR_ENV)
+    path = Path(directory) / f"{what}-{os.getpid()}-{threading.get_ident()}" if directory else None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.touch()
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
