@@ -284,11 +284,17 @@ def main(argv: list[str] | None = None) -> int:
 def _exit(code: int | None) -> None:
     """End the process without the interpreter's teardown of its modules (PyTorch imported: about
     0.4 s here, on the path from a failed rank to the agent's report and the restart): the exit
-    handlers run and the streams are flushed as on a normal exit."""
+    handlers run, non-daemon threads are joined and the streams are flushed (C's too) as on a
+    normal exit."""
+    import ctypes
+    import threading
+    threading._shutdown()  # noqa: SLF001 - what a normal exit does first: joins non-daemon threads
     atexit._run_exitfuncs()  # (logging's shutdown among them)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)  # what C code printed without a newline to a pipe
     os._exit(int(code or 0))
 
 
