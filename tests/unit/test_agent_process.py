@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG
 from trainer import agent
@@ -145,9 +147,6 @@ def test_a_save_says_so_in_the_agents_directory_while_it_runs(tmp_path, monkeypa
     with busy("save"):
         assert len(list(tmp_path.iterdir())) == 1
     assert not list(tmp_path.iterdir())
-    try:
-        with busy("save"):
-            raise RuntimeError("the write failed")
-    except RuntimeError:
-        pass
-    assert not list(tmp_path.iterdir())
+    with pytest.raises(RuntimeError), busy("save"):
+        raise RuntimeError("the write failed")
+    assert not list(tmp_path.iterdir())  # a failed save says so no longer
