@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         if fault_time is not None:
             tl = drill.timeline(d, fault_time, failed_step)
             rel = (lambda t: f"+{t - fault_time:5.1f}s" if t else "   n/a")
-            say("recovery, from the fault:")
+            kind = ((st.get("failures") or [{}])[-1]).get("restart")
+            how = {"inPlace": "in place: new workers in the same pods, no pod deleted or created",
+                   "replace": "the failed pod alone replaced, the others in place",
+                   "recreate": "the gang recreated: every pod deleted and created again"}.get(kind, kind or "n/a")
+            say(f"recovery, from the fault (restarted {how}):")
             print(f"    detected by the operator        {rel(tl.detected)}")
             print(f"    new gang running                {rel(tl.gang_running)}")
             print(f"    first new step                  {rel(tl.first_step)}   (resumed from the checkpoint at step {tl.resumed_step})")
