@@ -39,10 +39,15 @@ PF_EXITING = 0x4  # include/linux/sched.h: the process is tearing itself down
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(number: int | str) -> list[str]:
+    """/proc/<number>/stat's fields after the process's name (its 3rd on: state, ppid, ...)."""
+    return Path(f"/proc/{number}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(number: int | str) -> float | None:
     """The CPU time (user + system) the process /proc/<number> has used, None when gone."""
     try:
-        fields = Path(f"/proc/{number}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat(number)
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # stat's 14th and 15th fields
     except (OSError, ValueError, IndexError):
         return None
@@ -57,7 +62,7 @@ def live_children(running: str) -> dict[int, str]:
         if ppid != me or state in ("Z", "X"):
             continue
         try:
-            flags = int(Path(f"/proc/{number}/stat").read_text().rsplit(")", 1)[1].split()[6])
+            flags = int(_stat(number)[6])
             argv = Path(f"/proc/{number}/cmdline").read_bytes().decode(errors="replace")
         except (OSError, ValueError, IndexError):
             continue

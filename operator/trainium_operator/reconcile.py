@@ -152,6 +152,11 @@ class Pass:
     def grace(self) -> int:
         return int(self.spec.fault_tolerance.teardown_grace_seconds)
 
+    @property
+    def last_failure(self) -> FailureRecord | None:
+        """The newest failure on the status this pass writes (the one being restarted from)."""
+        return self.new.failures[-1] if self.new.failures else None
+
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.effects.append(Event(reason, message, warning))
 
@@ -353,7 +358,7 @@ def _suspend(p: Pass) -> None:
             was = p.old.suspension or Suspension()
             p.new.suspension = replace(was, since=p.now, resumed_time=None, restart_seconds=was.restart_seconds + (
                 p.now - was.resumed_time if was.resumed_time is not None else 0.0))
-            last = p.new.failures[-1] if p.new.failures else None
+            last = p.last_failure
             if last is not None and not last.resumed_time:
                 last.teardown_done_time = last.teardown_done_time or p.now
                 last.resumed_time, last.resumed_steps = p.now, 0
@@ -436,7 +441,6 @@ def _teardown_in_place(p: Pass) -> None:
     since = p.old.current.teardown_start_time or p.now
     lost = next((x for x in gang if x.deleting or x.phase != "Running"), None)
     ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
-    stop = _stop_order(p, target)
     answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
     if lost is not None:
         _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
@@ -448,6 +452,7 @@ def _teardown_in_place(p: Pass) -> None:
         _give_up_in_place(p, f"not every agent said its workers stopped within {answer_within:.0f}s")
         return
     if not ready:
+        stop = _stop_order(p, target)
         p.effects += [OrderPod(x.name, stop) for x in inplace.unordered(gang, stop)]
         return
     if _torn_down(p):
@@ -457,7 +462,7 @@ def _teardown_in_place(p: Pass) -> None:
 def _stop_order(p: Pass, target: int) -> Order:
     """The order to stop the workers of the attempts before ``target``: the teardown grace, ended
     early once they are idle after a hang (inplace.stop_idle_seconds)."""
-    last = p.new.failures[-1] if p.new.failures else None
+    last = p.last_failure
     return Order(target, start=False, grace_seconds=float(p.grace),
                  idle_seconds=inplace.stop_idle_seconds(last.cause if last else None))
 
@@ -533,7 +538,7 @@ def _teardown_replace(p: Pass) -> None:
         _give_up_in_place(p, why)
         return
     if replacement is not None and not replacement.node and replacement.unschedulable:
-        last = p.new.failures[-1] if p.new.failures else None
+        last = p.last_failure
         p.new.message = (f"{last.message if last else 'restarting'}; the replacement pod {replacement.name} waits to "
                          f"be placed ({replacement.unschedulable[:300]}); the gang is recreated if it is not placed "
                          f"within {ft.schedule_timeout_seconds:.0f}s")
@@ -666,7 +671,7 @@ def _node_lost(p: Pass, pod: PodView) -> bool:
 def _torn_down(p: Pass) -> bool:
     """The failed attempt is gone: its teardown ends now (on the failure's record); whether the
     backoff has passed too, so the next attempt may start."""
-    last = p.new.failures[-1] if p.new.failures else None
+    last = p.last_failure
     if last and not last.teardown_done_time:
         last.teardown_done_time = p.now
     return p.now >= (p.old.current.restart_not_before or 0)
@@ -675,7 +680,7 @@ def _torn_down(p: Pass) -> bool:
 def _give_up_in_place(p: Pass, why: str) -> None:
     """Recreate the gang after all: delete its pods (the normal teardown from here)."""
     p.new.current.restart, p.new.current.teardown_start_time = "recreate", p.now
-    last = p.new.failures[-1] if p.new.failures else None
+    last = p.last_failure
     if last is not None:  # its teardown is the pods' deletion from now on
         last.restart, last.teardown_done_time = "recreate", None
     if p.old.current.restart == "replace":
@@ -693,7 +698,7 @@ def _start_in_place(p: Pass, target: int, replaced: PodView | None = None) -> No
     old, new = p.old, p.new
     resume = p.checkpoint or old.last_checkpoint
     new.phase, new.attempt = "Starting", target
-    last = new.failures[-1] if new.failures else None
+    last = p.last_failure
     # after a hang the gang is checked again (a device hang looks like one), in place too, and
     # so it is with a replacement on a node that has not passed the check recently
     check = p.spec.preflight_on() and last is not None and (last.cause == "hang" or (
@@ -766,7 +771,7 @@ def _late_culprits(p: Pass) -> None:
     is left out of the next attempt all the same, within the quarantine limit."""
     if not p.spec.fault_tolerance.quarantine or p.old.current.late_culprit:
         return  # one per teardown: the first to end with the report
-    last = p.new.failures[-1] if p.new.failures else None
+    last = p.last_failure
     culprit = next((x for x in device_culprits(p.current) if not last or x.node != last.node), None)
     if culprit is None or culprit.node in _excluded(p.new):
         return
@@ -804,7 +809,7 @@ def _note_teardown_progress(p: Pass) -> None:
     """A gang stopped by SIGTERM finishes its step and checkpoint first: keep the failed
     attempt's newest step and its time on the failure record, so goodput counts that work."""
     gang = gang_state(p.current)
-    last = p.new.failures[-1] if p.new.failures else None
+    last = p.last_failure
     if last is None or last.teardown_done_time or gang.step is None:
         return
     if gang.step > (last.step if last.step is not None else -1) or \
@@ -939,7 +944,7 @@ PREFLIGHT_MESSAGE = "attempt {attempt}: the pre-flight check of the gang's {node
 
 def _gang_running(p: Pass, gang: GangState) -> None:
     """Every pod Running: the restart's recovery ends here, and its resume at the first report."""
-    old, new, last = p.old, p.new, (p.new.failures[-1] if p.new.failures else None)
+    old, new, last = p.old, p.new, p.last_failure
     if not old.current.gang_running_time:
         new.current.gang_running_time = p.now
         if last and not last.recovered_time:

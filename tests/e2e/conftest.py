@@ -12,7 +12,7 @@ import pytest
 from localcluster import drill
 from localcluster.cluster import Cluster, free_base_port
 
-NODES = 3
+NODES, NODE_PREFIX = 3, "e2e-"
 
 
 class S3Server:
@@ -82,7 +82,7 @@ def e2e(tmp_path_factory):
     try:
         cluster.kubectl("apply", "-f", str(drill.ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
         cluster.wait_established("trainingruns.trainium.dev")
-        nodes = drill.process_nodes(cluster, NODES, "e2e-")
+        nodes = drill.process_nodes(cluster, NODES, NODE_PREFIX)
         operator = drill.Operator(cluster, state / "operator.log", env=s3.env)
         operator.start()
         yield E2E(cluster, operator, nodes, s3)
@@ -105,4 +105,4 @@ def e2e(tmp_path_factory):
 def healthy_nodes(e2e):
     yield
     drill.heal_process_nodes(e2e.core)
-    drill.process_nodes(e2e.cluster, NODES, "e2e-")  # a node a test deleted is registered again
+    drill.process_nodes(e2e.cluster, NODES, NODE_PREFIX)  # a node a test deleted is registered again

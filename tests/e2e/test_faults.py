@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from localcluster import drill, podprocs
-from trainium_api.agent import WARM_ENV
 from localcluster.drill import Drill, ProcessSampler
 
 pytestmark = pytest.mark.e2e
@@ -181,14 +180,13 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     from (else memory in place, store when the gang or a pod is new); ``spare``: the run has a
     warm spare, which must take the replaced pod's place."""
     name = body["metadata"]["name"]
-    warm = {"name": WARM_ENV, "value": "0"} not in body["spec"].get("env", [])
     d = Drill(e2e.cluster, ns, body)
     with ProcessSampler(ns, name) as sampler:
         d.create()
         d.wait_step(FAULT_AT, 240)
         if spare:
             d.wait(lambda: d.status().get("spares") == [f"{name}-spare-1"], 120, "the spare to wait at the ready")
-        if fault in IN_PLACE and warm:  # the agents park the next attempt's launcher a few seconds into this one
+        if fault in IN_PLACE:  # the agents park the next attempt's launcher a few seconds into this one
             d.wait(lambda: all(podprocs.parked_pids(podprocs.live_init_pid(podprocs.latest_pod_dir(
                 e2e.cluster.pods_dir, ns, p.metadata.name))) for p in d.pods()), 60, "warm launchers to be parked")
         failed_step, fault_time = d.trained_step(), time.time()
@@ -243,7 +241,7 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
         assert st.get("restartsInPlace") == 1, st
         assert not created, "an in-place restart created pods"
         # the new workers came from the parked launchers (trainer.warm), forked, not started cold
-        assert sampler.warm == ({2} if warm else set()), sampler.warm
+        assert sampler.warm == {2}, sampler.warm
     if fault in REPLACED:
         took = f"{name}-spare-1" if spare else f"{name}-a2-0"
         assert st.get("restartsReplaced") == 1 and st["current"]["podNames"] == [took, f"{name}-a1-1"], st

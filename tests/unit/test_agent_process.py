@@ -141,8 +141,9 @@ def test_a_save_in_progress_or_a_process_started_by_the_stop_keeps_the_whole_gra
 def test_a_save_says_so_in_the_agents_directory_while_it_runs(tmp_path, monkeypatch):
     from trainer.busy import busy
     from trainium_api.agent import BUSY_DIR_ENV
-    with busy("save"):  # no agent: nothing written anywhere
-        pass
+    monkeypatch.delenv(BUSY_DIR_ENV, raising=False)
+    with busy("save"):  # no agent: a no-op, nothing written where a later agent would look
+        assert not list(tmp_path.iterdir())
     monkeypatch.setenv(BUSY_DIR_ENV, str(tmp_path))
     with busy("save"):
         assert len(list(tmp_path.iterdir())) == 1
