@@ -236,6 +236,15 @@ def _wait_gone(numbers: list[int], seconds: float, idle_seconds: float | None = 
     return False
 
 
+def _saving(busy_dir: str) -> bool:
+    """Whether a worker says it saves or stops alive (trainer.busy); a directory the workers
+    removed or replaced says nothing for sure: the whole grace."""
+    try:
+        return bool(os.listdir(busy_dir))
+    except OSError:
+        return True
+
+
 class Agent:
     def __init__(self, argv: list[str], api, pod: str, namespace: str):
         self.argv, self.pod = argv, pod
@@ -264,8 +273,9 @@ class Agent:
         """``check``: run the pre-flight check again (ordered after a hang), trusting no node."""
         Path(self.message_path).write_text("")
         argv = _placed(self.argv if first or check else _without_preflight(self.argv), self.index, self.master)
-        for left in Path(self.busy_dir).iterdir():  # by processes killed mid-save: gone with them
-            left.unlink(missing_ok=True)
+        # left by processes killed mid-save (or whatever the workers put there): gone with them
+        shutil.rmtree(self.busy_dir, ignore_errors=True)  # (a symlink put there is not followed)
+        self.busy_dir = tempfile.mkdtemp(prefix="trainer-busy-")
         env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path,
                protocol.BUSY_DIR_ENV: self.busy_dir}
         if self.index is not None:
@@ -342,7 +352,7 @@ class Agent:
         _signal(under, signal.SIGTERM)
         numbers = [n for n, _ in under]
         if _wait_gone(numbers, grace, idle_seconds, lambda: [n for n, _ in _under_me(spare)],
-                      lambda: bool(os.listdir(self.busy_dir))):
+                      lambda: _saving(self.busy_dir)):
             log(f"the stopped workers were idle for {idle_seconds:g}s (stuck, not saving): SIGKILL before the "
                 f"{grace:g}s grace ended")
         under = _under_me(spare)  # and what they started meanwhile

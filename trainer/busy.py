@@ -4,8 +4,10 @@ After a hang the agent ends the stop's grace early once the workers use no CPU (
 would save nothing). A save is the exception: ranks waiting in its barrier while another pod
 uploads, or in an fsync or an S3 request, are idle by the CPU and still saving. While a save
 runs, its process keeps a file in the agent's directory, and the agent waits the whole grace.
-A file left by a killed process only costs the next stop its early end: the agent empties the
-directory before it starts new workers.
+A rank that runs its SIGTERM handler leaves one too (:func:`mark`): it is alive, and saves at
+its next step boundary, however long it waits on a peer or its device meanwhile; a rank stuck in
+a collective or a frozen device never gets to its handler. A file left by a killed process only
+costs the next stop its early end: the agent empties the directory before it starts new workers.
 """
 
 from __future__ import annotations
@@ -18,14 +20,24 @@ from pathlib import Path
 from trainium_api.agent import BUSY_DIR_ENV
 
 
-@contextlib.contextmanager
-def busy(what: str):
-    """While the body runs, the agent (if any) sees this thread ``what``-ing."""
+def _path(what: str) -> Path | None:
     directory = os.environ.get(BUSY_DIR_ENV)
-    path = Path(directory) / f"{what}-{os.getpid()}-{threading.get_ident()}" if directory else None
+    return Path(directory) / f"{what}-{os.getpid()}-{threading.get_ident()}" if directory else None
+
+
+def mark(what: str) -> None:
+    """Leave this process's ``what`` file for the rest of the attempt (no agent: nothing)."""
+    path = _path(what)
     if path is not None:
         with contextlib.suppress(OSError):
             path.touch()
+
+
+@contextlib.contextmanager
+def busy(what: str):
+    """While the body runs, the agent (if any) sees this thread ``what``-ing."""
+    mark(what)
+    path = _path(what)
     try:
         yield
     finally:

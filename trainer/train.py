@@ -17,6 +17,7 @@ from trainium_api import exitcodes
 from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
 from . import backends
+from .busy import mark
 from .checkpoint import Checkpointer
 from .config import RunConfig, derive_layout, to_dict
 from .data import PackedDataset, heldout_batches
@@ -40,6 +41,7 @@ class _StopFlag:
 
     def _handler(self, signum, frame):
         self.requested = True
+        mark("stopping")  # alive: the pod's agent keeps the grace for the stop-save (trainer.busy)
 
     def set(self) -> None:
         self.requested = True

@@ -151,3 +151,25 @@ def test_a_save_says_so_in_the_agents_directory_while_it_runs(tmp_path, monkeypa
     with pytest.raises(RuntimeError), busy("save"):
         raise RuntimeError("the write failed")
     assert not list(tmp_path.iterdir())  # a failed save says so no longer
+
+
+def test_a_rank_that_runs_its_stop_handler_says_it_is_alive_and_garbage_keeps_the_grace(tmp_path):
+    """A rank whose SIGTERM handler runs (trainer.train's stop flag) is alive and saves at its
+    next step: it leaves its mark for the rest of the attempt. A busy directory the workers
+    removed or filled with a directory reads as saving (the whole grace), never as an error."""
+    from trainium_api.agent import BUSY_DIR_ENV
+    busy_dir = tmp_path / "busy"
+    busy_dir.mkdir()
+    code = ("import os, signal, sys, time; sys.path[:0] = sys.argv[1:]\n"
+            "from trainer.train import _StopFlag\n"
+            "flag = _StopFlag(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)\n"
+            "assert flag.requested\n")
+    import os
+    from tests.conftest import ROOT
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(ROOT / "api")], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, BUSY_DIR_ENV: str(busy_dir)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [p.name.split("-")[0] for p in busy_dir.iterdir()] == ["stopping"]
+    assert agent._saving(str(tmp_path / "removed"))
+    (busy_dir / "sub").mkdir()
+    assert agent._saving(str(busy_dir))
