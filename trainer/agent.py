@@ -37,7 +37,7 @@ from trainium_api import agent as protocol
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
-from .proctable import cpu_seconds as _cpu_seconds
+from .proctable import demand as _demand_of
 from .proctable import proc_self as _proc_self
 from .proctable import process_table as _process_table
 from .proctable import status as _status
@@ -209,28 +209,36 @@ def _signal(processes: list[tuple[int, int]], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _cpu(numbers: list[int]) -> dict[int, float]:
-    return {n: c for n in numbers if (c := _cpu_seconds(n)) is not None}
+def _demand(numbers: list[int]) -> tuple[dict[int, float], bool]:
+    """Each live process's CPU time plus run-queue wait (proctable.demand), and whether one of
+    them is runnable now."""
+    seconds, runnable = {}, False
+    for n in numbers:
+        if (d := _demand_of(n)) is not None:
+            seconds[n], runnable = d[0], runnable or d[1]
+    return seconds, runnable
 
 
 def _wait_gone(numbers: list[int], seconds: float, idle_seconds: float | None = None, listing=None,
                saving=None) -> bool:
     """Wait until none of ``numbers`` is alive, ``seconds`` at most; with ``idle_seconds``, only
-    until those alive used less than IDLE_CPU_SHARE of one core over that long (stuck: a hung
-    collective, a frozen device, a stopped process) while ``saving()`` is false (a save waits
-    in barriers and on the store without CPU: trainer.busy). ``listing()``: the processes now
-    (those started since count too). Whether it ended early, idle."""
+    until those alive asked for less than IDLE_CPU_SHARE of one core over that long (CPU used
+    plus time waited runnable, none runnable at its end: stuck, a hung collective, a frozen
+    device, a stopped process) while ``saving()`` is false (a save waits in barriers and on the
+    store without CPU: trainer.busy). ``listing()``: the processes now (those started since
+    count too). Whether it ended early, idle."""
     deadline = time.monotonic() + seconds
-    since, before = time.monotonic(), _cpu(numbers)
+    since, (before, _) = time.monotonic(), _demand(numbers)
     while _alive(numbers) and time.monotonic() < deadline:
         time.sleep(0.05)
         now = time.monotonic()
         if idle_seconds is not None and now - since >= idle_seconds:
             if listing is not None:
                 numbers += [n for n in listing() if n not in numbers]
-            after = _cpu(numbers)  # (a process that ended meanwhile counts for nothing; a new one from 0)
-            used = sum(max(0.0, c - before.get(n, 0.0)) for n, c in after.items())
-            if used < protocol.IDLE_CPU_SHARE * (now - since) and not (saving is not None and saving()):
+            after, runnable = _demand(numbers)  # (one that ended meanwhile counts for nothing; a new one from 0)
+            asked = sum(max(0.0, c - before.get(n, 0.0)) for n, c in after.items())
+            if (asked < protocol.IDLE_CPU_SHARE * (now - since) and not runnable
+                    and not (saving is not None and saving())):
                 return True
             since, before = now, after
     return False

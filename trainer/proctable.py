@@ -53,6 +53,32 @@ def cpu_seconds(number: int | str) -> float | None:
         return None
 
 
+def demand(number: int | str) -> tuple[float, bool] | None:
+    """What the process /proc/<number> has asked of the CPUs: (the CPU time it used plus the
+    time its threads waited runnable for a CPU (schedstat's run_delay), whether one of its
+    threads is runnable now); None when gone. CPU time alone reads a busy process starved by
+    its neighbours (a node's other pods, a contended host) as idle: it uses almost nothing
+    while it waits its turn, and the wait shows only in the run queue."""
+    used = cpu_seconds(number)
+    if used is None:
+        return None
+    waited, runnable = 0, False
+    try:
+        threads = os.listdir(f"/proc/{number}/task")
+    except OSError:
+        return None
+    for thread in threads:
+        try:
+            waited += int(Path(f"/proc/{number}/task/{thread}/schedstat").read_text().split()[1])
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or a kernel without schedstat
+            pass
+        try:
+            runnable = runnable or _stat(f"{number}/task/{thread}")[0] == "R"
+        except (OSError, IndexError):
+            pass
+    return used + waited / 1e9, runnable
+
+
 def live_children(running: str) -> dict[int, str]:
     """This process's children whose command line holds ``running`` and that are neither
     ended nor exiting: their pid (this process's own numbering) -> state (R, S, D, T, ...)."""

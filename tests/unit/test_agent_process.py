@@ -67,6 +67,15 @@ PARKED = ("import subprocess, sys\n"
 BUSY_TREE = TREE.replace("signal.SIG_IGN); time.sleep(60)", "signal.SIG_IGN)\\nwhile True: pass")
 
 
+# as BUSY_TREE, but the computing worker moves to the CPU the test fills with busier processes
+# and takes the lowest priority there: its own (nice 19) and its session's (a kernel with
+# autogroup schedules sessions against each other first)
+STARVED_TREE = BUSY_TREE.replace(
+    "\\nwhile True: pass",
+    "\\nimport os\\nos.sched_setaffinity(0, {int(os.environ[\"STARVE_CPU\"])})\\nos.nice(19)\\n"
+    "try: open(\"/proc/self/autogroup\", \"w\").write(\"19\")\\nexcept OSError: pass\\nwhile True: pass")
+
+
 # as TREE, but the launcher starts a computing process when told to stop (a compile, an uploader)
 STARTS_ON_STOP = TREE.replace("if not int(sys.argv[1]): signal.signal(signal.SIGTERM, signal.SIG_IGN)",
                               "signal.signal(signal.SIGTERM, lambda *_: subprocess.Popen([sys.executable, '-c', "
@@ -127,6 +136,24 @@ def test_a_worker_that_computes_keeps_the_whole_grace():
     assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] >= 3, got
 
 
+def test_a_worker_starved_of_cpu_by_its_neighbours_is_not_taken_for_idle():
+    """A computing worker that gets almost no CPU because busier processes share its core (a
+    node's other pods, a contended host) waits runnable: its run-queue wait counts, and the
+    grace runs to its end. By CPU time alone it would be idle and lose its stop-save."""
+    import os
+    assert "autogroup" in STARVED_TREE
+    cpu = max(os.sched_getaffinity(0))
+    hog = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(6)]
+    try:
+        got = _stop(0, tree=STARVED_TREE, env={"GRACE": "3", "IDLE": "0.5", "STARVE_CPU": str(cpu)})
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] >= 3, got
+
+
 def test_a_save_in_progress_or_a_process_started_by_the_stop_keeps_the_whole_grace():
     """Ranks waiting in a save's barrier for another pod's upload use no CPU: a save's file in
     the agent's directory (trainer.busy) keeps the grace. So does a process the stop itself
@@ -173,3 +200,25 @@ def test_a_rank_that_runs_its_stop_handler_says_it_is_alive_and_garbage_keeps_th
     assert agent._saving(str(tmp_path / "removed"))
     (busy_dir / "sub").mkdir()
     assert agent._saving(str(busy_dir))
+
+
+def test_what_a_process_asked_of_the_cpus_and_whether_it_is_runnable():
+    """proctable.demand: a sleeping process asks nothing and is not runnable; a computing one
+    asks for time and is runnable; a process that is gone reads as None."""
+    import time
+    from trainer import proctable
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)  # both past their start
+        (slept, sleeping), (spun, _) = proctable.demand(sleeper.pid), proctable.demand(spinner.pid)
+        time.sleep(0.5)
+        (slept2, sleeping2), (spun2, _) = proctable.demand(sleeper.pid), proctable.demand(spinner.pid)
+        assert slept2 - slept < 0.01 and not sleeping and not sleeping2
+        assert spun2 - spun > 0.3  # used, or waited its turn: about 0.5 s either way
+        assert any(proctable.demand(spinner.pid)[1] for _ in range(50))
+    finally:
+        for p in (sleeper, spinner):
+            p.kill()
+            p.wait()
+    assert proctable.demand(spinner.pid) is None
