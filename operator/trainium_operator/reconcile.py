@@ -441,7 +441,7 @@ def _teardown_in_place(p: Pass) -> None:
     since = p.old.current.teardown_start_time or p.now
     lost = next((x for x in gang if x.deleting or x.phase != "Running"), None)
     ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
-    answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
+    answer_within = inplace.answer_within(gang, target, p.grace)
     if lost is not None:
         _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
         return
@@ -506,7 +506,7 @@ def _teardown_replace(p: Pass) -> None:
                 warning=True)
         replacement = other
     lost = next((x for x in kept if x.deleting or x.phase != "Running" or _node_lost(p, x)), None)
-    answer_within = p.grace + inplace.ANSWER_SLACK_SECONDS
+    answer_within = inplace.answer_within(kept, target, p.grace)
     kept_ready = inplace.ready(kept, target)
     asked = p.new.current.replacement_since
     if asked is None:  # (a status from before replacementSince)
