@@ -155,6 +155,26 @@ class FailureRecord(_Written):
 
 
 @dataclass
+class QuarantinedMachine(_Written):
+    """The machine behind a node this run quarantined (status.quarantinedMachines). A Node object
+    deleted and registered again under its name (a kubelet after `kubectl delete node`) comes
+    back without the taint: the same machine (its providerID) is quarantined again; another
+    machine reusing the name (EKS names nodes by private IP) is not."""
+    node: str = ""
+    uid: str = ""
+    """The Node object's metadata.uid when it was quarantined: another uid is a new object."""
+    provider_id: str = ""
+    """spec.providerID (aws:///<zone>/<instance-id>): the machine. Empty: none was given, and a
+    node registered again is not quarantined (nothing says it is the same machine)."""
+    since: float | None = None
+    """When it was quarantined (again, after it registered again): the taint is ordered until
+    seen, for QUARANTINE_RETRY_SECONDS from then."""
+    gone_time: float | None = None
+    """Since when the Node object is gone: the machine is remembered for
+    QUARANTINE_REMEMBER_SECONDS, then forgotten."""
+
+
+@dataclass
 class AvoidedNode(_Written):
     """A node the run keeps its pods off on its own pods' word (status.avoidedNodes)."""
     node: str = ""
@@ -326,6 +346,9 @@ class TrainingRunStatus(_Written):
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until
     the operator's node cache shows it (a node seen tainted and later without it was returned by
     an admin; one never seen tainted was not quarantined yet)."""
+    quarantined_machines: list[QuarantinedMachine] = field(default_factory=list)
+    """The machines behind the quarantined nodes, and behind those whose Node object went
+    (QuarantinedMachine): a node registered again is quarantined again when it is the same machine."""
     avoided_nodes: list[AvoidedNode] = field(default_factory=list)
     """Nodes this run's own pods named as faulty (the Neuron runtime's words in a termination
     message, a straggler, a late culprit in teardown): this run's pods stay off them for

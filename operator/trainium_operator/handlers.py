@@ -102,7 +102,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         uid = run["metadata"].get("uid")
         pods = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
         status = read_status(run["status"])
-        wanted = {p.node for p in pods if p.node} | set(status.quarantined_nodes)
+        wanted = ({p.node for p in pods if p.node} | set(status.quarantined_nodes)
+                  | {m.node for m in status.quarantined_machines})
         now = time.time()
         nodes = shortfalls.mark({n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
         try:

@@ -138,6 +138,8 @@ class NodeView:
     unschedulable: bool = False
     changed: float | None = None  # newest transition of Ready / NeuronHealth
     zone: str = ""  # topology.kubernetes.io/zone: the node lifecycle controller judges disruption per zone
+    uid: str = ""  # the Node object's: another after the node registered again
+    provider_id: str = ""  # spec.providerID: the machine (aws:///<zone>/<instance-id> on EKS)
     neuron_short_since: float | None = None
     """Since when the operator has seen allocatable Neuron devices below capacity (the node
     object carries no time for it: the observer's DeviceShortfalls remembers)."""
@@ -166,7 +168,8 @@ def node_view(node: dict) -> NodeView:
                     taints={t.get("key") for t in spec.get("taints") or []}, neuron_error=neuron_error,
                     neuron_allocatable=count("allocatable"), neuron_capacity=count("capacity"),
                     unschedulable=bool(spec.get("unschedulable")), changed=changed,
-                    zone=((node["metadata"].get("labels") or {}).get(ZONE_LABEL) or ""))
+                    zone=((node["metadata"].get("labels") or {}).get(ZONE_LABEL) or ""),
+                    uid=str(node["metadata"].get("uid") or ""), provider_id=str(spec.get("providerID") or ""))
 
 
 @dataclass

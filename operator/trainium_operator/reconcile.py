@@ -35,6 +35,7 @@ from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, AvoidedNode, CheckpointRef, Condition,
+                                 QuarantinedMachine,
                                  Disruption, PreflightPass,
                                  FailureRecord, StragglerStreak, Suspension, TrainingRunStatus)
 
@@ -77,6 +78,9 @@ QUARANTINE_SETTLE_SECONDS = 60.0
 QUARANTINE_RETRY_SECONDS = 300.0
 """How long a taint that cannot be written (a policy engine refusing it) is ordered again; the
 run's own pods stay off the node by their affinity either way."""
+QUARANTINE_REMEMBER_SECONDS = 86400.0
+"""How long the machine behind a quarantined node whose Node object went is remembered: the
+same machine registering again under the name within that time is quarantined again."""
 
 
 @dataclass
@@ -286,21 +290,64 @@ def _still_quarantined(p: Pass) -> None:
     a node is seen with the taint it stays pending and the taint is ordered again (the write is
     idempotent), for QUARANTINE_RETRY_SECONDS. A node seen tainted and now without the taint was
     returned by an admin; a pending node absent from the cache for QUARANTINE_SETTLE_SECONDS is
-    gone."""
-    kept, pending = [], []
+    gone. A Node object deleted and registered again comes back without the taint: the same
+    machine (status.quarantinedMachines: its providerID) is quarantined again, another machine
+    under the name (EKS names nodes by private IP) is not; a deleted node's machine is
+    remembered for QUARANTINE_REMEMBER_SECONDS."""
+    kept, pending, machines = [], [], []
+    known = {m.node: m for m in p.old.quarantined_machines}
     for name in p.old.quarantined_nodes:
-        node = p.nodes.get(name)
-        if node is not None and plan.QUARANTINE_TAINT in node.taints:
-            kept.append(name)
-        elif name in p.old.quarantine_pending:
-            cause = max((f for f in p.old.failures if f.node == name), key=lambda f: f.time, default=None)
-            if node is None and (cause is None or p.now - cause.time >= QUARANTINE_SETTLE_SECONDS):
+        node, machine = p.nodes.get(name), known.pop(name, None)
+        cause = max((f for f in p.old.failures if f.node == name), key=lambda f: f.time, default=None)
+        since = machine.since if machine is not None and machine.since is not None else cause.time if cause else None
+        if node is not None and machine is not None and machine.uid and node.uid and node.uid != machine.uid:
+            # its Node object was deleted and registered again, without the taint
+            if not machine.provider_id:  # nothing says it is the same machine
                 continue
+            if not node.provider_id:  # not filled in yet (a cloud controller sets it after registration)
+                kept.append(name)
+                machines.append(machine)
+                continue
+            if node.provider_id != machine.provider_id:
+                p.event("QuarantineEnded", f"{name} is another machine now ({node.provider_id}, was "
+                                           f"{machine.provider_id}): the quarantine stays with the old one")
+                continue
+            since = p.now
+            machine = replace(machine, uid=node.uid, since=since)
+            p.event("NodeQuarantined", f"{name}: registered again ({node.provider_id}); quarantined again", warning=True)
+        elif node is not None and plan.QUARANTINE_TAINT in node.taints:
             kept.append(name)
-            pending.append(name)
-            if cause is not None and p.now - cause.time < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
-                p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
-    p.new.quarantined_nodes, p.new.quarantine_pending = kept, pending
+            machines.append(replace(machine, uid=machine.uid or node.uid, provider_id=machine.provider_id or node.provider_id)
+                            if machine is not None else QuarantinedMachine(name, node.uid, node.provider_id, since))
+            continue
+        elif name not in p.old.quarantine_pending:  # returned by an admin, or its Node object went
+            if node is None and machine is not None and machine.provider_id:
+                machines.append(replace(machine, gone_time=p.now))
+            continue
+        if node is None and (since is None or p.now - since >= QUARANTINE_SETTLE_SECONDS):
+            if machine is not None and machine.provider_id:
+                machines.append(replace(machine, gone_time=p.now))
+            continue
+        kept.append(name)
+        pending.append(name)
+        if machine is not None:
+            machines.append(machine)
+        if since is not None and p.now - since < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
+            p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
+    for machine in known.values():  # not quarantined now: the Node object went
+        node = p.nodes.get(machine.node)
+        if machine.gone_time is None or p.now - machine.gone_time > QUARANTINE_REMEMBER_SECONDS:
+            continue
+        if node is None or not node.provider_id:  # (not filled in yet after its registration)
+            machines.append(machine)
+        elif node.provider_id == machine.provider_id:
+            kept.append(machine.node)
+            pending.append(machine.node)
+            machines.append(replace(machine, uid=node.uid, since=p.now, gone_time=None))
+            p.effects.append(Quarantine(machine.node, f"registered again ({node.provider_id}) after it was quarantined"))
+            p.event("NodeQuarantined", f"{machine.node}: registered again ({node.provider_id}); quarantined again",
+                    warning=True)
+    p.new.quarantined_nodes, p.new.quarantine_pending, p.new.quarantined_machines = kept, pending, machines
 
 
 def _children(p: Pass) -> None:
@@ -1117,8 +1164,11 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         p.event("NodeGone", f"{action.quarantine_node}: {failure.message}; not quarantined: its Node object is gone")
     elif action.quarantine_node:
         p.effects.append(Quarantine(action.quarantine_node, failure.message))
+        node = p.nodes[action.quarantine_node]
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
         new.quarantine_pending = new.quarantine_pending + [action.quarantine_node]
+        new.quarantined_machines = [*(m for m in new.quarantined_machines if m.node != action.quarantine_node),
+                                    QuarantinedMachine(action.quarantine_node, node.uid, node.provider_id, now)]
         p.event("NodeQuarantined", f"{action.quarantine_node}: {failure.message}", warning=True)
     if action.avoid_node:
         _avoid(p, action.avoid_node, failure.message)

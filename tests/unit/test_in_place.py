@@ -243,6 +243,8 @@ def test_a_lost_node_replaces_its_pod_alone_while_the_others_restart_in_place():
     assert status["failures"][-1]["restart"] == "replace" and status["restartsReplaced"] == 1
     assert status["current"]["replacing"] == 1 and status["current"]["replacement"] == "r-a2-1"
     assert status["quarantinedNodes"] == ["n1"]
+    # the machine behind it, should its Node object register again (status.quarantinedMachines)
+    assert [(m["node"], m["since"]) for m in status["quarantinedMachines"]] == [("n1", 60.0)]
     # a NotReady node may still run it (a partition): graceful, forced after the grace; at once
     # only on a node known dead (deleted, or tainted out-of-service)
     assert {e.name: e.grace for e in r.effects if e.kind == "delete_pod"} == {"r-a1-1": 30}

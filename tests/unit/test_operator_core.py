@@ -413,6 +413,67 @@ def test_a_quarantine_holds_until_the_taint_is_seen():
     assert returned.after.quarantined_nodes == []  # seen tainted before: an admin removed it
 
 
+def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_another_is_not():
+    """A Node object deleted and registered again under its name (a kubelet after `kubectl
+    delete node`) comes back without the taint: the same machine (spec.providerID) is
+    quarantined again, whether it comes back at once or after its Node object was seen gone;
+    another machine under the name (EKS names nodes by private IP) is not, and a pending taint
+    never lands on it."""
+    from trainium_operator.effects import Quarantine
+    from trainium_operator.reconcile import QUARANTINE_REMEMBER_SECONDS
+
+    def machine(uid, provider, tainted=False):
+        return node_view({"metadata": {"name": "n1", "uid": uid},
+                          "spec": {"providerID": provider, "taints": [{"key": plan.QUARANTINE_TAINT}] if tainted else []},
+                          "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def status_with(quarantined, pending, known):
+        return {**RUN, "status": {
+            "phase": "Running", "attempt": 1, "quarantinedNodes": quarantined, "quarantinePending": pending,
+            "quarantinedMachines": known, "conditions": [{"type": "Valid", "status": "True"}],
+            "failures": [{"id": 1, "time": 100.0, "cause": "neuron-device", "action": "restart", "node": "n1",
+                          "message": "NRT_EXEC_HW_ERR_HBM_UE"}]}}
+
+    first = {"node": "n1", "uid": "u1", "providerId": "aws:///z/i-1", "since": 100.0}
+    held = status_with(["n1"], [], [first])
+    r = reconcile_objects(held, [], {"n1": machine("u1", "aws:///z/i-1", tainted=True)}, now=5000.0)
+    assert r.after.quarantined_nodes == ["n1"] and r.after.quarantined_machines[0].uid == "u1"
+    r = reconcile_objects(held, [], {"n1": machine("u1", "aws:///z/i-1")}, now=5000.0)
+    assert r.after.quarantined_nodes == [] and r.after.quarantined_machines == []  # an admin returned it
+    again = reconcile_objects(held, [], {"n1": machine("u2", "aws:///z/i-1")}, now=5000.0)
+    assert again.after.quarantined_nodes == ["n1"] and again.after.quarantine_pending == ["n1"]
+    assert any(isinstance(e, Quarantine) and e.name == "n1" for e in again.effects)
+    assert again.after.quarantined_machines[0].uid == "u2" and again.after.quarantined_machines[0].since == 5000.0
+    # registered again, its providerID not filled in yet (a cloud controller sets it): undecided
+    unsure = reconcile_objects(held, [], {"n1": machine("u2", "")}, now=5000.0)
+    assert unsure.after.quarantined_nodes == ["n1"] and not any(isinstance(e, Quarantine) for e in unsure.effects)
+    assert unsure.after.quarantined_machines[0].uid == "u1"
+    other = reconcile_objects(held, [], {"n1": machine("u2", "aws:///z/i-9")}, now=5000.0)
+    assert other.after.quarantined_nodes == [] and not any(isinstance(e, Quarantine) for e in other.effects)
+    assert other.after.quarantined_machines == []
+    # a pending taint does not land on another machine that took the name
+    pending = reconcile_objects(status_with(["n1"], ["n1"], [first]), [], {"n1": machine("u2", "aws:///z/i-9")},
+                                now=110.0)
+    assert pending.after.quarantined_nodes == [] and not any(isinstance(e, Quarantine) for e in pending.effects)
+    # the Node object went: no longer quarantined (nothing to taint), the machine remembered
+    gone = reconcile_objects(held, [], {}, now=5000.0)
+    assert gone.after.quarantined_nodes == [] and gone.after.quarantined_machines[0].gone_time == 5000.0
+    left = status_with([], [], [{**first, "goneTime": 5000.0}])
+    r = reconcile_objects(left, [], {}, now=6000.0)
+    assert r.after.quarantined_machines[0].gone_time == 5000.0
+    back = reconcile_objects(left, [], {"n1": machine("u3", "aws:///z/i-1")}, now=6000.0)
+    assert back.after.quarantined_nodes == ["n1"] and back.after.quarantine_pending == ["n1"]
+    assert any(isinstance(e, Quarantine) and e.name == "n1" for e in back.effects)
+    assert back.after.quarantined_machines[0].gone_time is None
+    assert [e for e in back.effects if getattr(e, "reason", "") == "NodeQuarantined"], back.effects
+    r = reconcile_objects(left, [], {"n1": machine("u3", "")}, now=6000.0)
+    assert r.after.quarantined_nodes == [] and r.after.quarantined_machines[0].gone_time == 5000.0
+    r = reconcile_objects(left, [], {"n1": machine("u3", "aws:///z/i-9")}, now=6000.0)
+    assert r.after.quarantined_nodes == [] and r.after.quarantined_machines == []
+    r = reconcile_objects(left, [], {}, now=5000.0 + QUARANTINE_REMEMBER_SECONDS + 1)
+    assert r.after.quarantined_machines == []
+
+
 @pytest.mark.parametrize("env,field,words", [
     ([{"name": "MASTER_PORT", "value": "1"}], "spec.env[0].name", "set by the operator"),
     ([{"name": "A"}], "spec.env[0]", "exactly one of value or valueFrom"),
