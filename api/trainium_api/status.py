@@ -220,6 +220,10 @@ class AttemptStatus(_Written):
     """When the operator saw the attempt's step advance (the hang clock)."""
     teardown_start_time: float | None = None
     """When the attempt failed and its pods were told to stop."""
+    stop_grace_seconds: float | None = None
+    """The longest grace the stop orders of this teardown gave (teardownGraceSeconds when each
+    was written): every agent's answer is due within it and ANSWER_SLACK_SECONDS, whatever the
+    spec says since, and whatever a pod's annotations say."""
     restart_not_before: float | None = None
     """Backoff: the next attempt starts no earlier."""
     preflight_seconds: float | None = None

@@ -220,9 +220,9 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
                 pod_calls.append((kube.delete_pod, (ns, pod, grace)))
             case OrderPod(pod, order, labels):
                 pod_calls.append((kube.order_pod, (ns, pod, order_payload(order), dict(labels))))
-            case Quarantine(node, reason):
+            case Quarantine(node, reason, uid):
                 try:
-                    kube.quarantine(node, name, reason)
+                    kube.quarantine(node, name, reason, uid=uid)
                 except Exception as exc:  # noqa: BLE001 - retried: the status keeps it pending
                     log.warning("%s/%s: quarantining %s failed (ordered again next pass): %s", ns, name, node, exc)
             case Event(reason, message, warning):

@@ -39,9 +39,11 @@ class OrderPod:
 
 @dataclass(frozen=True)
 class Quarantine:
-    """Taint and label node ``name``."""
+    """Taint and label node ``name``; with ``uid``, only while that Node object holds the name
+    (another machine may have registered under it since: EKS names nodes by private IP)."""
     name: str
     reason: str
+    uid: str = ""
     kind: ClassVar[str] = "quarantine"
 
 

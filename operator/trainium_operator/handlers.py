@@ -109,7 +109,8 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         try:
             checkpoint = checkpoints.newest(run, status.phase, pods)
             # a node this run quarantined is lost on purpose: it must not open or hold a disruption
-            own = [n for name, n in nodes.items() if name not in status.quarantined_nodes]
+            left_out = {*status.quarantined_nodes, *(m.node for m in status.quarantined_machines)}
+            own = [n for name, n in nodes.items() if name not in left_out]
             disrupted = disruption(guard, zones(cluster_nodes), own) if own else ""
             result = reconcile(snapshot(run, pods, nodes, now, checkpoint, disrupted, guard,
                                         api_outage=health.outage(now), children_error=children.error(namespace, name),

@@ -166,15 +166,13 @@ def unordered(pods: list[PodView], order: Order) -> list[PodView]:
     return [p for p in pods if p.order is None or (p.order.attempt, p.order.start) < (order.attempt, order.start)]
 
 
-def answer_within(pods: list[PodView], target: int, grace: float) -> float:
+def answer_within(ordered: float | None, grace: float) -> float:
     """How long after the teardown started every agent must have said its workers stopped: the
-    longest grace a pod was given for ``target`` (an order is not written again, so an edit of
-    teardownGraceSeconds since does not reach the pods that carry one; a shorter grace must not
-    give up on agents still honouring the longer), or ``grace`` for those not ordered yet, plus
-    ANSWER_SLACK_SECONDS."""
-    given = [p.order.grace_seconds for p in pods if p.order is not None and p.order.attempt == target
-             and not p.order.start]
-    return max([grace, *given]) + ANSWER_SLACK_SECONDS
+    longest grace its stop orders gave (``ordered``, status.current.stopGraceSeconds: an order is
+    not written again, so an edit of teardownGraceSeconds since does not reach the pods that
+    carry one, and a shorter grace must not give up on agents still honouring the longer), or
+    ``grace`` for those not ordered yet, plus ANSWER_SLACK_SECONDS."""
+    return max(grace, ordered or 0.0) + ANSWER_SLACK_SECONDS
 
 
 def ahead(pods: list[PodView], attempt: int) -> bool:

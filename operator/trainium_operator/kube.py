@@ -148,9 +148,11 @@ class Kube:
 
     # -- nodes ----------------------------------------------------------------------------
 
-    def quarantine(self, node: str, run: str, reason: str, attempts: int = 5) -> None:
+    def quarantine(self, node: str, run: str, reason: str, attempts: int = 5, uid: str = "") -> None:
         """Taint the node NoSchedule and label it with the reason, so no gang lands there again
-        until a person (or a remediation system) removes the taint.
+        until a person (or a remediation system) removes the taint. With ``uid``, only the Node
+        object of that uid: a node registered under the name since is another object, perhaps
+        another machine, and is left alone.
 
         A node's taints are one list, replaced whole by a patch. The write carries the
         resourceVersion it was computed from, so a taint another controller added meanwhile
@@ -164,6 +166,8 @@ class Kube:
                 if exc.status == 404:
                     return  # deleted nodes need no quarantine
                 raise
+            if uid and current.metadata.uid != uid:
+                return  # the name is another Node object's now (the write carries the version read)
             if any(t.key == QUARANTINE_TAINT for t in current.spec.taints or []):
                 return  # already quarantined (a repeated order after a stale read)
             taints = [t for t in (current.spec.taints or []) if t.key != QUARANTINE_TAINT]

@@ -292,11 +292,14 @@ def _still_quarantined(p: Pass) -> None:
     returned by an admin; a pending node absent from the cache for QUARANTINE_SETTLE_SECONDS is
     gone. A Node object deleted and registered again comes back without the taint: the same
     machine (status.quarantinedMachines: its providerID) is quarantined again, another machine
-    under the name (EKS names nodes by private IP) is not; a deleted node's machine is
-    remembered for QUARANTINE_REMEMBER_SECONDS."""
+    under the name (EKS names nodes by private IP) is not, and a taint is only ever written on
+    the Node object it was decided for (its uid); a deleted node's machine is remembered for
+    QUARANTINE_REMEMBER_SECONDS."""
     kept, pending, machines = [], [], []
-    known = {m.node: m for m in p.old.quarantined_machines}
+    known = {m.node: m for m in p.old.quarantined_machines if m.node}
     for name in p.old.quarantined_nodes:
+        if name in kept:  # (a status edited by hand)
+            continue
         node, machine = p.nodes.get(name), known.pop(name, None)
         cause = max((f for f in p.old.failures if f.node == name), key=lambda f: f.time, default=None)
         since = machine.since if machine is not None and machine.since is not None else cause.time if cause else None
@@ -309,12 +312,12 @@ def _still_quarantined(p: Pass) -> None:
                 machines.append(machine)
                 continue
             if node.provider_id != machine.provider_id:
-                p.event("QuarantineEnded", f"{name} is another machine now ({node.provider_id}, was "
-                                           f"{machine.provider_id}): the quarantine stays with the old one")
+                _another_machine(p, node, machine)
                 continue
             since = p.now
             machine = replace(machine, uid=node.uid, since=since)
-            p.event("NodeQuarantined", f"{name}: registered again ({node.provider_id}); quarantined again", warning=True)
+            p.event("NodeQuarantined", f"{name}: registered again, the same machine ({node.provider_id}); "
+                                       "quarantined again (remove the taint to return it)", warning=True)
         elif node is not None and plan.QUARANTINE_TAINT in node.taints:
             kept.append(name)
             machines.append(replace(machine, uid=machine.uid or node.uid, provider_id=machine.provider_id or node.provider_id)
@@ -333,21 +336,52 @@ def _still_quarantined(p: Pass) -> None:
         if machine is not None:
             machines.append(machine)
         if since is not None and p.now - since < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
-            p.effects.append(Quarantine(name, cause.message if cause else "quarantined"))
-    for machine in known.values():  # not quarantined now: the Node object went
+            p.effects.append(Quarantine(name, cause.message if cause else "quarantined", machine.uid if machine else ""))
+    machines += _remembered(p, known.values(), kept, pending)
+    p.new.quarantined_nodes, p.new.quarantine_pending, p.new.quarantined_machines = kept, pending, machines
+
+
+def _another_machine(p: Pass, node: NodeView, machine: QuarantinedMachine) -> None:
+    """The name the run quarantined is another machine's now: the quarantine stays with the old
+    one. A taint of this run on it (written before the uid was known) is named for an admin."""
+    tainted = " It carries this run's quarantine taint: remove it to use the node." \
+        if plan.QUARANTINE_TAINT in node.taints else ""
+    p.event("QuarantineEnded", f"{node.name} is another machine now ({node.provider_id}, was "
+                               f"{machine.provider_id}): the quarantine stays with the old one.{tainted}",
+            warning=bool(tainted))
+
+
+def _remembered(p: Pass, gone: list[QuarantinedMachine], kept: list[str],
+                pending: list[str]) -> list[QuarantinedMachine]:
+    """The quarantined machines whose Node objects went, still remembered; one registered again
+    under its name is quarantined again (into ``kept`` and ``pending``) while the run lives and
+    its quarantined or avoided nodes stay within maxQuarantinedNodes."""
+    out = []
+    for machine in gone:
         node = p.nodes.get(machine.node)
-        if machine.gone_time is None or p.now - machine.gone_time > QUARANTINE_REMEMBER_SECONDS:
+        went = min(machine.gone_time, p.now) if machine.gone_time is not None else None  # (a time edited by hand)
+        if went is None or p.now - went > QUARANTINE_REMEMBER_SECONDS or p.old.phase in TERMINAL:
             continue
         if node is None or not node.provider_id:  # (not filled in yet after its registration)
-            machines.append(machine)
-        elif node.provider_id == machine.provider_id:
-            kept.append(machine.node)
-            pending.append(machine.node)
-            machines.append(replace(machine, uid=node.uid, since=p.now, gone_time=None))
-            p.effects.append(Quarantine(machine.node, f"registered again ({node.provider_id}) after it was quarantined"))
-            p.event("NodeQuarantined", f"{machine.node}: registered again ({node.provider_id}); quarantined again",
-                    warning=True)
-    p.new.quarantined_nodes, p.new.quarantine_pending, p.new.quarantined_machines = kept, pending, machines
+            out.append(replace(machine, gone_time=went))
+            continue
+        if node.provider_id != machine.provider_id:
+            _another_machine(p, node, machine)
+            continue
+        excluded = {*kept, *(a.node for a in p.old.avoided_nodes)} - {machine.node}
+        if len(excluded) + 1 > p.spec.quarantine_limit():
+            p.event("NodeQuarantineSkipped", f"{machine.node}: registered again, the same machine "
+                    f"({node.provider_id}) this run quarantined; not quarantined again: that would exceed "
+                    f"{p.spec.quarantine_limit()} quarantined or avoided nodes", warning=True)
+            continue
+        kept.append(machine.node)
+        pending.append(machine.node)
+        out.append(replace(machine, uid=node.uid, since=p.now, gone_time=None))
+        p.effects.append(Quarantine(machine.node, f"registered again ({node.provider_id}) after it was quarantined",
+                                    node.uid))
+        p.event("NodeQuarantined", f"{machine.node}: registered again, the same machine ({node.provider_id}); "
+                                   "quarantined again (remove the taint to return it)", warning=True)
+    return out
 
 
 def _children(p: Pass) -> None:
@@ -488,7 +522,7 @@ def _teardown_in_place(p: Pass) -> None:
     since = p.old.current.teardown_start_time or p.now
     lost = next((x for x in gang if x.deleting or x.phase != "Running"), None)
     ready = inplace.ready(gang, target)  # then only the backoff is waited for: no answer is due
-    answer_within = inplace.answer_within(gang, target, p.grace)
+    answer_within = inplace.answer_within(p.old.current.stop_grace_seconds, p.grace)
     if lost is not None:
         _give_up_in_place(p, f"pod {lost.name} is {'going' if lost.deleting else 'no longer running'}")
         return
@@ -508,8 +542,10 @@ def _teardown_in_place(p: Pass) -> None:
 
 def _stop_order(p: Pass, target: int) -> Order:
     """The order to stop the workers of the attempts before ``target``: the teardown grace, ended
-    early once they are idle after a hang (inplace.stop_idle_seconds)."""
+    early once they are idle after a hang (inplace.stop_idle_seconds). The status keeps the
+    longest grace ordered (the answers are due by it)."""
     last = p.last_failure
+    p.new.current.stop_grace_seconds = max(p.new.current.stop_grace_seconds or 0.0, float(p.grace))
     return Order(target, start=False, grace_seconds=float(p.grace),
                  idle_seconds=inplace.stop_idle_seconds(last.cause if last else None))
 
@@ -553,7 +589,7 @@ def _teardown_replace(p: Pass) -> None:
                 warning=True)
         replacement = other
     lost = next((x for x in kept if x.deleting or x.phase != "Running" or _node_lost(p, x)), None)
-    answer_within = inplace.answer_within(kept, target, p.grace)
+    answer_within = inplace.answer_within(p.old.current.stop_grace_seconds, p.grace)
     kept_ready = inplace.ready(kept, target)
     asked = p.new.current.replacement_since
     if asked is None:  # (a status from before replacementSince)
@@ -1163,8 +1199,8 @@ def _on_failure(p: Pass, failure: Failure, gang: GangState) -> None:
         # private IP, which a new instance may get): a quarantine still pending would land on it
         p.event("NodeGone", f"{action.quarantine_node}: {failure.message}; not quarantined: its Node object is gone")
     elif action.quarantine_node:
-        p.effects.append(Quarantine(action.quarantine_node, failure.message))
         node = p.nodes[action.quarantine_node]
+        p.effects.append(Quarantine(action.quarantine_node, failure.message, node.uid))
         new.quarantined_nodes = new.quarantined_nodes + [action.quarantine_node]
         new.quarantine_pending = new.quarantine_pending + [action.quarantine_node]
         new.quarantined_machines = [*(m for m in new.quarantined_machines if m.node != action.quarantine_node),

@@ -494,6 +494,33 @@ def test_quarantine_keeps_a_taint_another_controller_adds_between_read_and_write
         core_api.delete_node(node)
 
 
+def test_a_quarantine_lands_only_on_the_node_object_it_was_decided_for(local_cluster, core_api):
+    """Against the real API server: a node deleted and registered again under its name is
+    another Node object (another uid), perhaps another machine (EKS names nodes by private IP).
+    A quarantine decided for the first object leaves the second alone; one for the second
+    taints it."""
+    from localcluster.nodes import create_nodes
+    from trainium_operator.kube import Kube
+
+    node = create_nodes(core_api, 1, "trn1.32xlarge", "quid-")[0]
+    kube = Kube(local_cluster.api_client())
+    first = core_api.read_node(node).metadata.uid
+    try:
+        body = core_api.api_client.sanitize_for_serialization(core_api.read_node(node))
+        core_api.delete_node(node)
+        wait_until(lambda: node not in {n.metadata.name for n in core_api.list_node().items}, what="node deleted")
+        body["metadata"] = {k: v for k, v in body["metadata"].items() if k in ("name", "labels", "annotations")}
+        core_api.create_node(body)
+        second = core_api.read_node(node).metadata.uid
+        assert second != first
+        kube.quarantine(node, "uid-run", "crash", uid=first)
+        assert QUARANTINE not in {t.key for t in core_api.read_node(node).spec.taints or []}
+        kube.quarantine(node, "uid-run", "crash", uid=second)
+        assert QUARANTINE in {t.key for t in core_api.read_node(node).spec.taints or []}
+    finally:
+        core_api.delete_node(node)
+
+
 def test_a_child_the_api_server_refuses_is_in_status_and_made_once_allowed(core_api, custom, namespace, operator):
     """A ResourceQuota of zero Services makes the real API server refuse the run's headless
     Service (403). The run must say so in its status, create no pod without it, and start once

@@ -472,6 +472,34 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     assert r.after.quarantined_nodes == [] and r.after.quarantined_machines == []
     r = reconcile_objects(left, [], {}, now=5000.0 + QUARANTINE_REMEMBER_SECONDS + 1)
     assert r.after.quarantined_machines == []
+    # a taint is only ordered for the Node object it was decided for (its uid: kube.quarantine
+    # leaves another object under the name alone), absent from the node cache too
+    r = reconcile_objects(status_with(["n1"], ["n1"], [first]), [], {}, now=110.0)
+    assert [e.uid for e in r.effects if isinstance(e, Quarantine)] == ["u1"]
+    assert [e.uid for e in back.effects if isinstance(e, Quarantine)] == ["u3"]
+    # another machine under the name carrying this run's taint is named for an admin
+    r = reconcile_objects(held, [], {"n1": machine("u2", "aws:///z/i-9", tainted=True)}, now=5000.0)
+    assert [e for e in r.effects if getattr(e, "reason", "") == "QuarantineEnded" and "remove it" in e.message]
+    # coming back does not exceed maxQuarantinedNodes, nor happen for a run that ended
+    full = {**left, "status": {**left["status"], "quarantinedNodes": ["n7"]}}
+    limited = {**full, "spec": {**full["spec"], "faultTolerance": {**full["spec"].get("faultTolerance", {}),
+                                                                   "maxQuarantinedNodes": 1}}}
+    n7 = node_view({"metadata": {"name": "n7", "uid": "u7"}, "spec": {"taints": [{"key": plan.QUARANTINE_TAINT}]},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    r = reconcile_objects(limited, [], {"n1": machine("u3", "aws:///z/i-1"), "n7": n7}, now=6000.0)
+    assert r.after.quarantined_nodes == ["n7"]
+    assert "n1" not in r.after.quarantined_nodes and not any(isinstance(e, Quarantine) and e.name == "n1"
+                                                              for e in r.effects)
+    assert [e for e in r.effects if getattr(e, "reason", "") == "NodeQuarantineSkipped"]
+    ended = {**left, "status": {**left["status"], "phase": "Succeeded"}}
+    r = reconcile_objects(ended, [], {"n1": machine("u3", "aws:///z/i-1")}, now=6000.0)
+    assert r.after.quarantined_nodes == [] and not any(isinstance(e, Quarantine) for e in r.effects)
+    # a status edited by hand: a name twice, a time in the future
+    twice = reconcile_objects(status_with(["n1", "n1"], [], [first, first]), [],
+                              {"n1": machine("u1", "aws:///z/i-1", tainted=True)}, now=5000.0)
+    assert twice.after.quarantined_nodes == ["n1"] and len(twice.after.quarantined_machines) == 1
+    future = status_with([], [], [{**first, "goneTime": 1e12}])
+    assert reconcile_objects(future, [], {}, now=6000.0).after.quarantined_machines[0].gone_time == 6000.0
 
 
 @pytest.mark.parametrize("env,field,words", [
