@@ -308,14 +308,19 @@ def _still_quarantined(p: Pass) -> None:
             if not machine.provider_id:  # nothing says it is the same machine
                 continue
             if not node.provider_id:  # not filled in yet (a cloud controller sets it after registration)
+                went = min(machine.gone_time or p.now, p.now)
+                if p.now - went > QUARANTINE_RETRY_SECONDS:
+                    p.event("QuarantineEnded", f"{name} registered again and has had no providerID for "
+                                               f"{p.now - went:.0f}s: nothing says it is the machine quarantined")
+                    continue
                 kept.append(name)
-                machines.append(machine)
+                machines.append(replace(machine, gone_time=went))
                 continue
             if node.provider_id != machine.provider_id:
                 _another_machine(p, node, machine)
                 continue
             since = p.now
-            machine = replace(machine, uid=node.uid, since=since)
+            machine = replace(machine, uid=node.uid, since=since, gone_time=None)
             p.event("NodeQuarantined", f"{name}: registered again, the same machine ({node.provider_id}); "
                                        "quarantined again (remove the taint to return it)", warning=True)
         elif node is not None and plan.QUARANTINE_TAINT in node.taints:

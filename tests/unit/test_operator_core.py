@@ -420,7 +420,7 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     another machine under the name (EKS names nodes by private IP) is not, and a pending taint
     never lands on it."""
     from trainium_operator.effects import Quarantine
-    from trainium_operator.reconcile import QUARANTINE_REMEMBER_SECONDS
+    from trainium_operator.reconcile import QUARANTINE_REMEMBER_SECONDS, QUARANTINE_RETRY_SECONDS
 
     def machine(uid, provider, tainted=False):
         return node_view({"metadata": {"name": "n1", "uid": uid},
@@ -448,6 +448,11 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     unsure = reconcile_objects(held, [], {"n1": machine("u2", "")}, now=5000.0)
     assert unsure.after.quarantined_nodes == ["n1"] and not any(isinstance(e, Quarantine) for e in unsure.effects)
     assert unsure.after.quarantined_machines[0].uid == "u1"
+    undecided = {**held, "status": {**held["status"], "quarantinedMachines": [{**first, "goneTime": 5000.0}]}}
+    r = reconcile_objects(undecided, [], {"n1": machine("u2", "aws:///z/i-1")}, now=5010.0)
+    assert r.after.quarantined_machines[0].gone_time is None and r.after.quarantine_pending == ["n1"]
+    r = reconcile_objects(undecided, [], {"n1": machine("u2", "")}, now=5000.0 + QUARANTINE_RETRY_SECONDS + 1)
+    assert r.after.quarantined_nodes == [] and r.after.quarantined_machines == []  # not undecided for ever
     other = reconcile_objects(held, [], {"n1": machine("u2", "aws:///z/i-9")}, now=5000.0)
     assert other.after.quarantined_nodes == [] and not any(isinstance(e, Quarantine) for e in other.effects)
     assert other.after.quarantined_machines == []
