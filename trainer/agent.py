@@ -209,13 +209,15 @@ def _signal(processes: list[tuple[int, int]], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _demand(numbers: list[int]) -> tuple[dict[int, float], bool]:
-    """Each live process's CPU time plus run-queue wait (proctable.demand), and whether one of
-    them is runnable now."""
+def _demand(numbers: list[int]) -> tuple[dict, bool]:
+    """Each live process's CPU time and its threads' run-queue waits (proctable.demand), keyed
+    by process and by (process, thread), and whether one of them is runnable now."""
     seconds, runnable = {}, False
     for n in numbers:
         if (d := _demand_of(n)) is not None:
-            seconds[n], runnable = d[0], runnable or d[1]
+            seconds[n] = d[0]
+            seconds.update({(n, t): w for t, w in d[1].items()})
+            runnable = runnable or d[2]
     return seconds, runnable
 
 
@@ -235,7 +237,8 @@ def _wait_gone(numbers: list[int], seconds: float, idle_seconds: float | None = 
         if idle_seconds is not None and now - since >= idle_seconds:
             if listing is not None:
                 numbers += [n for n in listing() if n not in numbers]
-            after, runnable = _demand(numbers)  # (one that ended meanwhile counts for nothing; a new one from 0)
+            # (a process or thread that ended meanwhile counts for nothing; a new one from 0)
+            after, runnable = _demand(numbers)
             asked = sum(max(0.0, c - before.get(n, 0.0)) for n, c in after.items())
             if (asked < protocol.IDLE_CPU_SHARE * (now - since) and not runnable
                     and not (saving is not None and saving())):

@@ -157,7 +157,8 @@ class Checkpointer:
         """Snapshot now; write in the background (or now, when async is off)."""
         t0 = time.perf_counter()
         self.wait()  # at most one save in flight
-        snapshot = host_copy({"model": model_state, "optim": optim_state}, self._host_cache)
+        with busy("save"):  # (a device-to-host copy may wait on the device without host CPU)
+            snapshot = host_copy({"model": model_state, "optim": optim_state}, self._host_cache)
         stall = time.perf_counter() - t0
         result = SaveResult(checkpoints.tag_for_step(step), step, False, stall, started=t0)
         job = (result, snapshot, scheduler_state, user_content, meta)

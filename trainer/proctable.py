@@ -53,30 +53,31 @@ def cpu_seconds(number: int | str) -> float | None:
         return None
 
 
-def demand(number: int | str) -> tuple[float, bool] | None:
-    """What the process /proc/<number> has asked of the CPUs: (the CPU time it used plus the
-    time its threads waited runnable for a CPU (schedstat's run_delay), whether one of its
-    threads is runnable now); None when gone. CPU time alone reads a busy process starved by
-    its neighbours (a node's other pods, a contended host) as idle: it uses almost nothing
-    while it waits its turn, and the wait shows only in the run queue."""
+def demand(number: int | str) -> tuple[float, dict[str, float], bool] | None:
+    """What the process /proc/<number> has asked of the CPUs: (the CPU time it used, the time
+    each of its threads waited runnable for a CPU (schedstat's run_delay, by thread id), whether
+    one of its threads is runnable now); None when gone. CPU time alone reads a busy process
+    starved by its neighbours (a node's other pods, a contended host) as idle: it uses almost
+    nothing while it waits its turn, and the wait shows only in the run queue. (Threads are
+    given apart: the process's CPU time keeps its ended threads', the waits do not.)"""
     used = cpu_seconds(number)
     if used is None:
         return None
-    waited, runnable = 0, False
+    waited, runnable = {}, False
     try:
         threads = os.listdir(f"/proc/{number}/task")
     except OSError:
         return None
     for thread in threads:
         try:
-            waited += int(Path(f"/proc/{number}/task/{thread}/schedstat").read_text().split()[1])
+            waited[thread] = int(Path(f"/proc/{number}/task/{thread}/schedstat").read_text().split()[1]) / 1e9
         except (OSError, ValueError, IndexError):  # ended meanwhile, or a kernel without schedstat
             pass
         try:
             runnable = runnable or _stat(f"{number}/task/{thread}")[0] == "R"
         except (OSError, IndexError):
             pass
-    return used + waited / 1e9, runnable
+    return used, waited, runnable
 
 
 def live_children(running: str) -> dict[int, str]:

@@ -42,6 +42,25 @@ deadline = time.monotonic() + 20
 while len(agent._under_me()) < expect and time.monotonic() < deadline:
     time.sleep(0.05)
 spare = a.parked.pid if a.parked is not None else None
+
+
+def handling_sigterm():  # (a process is in /proc from its fork, before its Python has set its handler)
+    n = 0
+    for number, _ in agent._under_me(spare):
+        try:
+            fields = dict(l.split(":", 1) for l in open(f"/proc/{number}/status").read().splitlines() if ":" in l)
+            n += bool((int(fields["SigIgn"], 16) | int(fields["SigCgt"], 16)) & (1 << 14))  # SIGTERM is 15
+        except (OSError, KeyError, ValueError):
+            pass
+    return n
+
+
+# the worker that ignores SIGTERM, and the launcher when it ignores or handles it too: the stop
+# must not come before they are ready for it (or the test would stop a tree it did not mean)
+handlers = 1 + (int(sys.argv[2]) == 0)
+while handling_sigterm() < handlers and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(0.2)  # (each then reaches its sleep or its loop)
 under = [n for n, _ in agent._under_me(spare)]
 parked = [n for n, _ in agent._under_me()] if spare else []
 parked = [n for n in parked if n not in under]
@@ -204,21 +223,32 @@ def test_a_rank_that_runs_its_stop_handler_says_it_is_alive_and_garbage_keeps_th
 
 def test_what_a_process_asked_of_the_cpus_and_whether_it_is_runnable():
     """proctable.demand: a sleeping process asks nothing and is not runnable; a computing one
-    asks for time and is runnable; a process that is gone reads as None."""
+    asks for time and is runnable; two computing ones sharing one CPU each use about half of it
+    and wait the other half in the run queue (counted, by thread); one that is gone is None."""
+    import os
     import time
     from trainer import proctable
+
+    def asked(pid):
+        used, waits, _ = proctable.demand(pid)
+        return used, sum(waits.values())
+
+    cpu = max(os.sched_getaffinity(0))
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
     try:
-        time.sleep(1.0)  # both past their start
-        (slept, sleeping), (spun, _) = proctable.demand(sleeper.pid), proctable.demand(spinner.pid)
-        time.sleep(0.5)
-        (slept2, sleeping2), (spun2, _) = proctable.demand(sleeper.pid), proctable.demand(spinner.pid)
-        assert slept2 - slept < 0.01 and not sleeping and not sleeping2
-        assert spun2 - spun > 0.3  # used, or waited its turn: about 0.5 s either way
-        assert any(proctable.demand(spinner.pid)[1] for _ in range(50))
+        time.sleep(1.0)  # all past their start
+        slept, spun = asked(sleeper.pid), asked(spinners[0].pid)
+        time.sleep(1.0)
+        slept2, spun2 = asked(sleeper.pid), asked(spinners[0].pid)
+        assert slept2[0] - slept[0] < 0.01 and slept2[1] - slept[1] < 0.01
+        assert not proctable.demand(sleeper.pid)[2]
+        used, waited = spun2[0] - spun[0], spun2[1] - spun[1]
+        assert used + waited > 0.6 and waited > 0.2, (used, waited)  # about 0.5 s each
+        assert any(proctable.demand(spinners[0].pid)[2] for _ in range(50))
     finally:
-        for p in (sleeper, spinner):
+        for p in (sleeper, *spinners):
             p.kill()
             p.wait()
-    assert proctable.demand(spinner.pid) is None
+    assert proctable.demand(sleeper.pid) is None
