@@ -30,10 +30,15 @@ rank, mode = int(os.environ["RANK"]), sys.argv[1]
 if mode == "ok":  # one write per line: two ranks share the stream
     os.write(1, f"rank {{rank}} done\\n".encode())
     sys.exit(0)
+said = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "rank0-said")
 if rank == 0:  # the rank that loses its peer: says so, then waits to be stopped by torchrun
     print("RuntimeError: Connection closed by peer [127.0.0.1]:29500", file=sys.stderr, flush=True)
+    open(said, "w").close()
     time.sleep(60)
-time.sleep(0.5)
+deadline = time.monotonic() + 60  # rank 0 has said its line first (not a head start: ranks start unevenly)
+while not os.path.exists(said) and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(0.2)  # (its line through the launcher's pipe before this rank's)
 if mode == "hbm":
     print({HBM!r}, flush=True)
 if mode == "killed":

@@ -200,8 +200,15 @@ def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(t
     # attempt 2 rewrites step_20 (say it resumed from an older tag): done goes first
     new.fault_delay = 1.0  # every write waits between the begin marker and the shards
     new.save(20, {"w": torch.zeros(2)}, {"state": {}}, {}, {}, {"step": 20, "layout": layout})
-    time.sleep(0.5)
+    def begun_by():  # (the old writer's marker until the new one is written, whole: no torn read)
+        try:
+            return json.loads((root / "step_20" / checkpoints.BEGIN).read_text())
+        except (OSError, ValueError):
+            return None
+    deadline = time.monotonic() + 30
+    while begun_by() != {"writer": [5, 2]} and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert not (root / "step_20" / checkpoints.DONE).exists()  # in flight: step_20 does not count
-    assert json.loads((root / "step_20" / checkpoints.BEGIN).read_text()) == {"writer": [5, 2]}
+    assert begun_by() == {"writer": [5, 2]}
     new.wait()
     assert new.results[-1].ok and checkpoints.newest_complete(str(root)).writer == (5, 2)

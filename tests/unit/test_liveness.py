@@ -81,7 +81,9 @@ def test_a_real_heartbeat_records_its_stage_and_says_when_it_leaves(tmp_path, mo
     beat.enter("compute")
     first = json.loads(path.read_text())
     assert first["stage"] == "compute" and first["localRank"] == 3
-    time.sleep(liveness.BEAT_SECONDS * 1.5)  # the thread beats without being asked
+    deadline = time.monotonic() + liveness.BEAT_SECONDS * 20  # the thread beats without being asked
+    while json.loads(path.read_text())["beat"] <= first["beat"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert json.loads(path.read_text())["beat"] > first["beat"]
     assert liveness.find_hung(tmp_path, {os.getpid(): 0.0}, time.monotonic(), STALE, LOCAL) is None
     beat.close()
