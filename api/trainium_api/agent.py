@@ -88,8 +88,9 @@ class Order:
     """The rendezvous address (the index-0 pod's DNS name) from this attempt on (None: as the
     pod was started with)."""
     idle_seconds: float | None = None
-    """The grace ends early once the stopped workers have used almost no CPU (IDLE_CPU_SHARE of
-    one core) for this long: they are stuck, not saving (after a hang). None: the whole grace."""
+    """The grace ends early once the stopped workers have asked for almost no CPU (IDLE_CPU_SHARE
+    of one core, run-queue waits included, none runnable at the end) for this long: they are
+    stuck, not saving (after a hang). None: the whole grace."""
 
 
 BUSY_DIR_ENV = "TRAINER_BUSY_DIR"
@@ -97,8 +98,8 @@ BUSY_DIR_ENV = "TRAINER_BUSY_DIR"
 (trainer.busy), and while one is there the grace is not ended early for idleness: ranks that
 wait in a save's barrier for another pod's upload use no CPU, and must not lose the save."""
 IDLE_CPU_SHARE = 0.05
-"""Below this share of one core, workers told to stop are idle: a rank that computes its last
-step or writes its stop-save uses far more."""
+"""Below this share of one core (CPU used plus run-queue waits), workers told to stop are idle:
+a rank that computes its last step or writes its stop-save asks for far more."""
 IDLE_SECONDS_LIMITS = (0.1, 3600.0)
 
 

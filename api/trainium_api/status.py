@@ -172,6 +172,9 @@ class QuarantinedMachine(_Written):
     gone_time: float | None = None
     """Since when the Node object is gone: the machine is remembered for
     QUARANTINE_REMEMBER_SECONDS, then forgotten."""
+    undecided_since: float | None = None
+    """Since when a Node object registered again under the name has had no providerID to tell
+    whether it is this machine: decided within QUARANTINE_RETRY_SECONDS, else the quarantine ends."""
 
 
 @dataclass

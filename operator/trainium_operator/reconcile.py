@@ -305,24 +305,14 @@ def _still_quarantined(p: Pass) -> None:
         since = machine.since if machine is not None and machine.since is not None else cause.time if cause else None
         if node is not None and machine is not None and machine.uid and node.uid and node.uid != machine.uid:
             # its Node object was deleted and registered again, without the taint
-            if not machine.provider_id:  # nothing says it is the same machine
-                continue
-            if not node.provider_id:  # not filled in yet (a cloud controller sets it after registration)
-                went = min(machine.gone_time or p.now, p.now)
-                if p.now - went > QUARANTINE_RETRY_SECONDS:
-                    p.event("QuarantineEnded", f"{name} registered again and has had no providerID for "
-                                               f"{p.now - went:.0f}s: nothing says it is the machine quarantined")
-                    continue
+            verdict, machine = _registered_again(p, node, machine)
+            if verdict == "undecided":
                 kept.append(name)
-                machines.append(replace(machine, gone_time=went))
+                machines.append(machine)
+            if verdict != "same":
                 continue
-            if node.provider_id != machine.provider_id:
-                _another_machine(p, node, machine)
-                continue
-            since = p.now
-            machine = replace(machine, uid=node.uid, since=since, gone_time=None)
-            p.event("NodeQuarantined", f"{name}: registered again, the same machine ({node.provider_id}); "
-                                       "quarantined again (remove the taint to return it)", warning=True)
+            since = machine.since
+            _quarantined_again(p, node)
         elif node is not None and plan.QUARANTINE_TAINT in node.taints:
             kept.append(name)
             machines.append(replace(machine, uid=machine.uid or node.uid, provider_id=machine.provider_id or node.provider_id)
@@ -346,6 +336,31 @@ def _still_quarantined(p: Pass) -> None:
     p.new.quarantined_nodes, p.new.quarantine_pending, p.new.quarantined_machines = kept, pending, machines
 
 
+def _registered_again(p: Pass, node: NodeView, machine: QuarantinedMachine) -> tuple[str, QuarantinedMachine]:
+    """What a Node object registered again under a quarantined machine's name is, by its
+    providerID: "same" (quarantined again: the machine returned, with the new uid), "undecided"
+    (no providerID yet: a cloud controller sets it after registration; for
+    QUARANTINE_RETRY_SECONDS at most), or "ended" (another machine, nothing to tell, or the run
+    ended: the quarantine ends, with an event when the run lives)."""
+    if p.old.phase in TERMINAL:
+        return "ended", machine
+    if not machine.provider_id:
+        p.event("QuarantineEnded", f"{node.name} registered again; no providerID was known for the machine "
+                                   "quarantined: nothing says it is the same")
+        return "ended", machine
+    if not node.provider_id:
+        first = min(machine.undecided_since or p.now, p.now)  # (a time edited by hand)
+        if p.now - first > QUARANTINE_RETRY_SECONDS:
+            p.event("QuarantineEnded", f"{node.name} registered again and has had no providerID for "
+                                       f"{p.now - first:.0f}s: nothing says it is the machine quarantined")
+            return "ended", machine
+        return "undecided", replace(machine, undecided_since=first)
+    if node.provider_id != machine.provider_id:
+        _another_machine(p, node, machine)
+        return "ended", machine
+    return "same", replace(machine, uid=node.uid, since=p.now, gone_time=None, undecided_since=None)
+
+
 def _another_machine(p: Pass, node: NodeView, machine: QuarantinedMachine) -> None:
     """The name the run quarantined is another machine's now: the quarantine stays with the old
     one. A taint of this run on it (written before the uid was known) is named for an admin."""
@@ -367,11 +382,13 @@ def _remembered(p: Pass, gone: list[QuarantinedMachine], kept: list[str],
         went = min(machine.gone_time, p.now) if machine.gone_time is not None else None  # (a time edited by hand)
         if went is None or p.now - went > QUARANTINE_REMEMBER_SECONDS or p.old.phase in TERMINAL:
             continue
-        if node is None or not node.provider_id:  # (not filled in yet after its registration)
+        if node is None:
             out.append(replace(machine, gone_time=went))
             continue
-        if node.provider_id != machine.provider_id:
-            _another_machine(p, node, machine)
+        verdict, machine = _registered_again(p, node, replace(machine, gone_time=went))
+        if verdict == "undecided":
+            out.append(machine)
+        if verdict != "same":
             continue
         excluded = {*kept, *(a.node for a in p.old.avoided_nodes)} - {machine.node}
         if len(excluded) + 1 > p.spec.quarantine_limit():
@@ -381,12 +398,16 @@ def _remembered(p: Pass, gone: list[QuarantinedMachine], kept: list[str],
             continue
         kept.append(machine.node)
         pending.append(machine.node)
-        out.append(replace(machine, uid=node.uid, since=p.now, gone_time=None))
+        out.append(machine)
         p.effects.append(Quarantine(machine.node, f"registered again ({node.provider_id}) after it was quarantined",
                                     node.uid))
-        p.event("NodeQuarantined", f"{machine.node}: registered again, the same machine ({node.provider_id}); "
-                                   "quarantined again (remove the taint to return it)", warning=True)
+        _quarantined_again(p, node)
     return out
+
+
+def _quarantined_again(p: Pass, node: NodeView) -> None:
+    p.event("NodeQuarantined", f"{node.name}: registered again, the same machine ({node.provider_id}); "
+                               "quarantined again (remove the taint to return it)", warning=True)
 
 
 def _children(p: Pass) -> None:

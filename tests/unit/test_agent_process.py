@@ -7,6 +7,7 @@ test process would include the test tier's control plane."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -221,6 +222,7 @@ def test_a_rank_that_runs_its_stop_handler_says_it_is_alive_and_garbage_keeps_th
     assert agent._saving(str(busy_dir))
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="a kernel without schedstat (CONFIG_SCHED_INFO)")
 def test_what_a_process_asked_of_the_cpus_and_whether_it_is_runnable():
     """proctable.demand: a sleeping process asks nothing and is not runnable; a computing one
     asks for time and is runnable; two computing ones sharing one CPU each use about half of it

@@ -38,7 +38,7 @@ class FakeKube:
     def delete_pod(self, ns, name, grace=None):
         self._maybe("delete", name)
 
-    def quarantine(self, node, run, reason):
+    def quarantine(self, node, run, reason, attempts=5, uid=""):
         self._maybe("quarantine", node)
 
     def event(self, run, reason, message, warning=False):

@@ -198,7 +198,7 @@ def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(t
     assert not (root / "step_30").exists()  # not even a begin marker
     assert sorted(p.name for p in root.iterdir()) == [checkpoints.FENCE, "step_20"]  # nothing deleted
     # attempt 2 rewrites step_20 (say it resumed from an older tag): done goes first
-    new.fault_delay = 1.0  # every write waits between the begin marker and the shards
+    new.fault_delay = 3.0  # every write waits between the begin marker and the shards
     new.save(20, {"w": torch.zeros(2)}, {"state": {}}, {}, {}, {"step": 20, "layout": layout})
     def begun_by():  # (the old writer's marker until the new one is written, whole: no torn read)
         try:

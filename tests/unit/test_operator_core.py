@@ -448,11 +448,23 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     unsure = reconcile_objects(held, [], {"n1": machine("u2", "")}, now=5000.0)
     assert unsure.after.quarantined_nodes == ["n1"] and not any(isinstance(e, Quarantine) for e in unsure.effects)
     assert unsure.after.quarantined_machines[0].uid == "u1"
-    undecided = {**held, "status": {**held["status"], "quarantinedMachines": [{**first, "goneTime": 5000.0}]}}
+    assert unsure.after.quarantined_machines[0].undecided_since == 5000.0
+    undecided = {**held, "status": {**held["status"], "quarantinedMachines": [{**first, "undecidedSince": 5000.0}]}}
     r = reconcile_objects(undecided, [], {"n1": machine("u2", "aws:///z/i-1")}, now=5010.0)
-    assert r.after.quarantined_machines[0].gone_time is None and r.after.quarantine_pending == ["n1"]
+    assert r.after.quarantined_machines[0].undecided_since is None and r.after.quarantine_pending == ["n1"]
     r = reconcile_objects(undecided, [], {"n1": machine("u2", "")}, now=5000.0 + QUARANTINE_RETRY_SECONDS + 1)
     assert r.after.quarantined_nodes == [] and r.after.quarantined_machines == []  # not undecided for ever
+    assert [e for e in r.effects if getattr(e, "reason", "") == "QuarantineEnded"]
+    # the same limit for a machine remembered after its Node object went
+    left_undecided = status_with([], [], [{**first, "goneTime": 4000.0, "undecidedSince": 5000.0}])
+    r = reconcile_objects(left_undecided, [], {"n1": machine("u3", "")}, now=5100.0)
+    assert r.after.quarantined_nodes == [] and r.after.quarantined_machines[0].undecided_since == 5000.0
+    r = reconcile_objects(left_undecided, [], {"n1": machine("u3", "")}, now=5000.0 + QUARANTINE_RETRY_SECONDS + 1)
+    assert r.after.quarantined_machines == []
+    # a run that ended quarantines nothing again, whichever way the node came back
+    done = {**held, "status": {**held["status"], "phase": "Succeeded"}}
+    r = reconcile_objects(done, [], {"n1": machine("u2", "aws:///z/i-1")}, now=5000.0)
+    assert r.after.quarantined_nodes == [] and not any(isinstance(e, Quarantine) for e in r.effects)
     other = reconcile_objects(held, [], {"n1": machine("u2", "aws:///z/i-9")}, now=5000.0)
     assert other.after.quarantined_nodes == [] and not any(isinstance(e, Quarantine) for e in other.effects)
     assert other.after.quarantined_machines == []
