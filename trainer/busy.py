@@ -25,19 +25,22 @@ def _path(what: str) -> Path | None:
     return Path(directory) / f"{what}-{os.getpid()}-{threading.get_ident()}" if directory else None
 
 
-def mark(what: str) -> None:
-    """Leave this process's ``what`` file for the rest of the attempt (no agent: nothing)."""
-    path = _path(what)
+def _touch(path: Path | None) -> None:
     if path is not None:
         with contextlib.suppress(OSError):
             path.touch()
 
 
+def mark(what: str) -> None:
+    """Leave this process's ``what`` file for the rest of the attempt (no agent: nothing)."""
+    _touch(_path(what))
+
+
 @contextlib.contextmanager
 def busy(what: str):
     """While the body runs, the agent (if any) sees this thread ``what``-ing."""
-    mark(what)
     path = _path(what)
+    _touch(path)
     try:
         yield
     finally:

@@ -12,15 +12,23 @@ import os
 from pathlib import Path
 
 
+def status_fields(number: int | str) -> dict[str, str] | None:
+    """/proc/<number>/status as its fields (PPid, NSpid, State, SigIgn, ...), None when gone."""
+    try:
+        text = Path(f"/proc/{number}/status").read_text()
+    except OSError:
+        return None
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
 def status(number: int | str) -> tuple[int, int, str] | None:
     """/proc/<number>: (its parent's number in /proc, its pid in its own innermost namespace,
     its state), None when gone."""
+    fields = status_fields(number)
     try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{number}/status").read_text().splitlines()
-                      if ":" in line)
         return (int(fields["PPid"]), int(fields.get("NSpid", str(number)).split()[-1]),
                 fields.get("State", "?").split()[0])
-    except (OSError, KeyError, ValueError, IndexError):
+    except (TypeError, KeyError, ValueError, IndexError):  # (TypeError: gone)
         return None
 
 
@@ -61,23 +69,32 @@ def demand(number: int | str) -> tuple[float, dict[str, float], bool] | None:
     nothing while it waits its turn, and the wait shows only in the run queue. (Threads are
     given apart: the process's CPU time keeps its ended threads', the waits do not.)"""
     used = cpu_seconds(number)
-    if used is None:
-        return None
-    waited, runnable = {}, False
     try:
         threads = os.listdir(f"/proc/{number}/task")
     except OSError:
         return None
-    for thread in threads:
-        try:
-            waited[thread] = int(Path(f"/proc/{number}/task/{thread}/schedstat").read_text().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):  # ended meanwhile, or a kernel without schedstat
-            pass
-        try:
-            runnable = runnable or _stat(f"{number}/task/{thread}")[0] == "R"
-        except (OSError, IndexError):
-            pass
-    return used, waited, runnable
+    if used is None:
+        return None
+    where = [f"{number}/task/{t}" for t in threads]
+    waited = {t: w for t, at in zip(threads, where) if (w := _run_delay(at)) is not None}
+    return used, waited, any(_state(at) == "R" for at in where)
+
+
+def _run_delay(where: str) -> float | None:
+    """/proc/<where>/schedstat's time waited runnable, in seconds; None when the thread ended
+    or the kernel keeps no schedstat (CONFIG_SCHED_INFO)."""
+    try:
+        return int(Path(f"/proc/{where}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _state(where: str) -> str | None:
+    """/proc/<where>'s state (R, S, D, T, Z, ...), None when gone."""
+    try:
+        return _stat(where)[0]
+    except (OSError, IndexError):
+        return None
 
 
 def live_children(running: str) -> dict[int, str]:

@@ -384,5 +384,11 @@ class TrainingRunStatus(_Written):
     """spec.faultTolerance as last accepted (the only group a live run may edit besides suspend):
     an edit the operator refuses leaves the run supervised with this, and Valid=False."""
 
+    @property
+    def quarantine_names(self) -> set[str]:
+        """The node names the run quarantined, and those of the quarantined machines it
+        remembers (their Node objects went): left out of the run's own nodes."""
+        return {*self.quarantined_nodes, *(m.node for m in self.quarantined_machines)}
+
 
 MAX_FAILURES_KEPT = 50

@@ -102,14 +102,13 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         uid = run["metadata"].get("uid")
         pods = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
         status = read_status(run["status"])
-        wanted = ({p.node for p in pods if p.node} | set(status.quarantined_nodes)
-                  | {m.node for m in status.quarantined_machines})
+        left_out = status.quarantine_names
+        wanted = {p.node for p in pods if p.node} | left_out
         now = time.time()
         nodes = shortfalls.mark({n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
         try:
             checkpoint = checkpoints.newest(run, status.phase, pods)
             # a node this run quarantined is lost on purpose: it must not open or hold a disruption
-            left_out = {*status.quarantined_nodes, *(m.node for m in status.quarantined_machines)}
             own = [n for name, n in nodes.items() if name not in left_out]
             disrupted = disruption(guard, zones(cluster_nodes), own) if own else ""
             result = reconcile(snapshot(run, pods, nodes, now, checkpoint, disrupted, guard,

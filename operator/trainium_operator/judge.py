@@ -78,9 +78,7 @@ class Clocks:
     def of(cls, status: TrainingRunStatus, last_step_time: float | None,
            stragglers: tuple[StragglerStreak, ...] = ()) -> "Clocks":
         return cls(status.current.start_time, status.current.gang_running_time, status.step_seconds, last_step_time,
-                   status.disruption, status.disruption_end_time,
-                   # (and the names of machines it quarantined whose Node objects went: not its nodes)
-                   (*status.quarantined_nodes, *(m.node for m in status.quarantined_machines)), stragglers)
+                   status.disruption, status.disruption_end_time, tuple(status.quarantine_names), stragglers)
 
 
 @dataclass(frozen=True)

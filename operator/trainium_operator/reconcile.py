@@ -318,12 +318,10 @@ def _still_quarantined(p: Pass) -> None:
             machines.append(replace(machine, uid=machine.uid or node.uid, provider_id=machine.provider_id or node.provider_id)
                             if machine is not None else QuarantinedMachine(name, node.uid, node.provider_id, since))
             continue
-        elif name not in p.old.quarantine_pending:  # returned by an admin, or its Node object went
+        elif name not in p.old.quarantine_pending or (
+                node is None and (since is None or p.now - since >= QUARANTINE_SETTLE_SECONDS)):
+            # returned by an admin, or its Node object went (a pending one: unseen that long)
             if node is None and machine is not None and machine.provider_id:
-                machines.append(replace(machine, gone_time=p.now))
-            continue
-        if node is None and (since is None or p.now - since >= QUARANTINE_SETTLE_SECONDS):
-            if machine is not None and machine.provider_id:
                 machines.append(replace(machine, gone_time=p.now))
             continue
         kept.append(name)
@@ -332,8 +330,8 @@ def _still_quarantined(p: Pass) -> None:
             machines.append(machine)
         if since is not None and p.now - since < QUARANTINE_RETRY_SECONDS:  # then the affinity alone keeps it out
             p.effects.append(Quarantine(name, cause.message if cause else "quarantined", machine.uid if machine else ""))
-    machines += _remembered(p, known.values(), kept, pending)
-    p.new.quarantined_nodes, p.new.quarantine_pending, p.new.quarantined_machines = kept, pending, machines
+    p.new.quarantined_nodes, p.new.quarantine_pending = kept, pending
+    p.new.quarantined_machines = machines + _remembered(p, known.values())
 
 
 def _registered_again(p: Pass, node: NodeView, machine: QuarantinedMachine) -> tuple[str, QuarantinedMachine]:
@@ -371,11 +369,10 @@ def _another_machine(p: Pass, node: NodeView, machine: QuarantinedMachine) -> No
             warning=bool(tainted))
 
 
-def _remembered(p: Pass, gone: list[QuarantinedMachine], kept: list[str],
-                pending: list[str]) -> list[QuarantinedMachine]:
+def _remembered(p: Pass, gone: list[QuarantinedMachine]) -> list[QuarantinedMachine]:
     """The quarantined machines whose Node objects went, still remembered; one registered again
-    under its name is quarantined again (into ``kept`` and ``pending``) while the run lives and
-    its quarantined or avoided nodes stay within maxQuarantinedNodes."""
+    under its name is quarantined again (into the new status's quarantined and pending nodes)
+    while the run lives and its quarantined or avoided nodes stay within maxQuarantinedNodes."""
     out = []
     for machine in gone:
         node = p.nodes.get(machine.node)
@@ -390,14 +387,13 @@ def _remembered(p: Pass, gone: list[QuarantinedMachine], kept: list[str],
             out.append(machine)
         if verdict != "same":
             continue
-        excluded = {*kept, *(a.node for a in p.old.avoided_nodes)} - {machine.node}
-        if len(excluded) + 1 > p.spec.quarantine_limit():
+        if len([n for n in _excluded(p.new) if n != machine.node]) + 1 > p.spec.quarantine_limit():
             p.event("NodeQuarantineSkipped", f"{machine.node}: registered again, the same machine "
                     f"({node.provider_id}) this run quarantined; not quarantined again: that would exceed "
                     f"{p.spec.quarantine_limit()} quarantined or avoided nodes", warning=True)
             continue
-        kept.append(machine.node)
-        pending.append(machine.node)
+        p.new.quarantined_nodes.append(machine.node)
+        p.new.quarantine_pending.append(machine.node)
         out.append(machine)
         p.effects.append(Quarantine(machine.node, f"registered again ({node.provider_id}) after it was quarantined",
                                     node.uid))
