@@ -322,7 +322,7 @@ def _still_quarantined(p: Pass) -> None:
                 node is None and (since is None or p.now - since >= QUARANTINE_SETTLE_SECONDS)):
             # returned by an admin, or its Node object went (a pending one: unseen that long)
             if node is None and machine is not None and machine.provider_id:
-                machines.append(replace(machine, gone_time=p.now))
+                machines.append(replace(machine, gone_time=p.now, undecided_since=None))
             continue
         kept.append(name)
         pending.append(name)
@@ -361,9 +361,10 @@ def _registered_again(p: Pass, node: NodeView, machine: QuarantinedMachine) -> t
 
 def _another_machine(p: Pass, node: NodeView, machine: QuarantinedMachine) -> None:
     """The name the run quarantined is another machine's now: the quarantine stays with the old
-    one. A taint of this run on it (written before the uid was known) is named for an admin."""
-    tainted = " It carries this run's quarantine taint: remove it to use the node." \
-        if plan.QUARANTINE_TAINT in node.taints else ""
+    one. A quarantine taint on it (another run's, or this run's written before the uid was
+    known) is named for an admin."""
+    tainted = (f" It carries a {plan.QUARANTINE_TAINT} taint: its value names the run that wrote it; "
+               "remove it only if that is this run.") if plan.QUARANTINE_TAINT in node.taints else ""
     p.event("QuarantineEnded", f"{node.name} is another machine now ({node.provider_id}, was "
                                f"{machine.provider_id}): the quarantine stays with the old one.{tainted}",
             warning=bool(tainted))
@@ -505,7 +506,7 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     new.phase, new.attempt = "Starting", attempt
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume,  # nothing of the last one carries over
                                 preflight_trusted=_preflight_trusted(p))
-    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _excluded(new), resume, p.host,
+    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _kept_off(new), resume, p.host,
                                                    new.current.preflight_trusted)]
     p.event(reason, f"attempt {attempt}: {message}" + (
         f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
@@ -665,7 +666,7 @@ def _teardown_replace(p: Pass) -> None:
         p.new.current.replacement = plan.pod_name(p.name, target, index)
         if p.new.current.replacement_since is None:
             p.new.current.replacement_since = p.now
-        p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _excluded(p.new), p.checkpoint
+        p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _kept_off(p.new), p.checkpoint
                                          or old.last_checkpoint, p.host, _preflight_trusted(p), await_start=True)))
     elif may_start and inplace.ready([replacement], target):
         _start_in_place(p, target, replaced=replacement)
@@ -740,7 +741,7 @@ def _spares(p: Pass) -> list[str]:
         return []
     p.new.spares_created += 1
     p.new.spares_requested_time = p.now
-    obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _excluded(p.new), p.host)
+    obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, _kept_off(p.new), p.host)
     p.effects.append(Ensure(obj))
     return [obj["metadata"]["name"]]
 
@@ -854,6 +855,15 @@ def _excluded(status: TrainingRunStatus) -> list[str]:
     return [*status.quarantined_nodes, *(a.node for a in status.avoided_nodes if a.node not in status.quarantined_nodes)]
 
 
+def _kept_off(status: TrainingRunStatus) -> list[str]:
+    """Nodes a new pod of the run is placed off: those it leaves out, and the names of the
+    quarantined machines it remembers (a Node object registered again under one may be that
+    machine, untainted until a pass sees it). Only those left out count toward
+    maxQuarantinedNodes."""
+    left_out = _excluded(status)
+    return [*left_out, *sorted(status.quarantine_names - set(left_out))]
+
+
 def _avoid(p: Pass, node: str, why: str) -> None:
     p.new.avoided_nodes = p.new.avoided_nodes + [AvoidedNode(node=node, time=p.now, reason=why[:300])]
     p.event("NodeAvoided", f"{node}: {why}; this run's pods stay off it for "
@@ -935,7 +945,7 @@ def _supervise(p: Pass) -> None:
     elif old.phase == "Starting" and not old.current.gang_running_time and len(p.current) < spec.nodes \
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
-        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _excluded(new),  # or the API server refused some
+        p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _kept_off(new),  # or the API server refused some
                                       old.current.resume_checkpoint, p.host, old.current.preflight_trusted))
                       for i in range(spec.nodes) if i not in have]
         _act(p, gang, complete=False)

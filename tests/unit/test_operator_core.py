@@ -475,7 +475,17 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     # the Node object went: no longer quarantined (nothing to taint), the machine remembered
     gone = reconcile_objects(held, [], {}, now=5000.0)
     assert gone.after.quarantined_nodes == [] and gone.after.quarantined_machines[0].gone_time == 5000.0
+    # an undecided machine whose Node object then went gets its full undecided window when it
+    # comes back (the undecided time is cleared with the deletion)
+    gone_undecided = status_with(["n1"], [], [{**first, "undecidedSince": 4000.0}])
+    r = reconcile_objects(gone_undecided, [], {}, now=5000.0)
+    assert r.after.quarantined_machines[0].gone_time == 5000.0 and r.after.quarantined_machines[0].undecided_since is None
     left = status_with([], [], [{**first, "goneTime": 5000.0}])
+    # new pods are placed off a remembered machine's name (not counted toward the budget)
+    from trainium_operator.observer import read_status
+    from trainium_operator.reconcile import _excluded, _kept_off
+    remembered = read_status(left["status"])
+    assert _kept_off(remembered) == ["n1"] and _excluded(remembered) == []
     r = reconcile_objects(left, [], {}, now=6000.0)
     assert r.after.quarantined_machines[0].gone_time == 5000.0
     back = reconcile_objects(left, [], {"n1": machine("u3", "aws:///z/i-1")}, now=6000.0)
