@@ -121,37 +121,85 @@ def list_tags(root: str, read_meta: bool = True, layout: str = "trainer") -> lis
     """Every tag under root, complete or not, in ascending step order (unknown steps first)."""
     fs, base = store_fs(root)
     fs.invalidate_cache()
+    tags = [t for path in _tag_dirs(fs, base, layout)
+            if (t := _read_tag(fs, root, path, layout, read_meta)) is not None]
+    return _ordered(tags)
+
+
+def _ordered(tags: list[TagInfo]) -> list[TagInfo]:
+    return sorted(tags, key=lambda t: (t.step is not None, t.step or 0))
+
+
+def _tag_dirs(fs, base: str, layout: str) -> list[str]:
+    """The paths of the folders under ``base`` whose names are tags of ``layout`` (one listing)."""
     try:
         entries = fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
-    tags: list[TagInfo] = []
-    for entry in entries:
-        if entry.get("type") != "directory":
-            continue
-        path = entry["name"].rstrip("/")
-        name = path.rsplit("/", 1)[-1]
-        is_tag, name_step = _tag_step(name, layout)
-        if not is_tag:
-            continue
+    paths = [e["name"].rstrip("/") for e in entries if e.get("type") == "directory"]
+    return [path for path in paths if _tag_step(path.rsplit("/", 1)[-1], layout)[0]]
+
+
+def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool) -> TagInfo | None:
+    """One tag folder (a listing of it, and its meta.json when complete); None when it is not a
+    checkpoint folder or went while we looked."""
+    name = path.rsplit("/", 1)[-1]
+    try:
+        children = {c["name"].rstrip("/").rsplit("/", 1)[-1]: c for c in fs.ls(path, detail=True)}
+    except FileNotFoundError:
+        return None  # deleted while we listed
+    if BEGIN not in children and DONE not in children:
+        return None  # not a checkpoint folder
+    complete = DONE in children
+    meta: dict = {}
+    if complete and read_meta and layout == "trainer" and META in children:
         try:
-            children = {c["name"].rstrip("/").rsplit("/", 1)[-1]: c for c in fs.ls(path, detail=True)}
-        except FileNotFoundError:
-            continue  # deleted while we listed
-        if BEGIN not in children and DONE not in children:
-            continue  # not a checkpoint folder
-        complete = DONE in children
-        meta: dict = {}
-        if complete and read_meta and layout == "trainer" and META in children:
-            try:
-                meta = json.loads(fs.cat_file(f"{path}/{META}"))
-            except (OSError, ValueError) as exc:
-                log.warning("unreadable %s in %s: %s", META, path, exc)
-        step = meta.get("step", name_step)
-        uri = fs.unstrip_protocol(path) if "://" in root else path
-        tags.append(TagInfo(name, uri, step, complete, _mtime(children[DONE]) if complete else None, meta))
-    tags.sort(key=lambda t: (t.step is not None, t.step or 0))
-    return tags
+            meta = json.loads(fs.cat_file(f"{path}/{META}"))
+        except (OSError, ValueError) as exc:
+            log.warning("unreadable %s in %s: %s", META, path, exc)
+    step = meta.get("step", _tag_step(name, layout)[1])
+    uri = fs.unstrip_protocol(path) if "://" in root else path
+    return TagInfo(name, uri, step, complete, _mtime(children[DONE]) if complete else None, meta)
+
+
+class StoreView:
+    """A store's newest complete tag, listed as a pod does it every few seconds for as long as a
+    run lasts: one listing of the root per call, and nothing read again that cannot have changed.
+    A tag seen complete is remembered (its ``done`` and ``meta.json`` are written once); it is
+    forgotten when its folder goes, and the newest one is looked into again each call (a save
+    that rewrites a tag removes its ``done`` first, and retention deletes ``done`` first). A tag
+    not complete yet is looked into again at each call until it is. So at 10,000 tags a call
+    costs the root listing plus the tags that changed, not 10,000 listings."""
+
+    def __init__(self, root: str, layout: str = "trainer"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown checkpoint layout {layout!r} (known: {', '.join(LAYOUTS)})")
+        self.root, self.layout = root, layout
+        self.fs, self.base = store_fs(root)
+        self._complete: dict[str, TagInfo] = {}  # folder path -> its complete tag
+        self.requests = 0  # listings and reads made (for the benchmark)
+
+    def newest(self) -> TagInfo | None:
+        """The complete tag the next attempt resumes from (the same rule as newest_complete)."""
+        self.fs.invalidate_cache(self.base)
+        paths = _tag_dirs(self.fs, self.base, self.layout)
+        self.requests += 1
+        present = set(paths)
+        self._complete = {p: t for p, t in self._complete.items() if p in present}
+        # the newest remembered one (by step, then marker time) may have lost its `done` since
+        recheck = max(self._complete, key=lambda p: (self._complete[p].step or 0, self._complete[p].done_mtime or 0),
+                      default=None)
+        for path in paths:
+            if path in self._complete and path != recheck:
+                continue
+            self.fs.invalidate_cache(path)
+            tag = _read_tag(self.fs, self.root, path, self.layout, read_meta=self.layout == "trainer")
+            self.requests += 1 + (tag is not None and tag.complete and self.layout == "trainer")
+            if tag is not None and tag.complete:
+                self._complete[path] = tag
+            else:
+                self._complete.pop(path, None)
+        return _select(list(self._complete.values()), self.layout, self.root)
 
 
 def raise_fence(root: str, epoch: Epoch, complete: list[TagInfo]) -> None:
@@ -232,10 +280,15 @@ def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
     """The complete tag the next attempt resumes from (see LAYOUTS), or None."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown checkpoint layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    return _select([t for t in list_tags(root, read_meta=layout != "nxd", layout=layout) if t.complete],
+                   layout, root)
+
+
+def _select(complete: list[TagInfo], layout: str, root: str) -> TagInfo | None:
+    """Of a store's complete tags, the one to resume from (see LAYOUTS)."""
     if layout == "nxd":  # NxD's own rule; a tag whose name has no step still counts
-        complete = [t for t in list_tags(root, read_meta=False, layout=layout) if t.complete]
         return max(complete, key=lambda t: (t.done_mtime or 0.0, t.step or 0), default=None)
-    complete = [t for t in list_tags(root, layout=layout) if t.complete and t.step is not None]
+    complete = _ordered([t for t in complete if t.step is not None])
     if not complete:
         return None
     if layout == "nxdt":
