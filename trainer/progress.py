@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from trainium_api.progress import ANNOTATION, payload
+from trainium_api.progress import ANNOTATION, StoreReport, payload
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +106,24 @@ class ProgressReporter:
     def _connect(self):
         return connect_api()
 
-    def report(self, step: int, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
-               force: bool = False, step_time: float | None = None, start_step: int = 0,
-               eval_perplexity: float | None = None, compute_seconds: float | None = None,
+    def report(self, step: int | None, tokens_per_second: float | None, loss: float | None,
+               last_checkpoint_step: int | None, force: bool = False, step_time: float | None = None,
+               start_step: int = 0, eval_perplexity: float | None = None, compute_seconds: float | None = None,
                preflight_seconds: float | None = None, restore_seconds: float | None = None,
-               restore_source: str | None = None, first_step_time: float | None = None) -> None:
+               restore_source: str | None = None, first_step_time: float | None = None,
+               store: StoreReport | None = None) -> None:
         """``step_time``: when the step ended (epoch seconds; default now). The operator measures
         lost time from it, so it is the step's time, not the time the report is sent;
-        ``first_step_time`` likewise for this process's first step."""
+        ``first_step_time`` likewise for this process's first step. ``store``: what this pod
+        sees of its checkpoint store (the operator cannot read it); ``step`` None: no step yet,
+        the store alone is reported."""
         if not self.enabled:
             return
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
                                start_step=start_step, eval_perplexity=eval_perplexity,
                                compute_seconds=compute_seconds, preflight_seconds=preflight_seconds,
                                restore_seconds=restore_seconds, attempt=_attempt(), restore_source=restore_source,
-                               first_step_time=first_step_time)
+                               first_step_time=first_step_time, store=store)
         self._unsent = True
         self._force = self._force or force
         self._wake.set()  # the sender decides when: now if forced, else once the interval has passed

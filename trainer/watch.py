@@ -36,10 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from trainium_api.exitcodes import RETRYABLE
 from trainium_api.launch import PREFLIGHT_SECONDS_FILE_ENV
-from trainium_api.spec import PROGRESS_FORMATS, check_regex
+from trainium_api.progress import StoreReport
+from trainium_api.spec import LAYOUTS, PROGRESS_FORMATS, check_regex
 
 from . import progress
+from .store_watch import StoreUnreadable, StoreWatch, resume_arguments
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 # logger.py of NxD's tp_zero1_llama_hf_pretrain (and its siblings): the "seq/s" suffix, the
@@ -134,7 +137,8 @@ class Segments:
 
 
 class Tracker:
-    """Newest step seen, reported through the progress annotation when the step advances."""
+    """Newest step seen, reported through the progress annotation when the step advances, with
+    what the pod sees of its checkpoint store (trainer.store_watch) when that changes."""
 
     def __init__(self, parse: Callable[[str], Sample | None], reporter, tokens_per_sample: int = 0,
                  start_step: int = 0, clock: Callable[[], float] = time.time):
@@ -142,6 +146,8 @@ class Tracker:
         self.start_step, self.clock = start_step, clock
         self.step: int | None = None
         self.samples = 0
+        self.store = StoreReport()
+        self._last: tuple = (None, None, None, None)  # (step, tokens/s, loss, step time) last reported
         self._lock = threading.Lock()
 
     def segment(self, text: str) -> None:
@@ -155,8 +161,20 @@ class Tracker:
             self.samples += 1
             tps = (sample.throughput * self.tokens_per_sample
                    if sample.throughput is not None and self.tokens_per_sample else None)
-            self.reporter.report(sample.step, tps, sample.loss, None, step_time=self.clock(),
-                                 start_step=self.start_step, preflight_seconds=self.preflight_seconds())
+            self._last = (sample.step, tps, sample.loss, self.clock())
+            self._send(force=False)
+
+    def store_changed(self, store: StoreReport) -> None:
+        """A new view of the store: reported at once (a new checkpoint, or the store failing)."""
+        with self._lock:
+            self.store = store
+            self._send(force=True)
+
+    def _send(self, force: bool) -> None:
+        step, tps, loss, at = self._last
+        last_step = self.store.checkpoint.step if self.store.checkpoint else None
+        self.reporter.report(step, tps, loss, last_step, force=force, step_time=at, start_step=self.start_step,
+                             preflight_seconds=self.preflight_seconds(), store=self.store)
 
     def preflight_seconds(self) -> float | None:
         """What the launcher's pre-flight check took (it writes the file once the check passed)."""
@@ -218,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regex", default="", help="with --format regex: named groups step, loss, throughput")
     ap.add_argument("--tokens-per-sample", type=int, default=0,
                     help="sequence length: tokens per second = throughput (samples/s) x this (0: not reported)")
-    ap.add_argument("--start-step", type=int, default=0, help="the checkpoint step this attempt resumes from")
+    ap.add_argument("--checkpoint-uri", default=os.environ.get("CHECKPOINT_URI", ""),
+                    help="the checkpoint store this pod lists (default $CHECKPOINT_URI; empty: not listed)")
+    ap.add_argument("--checkpoint-layout", choices=LAYOUTS, default="nxd",
+                    help="its layout; nxdt: COMMAND gets the newest complete checkpoint to resume from")
     ap.add_argument("--interval", type=float, default=5.0, help="minimum seconds between progress annotations")
     args = ap.parse_args(ours)
     if not command:
@@ -231,14 +252,37 @@ def main(argv: list[str] | None = None) -> int:
     # the launcher (our child) writes the pre-flight check's seconds here; we report them
     os.environ.setdefault(PREFLIGHT_SECONDS_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="trainer-watch-"),
                                                                    "preflight-seconds"))
-    tracker = Tracker(parse, reporter, args.tokens_per_sample, args.start_step)
+    tracker = Tracker(parse, reporter, args.tokens_per_sample)
+    store = StoreWatch(args.checkpoint_uri, args.checkpoint_layout, tracker.store_changed) \
+        if args.checkpoint_uri else None
     try:
-        code = run(command, tracker)
+        code = _run_with_store(command, tracker, store, args.checkpoint_layout)
+    finally:
+        reporter.close()
+    return code
+
+
+def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | None, layout: str) -> int:
+    """COMMAND, told where to resume (the newest complete checkpoint, listed from this pod), with
+    the store listed while it runs (node rank 0) and once more at its exit."""
+    if store is not None:
+        try:
+            newest = store.at_start()
+        except StoreUnreadable as exc:  # said in the report too (storeError); another attempt may read it
+            print(f"trainer.watch: {exc}; exiting retryable", file=sys.stderr)
+            return RETRYABLE
+        tracker.start_step = (newest.step or 0) if newest is not None else 0
+        command = [*command, *resume_arguments(layout, newest)]
+        if os.environ.get("NODE_RANK", "0") == "0":
+            store.start()
+    try:
+        return run(command, tracker)
     except FileNotFoundError as exc:
         print(f"trainer.watch: cannot run {command[0]!r}: {exc}", file=sys.stderr)
-        code = 127
-    reporter.close()
-    return code
+        return 127
+    finally:
+        if store is not None:
+            store.stop(final=os.environ.get("NODE_RANK", "0") == "0")
 
 
 if __name__ == "__main__":

@@ -140,9 +140,11 @@ def _tag_dirs(fs, base: str, layout: str) -> list[str]:
     return [path for path in paths if _tag_step(path.rsplit("/", 1)[-1], layout)[0]]
 
 
-def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool) -> TagInfo | None:
+def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool,
+              unchanged: TagInfo | None = None) -> TagInfo | None:
     """One tag folder (a listing of it, and its meta.json when complete); None when it is not a
-    checkpoint folder or went while we looked."""
+    checkpoint folder or went while we looked. ``unchanged``: this tag as read before, returned
+    as it is when its ``done`` is the same (meta.json is written before ``done``, once)."""
     name = path.rsplit("/", 1)[-1]
     try:
         children = {c["name"].rstrip("/").rsplit("/", 1)[-1]: c for c in fs.ls(path, detail=True)}
@@ -151,6 +153,8 @@ def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool) -> TagInfo
     if BEGIN not in children and DONE not in children:
         return None  # not a checkpoint folder
     complete = DONE in children
+    if complete and unchanged is not None and unchanged.done_mtime == _mtime(children[DONE]):
+        return unchanged
     meta: dict = {}
     if complete and read_meta and layout == "trainer" and META in children:
         try:
@@ -193,8 +197,10 @@ class StoreView:
             if path in self._complete and path != recheck:
                 continue
             self.fs.invalidate_cache(path)
-            tag = _read_tag(self.fs, self.root, path, self.layout, read_meta=self.layout == "trainer")
-            self.requests += 1 + (tag is not None and tag.complete and self.layout == "trainer")
+            known = self._complete.get(path)
+            tag = _read_tag(self.fs, self.root, path, self.layout, read_meta=self.layout == "trainer",
+                            unchanged=known)
+            self.requests += 1 + (tag is not None and tag.complete and tag is not known and self.layout == "trainer")
             if tag is not None and tag.complete:
                 self._complete[path] = tag
             else:
@@ -306,3 +312,11 @@ def _select(complete: list[TagInfo], layout: str, root: str) -> TagInfo | None:
         log.warning("newest complete checkpoint by step is %s but by done-marker time is %s "
                     "(NxD would pick the latter); using %s", best.tag, by_marker.tag, best.tag)
     return best
+
+
+def complete_before(root: str, step: int) -> TagInfo | None:
+    """The complete tag of our layout that :func:`newest_complete` would pick if none at or above
+    ``step`` existed (the same selection, fencing included): where a restore falls back to when
+    the tag at ``step`` is damaged (trainer.checkpoint)."""
+    return _select([t for t in list_tags(root) if t.complete and t.step is not None and t.step < step],
+                   "trainer", root)

@@ -24,14 +24,18 @@ RestartKind = Literal["inPlace", "replace", "recreate"]
 pod alone was replaced by a new one, the others restarted in place; recreate: new pods."""
 RESTART_KINDS: tuple[str, ...] = get_args(RestartKind)
 RestoreSource = Literal[RESTORE_SOURCES]  # type: ignore[valid-type]  # one source: checkpoints
-ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted", "ProgressValid"]
+ConditionType = Literal["Valid", "Failed", "Disrupted", "ChildrenCreated", "PodsStarted", "ProgressValid",
+                        "CheckpointsSaving", "CheckpointStoreReadable"]
 """Valid: the spec passed the operator's checks. Failed: the failure policy gave up.
 Disrupted: a mass node disruption holds failures. ChildrenCreated: the attempt's Service,
 ConfigMap and trainer RBAC exist (False: why a create failed; retried every pass). PodsStarted:
 every pod of the attempt placed on a node has started its container (False: which pod waits,
 and the kubelet's reason, e.g. ImagePullBackOff or CreateContainerConfigError). ProgressValid:
 the pods' progress annotations parse (False: which pod wrote which field wrong; that field is
-dropped, the rest of the report is used)."""
+dropped, the rest of the report is used). CheckpointsSaving: the pods' saves complete (False: a pod
+reports saves failing since its last complete one, with the newest error; it clears when one
+completes). CheckpointStoreReadable: the pods can list their checkpoint store (False: the error a
+pod reports; the operator never lists the store itself)."""
 
 
 class _Written:
@@ -42,7 +46,8 @@ class _Written:
 @dataclass
 class Condition(_Written):
     type: ConditionType
-    """Valid, Failed, Disrupted, ChildrenCreated, PodsStarted or ProgressValid (see ConditionType)."""
+    """Valid, Failed, Disrupted, ChildrenCreated, PodsStarted, ProgressValid, CheckpointsSaving or
+    CheckpointStoreReadable (see ConditionType)."""
     status: ConditionStatus
     reason: str = ""
     message: str = ""
@@ -52,7 +57,8 @@ class Condition(_Written):
 
 @dataclass
 class CheckpointRef(_Written):
-    """A complete checkpoint in the run's store."""
+    """A complete checkpoint in the run's store, as the run's pods report it (the operator does
+    not read the store: it runs without the pods' volumes and credentials)."""
     tag: str = ""
     step: int | None = None
     time: float | None = None
@@ -266,6 +272,9 @@ class AttemptStatus(_Written):
     """In-place restarts of this gang in a row without the checkpoint step advancing."""
     preflight_check: bool = False
     """An attempt restarted in place whose agents run the pre-flight check again (after a hang)."""
+    skipped_checkpoint: str = ""
+    """A complete checkpoint this attempt did not resume from because it was damaged, and why
+    ("<tag>: <error>"; the pods took the previous complete one, and left the tag in place)."""
 
 
 @dataclass
@@ -332,6 +341,10 @@ class TrainingRunStatus(_Written):
     step_seconds: float | None = None
     """Smoothed seconds per step."""
     last_checkpoint: CheckpointRef | None = None
+    """The newest complete checkpoint the run's pods report (they list the store, which the
+    operator cannot see); kept while no pod reports."""
+    checkpoint_save_failures: int = 0
+    """Saves failed since the last one that completed, as the pods report (0 while they complete)."""
     restarts: dict[str, int] = field(default_factory=dict)
     """Restarts so far by cause."""
     restart_count: int = 0

@@ -3,8 +3,8 @@
 Two indices (pods of TrainingRuns, nodes) are kept current by kopf's watches, so a reconcile
 pass makes no API reads; a loop per TrainingRun (a kopf daemon) runs one pass every second, and
 at once when one of its pods changes shape. A pass: observer.snapshot (the run, its pods and
-nodes, the newest checkpoint from checkpoints.CheckpointLister, the disruption and outage
-signals) -> reconcile.reconcile (pure: status and typed effects) -> applier.apply. State lives in
+nodes (the newest checkpoint is what the pods report: the operator never reads a store), the
+disruption and outage signals) -> reconcile.reconcile (pure: status and typed effects) -> applier.apply. State lives in
 the run's status: the operator can be killed and started again.
 """
 
@@ -22,7 +22,6 @@ from trainium_api import API_GROUP, API_VERSION, PLURAL
 from . import metrics
 from .apihealth import ApiHealth, ApiProbe
 from .applier import ChildCache, ChildError, NotLeading, api_unreachable, apply, conflict, fence
-from .checkpoints import CheckpointLister
 from .hostaccess import HostAccess
 from .kube import Kube
 from .observe import node_view, pod_view
@@ -46,7 +45,6 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     ``host``: what the runs' pods may take from their nodes."""
     registry = kopf.OperatorRegistry()
     memo = {"kube": None, "zones": (0.0, {}), "probe": None}
-    checkpoints = CheckpointLister(store_check=host.check_checkpoint_store)
     children = ChildCache()  # which children were made sure of, and when; the last create error
     shortfalls = DeviceShortfalls()  # since when a node has missing Neuron devices
     # when the API was away: trainers could not write progress nor kubelets renew their leases
@@ -107,11 +105,10 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         now = time.time()
         nodes = shortfalls.mark({n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
         try:
-            checkpoint = checkpoints.newest(run, status.phase, pods)
             # a node this run quarantined is lost on purpose: it must not open or hold a disruption
             own = [n for name, n in nodes.items() if name not in left_out]
             disrupted = disruption(guard, zones(cluster_nodes), own) if own else ""
-            result = reconcile(snapshot(run, pods, nodes, now, checkpoint, disrupted, guard,
+            result = reconcile(snapshot(run, pods, nodes, now, None, disrupted, guard,
                                         api_outage=health.outage(now), children_error=children.error(namespace, name),
                                         host=host))
             fence(may_write)
@@ -211,7 +208,6 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     def forget_deleted(event, namespace, name, **_):
         if event.get("type") == "DELETED":
             metrics.forget(namespace, name)
-            checkpoints.forget(namespace, name)
             children.forget(namespace, name)
 
     return registry

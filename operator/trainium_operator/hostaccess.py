@@ -8,10 +8,10 @@ compile cache (``compileCache.path``); where that cache lives on the node is thi
 plant compiled graphs that another loads), and ``spec.volumes`` may use a hostPath only under a
 prefix the operator allows (none by default), mounted read-only.
 
-The operator also lists each run's checkpoint store with its own identity (to tell a new gang
-where to resume and to show the newest complete checkpoint): ``checkpoint_prefixes`` says which
-stores a run may name, per namespace, so that one team's run cannot make the operator list
-another team's bucket or path.
+The operator never reads a checkpoint store (the pods list it with their own mounts and identity
+and report what they see: store.py). ``checkpoint_prefixes`` says which stores a run may name,
+per namespace, so that a run's pods (which may share a node role or a volume with another
+team's) write and read only their namespace's bucket or path.
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ eval_perplexity = _run_gauge("trainium_run_eval_perplexity", "Newest held-out pe
 checkpoint_step = _run_gauge("trainium_run_last_checkpoint_step", "Step of the newest complete checkpoint")
 checkpoint_time = _run_gauge("trainium_run_last_checkpoint_timestamp_seconds",
                              "When the newest complete checkpoint was finished")
+checkpoint_save_failures = _run_gauge("trainium_run_checkpoint_save_failures",
+                                     "Checkpoint saves failed since the last one that completed, as the pods "
+                                     "report (status.checkpointSaveFailures; 0 while saves complete)")
 checkpoint_interval = _run_gauge("trainium_run_checkpoint_interval_seconds",
                                  "Expected seconds between checkpoints (intervalMinutes, or intervalSteps x the "
                                  "observed step time, whichever is shorter)")
@@ -76,7 +79,7 @@ for _cause in CAUSES:  # present from the start, so the first failure of a cause
     recovery.labels(_cause)
 
 _SINGLE = (goodput_ratio, step, last_step_time, tokens_per_second, loss, eval_perplexity, checkpoint_step,
-           checkpoint_time,
+           checkpoint_time, checkpoint_save_failures,
            checkpoint_interval, hang_timeout_seconds, created_time, quarantined, stragglers, restarts_in_place,
            restarts_replaced, spares_ready)
 
@@ -131,6 +134,7 @@ def observe_run(namespace: str, run: str, spec: TrainingRunSpec | None, status: 
     ck = status.last_checkpoint
     _set(checkpoint_step, labels, ck.step if ck else None)
     _set(checkpoint_time, labels, ck.time if ck else None)
+    checkpoint_save_failures.labels(*labels).set(status.checkpoint_save_failures)
     _set(created_time, labels, status.created_time)
     quarantined.labels(*labels).set(len(status.quarantined_nodes))
     stragglers.labels(*labels).set(sum(s.flagged_time is not None for s in status.current.stragglers))

@@ -54,6 +54,7 @@ class PodView:
     reason: str = ""
     message: str = ""
     progress: dict | None = None
+    store: progress.StoreReport | None = None  # what it says of its checkpoint store (its annotation)
     created: float | None = None
     unschedulable: str = ""
     finished: float | None = None  # when its container terminated
@@ -106,12 +107,15 @@ def pod_view(pod: dict) -> PodView:
                       if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
     if node and scheduled is None:  # bound without the condition (created with a nodeName)
         scheduled = _ts(meta.get("creationTimestamp"))
-    report, report_errors = progress.parse_report((meta.get("annotations") or {}).get(progress.ANNOTATION))
+    fields, report_errors = progress.parse_fields((meta.get("annotations") or {}).get(progress.ANNOTATION))
+    store = progress.store_report(fields)  # said before the first step too (a store it cannot list)
+    report = {k: v for k, v in fields.items() if k not in progress.STORE_FIELDS} \
+        if fields and fields["step"] is not None else None
     return PodView(name=meta.get("name", ""), attempt=_label_int(labels, LABEL_ATTEMPT),
                    index=_label_int(labels, LABEL_INDEX), phase=status.get("phase") or "Pending",
                    node=node, deleting=bool(meta.get("deletionTimestamp")),
                    exit_code=exit_code, reason=reason, message=message,
-                   progress=report, progress_errors=report_errors,
+                   progress=report, store=store, progress_errors=report_errors,
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
                    gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check,

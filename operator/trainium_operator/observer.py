@@ -21,6 +21,7 @@ from trainium_api.status import CheckpointRef, TrainingRunStatus
 
 from .hostaccess import HostAccess
 from .observe import NodeView, PodView
+from . import store
 from .policy import DisruptionGuard
 from .spec import parse
 
@@ -39,7 +40,7 @@ class Snapshot:
     nodes: dict[str, NodeView]
     now: float
     checkpoint: CheckpointRef | None = None
-    """The newest complete checkpoint in the run's store (CheckpointLister), or None."""
+    """The newest complete checkpoint the run's pods report (store.newest_reported), or None."""
     disruption: str = ""
     """Why the run's nodes look lost through no fault of their own (policy.disruption); "" when
     they do not."""
@@ -70,6 +71,8 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     if checkpoint is not None and not isinstance(checkpoint, CheckpointRef):
         checkpoint = lenient(CheckpointRef, checkpoint)
     pods = [_clock_checked(p, now) for p in pods]
+    if checkpoint is None and spec is not None:  # the pods read the store; the operator cannot
+        checkpoint = store.newest_reported([p for p in pods if not p.spare], spec)
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
                     children_error, host)
 
@@ -102,7 +105,7 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
             raise ConfigError("metadata.name", bad_name.removeprefix("metadata.name "))
         spec = _parsed(run.get("spec"), host)
         # per namespace, so not in the parse cache; a run accepted before the operator's stores
-        # narrowed is supervised below, and its store no longer listed (CheckpointLister)
+        # narrowed is supervised below
         host.check_checkpoint_store(spec.run.checkpoint.uri, run["metadata"].get("namespace") or "")
         return spec, None
     except ConfigError as err:

@@ -7,7 +7,9 @@ mounted from the ConfigMap; restarts are the operator's job (restartPolicy Never
 
 A command trainer (spec.trainer.kind command) gets the same contract with the user's script in
 place of ``-m trainer``, under ``python -m trainer.watch``, which reads progress from its log;
-no ConfigMap. An NxDT command is told which checkpoint to resume from (resume_arguments).
+no ConfigMap. The watch lists the run's checkpoint store from the pod (the operator cannot see it)
+and tells an NxDT command which checkpoint to resume from (trainer.store_watch), so every
+attempt's pods have the same spec.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_PASSED_EN
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
-from trainium_api.status import CheckpointRef
 
 from .hostaccess import HostAccess
 
@@ -172,12 +173,9 @@ def config_map(run: dict, spec: TrainingRunSpec) -> dict:
 
 
 def pods(run: dict, spec: TrainingRunSpec, attempt: int, excluded_nodes: list[str],
-         checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess(),
-         preflight_trusted: list[str] = ()) -> list[dict]:
-    """``checkpoint``: the newest complete checkpoint ({tag, step, uri, ...}) when the attempt
-    starts, or None; a command trainer's pods are told about it (resume_arguments). ``host``:
-    where the compile cache lives on the node (the operator's configuration)."""
-    return [pod(run, spec, attempt, i, excluded_nodes, checkpoint, host, preflight_trusted) for i in range(spec.nodes)]
+         host: HostAccess = HostAccess(), preflight_trusted: list[str] = ()) -> list[dict]:
+    """``host``: where the compile cache lives on the node (the operator's configuration)."""
+    return [pod(run, spec, attempt, i, excluded_nodes, host, preflight_trusted) for i in range(spec.nodes)]
 
 
 def spare_pod(run: dict, spec: TrainingRunSpec, attempt: int, serial: int, excluded_nodes: list[str],
@@ -186,7 +184,7 @@ def spare_pod(run: dict, spec: TrainingRunSpec, attempt: int, serial: int, exclu
     ``<run>-s<n>``: spare_hostname), its agent told to wait (it says ready and starts workers only when an order gives
     it an index, a node rank and the rendezvous address: trainium_api.agent.Order). The run's
     anti-affinity keeps it off the gang's nodes and the other spares'."""
-    obj = pod(run, spec, attempt, 0, excluded_nodes, None, host, (), await_start=True)
+    obj = pod(run, spec, attempt, 0, excluded_nodes, host, (), await_start=True)
     name = spare_name(run["metadata"]["name"], serial)
     labels = {k: v for k, v in obj["metadata"]["labels"].items() if k not in (LABEL_ATTEMPT, LABEL_INDEX)}
     obj["metadata"] = {**obj["metadata"], "name": name, "labels": {**labels, LABEL_SPARE: "true"}}
@@ -194,23 +192,7 @@ def spare_pod(run: dict, spec: TrainingRunSpec, attempt: int, serial: int, exclu
     return obj
 
 
-# NxD Training resumes from the newest *.ckpt by modification time without checking that it is
-# complete; these Hydra overrides pin the newest complete one, or start fresh when there is none.
-NXDT_RESUME_FROM = "exp_manager.resume_from_checkpoint"
-NXDT_RESUME_IF_EXISTS = "exp_manager.resume_if_exists"
-
-
-def resume_arguments(spec: TrainingRunSpec, checkpoint: CheckpointRef | None) -> list[str]:
-    """Arguments appended to a command trainer's command so that it resumes safely."""
-    if not spec.trainer.is_command or spec.trainer.layout != "nxdt":
-        return []  # our trainer and NxD's load_checkpoint(tag=None) only ever take a tag with `done`
-    if checkpoint and checkpoint.uri:
-        # quoted: the tag name has '=' in it, which Hydra's override grammar only takes quoted
-        return [f'{NXDT_RESUME_FROM}="{checkpoint.uri}"']
-    return [f"{NXDT_RESUME_IF_EXISTS}=false"]
-
-
-def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: CheckpointRef | None) -> list[str]:
+def _command(spec: TrainingRunSpec, index: int, master: str) -> list[str]:
     precompile = ([PRECOMPILE_FLAG, str(spec.compile_cache.precompile_steps)]
                   if spec.compile_cache.precompile_steps else [])
     ft = spec.fault_tolerance
@@ -229,9 +211,9 @@ def _command(spec: TrainingRunSpec, index: int, master: str, checkpoint: Checkpo
         watch += ["--regex", t.progress_regex]
     if t.tokens_per_sample:
         watch += ["--tokens-per-sample", str(t.tokens_per_sample)]
-    if checkpoint and checkpoint.step is not None:
-        watch += ["--start-step", str(checkpoint.step)]
-    return [*watch, "--", *launch, *t.command, *resume_arguments(spec, checkpoint)]
+    # the watch lists $CHECKPOINT_URI from the pod: where an NxDT script resumes, the start step
+    watch += ["--checkpoint-layout", t.layout]
+    return [*watch, "--", *launch, *t.command]
 
 
 def container_security(itype: dict) -> dict:
@@ -243,8 +225,7 @@ def container_security(itype: dict) -> dict:
 
 
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
-        checkpoint: CheckpointRef | None = None, host: HostAccess = HostAccess(),
-        preflight_trusted: list[str] = (), await_start: bool = False) -> dict:
+        host: HostAccess = HostAccess(), preflight_trusted: list[str] = (), await_start: bool = False) -> dict:
     """``preflight_trusted``: nodes that passed the run's pre-flight check recently (the
     attempt's, status.current.preflightTrusted): when every pod is on one, the check is skipped.
     ``await_start``: a pod that replaces one of a gang restarted in place: its agent says ready
@@ -278,7 +259,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
                  {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                  {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
-    command = _command(spec, index, master, checkpoint)
+    command = _command(spec, index, master)
     resources = dict(itype["resources"])
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {LABEL_RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}

@@ -41,7 +41,7 @@ from trainium_api.status import (MAX_FAILURES_KEPT, TERMINAL, AttemptStatus, Avo
 
 from trainium_api.agent import Order
 
-from . import admission, goodput, inplace, plan, stragglers
+from . import admission, goodput, inplace, plan, store, stragglers
 from .effects import DeletePod, Effect, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine
 from .hostaccess import HostAccess
 from .judge import Clocks, Guards, Observed, device_culprits, judge
@@ -274,8 +274,10 @@ def _observe(p: Pass) -> None:
                      f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "
                      f"{spec.trainer.layout}")
             p.condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}")
-    if p.checkpoint and p.checkpoint.step != (p.old.last_checkpoint.step if p.old.last_checkpoint else None):
+    completed = store.is_new(p.checkpoint, p.old.last_checkpoint)
+    if completed:
         new.last_checkpoint = p.checkpoint
+    store.observe(p, completed)
     _still_quarantined(p)
     _still_avoided(p)
     # left over from an attempt whose teardown an earlier operator did not finish (forced again
@@ -506,10 +508,9 @@ def _start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     new.phase, new.attempt = "Starting", attempt
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume,  # nothing of the last one carries over
                                 preflight_trusted=_preflight_trusted(p))
-    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _kept_off(new), resume, p.host,
+    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, _kept_off(new), p.host,
                                                    new.current.preflight_trusted)]
-    p.event(reason, f"attempt {attempt}: {message}" + (
-        f"; resuming from {resume.tag}" if resume and resume.tag and p.spec.trainer.is_command else ""))
+    p.event(reason, f"attempt {attempt}: {message}")
 
 
 def _teardown(p: Pass) -> None:
@@ -666,8 +667,8 @@ def _teardown_replace(p: Pass) -> None:
         p.new.current.replacement = plan.pod_name(p.name, target, index)
         if p.new.current.replacement_since is None:
             p.new.current.replacement_since = p.now
-        p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _kept_off(p.new), p.checkpoint
-                                         or old.last_checkpoint, p.host, _preflight_trusted(p), await_start=True)))
+        p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, _kept_off(p.new), p.host,
+                                         _preflight_trusted(p), await_start=True)))
     elif may_start and inplace.ready([replacement], target):
         _start_in_place(p, target, replaced=replacement)
 
@@ -946,7 +947,7 @@ def _supervise(p: Pass) -> None:
             and not any(x.deleting for x in p.current):
         have = {x.index for x in p.current}  # an earlier operator stopped while creating the gang,
         p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, _kept_off(new),  # or the API server refused some
-                                      old.current.resume_checkpoint, p.host, old.current.preflight_trusted))
+                                      p.host, old.current.preflight_trusted))
                       for i in range(spec.nodes) if i not in have]
         _act(p, gang, complete=False)
         return

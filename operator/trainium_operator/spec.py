@@ -104,8 +104,8 @@ S3_URI = re.compile(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?")
 
 def check_checkpoint_uri(uri: str) -> None:
     """Raises ConfigError unless ``uri`` is s3://BUCKET[/PREFIX] or an absolute path: the operator
-    lists the checkpoint store itself (CheckpointLister asks too, before any parse), so a run must
-    not point it at another protocol (http://169.254.169.254/...)."""
+    never lists it, but the pods do, with fsspec: a run must not point them at another protocol
+    (http://169.254.169.254/..., the node's instance metadata) through a field that means a store."""
     if not (uri.startswith("/") or S3_URI.fullmatch(uri)):
         raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET[/PREFIX] or an absolute path (a file system "
                                                  f"the pods mount), got {uri!r}")
@@ -128,16 +128,6 @@ def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:
                 raise ConfigError(where, "is read only by the builtin trainer; with trainer.kind command, "
                                   + (f"only {', '.join(allowed)} is read here" if allowed
                                      else "configure the script in trainer.command"))
-
-
-def checkpoint_layout(raw_spec: Mapping[str, Any] | None) -> str:
-    """The checkpoint layout of a spec that may be invalid (the handler lists checkpoints before
-    reconcile parses): the trainer group's, else ours."""
-    try:
-        trainer = build(TrainerConfig, (raw_spec or {}).get("trainer") or {}, "trainer")
-    except (ConfigError, TypeError, AttributeError):
-        return "trainer"
-    return trainer.layout if trainer.is_command and trainer.layout in LAYOUTS else "trainer"
 
 
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")

@@ -1,6 +1,8 @@
 """The e2e tier's control plane: its own cluster (so no simulated node of another tier can take
 a pod), three process-backed cpu nodes (a gang of two and a spare for quarantines), the CRD,
-and the operator as a real process for the whole module."""
+and the operator as a real process for the whole module, staged as on EKS: in its own mount
+namespace, where the pods' checkpoint stores, data and logs (this session's temporary
+directory) are hidden, and without the loopback S3 server's credentials."""
 
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def e2e(tmp_path_factory):
     state = tmp_path_factory.mktemp("e2e-cluster")
     cluster = Cluster(state_dir=state, base_port=free_base_port(start=26000))
     s3 = S3Server()
-    # This process lists checkpoints on S3 too (the checks read the store as the operator does).
+    # The checks read the pods' stores on S3 (the operator cannot: drill.Operator drops these).
     saved = {k: os.environ.get(k) for k in s3.env}
     os.environ.update(s3.env)
     fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = s3.endpoint
@@ -83,7 +85,9 @@ def e2e(tmp_path_factory):
         cluster.kubectl("apply", "-f", str(drill.ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
         cluster.wait_established("trainingruns.trainium.dev")
         nodes = drill.process_nodes(cluster, NODES, NODE_PREFIX)
-        operator = drill.Operator(cluster, state / "operator.log", env=s3.env)
+        # as on EKS: the operator is a pod of its own, seeing none of the pods' files (checkpoints,
+        # data, logs: all under this session's temporary directory) nor their S3 credentials
+        operator = drill.Operator(cluster, state / "operator.log", hidden=(tmp_path_factory.getbasetemp(),))
         operator.start()
         yield E2E(cluster, operator, nodes, s3)
     finally:

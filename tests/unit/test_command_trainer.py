@@ -1,6 +1,7 @@
 """spec.trainer kind command, in the operator's pure core: validation with the field named,
-the pod's command (watch -> launch -> script -> resume override), no ConfigMap, the resume point
-recorded and passed on restart, and the examples."""
+the pod's command (watch -> launch -> script; the watch lists the store from the pod and adds the
+resume override), no ConfigMap, the same pod spec for every attempt, the resume point recorded
+from the pods' reports, and the examples."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from trainer.config import ConfigError
 from trainium_api.status import CheckpointRef
 from trainium_operator import plan
 from trainium_operator.reconcile import reconcile_objects
-from trainium_operator.spec import checkpoint_layout, parse
+from trainium_operator.spec import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 NXDT = {"image": "img", "nodes": 2, "instanceType": "cpu", "processesPerNode": 2,
@@ -73,54 +74,43 @@ def test_a_command_spec_needs_none_of_the_trainer_groups():
     assert parse(_with(NXDT, progressFormat="nxd")).trainer.layout == "nxd"
     assert parse(_with(NXDT, progressFormat="regex", progressRegex=r"(?P<step>\d+)",
                        checkpointLayout="trainer")).trainer.layout == "trainer"
-    assert checkpoint_layout(NXDT) == "nxdt" and checkpoint_layout({"trainer": []}) == "trainer"
-    assert checkpoint_layout({"trainer": {"progressFormat": "nxd"}}) == "trainer"  # builtin reads ours
 
 
-def test_pod_runs_the_script_under_the_watch_and_torchrun_with_the_resume_override():
+def test_pod_runs_the_script_under_the_watch_which_lists_the_store_from_the_pod():
     s = parse(NXDT)
-    pod = plan.pod(RUN, s, attempt=2, index=1, excluded_nodes=[], checkpoint=REF)
+    pod = plan.pod(RUN, s, attempt=2, index=1, excluded_nodes=[])
     c = pod["spec"]["containers"][0]
     cmd = c["command"]
     split = cmd.index("--")
     assert cmd[:split] == ["python", "-m", "trainer.watch", "--format", "nxdt", "--interval", "2.0",
-                           "--tokens-per-sample", "4096", "--start-step", "20"]
+                           "--tokens-per-sample", "4096", "--checkpoint-layout", "nxdt"]
     assert cmd[split + 1:split + 4] == ["python", "-m", "trainer.launch"]
     assert cmd[cmd.index("--node_rank") + 1] == "1" and cmd[cmd.index("--nproc_per_node") + 1] == "2"
+    # the resume override is the watch's (trainer.store_watch), from what the pod lists
     tail = cmd[cmd.index("--master_port") + 2:]
-    assert tail == ["training_orchestrator.py", "--config-path=conf", "--config-name=hf_llama_7B_config",
-                    f'exp_manager.resume_from_checkpoint="{CKPT["uri"]}"']
+    assert tail == ["training_orchestrator.py", "--config-path=conf", "--config-name=hf_llama_7B_config"]
     assert c["workingDir"] == "/workspace"
     assert all(m["name"] != "config" for m in c["volumeMounts"])  # no rendered trainer config
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["CHECKPOINT_URI"] == "/shared/exp/checkpoints" and env["ATTEMPT"] == "2"
-    # no complete checkpoint: NxDT must not pick a torn one by itself
-    fresh = plan.pod(RUN, s, attempt=1, index=0, excluded_nodes=[], checkpoint=None)["spec"]["containers"][0]["command"]
-    assert fresh[-1] == "exp_manager.resume_if_exists=false" and "--start-step" not in fresh
-    # NxD scripts load only tags with `done` themselves: nothing appended
-    nxd = plan.pod(RUN, parse(_with(NXDT, progressFormat="nxd")), 2, 0, [], REF)["spec"]["containers"][0]["command"]
-    assert nxd[-1] == "--config-name=hf_llama_7B_config"
+    nxd = plan.pod(RUN, parse(_with(NXDT, progressFormat="nxd")), 2, 0, [])["spec"]["containers"][0]["command"]
+    assert nxd[nxd.index("--checkpoint-layout") + 1] == "nxd" and nxd[-1] == "--config-name=hf_llama_7B_config"
 
 
-def test_the_override_quotes_the_checkpoint_for_hydra():
-    # Hydra's override grammar takes '=' in a value only inside quotes; the quotes are removed
-    (arg,) = plan.resume_arguments(parse(NXDT), REF)
-    key, value = arg.split("=", 1)
-    assert key == "exp_manager.resume_from_checkpoint" and value == f'"{CKPT["uri"]}"'
-
-
-def test_reconcile_starts_no_configmap_and_each_attempt_resumes_from_the_checkpoint_of_its_start():
+def test_reconcile_starts_no_configmap_and_each_attempt_records_the_checkpoint_the_pods_reported():
     r = reconcile_objects(RUN, [], {}, now=0.0, checkpoint=None)
     kinds = [e.obj["kind"] for e in r.effects if e.kind == "ensure"]
     assert "ConfigMap" not in kinds and kinds.count("Pod") == 2
     assert r.after.current.resume_checkpoint is None and "dataParallel" not in r.status
+    first = r.ensured("Pod")
     run = {**RUN, "status": {**r.status, "phase": "Restarting", "attempt": 1, "current": {"restartNotBefore": 0},
                              "conditions": [{"type": "Valid", "status": "True"}]}}
     r = reconcile_objects(run, [], {}, now=10.0, checkpoint=REF)
     pods = r.ensured("Pod")
     assert r.status["attempt"] == 2 and r.status["current"]["resumeCheckpoint"] == CKPT and len(pods) == 2
-    assert all(p["spec"]["containers"][0]["command"][-1].endswith(f'{CKPT["uri"]}"') for p in pods)
-    assert any(e.kind == "event" and CKPT["tag"] in e.message for e in r.effects)
+    # the same command as the first attempt's: the pods find the checkpoint themselves
+    assert [p["spec"]["containers"][0]["command"] for p in pods] == \
+        [p["spec"]["containers"][0]["command"] for p in first]
 
 
 @pytest.mark.parametrize("name", ["nxd-llama2-7b.yaml", "nxdt-llama-7b.yaml"])

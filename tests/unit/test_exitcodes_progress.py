@@ -19,7 +19,8 @@ def test_progress_payload_roundtrip():
     assert json.loads(text) == {"step": 12, "time": 1700000000.0, "tokensPerSecond": 1234.57,
                                 "loss": 2.34568, "lastCheckpointStep": 10, "startStep": 0, "evalPerplexity": None,
                                 "computeSeconds": None, "preflightSeconds": None, "restoreSeconds": None,
-                                "restoreSource": None, "attempt": None, "firstStepTime": None}
+                                "restoreSource": None, "attempt": None, "firstStepTime": None, "checkpoint": None,
+                                "storeError": None, "saveFailure": None, "skippedCheckpoint": None}
     assert progress.parse(text)["step"] == 12
     assert progress.parse(progress.payload(12, 1.0, 2.0, 10, first_step_time=1700000000.12345))["firstStepTime"] \
         == 1700000000.123

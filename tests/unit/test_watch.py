@@ -27,10 +27,11 @@ class Recorder:
     def __init__(self):
         self.reports = []
 
-    def report(self, step, tokens_per_second, loss, last_checkpoint_step, step_time=None, start_step=0,
-               preflight_seconds=None):
+    def report(self, step, tokens_per_second, loss, last_checkpoint_step, force=False, step_time=None, start_step=0,
+               preflight_seconds=None, store=None):
         self.reports.append({"step": step, "tps": tokens_per_second, "loss": loss, "time": step_time,
-                             "start": start_step, "preflight": preflight_seconds})
+                             "start": start_step, "preflight": preflight_seconds, "store": store,
+                             "checkpointStep": last_checkpoint_step})
 
 
 def stream_of(sample: dict) -> bytes:

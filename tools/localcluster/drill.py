@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 FAULTS = ("kill-rank", "node-not-ready", "node-deleted", "neuron-error", "runtime-fault", "runtime-restart",
           "straggler", "hang", "operator-kill", "evict", "agent-frozen")
+# the pods' object-store credentials and endpoints: never passed to the operator (Operator)
+STORE_CREDENTIALS = ("AWS_", "FSSPEC_", "BOTO")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started (?:cold |from the warm launcher )?"
                              r"\(pid \d+\) at ([0-9.]+)")
@@ -56,19 +59,49 @@ def manifest(name: str, data: dict[str, str], workdir: Path, prepared: bool = Tr
 
 
 class Operator:
-    """``python -m trainium_operator`` as a subprocess (it can be SIGKILLed and started again)."""
+    """``python -m trainium_operator`` as a subprocess (it can be SIGKILLed and started again).
 
-    def __init__(self, cluster: Cluster, log_path: Path, env: dict[str, str] | None = None):
+    Staged as on EKS, where the operator is a pod of its own: with ``hidden`` it runs in its own
+    mount namespace in which those directories (where the pods keep their checkpoints, data and
+    logs) are empty read-only file systems, and it never gets the pods' object-store credentials
+    (no AWS_* or FSSPEC_* variable of this process reaches it). It reads the cluster through a
+    copy of the kubeconfig outside ``hidden``."""
+
+    def __init__(self, cluster: Cluster, log_path: Path, env: dict[str, str] | None = None,
+                 hidden: tuple[Path, ...] = ()):
         self.cluster, self.log_path, self.env = cluster, Path(log_path), dict(env or {})
+        self.hidden = tuple(Path(h) for h in hidden)
         self.proc: subprocess.Popen | None = None
         self.metrics_port = free_base_port(start=cluster.base_port + 400, span=2)
 
     def start(self) -> None:
-        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(STORE_CREDENTIALS)}
+        env.update(KUBECONFIG=str(self._kubeconfig()), PYTHONUNBUFFERED="1", **self.env)
+        command = [sys.executable, "-m", "trainium_operator", "--metrics-port", str(self.metrics_port),
+                   "--liveness-port", str(self.metrics_port + 1)]
+        if self.hidden:  # mount(8) over each, then the operator in the same (private) namespace
+            script = 'for d in "$@"; do mount -t tmpfs -o ro,size=4k,mode=0555 operator-cannot-see "$d" || exit 1; done; ' \
+                     f'exec {" ".join(command)}'
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                       *map(str, self.hidden)]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port",
-                                          str(self.metrics_port), "--liveness-port", str(self.metrics_port + 1)],
-                                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def _kubeconfig(self) -> Path:
+        """The cluster's kubeconfig, or a copy beside the log when the cluster's lies under a
+        hidden directory, in a directory of its own (it embeds its certificate and token: nothing
+        else is read)."""
+        source = self.cluster.kubeconfig
+        if not any(h == source or h in source.parents for h in self.hidden):
+            return source
+        copy = Path(tempfile.mkdtemp(prefix="trainium-operator-")) / "kubeconfig"
+        copy.write_bytes(source.read_bytes())
+        copy.chmod(0o600)
+        return copy
+
+    def sees(self, path: str | Path) -> bool:
+        """Whether the operator's process can see ``path`` (through its own mount namespace)."""
+        return os.path.exists(f"/proc/{self.proc.pid}/root/{Path(path).resolve()}")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -1,0 +1,144 @@
+"""The run's checkpoint store, as its pods report it. Pure.
+
+On EKS the operator is a pod of its own: it mounts none of the trainer pods' volumes (FSx for
+Lustre, EFS) and has none of their credentials (an S3 bucket only their IRSA or Pod Identity
+role may read), and letting it read every tenant's store would show one team's tags to anyone
+who can name the bucket. So the operator never lists a store. The pods do, with their own
+mounts and identity (our trainer knows each save it completes and the tag it resumed from;
+trainer.watch lists for a command trainer), and say what they see in their progress report
+(trainium_api.progress.StoreReport). From those reports come:
+
+- ``status.lastCheckpoint`` (the newest complete tag any pod of the run reports; kept while no
+  pod reports), hence the resume point recorded for each attempt, the no-progress guard and
+  the checkpoint-age metric;
+- the ``CheckpointsSaving`` condition, ``status.checkpointSaveFailures`` and events when saves
+  start and stop failing;
+- the ``CheckpointStoreReadable`` condition and events when a pod cannot list its store;
+- ``status.current.skippedCheckpoint`` and an event when an attempt did not resume from a
+  damaged tag.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from trainium_api.progress import CheckpointSeen
+from trainium_api.spec import TrainingRunSpec
+from trainium_api.status import CheckpointRef, TrainingRunStatus
+
+from .observe import PodView
+
+
+def layout(spec: TrainingRunSpec) -> str:
+    """The store's layout: a command trainer's own, else ours."""
+    return spec.trainer.layout if spec.trainer.is_command else "trainer"
+
+
+def newest_reported(pods: list[PodView], spec: TrainingRunSpec) -> CheckpointRef | None:
+    """The newest complete checkpoint any of ``pods`` reports, by the layout's own rule (NxD
+    scripts: the newest ``done``; the others: the highest step), or None when none reports one.
+    Its URI is the run's store joined with the tag (a tag is one name: the report's parser
+    refuses separators), never a location a pod wrote."""
+    seen = [p.store.checkpoint for p in pods if p.store is not None and p.store.checkpoint is not None]
+    if not seen:
+        return None
+    if layout(spec) == "nxd":
+        best = max(seen, key=lambda c: (c.time or 0.0, c.step if c.step is not None else -1))
+    else:
+        best = max(seen, key=lambda c: (c.step if c.step is not None else -1, c.time or 0.0))
+    return ref(best, spec.run.checkpoint.uri)
+
+
+def ref(seen: CheckpointSeen, uri: str) -> CheckpointRef:
+    return CheckpointRef(tag=seen.tag, step=seen.step, time=seen.time, uri=f"{uri.rstrip('/')}/{seen.tag}")
+
+
+def is_new(reported: CheckpointRef | None, recorded: CheckpointRef | None) -> bool:
+    """Whether ``reported`` names another checkpoint than the status records (the pods' clocks
+    may date one tag differently: the time alone is no change)."""
+    if reported is None:
+        return False
+    return recorded is None or (reported.tag, reported.step) != (recorded.tag, recorded.step)
+
+
+class StorePass(Protocol):
+    """What the store's rules need of a reconcile pass (reconcile.Pass)."""
+    old: TrainingRunStatus
+    new: TrainingRunStatus
+    pods: list[PodView]
+
+    def condition(self, ctype: str, ok: bool, reason: str, message: str) -> None: ...
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None: ...
+
+
+def observe(p: StorePass, checkpoint_completed: bool) -> None:
+    """Every pass: the conditions and events of what the pods say of their store.
+    ``checkpoint_completed``: this pass records a newer complete checkpoint than the status had."""
+    live = [x for x in p.pods if x.store is not None and not x.deleting]
+    _saves(p, live, checkpoint_completed)
+    _readable(p, live)
+    _skipped(p, live)
+
+
+def _was(p: StorePass, ctype: str):
+    return next((c for c in p.old.conditions if c.type == ctype), None)
+
+
+def _flip(p: StorePass, ctype: str, ok: bool, reason: str, message: str, event: str) -> None:
+    """Set a condition (its message follows the newest report); an event when its status flips,
+    not at every failed save."""
+    was = _was(p, ctype)
+    p.condition(ctype, ok, reason, message)
+    if (was is None and not ok) or (was is not None and was.status != ("True" if ok else "False")):
+        p.event(event, message, warning=not ok)
+
+
+def _saves(p: StorePass, live: list[PodView], checkpoint_completed: bool) -> None:
+    """CheckpointsSaving: False while a pod reports saves failing since its last complete one;
+    True again once a newer checkpoint completes (not merely because the failing pods went)."""
+    failing = sorted((x for x in live if x.store.save_failure is not None),
+                     key=lambda x: -x.store.save_failure.count)
+    was = _was(p, "CheckpointsSaving")
+    if failing:
+        worst = failing[0]
+        f = worst.store.save_failure
+        p.new.checkpoint_save_failures = f.count
+        _flip(p, "CheckpointsSaving", False, "SavesFailing",
+              f"pod {worst.name}: checkpoint saves failing (newest {f.tag}): {f.error}; the last complete "
+              f"checkpoint is {p.new.last_checkpoint.tag if p.new.last_checkpoint else 'none'}",
+              "CheckpointSavesFailing")
+    elif was is not None and was.status == "False" and checkpoint_completed:
+        p.new.checkpoint_save_failures = 0
+        _flip(p, "CheckpointsSaving", True, "SaveCompleted",
+              f"checkpoint {p.new.last_checkpoint.tag} completed: saves work again", "CheckpointSavesRecovered")
+
+
+def _readable(p: StorePass, live: list[PodView]) -> None:
+    """CheckpointStoreReadable: False while a pod says it cannot list its store; True again once
+    pods report without that error (a listing or a checkpoint that answered)."""
+    failing = [x for x in live if x.store.error]
+    was = _was(p, "CheckpointStoreReadable")
+    if failing:
+        _flip(p, "CheckpointStoreReadable", False, "StoreUnreadable",
+              f"pod {failing[0].name}: {failing[0].store.error}", "CheckpointStoreUnreadable")
+    elif was is not None and was.status == "False" and any(x.store.checkpoint is not None for x in live):
+        _flip(p, "CheckpointStoreReadable", True, "Listed", "the pods list their checkpoint store again",
+              "CheckpointStoreReadable")
+
+
+def _skipped(p: StorePass, live: list[PodView]) -> None:
+    """A damaged complete checkpoint the attempt did not resume from: named in
+    status.current.skippedCheckpoint and in an event, once per attempt and tag."""
+    # a report of this attempt's workers (after an in-place restart a pod keeps the last one's)
+    skipped = next((x for x in live if x.store.skipped is not None and x.progress is not None
+                    and x.progress.get("attempt") in (None, p.old.attempt)), None)
+    if skipped is None:
+        return
+    s = skipped.store.skipped
+    text = f"{s.tag}: {s.error}"
+    if p.new.current.skipped_checkpoint != text:
+        p.new.current.skipped_checkpoint = text
+        p.event("CheckpointSkipped", f"pod {skipped.name} did not resume from checkpoint {s.tag}, which is "
+                f"damaged ({s.error}); the gang resumed from the previous complete one and {s.tag} is left "
+                f"in place", warning=True)

@@ -1,0 +1,116 @@
+"""A command trainer's checkpoint store, seen from its pod (trainer.watch).
+
+The operator runs in its own pod, without the trainer pods' volumes (FSx, EFS) or their IAM
+role (S3 through IRSA or Pod Identity), so the pods are the ones that read the store. The
+watch around an unmodified script lists it here: once before the script starts (the resume
+point: an NxD Training script is pinned to the newest complete tag, its start step is known),
+then every REFRESH_SECONDS on node rank 0 only (one pod lists for the gang, not 1,000), and a
+last time when the script exits (a save made just before the exit is reported). Each listing is
+one listing of the store's root (trainium_api.checkpoints.StoreView). What it finds, or why it
+could not list, goes into the pod's progress report (trainium_api.progress.StoreReport). No torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from trainium_api.checkpoints import StoreView, TagInfo
+from trainium_api.progress import CheckpointSeen, StoreReport
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 10.0
+START_TRIES = 5  # a listing at start that keeps failing (throttling, a mount not ready yet) ...
+START_BACKOFF_SECONDS = 2.0  # ... is tried again after 2, 4, 8, 16 s, then the pod exits retryable
+
+# NxD Training resumes from the newest *.ckpt by modification time without checking that it is
+# complete; these Hydra overrides pin the newest complete one, or start fresh when there is none.
+NXDT_RESUME_FROM = "exp_manager.resume_from_checkpoint"
+NXDT_RESUME_IF_EXISTS = "exp_manager.resume_if_exists"
+
+
+class StoreUnreadable(Exception):
+    """The store could not be listed at start, after START_TRIES tries."""
+
+
+def resume_arguments(layout: str, newest: TagInfo | None) -> list[str]:
+    """Arguments appended to a command trainer's command so that it resumes safely."""
+    if layout != "nxdt":
+        return []  # our trainer and NxD's load_checkpoint(tag=None) only ever take a tag with `done`
+    if newest is not None:
+        # quoted: the tag name has '=' in it, which Hydra's override grammar only takes quoted
+        return [f'{NXDT_RESUME_FROM}="{newest.uri}"']
+    return [f"{NXDT_RESUME_IF_EXISTS}=false"]
+
+
+def seen(tag: TagInfo | None) -> CheckpointSeen | None:
+    return None if tag is None else CheckpointSeen(tag.tag, tag.step, tag.done_mtime)
+
+
+class StoreWatch:
+    """Lists the store and hands each change of what it sees to ``on_change`` (a StoreReport)."""
+
+    def __init__(self, uri: str, layout: str, on_change: Callable[[StoreReport], None],
+                 refresh_seconds: float = REFRESH_SECONDS, sleep: Callable[[float], None] = time.sleep):
+        self.view = StoreView(uri, layout)
+        self.on_change, self.refresh_seconds, self._sleep = on_change, refresh_seconds, sleep
+        self.report = StoreReport()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def list_once(self) -> TagInfo | None:
+        """One listing; its result (or its error) is reported. Raises what the listing raised."""
+        try:
+            newest = self.view.newest()
+        except Exception as exc:
+            self._publish(StoreReport(self.report.checkpoint, f"cannot list {self.view.root}: "
+                                                               f"{type(exc).__name__}: {exc}"))
+            raise
+        self._publish(StoreReport(seen(newest)))
+        return newest
+
+    def at_start(self) -> TagInfo | None:
+        """The newest complete tag before the script starts, tried START_TRIES times."""
+        for attempt in range(START_TRIES):
+            try:
+                return self.list_once()
+            except Exception as exc:
+                if attempt == START_TRIES - 1:
+                    raise StoreUnreadable(f"cannot list the checkpoint store {self.view.root} "
+                                          f"({START_TRIES} tries): {type(exc).__name__}: {exc}") from exc
+                pause = START_BACKOFF_SECONDS * 2 ** attempt
+                log.warning("cannot list the checkpoint store %s (%s); trying again in %.0fs",
+                            self.view.root, exc, pause)
+                self._sleep(pause)
+        return None  # not reached
+
+    def start(self) -> None:
+        """Lists every refresh_seconds in the background until stop()."""
+        self._thread = threading.Thread(target=self._loop, name="store-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, final: bool = True) -> None:
+        """Stops the background listing; ``final``: list once more (a save made at the exit)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.refresh_seconds + 30)
+        if final:
+            try:
+                self.list_once()
+            except Exception as exc:
+                log.warning("final listing of the checkpoint store failed: %s", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_seconds):
+            try:
+                self.list_once()
+            except Exception as exc:  # said in the report; listed again at the next refresh
+                log.warning("cannot list the checkpoint store %s: %s", self.view.root, exc)
+
+    def _publish(self, report: StoreReport) -> None:
+        if report != self.report:
+            self.report = report
+            self.on_change(report)
