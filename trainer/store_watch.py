@@ -4,7 +4,8 @@ The operator runs in its own pod, without the trainer pods' volumes (FSx, EFS) o
 role (S3 through IRSA or Pod Identity), so the pods are the ones that read the store. The
 watch around an unmodified script lists it here: once before the script starts (the resume
 point: an NxD Training script is pinned to the newest complete tag, its start step is known),
-then every REFRESH_SECONDS on node rank 0 only (one pod lists for the gang, not 1,000), and a
+then once per progress interval (at least MIN_REFRESH_SECONDS) on node rank 0 only (one pod lists
+for the gang, not 1,000), and a
 last time when the script exits (a save made just before the exit is reported). Each listing is
 one listing of the store's root (trainium_api.checkpoints.StoreView). What it finds, or why it
 could not list, goes into the pod's progress report (trainium_api.progress.StoreReport). No torch.
@@ -22,9 +23,11 @@ from trainium_api.progress import CheckpointSeen, StoreReport
 
 log = logging.getLogger(__name__)
 
-REFRESH_SECONDS = 10.0
+REFRESH_SECONDS = 10.0  # the default between two listings (trainer.watch passes its progress interval)
+MIN_REFRESH_SECONDS = 1.0
 START_TRIES = 5  # a listing at start that keeps failing (throttling, a mount not ready yet) ...
 START_BACKOFF_SECONDS = 2.0  # ... is tried again after 2, 4, 8, 16 s, then the pod exits retryable
+FINAL_LIST_SECONDS = 30.0  # the longest the last listing, at the script's exit, holds the pod
 
 # NxD Training resumes from the newest *.ckpt by modification time without checking that it is
 # complete; these Hydra overrides pin the newest complete one, or start fresh when there is none.
@@ -60,17 +63,19 @@ class StoreWatch:
         self.report = StoreReport()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one listing at a time (the final one may meet the loop's)
 
     def list_once(self) -> TagInfo | None:
         """One listing; its result (or its error) is reported. Raises what the listing raised."""
-        try:
-            newest = self.view.newest()
-        except Exception as exc:
-            self._publish(StoreReport(self.report.checkpoint, f"cannot list {self.view.root}: "
-                                                               f"{type(exc).__name__}: {exc}"))
-            raise
-        self._publish(StoreReport(seen(newest)))
-        return newest
+        with self._lock:
+            try:
+                newest = self.view.newest()
+            except Exception as exc:
+                self._publish(StoreReport(self.report.checkpoint, f"cannot list {self.view.root}: "
+                                                                   f"{type(exc).__name__}: {exc}"))
+                raise
+            self._publish(StoreReport(seen(newest)))
+            return newest
 
     def at_start(self) -> TagInfo | None:
         """The newest complete tag before the script starts, tried START_TRIES times."""
@@ -93,22 +98,23 @@ class StoreWatch:
         self._thread.start()
 
     def stop(self, final: bool = True) -> None:
-        """Stops the background listing; ``final``: list once more (a save made at the exit)."""
+        """Stops the background listing; ``final``: list once more (a save made at the exit),
+        waiting at most FINAL_LIST_SECONDS: a store that hangs must not keep the pod from ending."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.refresh_seconds + 30)
         if final:
-            try:
-                self.list_once()
-            except Exception as exc:
-                log.warning("final listing of the checkpoint store failed: %s", exc)
+            last = threading.Thread(target=self._list_logged, name="store-watch-final", daemon=True)
+            last.start()
+            last.join(FINAL_LIST_SECONDS)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.refresh_seconds):
-            try:
-                self.list_once()
-            except Exception as exc:  # said in the report; listed again at the next refresh
-                log.warning("cannot list the checkpoint store %s: %s", self.view.root, exc)
+            self._list_logged()
+
+    def _list_logged(self) -> None:
+        try:
+            self.list_once()
+        except Exception as exc:  # said in the report; listed again at the next refresh
+            log.warning("cannot list the checkpoint store %s: %s", self.view.root, exc)
 
     def _publish(self, report: StoreReport) -> None:
         if report != self.report:

@@ -42,7 +42,7 @@ from trainium_api.progress import StoreReport
 from trainium_api.spec import LAYOUTS, PROGRESS_FORMATS, check_regex
 
 from . import progress
-from .store_watch import StoreUnreadable, StoreWatch, resume_arguments
+from .store_watch import MIN_REFRESH_SECONDS, StoreUnreadable, StoreWatch, resume_arguments
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 # logger.py of NxD's tp_zero1_llama_hf_pretrain (and its siblings): the "seq/s" suffix, the
@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(PREFLIGHT_SECONDS_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="trainer-watch-"),
                                                                    "preflight-seconds"))
     tracker = Tracker(parse, reporter, args.tokens_per_sample)
-    store = StoreWatch(args.checkpoint_uri, args.checkpoint_layout, tracker.store_changed) \
-        if args.checkpoint_uri else None
+    # listed once per progress interval (node rank 0): a save is reported about as soon as a step
+    store = StoreWatch(args.checkpoint_uri, args.checkpoint_layout, tracker.store_changed,
+                       refresh_seconds=max(args.interval, MIN_REFRESH_SECONDS)) if args.checkpoint_uri else None
     try:
         code = _run_with_store(command, tracker, store, args.checkpoint_layout)
     finally:

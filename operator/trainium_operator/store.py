@@ -77,7 +77,7 @@ def observe(p: StorePass, checkpoint_completed: bool) -> None:
     ``checkpoint_completed``: this pass records a newer complete checkpoint than the status had."""
     live = [x for x in p.pods if x.store is not None and not x.deleting]
     _saves(p, live, checkpoint_completed)
-    _readable(p, live)
+    _readable(p, live, [x for x in p.pods if not x.deleting and x.progress is not None])
     _skipped(p, live)
 
 
@@ -114,15 +114,17 @@ def _saves(p: StorePass, live: list[PodView], checkpoint_completed: bool) -> Non
               f"checkpoint {p.new.last_checkpoint.tag} completed: saves work again", "CheckpointSavesRecovered")
 
 
-def _readable(p: StorePass, live: list[PodView]) -> None:
+def _readable(p: StorePass, live: list[PodView], training: list[PodView]) -> None:
     """CheckpointStoreReadable: False while a pod says it cannot list its store; True again once
-    pods report without that error (a listing or a checkpoint that answered)."""
+    no pod says so and one shows it read the store: it reports a checkpoint, or it trains (a pod
+    starts training only once it has listed its store, an empty one included)."""
     failing = [x for x in live if x.store.error]
     was = _was(p, "CheckpointStoreReadable")
     if failing:
         _flip(p, "CheckpointStoreReadable", False, "StoreUnreadable",
               f"pod {failing[0].name}: {failing[0].store.error}", "CheckpointStoreUnreadable")
-    elif was is not None and was.status == "False" and any(x.store.checkpoint is not None for x in live):
+    elif was is not None and was.status == "False" and (any(x.store.checkpoint is not None for x in live)
+                                                         or training):
         _flip(p, "CheckpointStoreReadable", True, "Listed", "the pods list their checkpoint store again",
               "CheckpointStoreReadable")
 

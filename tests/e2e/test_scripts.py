@@ -6,10 +6,12 @@ knows the operator: progress comes from their logs through python -m trainer.wat
 - progress (step, loss, tokens per second) reaches the run's status;
 - a frozen gang (SIGSTOP, mid-save) is detected as a hang and restarted; a killed rank
   (mid-save) is restarted;
+- the operator cannot see the checkpoint store (its own mount namespace, as on EKS): the pods
+  list it (trainer.watch) and report what they see;
 - the torn tag / .ckpt each fault leaves (the highest step, the newest by mtime) is never
-  chosen: the operator's lastCheckpoint, the watch's start step, the checkpoint the script
-  loaded and, for NxDT, the resume override on the next attempt's command all name the newest
-  complete one;
+  chosen: the operator's lastCheckpoint (from the pods' reports), the watch's start step, and
+  the checkpoint the script loaded (for NxDT, through the resume override the watch adds from
+  what its pod listed) all name the newest complete one;
 - every step of every attempt computed the uninterrupted run's state (an exact resume).
 """
 
@@ -75,6 +77,14 @@ def progress_in_status(d: Drill) -> dict:
     return st
 
 
+def first_report(d: Drill, attempt: int) -> dict | None:
+    """Pod 0 of ``attempt``'s progress report, once it has a step."""
+    pods = d.pods(attempt)
+    text = (pods[0].metadata.annotations or {}).get("trainium.dev/progress") if pods else None
+    report = json.loads(text) if text else None
+    return report if report and report.get("step") else None
+
+
 def finish(d: Drill) -> dict:
     st = d.wait(lambda: (s := d.status()).get("phase") in ("Succeeded", "Failed") and s, 240, "the run to end")
     assert st["phase"] == "Succeeded", st.get("message")
@@ -83,7 +93,7 @@ def finish(d: Drill) -> dict:
 
 def check_exact_and_resumed_from(record_path: Path, torn: checkpoints.TagInfo, st: dict) -> dict:
     """Every step equals the uninterrupted run; the second attempt loaded the checkpoint the
-    operator pinned, the newest complete one, never the torn one."""
+    pods reported when it started, the newest complete one, never the torn one."""
     recs = records(record_path)
     truth = chain(STEPS)
     steps = [r for r in recs if r["event"] == "step"]
@@ -92,7 +102,7 @@ def check_exact_and_resumed_from(record_path: Path, torn: checkpoints.TagInfo, s
     assert [s["attempt"] for s in starts] == ["1", "2"], starts
     second = starts[1]
     assert second["loaded"] != torn.tag and second["step"] < torn.step
-    resumed = st["current"]["resumeCheckpoint"]  # what the operator told attempt 2 (status of its start)
+    resumed = st["current"]["resumeCheckpoint"]  # what the pods reported when attempt 2 started
     assert second["loaded"] == resumed["tag"] and second["step"] == resumed["step"]
     saved = [r for r in recs if r["event"] == "save" and r["time"] < starts[1]["time"]]
     assert resumed["step"] == max(r["step"] for r in saved)  # the newest complete one at the restart
@@ -109,6 +119,7 @@ def test_nxd_example_frozen_mid_save_is_a_hang_and_resumes_from_the_newest_done_
     d.losses_path = tmp_path / "record.jsonl"
     d.create()
     st = progress_in_status(d)
+    assert not e2e.operator.sees(ckpt) and e2e.operator.sees(__file__)  # staged as on EKS
     print(f"\nnxd: status at step {st['step']}: loss {st['loss']}, {st['tokensPerSecond']} tokens/s")
     torn = d.wait(lambda: torn_in_flight(ckpt, "nxd"), 120, "a save in flight")
     faults.hang_pod(e2e.cluster.pods_dir, ns, d.running_pod(0).metadata.name)
@@ -118,9 +129,9 @@ def test_nxd_example_frozen_mid_save_is_a_hang_and_resumes_from_the_newest_done_
     failure = st["failures"][-1]
     assert failure["cause"] == "hang" and failure["attempt"] == 1, failure
     assert st["lastCheckpoint"]["tag"] != torn.tag and st["current"]["resumeCheckpoint"]["tag"] != torn.tag
-    pod = d.wait(lambda: d.pods(2), 30, "attempt 2's pods")[0]  # the status says attempt 2 before they exist
-    cmd = pod.spec.containers[0].command
-    assert cmd[cmd.index("--start-step") + 1] == str(st["current"]["resumeCheckpoint"]["step"])
+    # the watch on attempt 2's pod found the same checkpoint in the store and reports it as its start
+    report = d.wait(lambda: first_report(d, 2), 60, "attempt 2's first progress report")
+    assert report["startStep"] == st["current"]["resumeCheckpoint"]["step"]
     print(f"nxd: frozen mid-save of {torn.tag}; hang detected +{failure['time'] - frozen_at:.1f}s; attempt 2 "
           f"resumes from {st['current']['resumeCheckpoint']['tag']}")
     st = finish(d)
@@ -146,8 +157,7 @@ def test_nxdt_killed_mid_save_resumes_from_the_pinned_complete_checkpoint(e2e, t
     d.create()
     st = progress_in_status(d)
     print(f"\nnxdt: status at step {st['step']}: loss {st['loss']}, {st['tokensPerSecond']} tokens/s")
-    first = d.pods(1)[0].spec.containers[0].command
-    assert first[-1] == "exp_manager.resume_if_exists=false"  # nothing complete yet: never a torn one
+    assert not e2e.operator.sees(ckpt) and e2e.operator.sees(__file__)  # staged as on EKS
     torn = d.wait(lambda: torn_in_flight(ckpt, "nxdt"), 120, "a save in flight")
     faults.kill_rank(e2e.cluster.pods_dir, ns, d.running_pod(0).metadata.name)
     d.wait(lambda: d.status().get("attempt") == 2, 90, "the crash to be detected and a new gang started")
@@ -157,9 +167,12 @@ def test_nxdt_killed_mid_save_resumes_from_the_pinned_complete_checkpoint(e2e, t
     by_mtime = max(Path(ckpt).glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     assert by_mtime.name == torn.tag and not (by_mtime / "done").exists()
     complete = checkpoints.newest_complete(ckpt, "nxdt")
-    for pod in d.wait(lambda: d.pods(2), 30, "attempt 2's pods"):
-        assert pod.spec.containers[0].command[-1] == f'exp_manager.resume_from_checkpoint="{complete.uri}"'
-    print(f"nxdt: killed mid-save of {torn.tag}; attempt 2 pinned to {complete.tag}")
+    assert st["lastCheckpoint"]["tag"] == complete.tag  # what the pods reported, which the operator cannot read
+    print(f"nxdt: killed mid-save of {torn.tag}; attempt 2 resumes from {complete.tag}")
     st = finish(d)
-    check_exact_and_resumed_from(d.losses_path, torn, st)
+    second = check_exact_and_resumed_from(d.losses_path, torn, st)
+    # pinned by the watch from what its pod listed: attempt 1 found nothing complete (never a torn
+    # one), attempt 2 the newest complete checkpoint, not the newer torn one NxDT alone would take
+    first = next(r for r in records(d.losses_path) if r["event"] == "start")
+    assert first["loaded"] is None and second["loaded"] == complete.tag
     assert st["step"] == STEPS and st["restarts"] == {"application": 1}

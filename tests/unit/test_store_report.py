@@ -241,3 +241,12 @@ def test_a_damaged_checkpoint_the_attempt_skipped_is_named_once():
     stale = reconcile_objects({**run, "status": {**run["status"], "attempt": 2, "current": {"startTime": 130.0}}},
                               [_pod(0, skipped, attempt=1)], {}, now=131.0)
     assert "CheckpointSkipped" not in _events(stale)
+
+
+def test_an_unreadable_store_clears_once_a_pod_trains_on_an_empty_one():
+    """A pod trains only once it has listed its store: an empty store says no checkpoint, yet it was read."""
+    r = reconcile_objects(_running(), [_pod(0, StoreReport(error="cannot list /fsx/r: timed out"), step=None)], {},
+                          now=120.0)
+    run = {**_running(), "status": {**_running()["status"], **r.status}}
+    r = reconcile_objects(run, [_pod(0, None, step=3)], {}, now=130.0)
+    assert next(c for c in r.after.conditions if c.type == "CheckpointStoreReadable").status == "True"
