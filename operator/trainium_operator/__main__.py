@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if not host.checkpoint_prefixes:
         logging.getLogger("trainium_operator").warning(
             "no --checkpoint-prefix: runs may name any s3:// bucket or absolute path as checkpoint.uri, and "
-            "the operator lists it with its own identity; on a cluster shared by teams, allow each namespace "
-            "its own stores (e.g. --checkpoint-prefix 's3://BUCKET/{namespace}')")
+            "their pods read and write it with their own identity; on a cluster shared by teams, allow each "
+            "namespace its own stores (e.g. --checkpoint-prefix 's3://BUCKET/{namespace}')")
     if level > logging.DEBUG:  # kopf logs every successful handler call at INFO: every pod change
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")

@@ -42,8 +42,9 @@ class HostAccess:
     default). Allow only directories no tenant can write to: the kubelet follows symlinks."""
     checkpoint_prefixes: tuple[str, ...] = ()
     """Checkpoint stores a run may name as checkpoint.uri: s3://BUCKET[/PATH] or /PATH prefixes,
-    {namespace} standing for the run's namespace (e.g. s3://ckpt/{namespace}); the operator lists
-    them with its own identity. Empty: any s3:// bucket or absolute path (one team's cluster)."""
+    {namespace} standing for the run's namespace (e.g. s3://ckpt/{namespace}); the run's pods read
+    and write them (the operator never does). Empty: any s3:// bucket or absolute path (one
+    team's cluster)."""
 
     trainer_account_annotations: tuple[tuple[str, str], ...] = ()
     """Annotations of every run's own trainer ServiceAccount (KEY=VALUE, {namespace} standing for

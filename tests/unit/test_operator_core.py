@@ -38,7 +38,7 @@ def test_spec_derives_layout_and_names_fields():
                          ({"instanceType": "x"}, "spec.instanceType"), ({"bogus": 1}, "spec.bogus"),
                          ({"parallelism": {"tensor": 3}}, "spec.parallelism.tensor"),
                          ({"checkpoint": {"uri": ""}}, "spec.checkpoint.uri"),
-                         # the operator lists the store itself: no other protocol, no relative path
+                         # the pods open the store with their own identity: no other protocol, no relative path
                          ({"checkpoint": {"uri": "http://169.254.169.254/latest/"}}, "spec.checkpoint.uri"),
                          ({"checkpoint": {"uri": "s3:///no-bucket"}}, "spec.checkpoint.uri"),
                          ({"checkpoint": {"uri": "ckpt/relative"}}, "spec.checkpoint.uri"),
