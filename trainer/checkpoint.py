@@ -24,6 +24,15 @@ and before retention it looks for a newer fence, and a gang that finds one (it w
 the control plane while a new attempt started) writes no marker and deletes nothing, and stops
 (``on_fenced``). A save that rewrites a tag
 removes its old ``done`` before anything else, so a rewrite never leaves a stale one.
+
+Damaged checkpoints: every file a save writes gets a record in ``meta.json`` (``digests``: its
+size and xxh3-64, computed by trainer.store_write on the bytes as they are written; the ranks'
+records reach rank 0 with the shards' agreement). A restore checks each file it reads against
+its record; a file missing, cut short or changed, a meta.json or shard that cannot be read or
+parsed, makes the tag damaged. The ranks agree, and all of them fall back to the previous
+complete tag (trainium_api.checkpoints.complete_before, the fencing rules of newest_complete),
+and so on; the damaged tag stays in the store, named in the log and in ``Checkpointer.skipped``.
+A tag written before records existed is trusted as it was.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ import fsspec
 import torch
 import torch.distributed as dist
 
-from trainium_api import checkpoints
+from trainium_api import checkpoints, exitcodes
+from trainium_api.progress import SkippedCheckpoint
 
 from . import ckpt_store, store_write
 from .busy import busy
@@ -50,6 +60,37 @@ from .memtier import MemoryTier
 from .parallel import ParallelState, all_agree
 
 log = logging.getLogger(__name__)
+
+
+DIGESTS = "digests"  # meta.json's records: {file: {"size": bytes, "xxh3": hex}} (store_write.save_torch)
+
+
+class Damaged(Exception):
+    """A tag's file is not as written (missing, cut short, changed) or cannot be read or parsed."""
+
+
+class NoIntactCheckpoint(SystemExit):
+    """Complete checkpoints exist but none loads. The process exits RETRYABLE (a SystemExit: the
+    entry point's clean-up still runs) instead of training from step 0.
+
+    Why not start over: the store has checkpoints, so this run made progress. A fresh start would
+    save new tags under the same names over the damaged ones and retention would delete the rest,
+    destroying for good what may be unreadable only for now (a store outage, expired credentials
+    and a mount not yet ready read as damage too). A retryable exit keeps every tag: the operator
+    retries within the run's restart budget (a passing cause clears), and a person can repair or
+    remove the damaged tags, or set ``checkpoint.resume: none`` to start over on purpose."""
+
+    def __init__(self, message: str):
+        super().__init__(exitcodes.RETRYABLE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass
@@ -117,6 +158,7 @@ class Checkpointer:
         self.fenced_by: tuple[int, int] | None = None  # the newer epoch whose fence this gang saw
         self.memory = MemoryTier(cfg.memory, cfg.uri, ps, async_group)
         self.restore_source: str | None = None  # where the last load read from (the gang's slowest rank)
+        self.skipped: SkippedCheckpoint | None = None  # the newest damaged tag the last load did not take
 
     def _fenced(self) -> bool:
         """Rank 0: has a newer gang raised its fence? (Once seen, for good.)"""
@@ -201,6 +243,34 @@ class Checkpointer:
         """Every rank learns whether every rank succeeded (on the checkpoint's own group)."""
         return all_agree(ok, self.group, self.ps.is_distributed)
 
+    def _barrier_records(self, ok: bool, records: dict) -> tuple[bool, dict]:
+        """:meth:`_barrier_ok` that also brings every rank's file records to every rank (one
+        all-gather on the checkpoint's group, the same call on every rank): whether every rank
+        wrote its shards, and the records of the whole tag for rank 0's meta.json."""
+        if not self.ps.is_distributed:
+            return ok, dict(records)
+        everyone: list = [None] * self.ps.world_size
+        dist.all_gather_object(everyone, (ok, records), group=self.group)
+        merged = {}
+        for _, theirs in everyone:
+            merged.update(theirs)
+        return all(rank_ok for rank_ok, _ in everyone), merged
+
+    def _write_files(self, tag_dir: str, snapshot: dict, scheduler_state: dict, user_content: dict,
+                     records: dict) -> None:
+        """This rank's files of the tag; each one's record (size, xxh3) goes into ``records``."""
+        ps = self.ps
+
+        def save(path: str, obj) -> None:
+            records[path] = store_write.save_torch(self.fs, f"{tag_dir}/{path}", obj)
+        if ps.dp_rank == 0:
+            save(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}", snapshot["model"])
+        if ps.dp_rank == 0 or snapshot["optim"].get("zero1"):
+            save(f"optim/{ckpt_store.shard_name(ps.dp_rank, ps.tp_rank, ps.pp_rank)}", snapshot["optim"])
+        if ps.rank == 0:
+            save("scheduler.pt", scheduler_state)
+            save("user_content.pt", user_content)
+
     def _write(self, result: SaveResult, snapshot: dict, scheduler_state: dict, user_content: dict,
                meta: dict) -> None:
         with busy("save"):  # idle in its barriers, still saving: the agent waits (trainer.busy)
@@ -228,26 +298,20 @@ class Checkpointer:
         ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
         if ok and self.fault_delay:
             time.sleep(self.fault_delay)
+        records: dict = {}
         if ok:
             try:
-                if ps.dp_rank == 0:
-                    model_shard = ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)
-                    store_write.save_torch(self.fs, f"{tag_dir}/model/{model_shard}", snapshot["model"])
-                if ps.dp_rank == 0 or snapshot["optim"].get("zero1"):
-                    name = ckpt_store.shard_name(ps.dp_rank, ps.tp_rank, ps.pp_rank)
-                    store_write.save_torch(self.fs, f"{tag_dir}/optim/{name}", snapshot["optim"])
-                if ps.rank == 0:
-                    store_write.save_torch(self.fs, f"{tag_dir}/scheduler.pt", scheduler_state)
-                    store_write.save_torch(self.fs, f"{tag_dir}/user_content.pt", user_content)
+                self._write_files(tag_dir, snapshot, scheduler_state, user_content, records)
             except Exception as exc:
                 ok, error = False, str(exc) or type(exc).__name__
-            ok = self._barrier_ok(ok)
+            ok, records = self._barrier_records(ok, records)
         if ok and ps.rank == 0:
             try:
                 if self._fenced():
                     ok, error = False, f"fenced by {self.describe(self.fenced_by)}"
                 else:
-                    meta = dict(meta, files=self._files(meta), time=time.time(), writer=self.epoch)
+                    meta = dict(meta, files=self._files(meta), time=time.time(), writer=self.epoch,
+                                **{DIGESTS: dict(sorted(records.items()))})
                     store_write.write_bytes(self.fs, f"{tag_dir}/{checkpoints.META}",
                                             json.dumps(meta, indent=1).encode())
                     store_write.write_bytes(self.fs, f"{tag_dir}/{checkpoints.DONE}", b"")
@@ -326,16 +390,112 @@ class Checkpointer:
                 raise ConfigError(f"model.{camel(key)}", f"{to_dict(model).get(key)} in this run's model config "
                                                          f"but {value} in {tag_uri}")
         shard: dict = {}
+        records = meta.get(DIGESTS)
         for pp_rank in range(meta.get("layout", {}).get("pipeline", 1)):
-            with fs.open(f"{tag_dir}/model/{ckpt_store.shard_name(0, tp_rank, pp_rank)}", "rb") as fh:
-                part = torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+            path = f"model/{ckpt_store.shard_name(0, tp_rank, pp_rank)}"
+            with fs.open(f"{tag_dir}/{path}", "rb") as fh:
+                data = fh.read()
+            try:  # a damaged source is refused by name: a first start has nothing older to take
+                if isinstance(records, dict):
+                    _check(path, _record(records, path), store_write.record_of(data))
+            except Damaged as exc:
+                raise ConfigError("init.from", f"{tag_uri} is damaged: {exc}") from None
+            part = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
             shard.update({k: v for k, v in part.items() if keys is None or k in keys})
         return shard
 
     def load(self, tag: checkpoints.TagInfo, layout: dict) -> dict:
-        """Read this rank's shards of ``tag``; returns model, optim, scheduler, user_content, meta."""
-        ps, tag_dir = self.ps, f"{self.root}/{tag.tag}"
-        meta = json.loads(self.fs.cat_file(f"{tag_dir}/{checkpoints.META}"))
+        """This rank's state of ``tag``: model, optim, scheduler, user_content, meta, and ``tag``
+        (the TagInfo loaded). Collective. When any rank finds ``tag`` damaged (:class:`Damaged`),
+        every rank falls back to the newest complete tag older than it (resume ``auto`` only: a
+        tag named in ``checkpoint.resume`` is what was asked for), and so on; the damaged tags
+        stay in the store and the newest is ``self.skipped``. Raises NoIntactCheckpoint when no
+        tag is left, ConfigError when a tag's layout differs from this run's."""
+        self.skipped, damaged = None, []
+        while True:
+            state, why = self._load_agreed(tag, layout)
+            if why is None:
+                return {**state, "tag": tag}
+            damaged.append(f"{tag.tag} ({why})")
+            self.skipped = self.skipped or SkippedCheckpoint(tag.tag, why)
+            previous = self._previous(tag)
+            if self.ps.rank == 0:
+                log.warning("checkpoint %s is damaged, not resuming from it (it stays in %s): %s; %s", tag.tag,
+                            self.cfg.uri, why, f"falling back to {previous.tag}" if previous is not None
+                            else "no older complete checkpoint to fall back to")
+            if previous is None:
+                message = (f"no complete checkpoint under {self.cfg.uri} loads: {'; '.join(damaged)}. They are "
+                           "left as they are; exiting retryable rather than training from step 0 over them "
+                           "(repair or remove them, or set checkpoint.resume: none to start over)")
+                if self.ps.rank == 0:
+                    log.error("%s", message)
+                raise NoIntactCheckpoint(message)
+            tag = previous
+
+    def _previous(self, tag: checkpoints.TagInfo) -> checkpoints.TagInfo | None:
+        """Where every rank falls back from a damaged ``tag``: rank 0 lists the store and tells
+        the others (one answer for all). None when there is no such tag, the tag was named in
+        ``checkpoint.resume``, or the store cannot be listed (a retry decides later)."""
+        choice = None
+        if self.ps.rank == 0 and self.cfg.resume == "auto" and tag.step is not None:
+            try:
+                choice = checkpoints.complete_before(self.cfg.uri, tag.step)
+            except Exception as exc:  # noqa: BLE001 - every rank must get an answer
+                log.error("cannot list %s for a checkpoint older than %s: %s", self.cfg.uri, tag.tag, exc)
+        if self.ps.is_distributed:
+            box = [choice]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            choice = box[0]
+        return choice
+
+    def _agree_damage(self, why: str | None) -> str | None:
+        """Every rank learns whether any rank found the tag damaged, and the first one's reason
+        (one all-gather on the checkpoint's group; every rank calls it)."""
+        if not self.ps.is_distributed:
+            return why
+        everyone: list = [None] * self.ps.world_size
+        dist.all_gather_object(everyone, why, group=self.group)
+        return next((f"rank {rank}: {reason}" for rank, reason in enumerate(everyone) if reason), None)
+
+    def _load_agreed(self, tag: checkpoints.TagInfo, layout: dict) -> tuple[dict | None, str | None]:
+        """(this rank's state of ``tag``, None) when every rank loaded it whole, else (None, the
+        first reason). The same collectives on every rank, whatever each finds."""
+        tag_dir = f"{self.root}/{tag.tag}"
+        meta, why = None, None
+        try:
+            meta = self._read_meta(tag_dir)
+        except Damaged as exc:
+            why = str(exc)
+        why = self._agree_damage(why)
+        if why is not None:
+            return None, why
+        self._check_layout(tag, meta, layout)  # the same meta on every rank: all raise, or none
+        # model and optimizer from this node's memory or its peer's when they hold this very
+        # save (trainer.memtier, which checks its own digests), else from the store; the small
+        # files always from the store
+        saved = meta.get("layout", {})
+        restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"), bool(saved.get("zero1")))
+        self.restore_source = restored.gang_source
+        state = None
+        try:
+            state = self._read_state(tag_dir, meta, restored.state)
+        except Damaged as exc:
+            why = str(exc)
+        why = self._agree_damage(why)
+        return (state, None) if why is None else (None, why)
+
+    def _read_meta(self, tag_dir: str) -> dict:
+        try:
+            meta = json.loads(self.fs.cat_file(f"{tag_dir}/{checkpoints.META}"))
+        except FileNotFoundError as exc:
+            raise Damaged(f"{checkpoints.META} is missing") from exc
+        except Exception as exc:  # noqa: BLE001 - unreadable or not JSON: damaged, whatever the cause
+            raise Damaged(f"{checkpoints.META}: cannot read or parse it ({_one_line(exc)})") from exc
+        if not isinstance(meta, dict):
+            raise Damaged(f"{checkpoints.META} is not a JSON object")
+        return meta
+
+    def _check_layout(self, tag: checkpoints.TagInfo, meta: dict, layout: dict) -> None:
         if meta.get("weightsOnly"):
             raise ConfigError("checkpoint.uri", f"{tag.uri} holds weights only (python -m trainer.convert from-hf): "
                                                 "give it as init.from, not under the run's checkpoint.uri")
@@ -349,25 +509,60 @@ class Checkpointer:
                               + " ".join(f"{d}={layout[d]}" for d in dims)
                               + " (NxD checkpoints load only with the same layout)")
 
-        local = store_write.is_local(self.fs)
+    def _read_state(self, tag_dir: str, meta: dict, from_memory: dict | None) -> dict:
+        """This rank's files of the tag, each checked against its record (Damaged if not)."""
+        ps, saved = self.ps, meta.get("layout", {})
+        records = meta.get(DIGESTS)
+        if records is not None and not isinstance(records, dict):
+            raise Damaged(f"{checkpoints.META}: its {DIGESTS!r} is not a map of files")
 
-        def read(path):
-            if local:  # mapped, not read: load_state_dict copies each tensor once, from the page cache
-                try:
-                    return torch.load(f"{tag_dir}/{path}", map_location="cpu", weights_only=False, mmap=True)
-                except (OSError, RuntimeError) as exc:  # a mount that refuses mmap (some FUSE file systems)
-                    log.warning("restore: cannot map %s (%s); reading it instead", path, exc)
-            with self.fs.open(f"{tag_dir}/{path}", "rb") as fh:  # one GET, then parsed in memory
-                return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
-
-        # model and optimizer from this node's memory or its peer's when they hold this very
-        # save (trainer.memtier), else from the store; the small files always from the store
-        restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"), bool(saved.get("zero1")))
-        self.restore_source = restored.gang_source
-        if restored.state is not None:
-            state = restored.state
+        def read(path: str):
+            return self._read_file(tag_dir, path, None if records is None else _record(records, path))
+        if from_memory is not None:
+            state = from_memory
         else:
             optim_dp = ps.dp_rank if saved.get("zero1") else 0
             state = {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
                      "optim": read(f"optim/{ckpt_store.shard_name(optim_dp, ps.tp_rank, ps.pp_rank)}")}
         return {**state, "scheduler": read("scheduler.pt"), "user_content": read("user_content.pt"), "meta": meta}
+
+    def _read_file(self, tag_dir: str, path: str, record: dict | None):
+        """One file of a tag, loaded after its bytes matched ``record`` (None: a tag written before
+        records, trusted). Raises Damaged naming the file and what is wrong with it."""
+        full = f"{tag_dir}/{path}"
+        try:
+            if store_write.is_local(self.fs):
+                if record is not None:
+                    _check(path, record, store_write.local_record(full, record["size"]))
+                try:  # mapped, not read: load_state_dict copies each tensor once, from the page cache
+                    return torch.load(full, map_location="cpu", weights_only=False, mmap=True)
+                except FileNotFoundError:
+                    raise
+                except (OSError, RuntimeError) as exc:  # a mount that refuses mmap (some FUSE file systems)
+                    log.warning("restore: cannot map %s (%s); reading it instead", path, exc)
+            with self.fs.open(full, "rb") as fh:  # one GET, then checked and parsed in memory
+                data = fh.read()
+            if record is not None:
+                _check(path, record, store_write.record_of(data))
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        except (Damaged, MemoryError):
+            raise
+        except FileNotFoundError as exc:
+            raise Damaged(f"{path} is missing") from exc
+        except Exception as exc:  # noqa: BLE001 - unreadable or unparsable: damaged, whatever the cause
+            raise Damaged(f"{path}: cannot read or parse it ({type(exc).__name__}: {_one_line(exc)})") from exc
+
+
+def _record(records: dict, path: str) -> dict:
+    """The record of ``path`` in meta.json's map; a tag with records has one for every file."""
+    record = records.get(path)
+    if not (isinstance(record, dict) and isinstance(record.get("size"), int)
+            and isinstance(record.get("xxh3"), str)):
+        raise Damaged(f"{checkpoints.META} has no record of {path}")
+    return record
+
+
+def _check(path: str, recorded: dict, actual: dict) -> None:
+    why = store_write.mismatch(path, recorded, actual)
+    if why is not None:
+        raise Damaged(why)

@@ -20,8 +20,15 @@ def shard_name(dp: int, tp: int, pp: int = 0) -> str:
     return f"dp_rank_{dp:02d}_tp_rank_{tp:02d}_pp_rank_{pp:02d}.pt"
 
 
+MIN_KEEP = 2
+"""Complete tags retention always leaves, whatever ``checkpoint.keep`` says: a restore that finds
+the newest damaged (a shard cut short, expired or deleted) falls back to the one before it
+(trainer.checkpoint), so a run must never be left with a single complete tag."""
+
+
 def retention_victims(tags: list[TagInfo], keep: int) -> list[TagInfo]:
-    """Complete tags to delete so that ``keep`` remain; never the newest complete one.
+    """Complete tags to delete so that ``keep`` (at least MIN_KEEP; 0: all) remain; never the
+    newest complete one.
 
     Incomplete tags older than the newest complete one are victims too (a crashed save);
     an incomplete tag newer than it may still be in flight and is left alone.
@@ -30,7 +37,7 @@ def retention_victims(tags: list[TagInfo], keep: int) -> list[TagInfo]:
     if not complete:
         return []
     newest = complete[-1]
-    keep = max(keep, 1) if keep else len(complete)
+    keep = max(keep, MIN_KEEP) if keep else len(complete)
     victims = complete[:-keep] if len(complete) > keep else []
     victims += [t for t in tags if not t.complete and t.step is not None and t.step < newest.step]
     return [t for t in victims if t.tag != newest.tag]

@@ -6,8 +6,12 @@ itself; on ``s3://``, s3fs uploads a file's parts one after another. So:
 
   * ``torch.save`` without its per-record CRC-32 (``torch.serialization.set_crc32_options``):
     ``torch.load`` never checks it, so it protected nothing here; the memory tier checks its
-    own digest (trainer.memtier), and the store is trusted as S3 is (each part's MD5/CRC is
-    checked by the S3 API itself).
+    own digest (trainer.memtier), and the store's files have records of their own (below).
+  * every file written with ``save_torch`` gets a record, its size and xxh3-64 digest, computed on
+    the bytes as they go out (no second pass over them; xxh3 runs at 10-28 GB/s here, far
+    above any store's write rate). The writer puts the records in ``meta.json``; a restore
+    checks each file it reads against them (trainer.checkpoint), so a shard cut short, expired
+    or deleted is found before it is loaded, and the restore falls back to the previous tag.
   * local and mounted file systems: the file is fsynced before the write returns, so a tag's
     ``done`` never names shards that a crash of the node could still lose from its page cache
     (DCP's file writer fsyncs too).
@@ -23,11 +27,13 @@ Other protocols use the file system's own ``open``.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+import xxhash
 
 PART_BYTES = 32 << 20  # S3 allows 5 MiB to 5 GiB per part and 10,000 parts: 312 GiB per file
 PARTS_IN_FLIGHT = 4
@@ -215,10 +221,42 @@ def opened(fs, path: str):
             yield fh
 
 
-def save_torch(fs, path: str, obj) -> None:
-    """``torch.save(obj)`` streamed to the store (no second in-memory copy), durable on return."""
+class _Recording:
+    """A write-only file that hands every byte on to ``inner`` and keeps their count and xxh3
+    digest: the record of exactly the bytes written, taken as they pass."""
+
+    def __init__(self, inner):
+        self.inner, self.size, self._hash = inner, 0, xxhash.xxh3_64()
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.size  # the file is new: its position is what went through here
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        written = self.inner.write(data)
+        if written is not None and written != len(view):  # raw files may write less; ours never do
+            raise OSError(f"short write: {written} of {len(view)} bytes")
+        self.size += len(view)
+        return len(view)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def record(self) -> dict:
+        return {"size": self.size, "xxh3": self._hash.hexdigest()}
+
+
+def save_torch(fs, path: str, obj) -> dict:
+    """``torch.save(obj)`` streamed to the store (no second in-memory copy), durable on return.
+    Returns the file's record (:func:`record_of`'s form) for ``meta.json``."""
     with opened(fs, path) as fh, _without_crc32():
-        torch.save(obj, fh)
+        out = _Recording(fh)
+        torch.save(obj, out)
+    return out.record()
 
 
 def write_bytes(fs, path: str, data: bytes) -> None:
@@ -228,3 +266,32 @@ def write_bytes(fs, path: str, data: bytes) -> None:
             fh.write(data)
     else:
         fs.pipe_file(path, data)
+
+
+# -- records: what a restore checks before it loads a file ------------------------------------
+
+def record_of(data) -> dict:
+    """The record of bytes in memory (a file read whole): size and xxh3-64."""
+    view = memoryview(data).cast("B")
+    return {"size": len(view), "xxh3": xxhash.xxh3_64_hexdigest(view)}
+
+
+def local_record(path: str, size: int | None = None) -> dict:
+    """The record of a local file, digested through a mapping (no copy; the pages it pulls in are
+    the ones a mapped torch.load then reads). With ``size`` (the recorded one), a file of
+    another size is not digested: the size alone tells it apart."""
+    with open(path, "rb") as fh:
+        actual = os.fstat(fh.fileno()).st_size
+        if actual == 0 or (size is not None and actual != size):
+            return {"size": actual, "xxh3": xxhash.xxh3_64_hexdigest(b"") if actual == 0 else None}
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return {"size": actual, "xxh3": xxhash.xxh3_64_hexdigest(mm)}
+
+
+def mismatch(name: str, recorded: dict, actual: dict) -> str | None:
+    """Why a file is not what its record says (one line), or None when it is."""
+    if actual["size"] != recorded["size"]:
+        return f"{name} is {actual['size']} bytes, {recorded['size']} when written"
+    if actual["xxh3"] != recorded["xxh3"]:
+        return f"{name} has xxh3 {actual['xxh3']}, {recorded['xxh3']} when written (changed since)"
+    return None

@@ -172,8 +172,11 @@ class Trainer:
             return
         if self.cfg.init.from_ and self.ps.rank == 0:
             log.info("init.from %s ignored: a checkpoint exists", self.cfg.init.from_)
+        # every rank checks what it reads against meta.json's records; a damaged tag makes all
+        # ranks take the previous complete one (ckpt.skipped names it), and with none left that
+        # loads the process exits retryable (checkpoint.NoIntactCheckpoint), never from step 0
         state = self.ckpt.load(tag, self.layout_meta())
-        meta = state["meta"]
+        tag, meta = state["tag"], state["meta"]
         changed = changed_data(meta, self.cfg.data, self.data.kinds)
         if changed and not self.cfg.data.allow_changed_sources:
             raise exitcodes.FatalError(f"{changed[0]}: checkpoint {tag.tag} was written with {changed[1]}, the config "

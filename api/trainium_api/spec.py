@@ -343,7 +343,9 @@ class CheckpointConfig:
     async_save: Annotated[bool, Key("async")] = True
     """Write in the background after a host copy at the step boundary (YAML key: async)."""
     keep: NonNegative = 3
-    """Complete checkpoints to keep (0 = all). The newest complete one is never deleted."""
+    """Complete checkpoints to keep (0 = all); at least 2 whatever this says (1 keeps the newest
+    2), so that a restore finding the newest damaged (a shard cut short or deleted) can fall back
+    to the one before. The newest complete one is never deleted."""
     resume: str = "auto"
     """'auto' (newest complete tag, or start fresh), 'none', or a tag name."""
     save_on_stop: bool = True

@@ -42,15 +42,20 @@ def test_retention_never_deletes_newest_complete(tmp_path):
     deleted = ckpt_store.apply_retention(str(tmp_path), keep=2)
     assert deleted == ["step_2", "step_4"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_6", "step_8"]
-    # keep=1 keeps exactly the newest complete; an older torn tag is cleaned.
+    # keep=1 keeps the newest two complete (a damaged newest falls back to the one before:
+    # ckpt_store.MIN_KEEP); an older torn tag is cleaned.
     make_tag(tmp_path, 7, done=False)
     ckpt_store.apply_retention(str(tmp_path), keep=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_6", "step_8"]
+    make_tag(tmp_path, 12)
+    assert ckpt_store.apply_retention(str(tmp_path), keep=1) == ["step_6", "step_10"]  # (10: torn)
 
 
 def test_retention_victims_pure():
     T = checkpoints.TagInfo
     tags = [T("step_1", "", 1, True), T("step_2", "", 2, False), T("step_3", "", 3, True)]
+    assert [t.tag for t in ckpt_store.retention_victims(tags, keep=1)] == ["step_2"]  # two complete stay
+    tags.append(T("step_4", "", 4, True))
     assert [t.tag for t in ckpt_store.retention_victims(tags, keep=1)] == ["step_1", "step_2"]
     assert ckpt_store.retention_victims(tags, keep=0) == [tags[1]]  # keep all complete
     assert ckpt_store.retention_victims([T("step_5", "", 5, False)], keep=1) == []
@@ -142,9 +147,9 @@ def test_a_tag_a_fenced_gang_completed_after_the_fence_is_neither_resumed_nor_ke
     _tag_of(tmp_path, 30, (run, 2))  # attempt 2's own, complete
     assert checkpoints.newest_complete(root).tag == "step_30"
     # retention counts the late tag as a torn save: kept while newer than every complete one
-    # (above), deleted once older; the newest complete is never deleted
-    assert ckpt_store.apply_retention(root, keep=1) == ["step_10", "step_20"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoints.FENCE, "step_30"]
+    # (above), deleted once older; the newest complete is never deleted, nor the one before it
+    assert ckpt_store.apply_retention(root, keep=1) == ["step_20"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoints.FENCE, "step_10", "step_30"]
 
 
 def test_a_run_created_again_on_the_same_store_fences_every_gang_of_the_old_one(tmp_path):
@@ -190,13 +195,13 @@ def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(t
     stopped = threading.Event()
     old = Checkpointer(cfg, ps, epoch=(5, 1), on_fenced=stopped.set)
     assert old.select_resume() is None and checkpoints.fences(str(root)) == [(5, 1)]
-    assert save(old, 10).ok and save(old, 20).ok  # keep=1: step_10 deleted by attempt 1's retention
+    assert save(old, 10).ok and save(old, 20).ok  # keep=1 keeps two complete tags (ckpt_store.MIN_KEEP)
     new = Checkpointer(cfg, ps, epoch=(5, 2))
     assert new.select_resume().tag == "step_20"
     late = save(old, 30)
     assert not late.ok and late.error == "fenced by attempt 2" and stopped.is_set() and old.fenced_by == (5, 2)
     assert not (root / "step_30").exists()  # not even a begin marker
-    assert sorted(p.name for p in root.iterdir()) == [checkpoints.FENCE, "step_20"]  # nothing deleted
+    assert sorted(p.name for p in root.iterdir()) == [checkpoints.FENCE, "step_10", "step_20"]  # nothing deleted
     # attempt 2 rewrites step_20 (say it resumed from an older tag): done goes first
     new.fault_delay = 3.0  # every write waits between the begin marker and the shards
     new.save(20, {"w": torch.zeros(2)}, {"state": {}}, {}, {}, {"step": 20, "layout": layout})
