@@ -24,29 +24,38 @@ dict saved in every checkpoint.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, replace
 
 import fsspec
 import torch
 
+from . import node_reads
 from .config import ConfigError, DataConfig
 from .prepared import MANIFEST, PARAMS, PreparedSource, is_being_prepared, is_prepared, shard_order, tokenizer_digest
+from .store_errors import describe, retry
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 TOKENIZE_CHUNK = 256  # documents per encode_batch call
 
 
 def read_tokenizer(uri: str, eos_token: str):
-    """(tokenizer, sha256 of its JSON); the digest is what prepared data is checked against."""
+    """(tokenizer, sha256 of its JSON); the digest is what prepared data is checked against.
+    Read once per node (trainer.node_reads), retried while the store's errors are transient."""
     from tokenizers import Tokenizer
 
     try:
-        with fsspec.open(uri, "r") as fh:
-            text = fh.read()
+        data = node_reads.read_object(uri)
+    except FileNotFoundError as exc:
+        raise ConfigError("data.tokenizer", f"file not found: {uri} ({describe(exc)})") from None
+    except OSError as exc:  # a refusal that persisted, an invalid request (trainer.store_errors)
+        raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
+    try:
+        # decoded as fsspec's text mode did (the locale's encoding, universal newlines), so the
+        # digest of a tokenizer is the one manifests already record
+        text = io.TextIOWrapper(io.BytesIO(data)).read()
         tok = Tokenizer.from_str(text)
-    except FileNotFoundError:
-        raise ConfigError("data.tokenizer", f"file not found: {uri}") from None
     except Exception as exc:  # tokenizers raises plain Exception subclasses on bad JSON
         raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
     if tok.token_to_id(eos_token) is None:
@@ -58,18 +67,22 @@ def load_tokenizer(cfg: DataConfig):
     return read_tokenizer(cfg.tokenizer, cfg.eos_token)[0]
 
 
+def _find(fs, path: str) -> list[str]:
+    """Every file a source URI names (a glob, a directory's tree, or one file), [] when none."""
+    if any(c in path for c in "*?["):
+        return fs.glob(path)
+    if fs.isdir(path):
+        return fs.find(path)
+    return [path] if fs.exists(path) else []
+
+
 def list_shards(uri: str, field_path: str) -> list[str]:
+    """The raw-text shards under a source URI: listed once per node, retried while the store's
+    errors are transient; a store that answered and holds none names ``field_path``."""
     fs, path = fsspec.core.url_to_fs(uri)
     try:
-        if any(c in path for c in "*?["):
-            found = fs.glob(path)
-        elif fs.isdir(path):
-            found = fs.find(path)
-        elif fs.exists(path):
-            found = [path]
-        else:
-            found = []
-    except (OSError, PermissionError) as exc:
+        found = node_reads.query(uri, "list the shards of", lambda: _find(fs, path))
+    except OSError as exc:  # only what retrying cannot mend reaches here (trainer.store_errors)
         raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
     # a prepared directory's own files are never text (a raw source above one must not read them)
     shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES) and p.rsplit("/", 1)[-1] not in (MANIFEST, PARAMS))
@@ -79,21 +92,23 @@ def list_shards(uri: str, field_path: str) -> list[str]:
 
 
 def read_texts(uri: str, text_field: str) -> list[str]:
-    """All documents of one shard (shards are meant to be tens to hundreds of MB)."""
+    """All documents of one shard (shards are meant to be tens to hundreds of MB). The bytes are
+    read whole, retried while the store's errors are transient, and parsed after: a shard that
+    does not parse is not retried."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fsspec.open(uri, "rb") as fh:
-        if uri.endswith((".jsonl", ".json")):
-            return [json.loads(line)[text_field] for line in fh if line.strip()]
-        if uri.endswith(".parquet"):
-            table = pq.read_table(fh, columns=[text_field])
-        else:
-            data = fh.read()
-            try:
-                table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-            except pa.ArrowInvalid:
-                table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    fs, path = fsspec.core.url_to_fs(uri)
+    data = retry(lambda: fs.cat_file(path), f"read {uri}")
+    if uri.endswith((".jsonl", ".json")):
+        return [json.loads(line)[text_field] for line in io.BytesIO(data) if line.strip()]
+    if uri.endswith(".parquet"):
+        table = pq.read_table(pa.BufferReader(data), columns=[text_field])
+    else:
+        try:
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        except pa.ArrowInvalid:
+            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     return table.column(text_field).to_pylist()
 
 
@@ -131,7 +146,10 @@ class DocumentSource:
         key = (self.pos.epoch, self.pos.file)
         if self._loaded != key:
             uri = self.shards[self._order(self.pos.epoch)[self.pos.file]]
-            self._texts = read_texts(uri, self.cfg.text_field)
+            try:
+                self._texts = read_texts(uri, self.cfg.text_field)
+            except OSError as exc:  # listed, then gone or refused for good (trainer.store_errors)
+                raise ConfigError(self.field_path, f"cannot read {uri}: {exc}") from None
             self._tokens = {}
             self._loaded = key
 

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import fsspec
 import torch
 
+from . import node_reads
 from .config import ConfigError, ModelConfig, camel
+from .store_errors import describe, retry
 
 CONFIG, INDEX, SINGLE, TOKENIZER = "config.json", "model.safetensors.index.json", "model.safetensors", "tokenizer.json"
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -49,19 +51,27 @@ class SafetensorsDir:
         self.fs, self.root = fsspec.core.url_to_fs(self.uri)
         self.root = self.root.rstrip("/")
         self._headers: dict[str, tuple[dict, int]] = {}
-        if self.fs.exists(f"{self.root}/{INDEX}"):
-            self.files = json.loads(self.fs.cat_file(f"{self.root}/{INDEX}"))["weight_map"]
-        elif self.fs.exists(f"{self.root}/{SINGLE}"):
+        index = _read_object(f"{self.uri}/{INDEX}")  # every rank reads it: once per node (trainer.node_reads)
+        if index is not None:
+            self.files = _json(index, f"{self.uri}/{INDEX}")["weight_map"]
+        elif _exists(f"{self.uri}/{SINGLE}"):
             self.files = {name: SINGLE for name in self._header(SINGLE)[0] if name != "__metadata__"}
         else:
             raise ConfigError("init.from", f"no {SINGLE} or {INDEX} in {uri}")
 
+    def _cat(self, file: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of one file, retried while the store's errors are transient."""
+        uri = f"{self.uri}/{file}"
+        try:
+            # start/end by keyword: s3fs's cat_file takes a version id as its second argument
+            return retry(lambda: self.fs.cat_file(f"{self.root}/{file}", start=start, end=end), f"read {uri}")
+        except OSError as exc:  # what retrying cannot mend (trainer.store_errors)
+            raise ConfigError("init.from", f"cannot read {uri}: {describe(exc)}") from None
+
     def _header(self, file: str) -> tuple[dict, int]:
         if file not in self._headers:
-            path = f"{self.root}/{file}"
-            # start/end by keyword: s3fs's cat_file takes a version id as its second argument
-            size = int.from_bytes(self.fs.cat_file(path, start=0, end=8), "little")
-            self._headers[file] = (json.loads(self.fs.cat_file(path, start=8, end=8 + size)), 8 + size)
+            size = int.from_bytes(self._cat(file, 0, 8), "little")
+            self._headers[file] = (_json(self._cat(file, 8, 8 + size), f"{self.uri}/{file}"), 8 + size)
         return self._headers[file]
 
     def __contains__(self, name: str) -> bool:
@@ -83,16 +93,43 @@ class SafetensorsDir:
             row_bytes = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
             start, end = start + rows[0] * row_bytes, start + rows[1] * row_bytes
             shape[0] = rows[1] - rows[0]
-        data = self.fs.cat_file(f"{self.root}/{file}", start=base + start, end=base + end)
+        data = self._cat(file, base + start, base + end)
         return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone()
 
 
-def read_config(uri: str) -> dict:
-    fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))
+def _exists(uri: str) -> bool:
+    """Whether init.from's directory holds this file (asked once per node, retried): "no" only
+    when the store says so, never because it throttled."""
     try:
-        return json.loads(fs.cat_file(f"{root.rstrip('/')}/{CONFIG}"))
+        return node_reads.exists(uri)
+    except OSError as exc:  # refused for good (trainer.store_errors)
+        raise ConfigError("init.from", f"cannot look up {uri}: {exc}") from None
+
+
+def _read_object(uri: str) -> bytes | None:
+    """A small file of init.from's directory every rank reads, None when the store says it is
+    not there: once per node, retried."""
+    try:
+        return node_reads.read_object(uri)
     except FileNotFoundError:
-        raise ConfigError("init.from", f"{uri} has no {CONFIG} (not a Hugging Face model directory)") from None
+        return None
+    except OSError as exc:  # what retrying cannot mend (trainer.store_errors)
+        raise ConfigError("init.from", f"cannot read {uri}: {describe(exc)}") from None
+
+
+def _json(data: bytes, where: str):
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ConfigError("init.from", f"{where} is not JSON: {exc}") from None
+
+
+def read_config(uri: str) -> dict:
+    where = f"{uri.rstrip('/')}/{CONFIG}"
+    data = _read_object(where)
+    if data is None:
+        raise ConfigError("init.from", f"{uri} has no {CONFIG} (not a Hugging Face model directory)")
+    return _json(data, where)
 
 
 def model_fields(hf: dict, where: str = "init.from") -> dict:

@@ -21,6 +21,10 @@ computes the same verdict from the same gathered results; the ranks of a named n
 PREFLIGHT (76) and its local rank 0 writes the reason into the container's termination message;
 the other ranks wait (the operator tears the gang down once it sees the named pod fail) and
 exit RETRYABLE if that takes longer than TIMEOUT. No node named: exit 0, the real run starts.
+Most nodes named is no one node's fault (naming one would leave a healthy node out per
+restart): every rank exits FATAL when most nodes' failures name the run's own configuration
+(its backend, image or instance type: :func:`names_configuration`), RETRYABLE otherwise (slow
+or failing devices and links on most nodes at once: the cluster's network or a transient).
 
 A rank that hangs cannot take part in a verdict: each rank beats (trainer.liveness) and its own
 pod's launcher names the node. The peers' collectives then fail as its ranks are killed; they
@@ -115,6 +119,27 @@ def verdict(results: list[dict], links: dict[tuple[int, int], float], factor: fl
     return named
 
 
+BACKEND_CANNOT_START = "the run's backend"  # start_device's words for a backend the image or the nodes lack
+# trainer.neuron.preflight_devices' words for an image without the Neuron tools, and for a node
+# whose devices differ from what the run's instance type has (on most nodes: the spec is wrong)
+CONFIG_WORDS = ("is not on PATH", "Neuron devices in the container, the instance type has")
+
+
+def names_configuration(error: str) -> bool:
+    """Whether a rank's error names the run's configuration rather than the node or the network."""
+    return error.startswith(BACKEND_CANNOT_START) or any(words in error for words in CONFIG_WORDS)
+
+
+def most_failed(named: dict[int, str], results: list[dict]) -> int | None:
+    """The gang's exit code when most nodes failed the check (None when not): FATAL when the
+    failures of most nodes name the run's configuration, else RETRYABLE. Pure, as verdict."""
+    nodes = len({r["node_rank"] for r in results})
+    if nodes < 2 or len(named) <= nodes // 2:
+        return None
+    config = {r["node_rank"] for r in results if any(names_configuration(e) for e in r["errors"])} & set(named)
+    return exitcodes.FATAL if len(config) > nodes // 2 else exitcodes.RETRYABLE
+
+
 def main(argv: list[str]) -> int:
     beat = Heartbeat()  # first, before torch's import: a rank stuck importing is seen too
     try:
@@ -175,13 +200,16 @@ def check(argv: list[str], beat: Heartbeat) -> int:
     named = verdict(results, links, factor)
     took = time.perf_counter() - started
     nodes = len({r["node_rank"] for r in results})
-    if nodes >= 2 and len(named) > nodes // 2:
-        # most nodes "failed": the image or the cluster is wrong (a missing tool, a backend the
-        # image lacks, a setting), not a node; naming one would leave out one healthy node per restart
-        if rank == 0:
+    gang_code = most_failed(named, results)
+    if gang_code is not None:  # no one node's fault: naming one would leave out a healthy node per restart
+        if rank == 0 and gang_code == exitcodes.FATAL:
             log(f"the check failed on {len(named)} of {nodes} nodes: {next(iter(named.values()))}; this is not one "
-                "node's fault (the image or the cluster's setup): not retried")
-        return exitcodes.FATAL
+                "node's fault but the run's configuration (its backend, image or instance type): not retried")
+        elif rank == 0:
+            log(f"the check failed on {len(named)} of {nodes} nodes: {next(iter(named.values()))}; this is neither "
+                "one node's fault nor the run's configuration (slow or failing devices or links on most nodes at "
+                f"once): exiting {exitcodes.RETRYABLE}, retried without leaving a node out")
+        return gang_code
     if rank == 0:
         nodes = {r["node_rank"]: r for r in results}
         log(f"{len(nodes)} nodes, {world} ranks, {described}, {took:.1f}s: matmul median "
@@ -241,7 +269,7 @@ def start_device(beat: Heartbeat, requested: str, local_rank: int) -> tuple[list
     try:
         return [], pick(requested).check_collectives()
     except (ConfigError, FatalError) as exc:
-        return [f"the run's backend {requested} cannot start: {exc}"[:200]], None
+        return [f"{BACKEND_CANNOT_START} {requested} cannot start: {exc}"[:200]], None
     except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
         return [f"the device did not start on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200]], None
 

@@ -25,8 +25,10 @@ from dataclasses import asdict, dataclass, field
 import fsspec
 import numpy as np
 
+from . import node_reads
 from .config import ConfigError
 from .indexed import IndexFormatError, ShardIndex, decode_index, decode_tokens
+from .store_errors import StoreConfigError, retry
 
 MANIFEST = "prepared.json"
 PARAMS = "prepare-params.json"  # written first by trainer.prepare: a directory being prepared
@@ -104,14 +106,13 @@ def manifest_uri(root: str) -> str:
 
 
 def _exists(uri: str) -> bool:
-    """Whether the object exists. Only "not there" (or not ours to read) is False: any other
-    error (a throttled or failing store) is raised, a crash the operator retries, rather than
-    read as "not prepared"."""
-    fs, path = fsspec.core.url_to_fs(uri)
+    """Whether the object exists, asked once per node. Only "not there" (or refused for good: not
+    ours to read) is False, and the source is then read as raw text, whose listing names the
+    field; a throttled or failing store is retried (trainer.store_errors), never read as "not
+    prepared"."""
     try:
-        fs.info(path)
-        return True
-    except (FileNotFoundError, PermissionError):
+        return node_reads.exists(uri)
+    except StoreConfigError:
         return False
 
 
@@ -139,11 +140,12 @@ class PreparedSource:
                  tokenizer_uri: str, packing: bool, vocab_size: int, field: str = "data.sources"):
         self.index, self.seed, self.shuffle, self.packing, self.vocab_size = index, seed, shuffle, packing, vocab_size
         self.field_path = f"{field}[{index}].uri"
-        self.fs, self.root = fsspec.core.url_to_fs(uri.rstrip("/"))
+        self.uri = uri.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
         where = manifest_uri(uri)
         try:
-            text = self.fs.cat_file(manifest_uri(self.root)).decode()
-        except (FileNotFoundError, PermissionError, UnicodeDecodeError) as exc:
+            text = node_reads.read_object(where).decode()  # once per node: every rank reads it
+        except (OSError, UnicodeDecodeError) as exc:  # OSError: what retrying cannot mend
             raise ConfigError(self.field_path, f"cannot read {where}: {exc}") from None
         self.manifest = m = Manifest.from_json(text, where, self.field_path)
         if m.tokenizer_sha256 != tokenizer_sha256:
@@ -170,9 +172,11 @@ class PreparedSource:
     def _check_sizes(self) -> None:
         """Every .bin holds the tokens the manifest counts: a torn or replaced shard is named at
         the start, not hours later when a rank's rows reach it. One listing of the directory."""
+        def listing() -> dict[str, int]:
+            return {entry["name"].rsplit("/", 1)[-1]: entry["size"] for entry in self.fs.ls(self.root, detail=True)}
         try:
-            sizes = {entry["name"].rsplit("/", 1)[-1]: entry["size"] for entry in self.fs.ls(self.root, detail=True)}
-        except (FileNotFoundError, PermissionError) as exc:
+            sizes = node_reads.query(self.uri, "list the files of", listing)  # once per node, retried
+        except OSError as exc:  # what retrying cannot mend (trainer.store_errors)
             raise ConfigError(self.field_path, f"cannot list {self.root}: {exc}") from None
         for shard in self.manifest.shards:
             want = shard.tokens * self.dtype.itemsize
@@ -226,8 +230,8 @@ class PreparedSource:
         name = self.manifest.shards[shard].name
         path = f"{self.root}/{name}.idx"
         try:
-            data = self.fs.cat_file(path)
-        except (FileNotFoundError, PermissionError) as exc:
+            data = retry(lambda: self.fs.cat_file(path), f"read {self.uri}/{name}.idx")
+        except OSError as exc:  # what retrying cannot mend (trainer.store_errors)
             raise ConfigError(self.field_path, f"cannot read {name}.idx: {exc}") from None
         self.requests += 1
         self.bytes_read += len(data)
@@ -273,8 +277,8 @@ class PreparedSource:
     def read(self, rows: list[int], n: int) -> list[np.ndarray]:
         """The tokens of the rows beginning at these positions: neighbouring pieces of one shard
         are read in one ranged GET, and every GET of the batch is issued together (s3fs runs
-        them concurrently). A store that fails or throttles raises its own error (a crash the
-        operator retries); only missing or short data is the source's fault."""
+        them concurrently). A store that fails or throttles is retried, then ends the process
+        retryable (trainer.store_errors); only missing, refused or short data is the source's fault."""
         pieces = [self._packed_ranges(r, n) if self.packing else [self._document_range(r, n)] for r in rows]
         spans: dict[int, list[list[int]]] = {}
         for shard, lo, hi in sorted({p for row in pieces for p in row if p[2] > p[1]}):
@@ -288,10 +292,11 @@ class PreparedSource:
         size = self.dtype.itemsize
         reads = [(shard, lo, hi) for shard, runs in spans.items() for lo, hi in runs]
         paths = [f"{self.root}/{self.manifest.shards[s].name}.bin" for s, _, _ in reads]
+        firsts, ends = [lo * size for _, lo, _ in reads], [hi * size for _, _, hi in reads]
         try:
-            blobs = self.fs.cat_ranges(paths, [lo * size for _, lo, _ in reads], [hi * size for _, _, hi in reads],
-                                       on_error="raise") if reads else []
-        except (FileNotFoundError, PermissionError) as exc:
+            blobs = retry(lambda: self.fs.cat_ranges(paths, firsts, ends, on_error="raise"),
+                          f"read token shards under {self.uri}") if reads else []
+        except OSError as exc:  # what retrying cannot mend (trainer.store_errors)
             raise ConfigError(self.field_path, f"cannot read token shards under {self.root}: {exc}") from None
         self.requests += len(reads)
         self.bytes_read += sum(len(b) for b in blobs)

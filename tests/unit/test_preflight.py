@@ -61,6 +61,27 @@ def test_a_node_named_for_compute_does_not_get_its_pair_partners_named():
     assert list(named) == [2] and "matmul" in named[2]
 
 
+def test_most_nodes_failing_is_fatal_only_when_the_failures_name_the_runs_configuration():
+    """3 of 4 nodes named: the run's backend that cannot start, or Neuron devices unlike the
+    instance type's, on most of them is the run's configuration (FATAL); failing matmuls or a
+    device that did not start for another reason on most nodes at once is not (RETRYABLE: the
+    gang is restarted, no node left out). Fewer than most: no gang verdict (the nodes are named)."""
+    from trainer.preflight import most_failed
+    backend = "the run's backend cuda cannot start: cuda requested but no CUDA device is available"
+    devices = "15 Neuron devices in the container, the instance type has 16"
+    for error in (backend, devices, "neuron-ls is not on PATH (it ships with the Neuron training images)"):
+        res = results({}, errors={0: error, 1: error, 2: error})
+        assert most_failed(verdict(res, {}, 2.0), res) == exitcodes.FATAL, error
+    failed = "the matmuls failed on this rank: RuntimeError: the device timed out"
+    res = results({}, errors={0: failed, 1: failed, 2: failed})
+    assert most_failed(verdict(res, {}, 2.0), res) == exitcodes.RETRYABLE
+    res = results({}, errors={0: "the device did not start on local rank 0: RuntimeError: timeout",
+                              1: "the device did not start on local rank 0: RuntimeError: timeout", 2: backend})
+    assert most_failed(verdict(res, {}, 2.0), res) == exitcodes.RETRYABLE
+    res = results({}, errors={0: backend})
+    assert most_failed(verdict(res, {}, 2.0), res) is None  # one node: named, not the gang's verdict
+
+
 def test_the_message_is_parsed_strictly():
     text = preflight.format_message("node n2: matmul 50.0 ms\x1b[0m")
     assert preflight.parse_message(text) == "node n2: matmul 50.0 ms [0m"

@@ -219,18 +219,27 @@ def test_held_out_sources_are_named_as_held_out(tmp_path, tiny_data):
     assert err.value.field == "data.heldOut[0].uri"
 
 
-def test_a_failing_store_is_a_crash_to_retry_not_a_verdict_on_the_data(tiny_data, monkeypatch):
-    """s3fs raises OSError (EIO) once its own retries of a 5xx or a SlowDown are spent: that must
-    reach the launcher as an ordinary crash (restarted), not as a fatal data error."""
+def test_a_failing_store_is_retried_then_exits_retryable_not_a_verdict_on_the_data(tiny_data, monkeypatch):
+    """s3fs raises OSError (EIO) once its own retries of a 5xx or a SlowDown are spent: the read
+    is retried (trainer.store_errors), and a store that stays down ends the process RETRYABLE
+    (75), never as a fatal data error."""
     import errno
+
+    from trainer import store_errors
+    from trainium_api import exitcodes
+    monkeypatch.setattr(store_errors, "RETRY", store_errors.Backoff(tries=3, first_seconds=0.01, max_seconds=0.02,
+                                                                     total_seconds=5, denied_tries=2))
     ds = PackedDataset(config(mixed(tiny_data, "prepared"), tiny_data["tokenizer"]), 64, 7, 512)
+    calls = []
 
     def throttled(*args, **kwargs):  # stands in for the object store, which the test does not own
+        calls.append(args)
         raise OSError(errno.EIO, "SlowDown: Please reduce your request rate")
     monkeypatch.setattr(ds.sources[0].fs, "cat_ranges", throttled)
-    with pytest.raises(OSError) as err:
+    with pytest.raises(store_errors.StoreUnavailable) as err:
         batches(ds, 4, 16)
-    assert not isinstance(err.value, ConfigError) and err.value.errno == errno.EIO
+    assert err.value.code == exitcodes.RETRYABLE and len(calls) == 3
+    assert "failed 3 times" in str(err.value) and "retryable" in str(err.value)
 
 
 def test_a_source_still_being_prepared_says_so(tmp_path, tiny_data, capsys):
