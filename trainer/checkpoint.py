@@ -57,7 +57,7 @@ from . import ckpt_store, store_write
 from .busy import busy
 from .config import CheckpointConfig, ConfigError
 from .memtier import MemoryTier
-from .parallel import ParallelState, all_agree
+from .parallel import ParallelState
 
 log = logging.getLogger(__name__)
 
@@ -239,22 +239,21 @@ class Checkpointer:
             dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-    def _barrier_ok(self, ok: bool) -> bool:
-        """Every rank learns whether every rank succeeded (on the checkpoint's own group)."""
-        return all_agree(ok, self.group, self.ps.is_distributed)
-
-    def _barrier_records(self, ok: bool, records: dict) -> tuple[bool, dict]:
-        """:meth:`_barrier_ok` that also brings every rank's file records to every rank (one
-        all-gather on the checkpoint's group, the same call on every rank): whether every rank
-        wrote its shards, and the records of the whole tag for rank 0's meta.json."""
+    def _agree(self, ok: bool, error: str, records: dict | None = None) -> tuple[bool, str, dict]:
+        """Every rank learns whether every rank succeeded, the first rank's error that did not
+        (so each pod reports what broke, not only that another rank failed) and, for the shards,
+        every rank's file records for rank 0's meta.json: one all-gather on the checkpoint's own
+        group, the same call on every rank."""
+        records = records or {}
         if not self.ps.is_distributed:
-            return ok, dict(records)
+            return ok, error, dict(records)
         everyone: list = [None] * self.ps.world_size
-        dist.all_gather_object(everyone, (ok, records), group=self.group)
+        dist.all_gather_object(everyone, (ok, error, records), group=self.group)
         merged = {}
-        for _, theirs in everyone:
+        for _, _, theirs in everyone:
             merged.update(theirs)
-        return all(rank_ok for rank_ok, _ in everyone), merged
+        first = next((f"rank {r}: {why}" for r, (fine, why, _) in enumerate(everyone) if not fine and why), "")
+        return all(fine for fine, _, _ in everyone), error or first, merged
 
     def _write_files(self, tag_dir: str, snapshot: dict, scheduler_state: dict, user_content: dict,
                      records: dict) -> None:
@@ -295,7 +294,7 @@ class Checkpointer:
                                             json.dumps({"writer": self.epoch}).encode())
         except Exception as exc:
             ok, error = False, f"begin marker: {exc}"
-        ok = self._barrier_ok(ok)  # nobody writes shards before the begin marker exists
+        ok, error, _ = self._agree(ok, error)  # nobody writes shards before the begin marker exists
         if ok and self.fault_delay:
             time.sleep(self.fault_delay)
         records: dict = {}
@@ -304,7 +303,7 @@ class Checkpointer:
                 self._write_files(tag_dir, snapshot, scheduler_state, user_content, records)
             except Exception as exc:
                 ok, error = False, str(exc) or type(exc).__name__
-            ok, records = self._barrier_records(ok, records)
+            ok, error, records = self._agree(ok, error, records)
         if ok and ps.rank == 0:
             try:
                 if self._fenced():
@@ -320,7 +319,7 @@ class Checkpointer:
                 ok, error = False, f"completion marker: {exc}"
         # every rank learns whether rank 0 completed the tag (the memory tier keeps only complete
         # saves, and its exchanges are collective)
-        ok = self._barrier_ok(ok)
+        ok, error, _ = self._agree(ok, error)
         result.ok, result.error = ok, error
         result.write_seconds = time.perf_counter() - t0
         if ok:

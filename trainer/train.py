@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -14,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from trainium_api import exitcodes
+from trainium_api.progress import CheckpointSeen, SaveFailure, StoreReport
 from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
 from . import backends
 from .busy import mark
 from .checkpoint import Checkpointer
-from .config import RunConfig, derive_layout, to_dict
+from .config import ConfigError, RunConfig, derive_layout, to_dict
 from .data import PackedDataset, heldout_batches
 from .health import GradNormMonitor, finite
 from .launch import PRECOMPILE_ENV
@@ -134,6 +136,11 @@ class Trainer:
         self.tokens = 0
         self.last_ckpt_step: int | None = None
         self._failed_seen = 0  # failed saves already counted in the metrics
+        # what this pod says of its store (the operator cannot read it): the newest complete tag
+        # (resumed from or saved; a save is dated when this rank first saw it complete) and why the
+        # store could not be read at start
+        self.checkpoint_seen: CheckpointSeen | None = None
+        self.store_error: str | None = None
         self.stop_agreed = False  # set when every rank has seen a SIGTERM (through a step's all-reduce)
         self._observed_at = time.perf_counter()
         # neuron_parallel_compile's pass (trainer.launch): graphs only, so nothing is reported or saved.
@@ -177,6 +184,7 @@ class Trainer:
         # loads the process exits retryable (checkpoint.NoIntactCheckpoint), never from step 0
         state = self.ckpt.load(tag, self.layout_meta())
         tag, meta = state["tag"], state["meta"]
+        self.checkpoint_seen = CheckpointSeen(tag.tag, meta["step"], tag.done_mtime)  # reported (store.py)
         changed = changed_data(meta, self.cfg.data, self.data.kinds)
         if changed and not self.cfg.data.allow_changed_sources:
             raise exitcodes.FatalError(f"{changed[0]}: checkpoint {tag.tag} was written with {changed[1]}, the config "
@@ -243,13 +251,24 @@ class Trainer:
         self._note_finished_saves()
 
     def _note_finished_saves(self) -> None:
+        newer = False
         for r in self.ckpt.results:
             if r.ok and (self.last_ckpt_step is None or r.step > self.last_ckpt_step):
                 self.last_ckpt_step = r.step
                 self.metrics.ckpt_step.set(r.step)
+                self.checkpoint_seen = CheckpointSeen(r.tag, r.step, time.time())
+                newer = True
         failed = sum(1 for r in self.ckpt.results if not r.ok)
+        if failed != self._failed_seen or newer:  # said at once: a new checkpoint, or a save failing
+            self._report_progress(force=True)
         self.metrics.ckpt_failures.inc(failed - self._failed_seen)
         self._failed_seen = failed
+
+    def store_report(self) -> StoreReport:
+        """What this pod says of its checkpoint store in its progress report."""
+        failed = list(itertools.takewhile(lambda r: not r.ok, reversed(self.ckpt.results)))
+        failure = SaveFailure(failed[0].tag, failed[0].error or "another rank failed", len(failed)) if failed else None
+        return StoreReport(self.checkpoint_seen, self.store_error, failure, self.ckpt.skipped)
 
     # -- held-out evaluation ----------------------------------------------------------------
 
@@ -403,7 +422,7 @@ class Trainer:
 
     def run(self) -> int:
         cfg, ps = self.cfg, self.ps
-        self.resume()
+        self._resume_or_say_why()
         tokens_per_step = ps.layout.tokens_per_step
         if ps.rank == 0:
             log.info("model %s: %.1fM parameters; layout tp=%d pp=%d dp=%d accum=%d; %d tokens/step; backend %s",
@@ -451,6 +470,18 @@ class Trainer:
         self._report_progress(force=True)
         return code
 
+    def _resume_or_say_why(self) -> None:
+        """resume(), and what this pod then says of its store: the tag it resumed from, or why
+        the store could not be read (the run's CheckpointStoreReadable condition)."""
+        try:
+            self.resume()
+        except (ConfigError, exitcodes.FatalError):
+            raise  # the run's configuration: named as such
+        except (Exception, SystemExit) as exc:  # (SystemExit: no complete tag loads, checkpoint.NoIntactCheckpoint)
+            self.store_error = f"cannot resume from {self.cfg.checkpoint.uri}: {type(exc).__name__}: {exc}"
+            self._report_progress(force=True)
+            raise
+
     def _report(self, step: int, loss: float, grad_norm: float, dt: float, spike: bool,
                 param_norm: float | None) -> None:
         cfg, ps = self.cfg, self.ps
@@ -482,13 +513,15 @@ class Trainer:
                      tps, f"{util:.1%}" if util is not None else "n/a", dt)
 
     def _report_progress(self, force: bool = False) -> None:
-        if self.progress is not None and hasattr(self, "_last"):
-            step, loss, tps, ended = self._last
-            self.progress.report(step, tps, loss if math.isfinite(loss) else -1.0,
+        if self.progress is not None and (hasattr(self, "_last") or self.store_error):
+            # before the first step only to say the store cannot be read
+            step, loss, tps, ended = getattr(self, "_last", (None, None, None, None))
+            self.progress.report(step, tps, None if loss is None else loss if math.isfinite(loss) else -1.0,
                                  self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
                                  eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
                                  preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds,
-                                 restore_source=self.ckpt.restore_source, first_step_time=self.first_step_time)
+                                 restore_source=self.ckpt.restore_source, first_step_time=self.first_step_time,
+                                 store=self.store_report())
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import drill
+from localcluster import drill, faults
 from localcluster.drill import Drill
 
 from trainium_api import checkpoints
@@ -67,7 +67,10 @@ def test_four_restarts_without_a_no_progress_failure_and_last_checkpoint_follows
         # the status names what the store holds, reported by the pods
         d.wait(lambda: (d.status().get("lastCheckpoint") or {}).get("step") == store_step(d.ckpt_uri), 20,
                "status.lastCheckpoint to name the store's newest complete checkpoint")
-        d.inject("kill-rank")
+        # index 0's pod, whichever attempt made it (an in-place restart keeps the pods)
+        pod = next(p for p in d.pods() if p.metadata.labels.get("trainium.dev/index") == "0"
+                   and p.status.phase == "Running" and not p.metadata.deletion_timestamp)
+        faults.kill_rank(e2e.cluster.pods_dir, ns, pod.metadata.name)
         d.wait(lambda: d.status().get("restartCount", 0) > k and d.status().get("phase") == "Running", 120,
                f"restart {k + 1} to be running")
     st = finish(d)

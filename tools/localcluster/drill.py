@@ -71,6 +71,7 @@ class Operator:
                  hidden: tuple[Path, ...] = ()):
         self.cluster, self.log_path, self.env = cluster, Path(log_path), dict(env or {})
         self.hidden = tuple(Path(h) for h in hidden)
+        self._copy: Path | None = None  # the kubeconfig's copy outside ``hidden``
         self.proc: subprocess.Popen | None = None
         self.metrics_port = free_base_port(start=cluster.base_port + 400, span=2)
 
@@ -94,7 +95,9 @@ class Operator:
         source = self.cluster.kubeconfig
         if not any(h == source or h in source.parents for h in self.hidden):
             return source
-        copy = Path(tempfile.mkdtemp(prefix="trainium-operator-")) / "kubeconfig"
+        if self._copy is None:  # one copy for every start (an operator killed and started again)
+            self._copy = Path(tempfile.mkdtemp(prefix="trainium-operator-")) / "kubeconfig"
+        copy = self._copy
         copy.write_bytes(source.read_bytes())
         copy.chmod(0o600)
         return copy
