@@ -53,7 +53,7 @@ import torch.distributed as dist
 from trainium_api import checkpoints, exitcodes
 from trainium_api.progress import SkippedCheckpoint
 
-from . import ckpt_store, store_write
+from . import ckpt_store, store_errors, store_write
 from .busy import busy
 from .config import CheckpointConfig, ConfigError
 from .memtier import MemoryTier
@@ -349,13 +349,16 @@ class Checkpointer:
             # first: from now on every older gang is fenced, and a tag it completes later (not in
             # the list recorded here) is not resumed from (a store that cannot be written fails
             # the start: retried)
-            checkpoints.raise_fence(self.cfg.uri, self.epoch,
-                                    [t for t in checkpoints.list_tags(self.cfg.uri) if t.complete])
+            store_errors.retry(lambda: checkpoints.raise_fence(
+                self.cfg.uri, self.epoch, [t for t in checkpoints.list_tags(self.cfg.uri) if t.complete]),
+                f"raise this gang's fence in {self.cfg.uri}")
         if self.cfg.uri and self.cfg.resume != "none" and self.ps.rank == 0:
             if self.cfg.resume == "auto":
-                choice = checkpoints.newest_complete(self.cfg.uri)
+                choice = store_errors.retry(lambda: checkpoints.newest_complete(self.cfg.uri),
+                                            f"list {self.cfg.uri}")
             else:
-                tags = {t.tag: t for t in checkpoints.list_tags(self.cfg.uri)}
+                tags = {t.tag: t for t in store_errors.retry(lambda: checkpoints.list_tags(self.cfg.uri),
+                                                             f"list {self.cfg.uri}")}
                 choice = tags.get(self.cfg.resume)
                 if choice is None or not choice.complete:
                     choice = ConfigError("checkpoint.resume",
@@ -376,9 +379,10 @@ class Checkpointer:
         (this stage's parameter names; None: all) are kept."""
         fs, tag_dir = fsspec.core.url_to_fs(tag_uri.rstrip("/"))
         tag_dir = tag_dir.rstrip("/")
-        if not fs.exists(f"{tag_dir}/{checkpoints.DONE}"):
+        done, meta_path = f"{tag_dir}/{checkpoints.DONE}", f"{tag_dir}/{checkpoints.META}"
+        if not store_errors.retry(lambda: fs.exists(done), f"look for {done}"):
             raise ConfigError("init.from", f"{tag_uri} is not a complete checkpoint (no {checkpoints.DONE})")
-        meta = json.loads(fs.cat_file(f"{tag_dir}/{checkpoints.META}"))
+        meta = json.loads(store_errors.retry(lambda: fs.cat_file(meta_path), f"read {meta_path}"))
         saved = meta.get("layout", {}).get("tensor")
         if saved != tp:
             raise ConfigError("parallelism.tensor", f"init.from {tag_uri} was written with tensor={saved}, this "
@@ -392,8 +396,7 @@ class Checkpointer:
         records = meta.get(DIGESTS)
         for pp_rank in range(meta.get("layout", {}).get("pipeline", 1)):
             path = f"model/{ckpt_store.shard_name(0, tp_rank, pp_rank)}"
-            with fs.open(f"{tag_dir}/{path}", "rb") as fh:
-                data = fh.read()
+            data = store_errors.retry(lambda: _read_all(fs, f"{tag_dir}/{path}"), f"read {tag_dir}/{path}")
             try:  # a damaged source is refused by name: a first start has nothing older to take
                 if isinstance(records, dict):
                     _check(path, _record(records, path), store_write.record_of(data))
@@ -437,8 +440,9 @@ class Checkpointer:
         ``checkpoint.resume``, or the store cannot be listed (a retry decides later)."""
         choice = None
         if self.ps.rank == 0 and self.cfg.resume == "auto" and tag.step is not None:
-            try:
-                choice = checkpoints.complete_before(self.cfg.uri, tag.step)
+            try:  # (a store that stays down ends the process retryable: StoreUnavailable)
+                choice = store_errors.retry(lambda: checkpoints.complete_before(self.cfg.uri, tag.step),
+                                            f"list {self.cfg.uri}")
             except Exception as exc:  # noqa: BLE001 - every rank must get an answer
                 log.error("cannot list %s for a checkpoint older than %s: %s", self.cfg.uri, tag.tag, exc)
         if self.ps.is_distributed:
@@ -484,8 +488,9 @@ class Checkpointer:
         return (state, None) if why is None else (None, why)
 
     def _read_meta(self, tag_dir: str) -> dict:
-        try:
-            meta = json.loads(self.fs.cat_file(f"{tag_dir}/{checkpoints.META}"))
+        path = f"{tag_dir}/{checkpoints.META}"
+        try:  # a transient error is retried, never taken for damage (StoreUnavailable when it lasts)
+            meta = json.loads(store_errors.retry(lambda: self.fs.cat_file(path), f"read {path}"))
         except FileNotFoundError as exc:
             raise Damaged(f"{checkpoints.META} is missing") from exc
         except Exception as exc:  # noqa: BLE001 - unreadable or not JSON: damaged, whatever the cause
@@ -539,8 +544,9 @@ class Checkpointer:
                     raise
                 except (OSError, RuntimeError) as exc:  # a mount that refuses mmap (some FUSE file systems)
                     log.warning("restore: cannot map %s (%s); reading it instead", path, exc)
-            with self.fs.open(full, "rb") as fh:  # one GET, then checked and parsed in memory
-                data = fh.read()
+            # one GET, then checked and parsed in memory; a transient error is retried, never
+            # taken for damage (a store that stays down ends the process retryable)
+            data = store_errors.retry(lambda: _read_all(self.fs, full), f"read {full}")
             if record is not None:
                 _check(path, record, store_write.record_of(data))
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
@@ -550,6 +556,11 @@ class Checkpointer:
             raise Damaged(f"{path} is missing") from exc
         except Exception as exc:  # noqa: BLE001 - unreadable or unparsable: damaged, whatever the cause
             raise Damaged(f"{path}: cannot read or parse it ({type(exc).__name__}: {_one_line(exc)})") from exc
+
+
+def _read_all(fs, path: str) -> bytes:
+    with fs.open(path, "rb") as fh:
+        return fh.read()
 
 
 def _record(records: dict, path: str) -> dict:

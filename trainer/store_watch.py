@@ -3,7 +3,8 @@
 The operator runs in its own pod, without the trainer pods' volumes (FSx, EFS) or their IAM
 role (S3 through IRSA or Pod Identity), so the pods are the ones that read the store. The
 watch around an unmodified script lists it here: once before the script starts (the resume
-point: an NxD Training script is pinned to the newest complete tag, its start step is known),
+point: an NxD Training script is pinned to the newest complete tag, its start step is known;
+a transient error is retried as every store read at start is, trainer.store_errors),
 then once per progress interval (at least MIN_REFRESH_SECONDS) on node rank 0 only (one pod lists
 for the gang, not 1,000), and a
 last time when the script exits (a save made just before the exit is reported). Each listing is
@@ -21,22 +22,18 @@ from typing import Callable
 from trainium_api.checkpoints import StoreView, TagInfo
 from trainium_api.progress import CheckpointSeen, StoreReport
 
+from . import store_errors
+
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 10.0  # the default between two listings (trainer.watch passes its progress interval)
 MIN_REFRESH_SECONDS = 1.0
-START_TRIES = 5  # a listing at start that keeps failing (throttling, a mount not ready yet) ...
-START_BACKOFF_SECONDS = 2.0  # ... is tried again after 2, 4, 8, 16 s, then the pod exits retryable
 FINAL_LIST_SECONDS = 30.0  # the longest the last listing, at the script's exit, holds the pod
 
 # NxD Training resumes from the newest *.ckpt by modification time without checking that it is
 # complete; these Hydra overrides pin the newest complete one, or start fresh when there is none.
 NXDT_RESUME_FROM = "exp_manager.resume_from_checkpoint"
 NXDT_RESUME_IF_EXISTS = "exp_manager.resume_if_exists"
-
-
-class StoreUnreadable(Exception):
-    """The store could not be listed at start, after START_TRIES tries."""
 
 
 def resume_arguments(layout: str, newest: TagInfo | None) -> list[str]:
@@ -77,20 +74,12 @@ class StoreWatch:
             self._publish(StoreReport(seen(newest)))
             return newest
 
-    def at_start(self) -> TagInfo | None:
-        """The newest complete tag before the script starts, tried START_TRIES times."""
-        for attempt in range(START_TRIES):
-            try:
-                return self.list_once()
-            except Exception as exc:
-                if attempt == START_TRIES - 1:
-                    raise StoreUnreadable(f"cannot list the checkpoint store {self.view.root} "
-                                          f"({START_TRIES} tries): {type(exc).__name__}: {exc}") from exc
-                pause = START_BACKOFF_SECONDS * 2 ** attempt
-                log.warning("cannot list the checkpoint store %s (%s); trying again in %.0fs",
-                            self.view.root, exc, pause)
-                self._sleep(pause)
-        return None  # not reached
+    def at_start(self, policy: store_errors.Backoff | None = None) -> TagInfo | None:
+        """The newest complete tag before the script starts. A transient error is retried
+        (store_errors.retry: jittered backoff; each failure is reported as it happens); one that
+        lasts raises StoreUnavailable (exit 75), a persistent refusal StoreConfigError."""
+        return store_errors.retry(self.list_once, f"list the checkpoint store {self.view.root}", policy,
+                                  sleep=self._sleep)
 
     def start(self) -> None:
         """Lists every refresh_seconds in the background until stop()."""

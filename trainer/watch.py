@@ -36,13 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainium_api.exitcodes import RETRYABLE
+from trainium_api.exitcodes import FATAL, RETRYABLE
 from trainium_api.launch import PREFLIGHT_SECONDS_FILE_ENV
 from trainium_api.progress import StoreReport
 from trainium_api.spec import LAYOUTS, PROGRESS_FORMATS, check_regex
 
 from . import progress
-from .store_watch import MIN_REFRESH_SECONDS, StoreUnreadable, StoreWatch, resume_arguments
+from . import store_errors
+from .store_watch import MIN_REFRESH_SECONDS, StoreWatch, resume_arguments
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 # logger.py of NxD's tp_zero1_llama_hf_pretrain (and its siblings): the "seq/s" suffix, the
@@ -267,11 +268,14 @@ def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | No
     """COMMAND, told where to resume (the newest complete checkpoint, listed from this pod), with
     the store listed while it runs (node rank 0) and once more at its exit."""
     if store is not None:
-        try:
+        try:  # each failure is said in the report too (storeError, the run's CheckpointStoreReadable)
             newest = store.at_start()
-        except StoreUnreadable as exc:  # said in the report too (storeError); another attempt may read it
-            print(f"trainer.watch: {exc}; exiting retryable", file=sys.stderr)
+        except store_errors.StoreUnavailable as exc:  # another attempt may read it
+            print(f"trainer.watch: {exc}", file=sys.stderr)
             return RETRYABLE
+        except store_errors.StoreConfigError as exc:  # refused again and again, or never answerable
+            print(f"trainer.watch: invalid configuration: spec.checkpoint.uri: {exc}", file=sys.stderr)
+            return FATAL
         tracker.start_step = (newest.step or 0) if newest is not None else 0
         command = [*command, *resume_arguments(layout, newest)]
         if os.environ.get("NODE_RANK", "0") == "0":

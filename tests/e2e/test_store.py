@@ -99,8 +99,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_is_named
     st = d.wait(lambda: (s := d.status()).get("current", {}).get("skippedCheckpoint") and s, 120,
                 "the restarted gang to say it skipped the damaged tag")
     assert st["current"]["skippedCheckpoint"].startswith("step_40: ")
-    named = events(e2e, ns, "CheckpointSkipped")
-    assert named and "step_40" in named[0], named
+    named = d.wait(lambda: events(e2e, ns, "CheckpointSkipped"), 10, "the CheckpointSkipped event")
+    assert "step_40" in named[0], named
     assert shard.exists()  # the bad tag is left in place, not deleted
     st = finish(d)
     resumed = [f for f in st["failures"] if f.get("resumedStep") is not None]
@@ -144,13 +144,16 @@ def test_a_store_that_fills_up_is_said_within_one_interval_and_clears_when_space
         first_failed = (full_at // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
         assert said_at <= first_failed + CHECKPOINT_EVERY, (full_at, said_at)
         assert "No space left" in condition(st, "CheckpointsSaving")["message"]
-        assert events(e2e, ns, "CheckpointSavesFailing") and st["checkpointSaveFailures"] >= 1
+        # (events are written after the status they describe)
+        d.wait(lambda: events(e2e, ns, "CheckpointSavesFailing"), 10, "the CheckpointSavesFailing event")
+        assert st["checkpointSaveFailures"] >= 1
         last = st["lastCheckpoint"]["step"]
         assert last == store_step(d.ckpt_uri) and last < first_failed  # the last complete tag, not a failed one
         filler.unlink()
         st = d.wait(lambda: (s := d.status()) and condition(s, "CheckpointsSaving").get("status") == "True" and s,
                     120, "CheckpointsSaving=True once space returned")
-        assert events(e2e, ns, "CheckpointSavesRecovered") and st["checkpointSaveFailures"] == 0
+        d.wait(lambda: events(e2e, ns, "CheckpointSavesRecovered"), 10, "the CheckpointSavesRecovered event")
+        assert st["checkpointSaveFailures"] == 0
         assert st["lastCheckpoint"]["step"] > last
         st = finish(d)
         assert st["lastCheckpoint"]["step"] == 60 and not st.get("failures")

@@ -120,16 +120,25 @@ def test_the_pods_listing_agrees_with_the_resume_rule(tmp_path, layout):
 
 # -- the watch around a command trainer ----------------------------------------------------------
 
-def test_a_listing_that_keeps_failing_at_start_is_said_then_retryable():
+def test_a_listing_that_keeps_failing_at_start_is_retried_said_then_retryable_or_fatal():
+    from botocore.exceptions import ClientError
+    from trainer import store_errors
+    policy = store_errors.Backoff(tries=3, first_seconds=1.0, max_seconds=4.0, total_seconds=60.0, denied_tries=3)
+
+    def answer(code: str, status: int):
+        def listing():
+            raise ClientError({"Error": {"Code": code, "Message": code},
+                               "ResponseMetadata": {"HTTPStatusCode": status}}, "ListObjectsV2")
+        return listing
     reports, pauses = [], []
     w = store_watch.StoreWatch("/nonexistent-store", "nxdt", reports.append, sleep=pauses.append)
-
-    def refused():
-        raise PermissionError("AccessDenied")
-    w.view.newest = refused  # the store's answer (a boundary); the retries are under test
-    with pytest.raises(store_watch.StoreUnreadable, match="5 tries.*AccessDenied"):
-        w.at_start()
-    assert pauses == [2.0, 4.0, 8.0, 16.0] and "AccessDenied" in reports[-1].error
+    w.view.newest = answer("SlowDown", 503)  # the store's answer (a boundary); the retries are under test
+    with pytest.raises(store_errors.StoreUnavailable):
+        w.at_start(policy)
+    assert len(pauses) == 2 and "SlowDown" in reports[-1].error  # said while retrying
+    w.view.newest = answer("AccessDenied", 403)
+    with pytest.raises(store_errors.StoreConfigError, match="refused 3 times"):
+        w.at_start(policy)
 
 
 def test_the_tracker_reports_a_new_checkpoint_at_once_and_keeps_it_in_later_reports():
