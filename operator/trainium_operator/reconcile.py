@@ -1090,8 +1090,23 @@ def _gang_running(p: Pass, gang: GangState) -> None:
                 new.suspension.restart_seconds + max(0.0, began - new.suspension.resumed_time), 3),
                 recompute_seconds=round(new.suspension.recompute_seconds + redone, 3))
         p.event("Running", f"attempt {old.attempt} reports progress at step {gang.step}")
+        _resumed_from(p, gang)
         if last and last.recovered_time:
             _note_resumed(p, last, gang)
+
+
+def _resumed_from(p: Pass, gang: GangState) -> None:
+    """The checkpoint the attempt's pods say they resumed from (their startStep), where the status
+    recorded another at the attempt's start: the pods list the store themselves, and a save
+    may have completed after their last report and before the restart (or the newest one was
+    damaged and they took the one before it)."""
+    recorded, start = p.old.current.resume_checkpoint, gang.start_step
+    if start is None or (recorded is None and start == 0) or (recorded is not None and recorded.step == start):
+        return
+    said = next((x.store.checkpoint for x in gang.pods if x.store is not None and x.store.checkpoint is not None
+                 and x.store.checkpoint.step == start), None)
+    p.new.current.resume_checkpoint = None if start == 0 else \
+        store.ref(said, p.spec.run.checkpoint.uri) if said is not None else CheckpointRef(step=start)
 
 
 def _note_resumed(p: Pass, last: FailureRecord, gang: GangState) -> None:

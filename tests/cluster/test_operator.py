@@ -131,8 +131,10 @@ def wait_running_gang(core_api, custom, ns, name, attempt, nodes=16, timeout=60)
 
 def report(core_api, ns, name, attempt, step, ckpt=None) -> None:
     """Progress annotations exactly as the trainer's local rank 0 writes them (with a held-out
-    perplexity, as a run with data.heldOut reports)."""
-    body = progress.payload(step, 24000.0 * 16, 2.0, ckpt, eval_perplexity=7.5)
+    perplexity, as a run with data.heldOut reports; ``ckpt``: the newest complete checkpoint the
+    pod sees in its store, which the operator never reads)."""
+    store = progress.StoreReport(progress.CheckpointSeen(f"step_{ckpt}", ckpt, time.time())) if ckpt else None
+    body = progress.payload(step, 24000.0 * 16, 2.0, ckpt, eval_perplexity=7.5, store=store)
     for p in gang(core_api, ns, name, attempt):
         core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {progress.ANNOTATION: body}}})
 

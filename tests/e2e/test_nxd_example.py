@@ -84,6 +84,10 @@ def test_aws_nxd_llama_script_killed_mid_run_resumes_through_nxds_loader_with_eq
     st = d.status()
     failure = st["failures"][-1]
     assert failure["cause"] == "application" and failure["attempt"] == 1, failure
+    # what attempt 2's pods resumed from, once they report (the pods list the store; the
+    # operator's record at the restart is what they last reported before it)
+    st = d.wait(lambda: (s := d.status()).get("phase") == "Running" and s.get("attempt") == 2 and s, 120,
+                "attempt 2 to report progress")
     resumed = st["current"]["resumeCheckpoint"]
     newest = checkpoints.newest_complete(ckpt, "nxd")
     assert resumed["tag"] == newest.tag and resumed["step"] == newest.step >= saved.step, (resumed, newest)

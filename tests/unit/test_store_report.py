@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_operator_core import RUN, SPEC
+from tests.unit.test_operator_core import RUN, SPEC, _node
 from trainium_api import checkpoints, progress
 from trainium_api.progress import CheckpointSeen, SaveFailure, SkippedCheckpoint, StoreReport
 from trainium_operator.observe import pod_view
@@ -184,6 +184,9 @@ def _pod(i: int, store: StoreReport | None, step: int | None = 50, attempt: int 
                      "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}})
 
 
+NODES = {f"n{i}": _node(f"n{i}") for i in range(SPEC["nodes"])}
+
+
 def _running(status: dict | None = None) -> dict:
     return {**RUN, "spec": SPEC, "status": {"phase": "Running", "attempt": 1, "createdTime": 0.0,
                                             "current": {"startTime": 1.0, "gangRunningTime": 2.0},
@@ -196,32 +199,32 @@ def _events(r) -> dict[str, str]:
 
 def test_last_checkpoint_is_the_newest_the_pods_report_joined_to_the_runs_store():
     r = reconcile_objects(_running(), [_pod(0, StoreReport(CheckpointSeen("step_40", 40, 90.0))),
-                                       _pod(1, StoreReport(CheckpointSeen("step_30", 30, 80.0)))], {}, now=120.0)
+                                       _pod(1, StoreReport(CheckpointSeen("step_30", 30, 80.0)))], NODES, now=120.0)
     ck = r.after.last_checkpoint
     assert (ck.tag, ck.step, ck.time) == ("step_40", 40, 90.0)
     assert ck.uri == f"{SPEC['checkpoint']['uri'].rstrip('/')}/step_40"
     # no pod reports (a gang between attempts): the status keeps what it had
-    kept = reconcile_objects({**_running(), "status": {**_running()["status"], **r.status}}, [], {}, now=121.0)
+    kept = reconcile_objects({**_running(), "status": {**_running()["status"], **r.status}}, [], NODES, now=121.0)
     assert "lastCheckpoint" not in kept.status and kept.after.last_checkpoint == ck
 
 
 def test_failing_saves_show_in_a_condition_and_events_until_one_completes():
     failing = StoreReport(CheckpointSeen("step_40", 40, 90.0), None, SaveFailure("step_50", "[Errno 28] No space left", 1))
     run = _running()
-    r = reconcile_objects(run, [_pod(0, failing), _pod(1, None)], {}, now=120.0)
+    r = reconcile_objects(run, [_pod(0, failing), _pod(1, None)], NODES, now=120.0)
     cond = next(c for c in r.after.conditions if c.type == "CheckpointsSaving")
     assert (cond.status, cond.reason) == ("False", "SavesFailing") and "No space left" in cond.message
     assert "step_40" in cond.message and r.after.checkpoint_save_failures == 1
     assert "CheckpointSavesFailing" in _events(r)
     run = {**run, "status": {**run["status"], **r.status}}
     more = StoreReport(failing.checkpoint, None, SaveFailure("step_60", "[Errno 28] No space left", 2))
-    r = reconcile_objects(run, [_pod(0, more)], {}, now=140.0)
+    r = reconcile_objects(run, [_pod(0, more)], NODES, now=140.0)
     assert r.after.checkpoint_save_failures == 2 and not _events(r)  # said when they start failing, not each time
     run = {**run, "status": {**run["status"], **r.status}}
     # the failing pod gone (a restart), no save completed yet: still failing as far as anyone knows
-    r = reconcile_objects(run, [_pod(1, StoreReport(failing.checkpoint))], {}, now=150.0)
+    r = reconcile_objects(run, [_pod(1, StoreReport(failing.checkpoint))], NODES, now=150.0)
     assert next(c for c in r.after.conditions if c.type == "CheckpointsSaving").status == "False"
-    r = reconcile_objects(run, [_pod(0, StoreReport(CheckpointSeen("step_70", 70, 149.0)))], {}, now=150.0)
+    r = reconcile_objects(run, [_pod(0, StoreReport(CheckpointSeen("step_70", 70, 149.0)))], NODES, now=150.0)
     cond = next(c for c in r.after.conditions if c.type == "CheckpointsSaving")
     assert cond.status == "True" and r.after.checkpoint_save_failures == 0
     assert "step_70" in _events(r)["CheckpointSavesRecovered"] and r.after.last_checkpoint.tag == "step_70"
@@ -233,7 +236,7 @@ def test_a_store_the_pods_cannot_list_is_named_in_a_condition():
     cond = next(c for c in r.after.conditions if c.type == "CheckpointStoreReadable")
     assert cond.status == "False" and "AccessDenied" in cond.message and "CheckpointStoreUnreadable" in _events(r)
     run = {**_running(), "status": {**_running()["status"], **r.status}}
-    r = reconcile_objects(run, [_pod(0, StoreReport(CheckpointSeen("step_40", 40, 90.0)))], {}, now=130.0)
+    r = reconcile_objects(run, [_pod(0, StoreReport(CheckpointSeen("step_40", 40, 90.0)))], NODES, now=130.0)
     assert next(c for c in r.after.conditions if c.type == "CheckpointStoreReadable").status == "True"
     assert "CheckpointStoreReadable" in _events(r)
 
@@ -241,14 +244,14 @@ def test_a_store_the_pods_cannot_list_is_named_in_a_condition():
 def test_a_damaged_checkpoint_the_attempt_skipped_is_named_once():
     skipped = StoreReport(CheckpointSeen("step_30", 30, 80.0), skipped=SkippedCheckpoint("step_40", "model shard cut short"))
     run = _running()
-    r = reconcile_objects(run, [_pod(0, skipped)], {}, now=120.0)
+    r = reconcile_objects(run, [_pod(0, skipped)], NODES, now=120.0)
     assert r.after.current.skipped_checkpoint == "step_40: model shard cut short"
     assert "step_40" in _events(r)["CheckpointSkipped"]
     run = {**run, "status": {**run["status"], **r.status}}
-    assert "CheckpointSkipped" not in _events(reconcile_objects(run, [_pod(0, skipped)], {}, now=121.0))
+    assert "CheckpointSkipped" not in _events(reconcile_objects(run, [_pod(0, skipped)], NODES, now=121.0))
     # after an in-place restart the pod keeps the last attempt's report until its new workers write
     stale = reconcile_objects({**run, "status": {**run["status"], "attempt": 2, "current": {"startTime": 130.0}}},
-                              [_pod(0, skipped, attempt=1)], {}, now=131.0)
+                              [_pod(0, skipped, attempt=1)], NODES, now=131.0)
     assert "CheckpointSkipped" not in _events(stale)
 
 
@@ -257,5 +260,26 @@ def test_an_unreadable_store_clears_once_a_pod_trains_on_an_empty_one():
     r = reconcile_objects(_running(), [_pod(0, StoreReport(error="cannot list /fsx/r: timed out"), step=None)], {},
                           now=120.0)
     run = {**_running(), "status": {**_running()["status"], **r.status}}
-    r = reconcile_objects(run, [_pod(0, None, step=3)], {}, now=130.0)
+    r = reconcile_objects(run, [_pod(0, None, step=3)], NODES, now=130.0)
     assert next(c for c in r.after.conditions if c.type == "CheckpointStoreReadable").status == "True"
+
+
+def test_the_resume_point_is_what_the_attempts_pods_say_they_resumed_from():
+    """A save completed after the pods' last report and before the restart: the new attempt's
+    pods list the store and take it; their first report corrects status.current.resumeCheckpoint."""
+    starting = {**_running(), "status": {**_running()["status"], "phase": "Starting", "attempt": 2,
+                                         "current": {"startTime": 100.0, "gangRunningTime": 101.0,
+                                                     "resumeCheckpoint": {"tag": "step_10", "step": 10}}}}
+
+    def first_report(start_step: int, seen: StoreReport | None):
+        body = progress.payload(start_step + 1, 10.0, 2.0, None, now=110.0, attempt=2, start_step=start_step,
+                                store=seen)
+        return [pod_view({"metadata": {"name": f"r-a2-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
+                                       "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": str(i)},
+                                       "annotations": {progress.ANNOTATION: body}},
+                          "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in range(SPEC["nodes"])]
+    r = reconcile_objects(starting, first_report(15, StoreReport(CheckpointSeen("step_15", 15, 99.0))), NODES, now=111.0)
+    assert r.after.phase == "Running" and (r.after.current.resume_checkpoint.tag,
+                                           r.after.current.resume_checkpoint.step) == ("step_15", 15)
+    r = reconcile_objects(starting, first_report(10, StoreReport(CheckpointSeen("step_10", 10, 90.0))), NODES, now=111.0)
+    assert (r.after.current.resume_checkpoint.tag, r.after.current.resume_checkpoint.step) == ("step_10", 10)
