@@ -288,6 +288,8 @@ class Checkpointer:
                 else:
                     if self.fs.exists(f"{tag_dir}/{checkpoints.DONE}"):  # a rewrite: it stops counting first
                         self.fs.rm_file(f"{tag_dir}/{checkpoints.DONE}")
+                    if self.fs.exists(f"{tag_dir}/{checkpoints.DAMAGED}"):  # and is whole again once done
+                        self.fs.rm_file(f"{tag_dir}/{checkpoints.DAMAGED}")
                     self.fs.makedirs(f"{tag_dir}/model", exist_ok=True)
                     self.fs.makedirs(f"{tag_dir}/optim", exist_ok=True)
                     store_write.write_bytes(self.fs, f"{tag_dir}/{checkpoints.BEGIN}",
@@ -356,6 +358,8 @@ class Checkpointer:
             if self.cfg.resume == "auto":
                 choice = store_errors.retry(lambda: checkpoints.newest_complete(self.cfg.uri),
                                             f"list {self.cfg.uri}")
+                if choice is None:  # none complete: but were some marked damaged by an earlier restore?
+                    choice = self._all_damaged()
             else:
                 tags = {t.tag: t for t in store_errors.retry(lambda: checkpoints.list_tags(self.cfg.uri),
                                                              f"list {self.cfg.uri}")}
@@ -369,7 +373,23 @@ class Checkpointer:
             choice = box[0]
         if isinstance(choice, ConfigError):
             raise choice
+        if isinstance(choice, str):  # every checkpoint of the store was marked damaged
+            raise NoIntactCheckpoint(choice)
         return choice
+
+    def _all_damaged(self) -> str | None:
+        """Why not to start from step 0 when the store's only checkpoints were marked damaged
+        (checkpoints.DAMAGED; see NoIntactCheckpoint), or None when it holds none."""
+        damaged = [t.tag for t in store_errors.retry(lambda: checkpoints.list_tags(self.cfg.uri, read_meta=False),
+                                                     f"list {self.cfg.uri}") if t.damaged]
+        if not damaged:
+            return None
+        message = (f"every checkpoint under {self.cfg.uri} was found damaged by an earlier restore "
+                   f"({', '.join(damaged)}: each has a '{checkpoints.DAMAGED}' file saying why); exiting retryable "
+                   f"rather than training from step 0 over them (repair a tag and remove its marker, or set "
+                   f"checkpoint.resume: none to start over)")
+        log.error("%s", message)
+        return message
 
     @staticmethod
     def read_model_shard(tag_uri: str, model, tp: int, tp_rank: int, keys=None) -> dict:
@@ -420,6 +440,7 @@ class Checkpointer:
                 return {**state, "tag": tag}
             damaged.append(f"{tag.tag} ({why})")
             self.skipped = self.skipped or SkippedCheckpoint(tag.tag, why)
+            self._mark_damaged(tag, why)
             previous = self._previous(tag)
             if self.ps.rank == 0:
                 log.warning("checkpoint %s is damaged, not resuming from it (it stays in %s): %s; %s", tag.tag,
@@ -433,6 +454,20 @@ class Checkpointer:
                     log.error("%s", message)
                 raise NoIntactCheckpoint(message)
             tag = previous
+
+    def _mark_damaged(self, tag: checkpoints.TagInfo, why: str) -> None:
+        """Rank 0 marks ``tag`` damaged in the store (checkpoints.DAMAGED), left in place: it is
+        not taken again by the next restart, nor kept by retention as a tag to fall back to. A
+        gang fenced by a newer one writes nothing. Best effort: an unmarked tag is only checked
+        again."""
+        if self.ps.rank != 0 or self.cfg.resume != "auto" or (self.epoch is not None and self._fenced()):
+            return
+        path = f"{self.root}/{tag.tag}/{checkpoints.DAMAGED}"
+        try:
+            store_write.write_bytes(self.fs, path, json.dumps({"reason": why, "time": time.time(),
+                                                               "by": self.epoch}).encode())
+        except Exception as exc:  # noqa: BLE001 - the fallback goes on without the marker
+            log.warning("cannot mark %s damaged (%s): %s", tag.tag, path, exc)
 
     def _previous(self, tag: checkpoints.TagInfo) -> checkpoints.TagInfo | None:
         """Where every rank falls back from a damaged ``tag``: rank 0 lists the store and tells

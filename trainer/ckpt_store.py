@@ -31,7 +31,8 @@ def retention_victims(tags: list[TagInfo], keep: int) -> list[TagInfo]:
     newest complete one.
 
     Incomplete tags older than the newest complete one are victims too (a crashed save);
-    an incomplete tag newer than it may still be in flight and is left alone.
+    an incomplete tag newer than it may still be in flight and is left alone, and so is a tag
+    marked damaged (it counts as incomplete, so it is not one of the tags kept either).
     """
     complete = [t for t in tags if t.complete and t.step is not None]
     if not complete:
@@ -40,7 +41,8 @@ def retention_victims(tags: list[TagInfo], keep: int) -> list[TagInfo]:
     keep = max(keep, MIN_KEEP) if keep else len(complete)
     victims = complete[:-keep] if len(complete) > keep else []
     victims += [t for t in tags if not t.complete and t.step is not None and t.step < newest.step]
-    return [t for t in victims if t.tag != newest.tag]
+    # a tag a restore marked damaged is left for a person to look at (checkpoints.DAMAGED)
+    return [t for t in victims if t.tag != newest.tag and not t.damaged]
 
 
 def delete_tag(root: str, tag: str) -> None:

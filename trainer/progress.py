@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # silence the reports that follow it.
 REQUEST_TIMEOUT_SECONDS = 10.0
 RETRY_SECONDS = 1.0  # the least pause before a failed report is sent again
+FINAL_TRIES = 3  # the last report at exit (1 s, then 2 s apart)
 
 
 def connect_api():
@@ -69,7 +70,7 @@ def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None
     return thread
 
 
-def _attempt() -> int | None:
+def attempt_of_env() -> int | None:
     """The attempt these workers belong to (ATTEMPT: the pod's, or the agent's order after an
     in-place restart), so that the operator tells this report from an earlier attempt's."""
     value = os.environ.get("ATTEMPT", "")
@@ -122,7 +123,7 @@ class ProgressReporter:
         self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
                                start_step=start_step, eval_perplexity=eval_perplexity,
                                compute_seconds=compute_seconds, preflight_seconds=preflight_seconds,
-                               restore_seconds=restore_seconds, attempt=_attempt(), restore_source=restore_source,
+                               restore_seconds=restore_seconds, attempt=attempt_of_env(), restore_source=restore_source,
                                first_step_time=first_step_time, store=store)
         self._unsent = True
         self._force = self._force or force
@@ -168,9 +169,16 @@ class ProgressReporter:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout)
-        if self._latest is not None:
+        if self._latest is None:
+            return
+        # the last report carries what the run ends with (its final checkpoint): one 429 or 5xx,
+        # likely when a thousand pods finish together, must not lose it; tried FINAL_TRIES times
+        for attempt in range(FINAL_TRIES):
             try:
                 self._send(self._latest)
                 self.sent += 1
+                return
             except Exception as exc:
-                log.warning("final progress annotation failed: %s", exc)
+                log.warning("final progress annotation failed (try %d of %d): %s", attempt + 1, FINAL_TRIES, exc)
+                if attempt + 1 < FINAL_TRIES:
+                    time.sleep(RETRY_SECONDS * (attempt + 1))

@@ -85,7 +85,8 @@ class Backoff:
     first_seconds: float
     max_seconds: float
     total_seconds: float
-    denied_tries: int  # refusals in a row that make a denial the run's configuration
+    denied_tries: int  # refusals in a row that make a denial the run's configuration ...
+    denied_seconds: float = 0.0  # ... once they have lasted this long (a policy still propagating)
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         ceiling = min(self.max_seconds, self.first_seconds * 2 ** attempt)
@@ -94,7 +95,10 @@ class Backoff:
 
 # 10 tries over at most 5 minutes (the waits alone: 75 to 150 s): longer than S3 takes to scale a
 # prefix up after SlowDown, short enough that a store that is down is handed to the operator
-RETRY = Backoff(tries=10, first_seconds=1.0, max_seconds=30.0, total_seconds=300.0, denied_tries=4)
+# A refusal is the run's configuration only once it has lasted 2 minutes: IAM takes seconds to
+# minutes to propagate a policy attached just before the run started.
+RETRY = Backoff(tries=10, first_seconds=1.0, max_seconds=30.0, total_seconds=300.0, denied_tries=4,
+                denied_seconds=120.0)
 
 
 class StoreUnavailable(SystemExit):
@@ -225,7 +229,7 @@ def retry(read: Callable[[], T], what: str, policy: Backoff | None = None, *,
     read, for the log and the messages ("read s3://b/tokenizer.json")."""
     policy = policy or RETRY
     rng = rng or random.Random()
-    started, denied = clock(), 0
+    started, denied, denied_since = clock(), 0, None
     for attempt in range(policy.tries):
         try:
             return read()
@@ -236,7 +240,8 @@ def retry(read: Callable[[], T], what: str, policy: Backoff | None = None, *,
             if kind == INVALID:
                 raise StoreConfigError(f"{what}: {describe(exc)}", kind) from exc
             denied = denied + 1 if kind == DENIED else 0
-            if denied >= policy.denied_tries:
+            denied_since = (denied_since if denied > 1 else clock()) if denied else None
+            if denied >= policy.denied_tries and clock() - denied_since >= policy.denied_seconds:
                 raise StoreConfigError(f"{what}: refused {denied} times in a row over {clock() - started:.0f} s "
                                        f"({describe(exc)})", kind) from exc
             wait = policy.delay(attempt, rng)

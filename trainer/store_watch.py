@@ -2,25 +2,34 @@
 
 The operator runs in its own pod, without the trainer pods' volumes (FSx, EFS) or their IAM
 role (S3 through IRSA or Pod Identity), so the pods are the ones that read the store. The
-watch around an unmodified script lists it here: once before the script starts (the resume
-point: an NxD Training script is pinned to the newest complete tag, its start step is known;
-a transient error is retried as every store read at start is, trainer.store_errors),
-then once per progress interval (at least MIN_REFRESH_SECONDS) on node rank 0 only (one pod lists
-for the gang, not 1,000), and a
-last time when the script exits (a save made just before the exit is reported). Each listing is
-one listing of the store's root (trainium_api.checkpoints.StoreView). What it finds, or why it
-could not list, goes into the pod's progress report (trainium_api.progress.StoreReport). No torch.
+watch around an unmodified script on node rank 0 lists it: once before the script starts (the
+resume point: an NxD Training script is pinned to the newest complete tag, its start step is
+known; a transient error is retried as every store read at start is, trainer.store_errors),
+then once per progress interval (at least MIN_REFRESH_SECONDS), and a last time when the
+script exits (a save made just before the exit is reported). Each listing is one listing of
+the store's root plus the tags that changed (trainium_api.checkpoints.StoreView). What it
+finds, or why it could not list, goes into the pod's progress report
+(trainium_api.progress.StoreReport).
+
+The other pods do not list: one decision for the gang (:func:`await_leader`). They read node
+rank 0's report of this attempt from its pod (the trainer's Role allows get of the attempt's
+pods) and take the checkpoint it chose, so every rank of an NxD Training gang is pinned to the
+same tag even where a file system's directory cache shows the pods different listings, and a
+gang of 1,000 pods lists its store once, not 1,000 times. No script can save before every
+pod has read it: its ranks rendezvous first. A pod that cannot read node rank 0's word (no API
+server, outside the operator) lists the store itself. No torch.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Callable
 
 from trainium_api.checkpoints import StoreView, TagInfo
-from trainium_api.progress import CheckpointSeen, StoreReport
+from trainium_api.progress import ANNOTATION, CheckpointSeen, StoreReport, parse_fields
 
 from . import store_errors
 
@@ -36,18 +45,50 @@ NXDT_RESUME_FROM = "exp_manager.resume_from_checkpoint"
 NXDT_RESUME_IF_EXISTS = "exp_manager.resume_if_exists"
 
 
-def resume_arguments(layout: str, newest: TagInfo | None) -> list[str]:
-    """Arguments appended to a command trainer's command so that it resumes safely."""
+LEADER_WAIT_SECONDS = 600.0  # how long a pod waits for node rank 0's choice (its listing retries for up to 300 s)
+LEADER_POLL_SECONDS = 0.5
+_POD_OF_ATTEMPT = re.compile(r"^(?P<gang>.+-a\d+)-(?P<index>\d+)$")  # <run>-a<attempt>-<index> (plan.pod_name)
+
+
+def resume_arguments(layout: str, uri: str, chosen: CheckpointSeen | None) -> list[str]:
+    """Arguments appended to a command trainer's command so that it resumes safely from
+    ``chosen`` (a tag of the store at ``uri``)."""
     if layout != "nxdt":
         return []  # our trainer and NxD's load_checkpoint(tag=None) only ever take a tag with `done`
-    if newest is not None:
+    if chosen is not None:
         # quoted: the tag name has '=' in it, which Hydra's override grammar only takes quoted
-        return [f'{NXDT_RESUME_FROM}="{newest.uri}"']
+        return [f'{NXDT_RESUME_FROM}="{uri.rstrip("/")}/{chosen.tag}"']
     return [f"{NXDT_RESUME_IF_EXISTS}=false"]
 
 
 def seen(tag: TagInfo | None) -> CheckpointSeen | None:
     return None if tag is None else CheckpointSeen(tag.tag, tag.step, tag.done_mtime)
+
+
+def leader_pod(pod: str) -> str | None:
+    """The name of node rank 0's pod of the same attempt, None for a name not of that form."""
+    m = _POD_OF_ATTEMPT.match(pod or "")
+    return f"{m.group('gang')}-0" if m else None
+
+
+def await_leader(api, namespace: str, pod: str, attempt: int, timeout: float = LEADER_WAIT_SECONDS,
+                 poll: float = LEADER_POLL_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> tuple[bool, CheckpointSeen | None]:
+    """(answered, the checkpoint node rank 0 chose) from its pod's progress report of
+    ``attempt``: its store report names the tag (none: it found no complete checkpoint).
+    (False, None) when it does not answer within ``timeout`` (the caller lists itself)."""
+    deadline = clock() + timeout
+    while clock() < deadline:
+        try:
+            obj = api.read_namespaced_pod(pod, namespace, _request_timeout=10)
+            fields, _ = parse_fields(((obj.metadata.annotations or {}) if obj.metadata else {}).get(ANNOTATION))
+        except Exception as exc:  # noqa: BLE001 - not there yet, or the API server is away: ask again
+            log.debug("waiting for %s's checkpoint choice: %s", pod, exc)
+            fields = None
+        if fields and fields.get("attempt") == attempt and fields.get("startStep") is not None:
+            return True, fields.get("checkpoint")
+        sleep(poll)
+    return False, None
 
 
 class StoreWatch:

@@ -477,7 +477,10 @@ class Trainer:
             self.resume()
         except (ConfigError, exitcodes.FatalError):
             raise  # the run's configuration: named as such
-        except (Exception, SystemExit) as exc:  # (SystemExit: no complete tag loads, checkpoint.NoIntactCheckpoint)
+        except (OSError, SystemExit) as exc:
+            # the store's: listing or reading it failed for good (store_errors: StoreUnavailable,
+            # StoreConfigError, an OSError) or no complete tag loads (NoIntactCheckpoint); a peer
+            # lost mid-restore or a device error is not the store's, and says nothing of it
             self.store_error = f"cannot resume from {self.cfg.checkpoint.uri}: {type(exc).__name__}: {exc}"
             self._report_progress(force=True)
             raise

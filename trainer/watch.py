@@ -38,12 +38,13 @@ from typing import Callable
 
 from trainium_api.exitcodes import FATAL, RETRYABLE
 from trainium_api.launch import PREFLIGHT_SECONDS_FILE_ENV
-from trainium_api.progress import StoreReport
+from trainium_api.progress import CheckpointSeen, StoreReport
 from trainium_api.spec import LAYOUTS, PROGRESS_FORMATS, check_regex
 
 from . import progress
 from . import store_errors
-from .store_watch import MIN_REFRESH_SECONDS, StoreWatch, resume_arguments
+from .store_watch import (LEADER_WAIT_SECONDS, MIN_REFRESH_SECONDS, StoreWatch, await_leader, leader_pod,
+                          resume_arguments, seen)
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 # logger.py of NxD's tp_zero1_llama_hf_pretrain (and its siblings): the "seq/s" suffix, the
@@ -165,6 +166,14 @@ class Tracker:
             self._last = (sample.step, tps, sample.loss, self.clock())
             self._send(force=False)
 
+    def decided(self, chosen: CheckpointSeen | None) -> None:
+        """Where COMMAND resumes: reported at once, step or not (node rank 0's word is what the
+        other pods of the gang wait for)."""
+        with self._lock:
+            self.start_step = (chosen.step or 0) if chosen is not None else 0
+            self.store = StoreReport(chosen, self.store.error if chosen is None else None)
+            self._send(force=True)
+
     def store_changed(self, store: StoreReport) -> None:
         """A new view of the store: reported at once (a new checkpoint, or the store failing)."""
         with self._lock:
@@ -265,20 +274,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | None, layout: str) -> int:
-    """COMMAND, told where to resume (the newest complete checkpoint, listed from this pod), with
-    the store listed while it runs (node rank 0) and once more at its exit."""
+    """COMMAND, told where to resume (the newest complete checkpoint, as node rank 0 lists it
+    from its pod: trainer.store_watch), with the store listed while it runs and once more at its
+    exit (node rank 0)."""
+    leader = os.environ.get("NODE_RANK", "0") == "0"
     if store is not None:
-        try:  # each failure is said in the report too (storeError, the run's CheckpointStoreReadable)
-            newest = store.at_start()
+        try:
+            chosen = _resume_point(store, leader)
         except store_errors.StoreUnavailable as exc:  # another attempt may read it
             print(f"trainer.watch: {exc}", file=sys.stderr)
             return RETRYABLE
-        except store_errors.StoreConfigError as exc:  # refused again and again, or never answerable
+        except store_errors.StoreConfigError as exc:  # refused for minutes, or never answerable
             print(f"trainer.watch: invalid configuration: spec.checkpoint.uri: {exc}", file=sys.stderr)
             return FATAL
-        tracker.start_step = (newest.step or 0) if newest is not None else 0
-        command = [*command, *resume_arguments(layout, newest)]
-        if os.environ.get("NODE_RANK", "0") == "0":
+        tracker.decided(chosen)  # said at once: the other pods of the gang wait for node rank 0's word
+        command = [*command, *resume_arguments(layout, store.view.root, chosen)]
+        if leader:
             store.start()
     try:
         return run(command, tracker)
@@ -286,8 +297,24 @@ def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | No
         print(f"trainer.watch: cannot run {command[0]!r}: {exc}", file=sys.stderr)
         return 127
     finally:
-        if store is not None:
-            store.stop(final=os.environ.get("NODE_RANK", "0") == "0")
+        if store is not None and leader:
+            store.stop(final=True)
+
+
+def _resume_point(store: StoreWatch, leader: bool) -> CheckpointSeen | None:
+    """Node rank 0 lists the store (each failure said in its report: storeError, the run's
+    CheckpointStoreReadable); another pod takes node rank 0's choice for this attempt from its
+    pod, and lists the store itself only where it cannot read it."""
+    pod0 = None if leader else leader_pod(os.environ.get("POD_NAME", ""))
+    attempt = progress.attempt_of_env()
+    api = progress.connect_api() if pod0 and attempt is not None else None
+    if api is not None:
+        answered, chosen = await_leader(api, os.environ.get("POD_NAMESPACE", "default"), pod0, attempt)
+        if answered:
+            return chosen
+        print(f"trainer.watch: no checkpoint choice from {pod0} within {LEADER_WAIT_SECONDS:.0f}s; "
+              f"listing the store from this pod", file=sys.stderr)
+    return seen(store.at_start())
 
 
 if __name__ == "__main__":

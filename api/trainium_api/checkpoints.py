@@ -1,6 +1,6 @@
 """Checkpoint store contract (docs/architecture.md 3.3): tag names, markers, layouts, listing and
-selection. The trainer writes the store, the operator reads ``lastCheckpoint`` from it; both use
-this module. No torch; works on local paths and any fsspec URL (s3:// through s3fs).
+selection. The trainer pods write and read the store (the operator never does: it takes
+``lastCheckpoint`` from what they report). No torch; works on local paths and any fsspec URL (s3:// through s3fs).
 
     <root>/<tag>/checkpoint        begin marker, written first
     <root>/<tag>/model/...pt       shards (dp_rank_00_tp_rank_TT_pp_rank_PP.pt)
@@ -41,6 +41,11 @@ from .spec import LAYOUTS
 log = logging.getLogger(__name__)
 
 BEGIN, DONE, META = "checkpoint", "done", "meta.json"
+DAMAGED = "damaged"
+"""Written in a tag by the restore that found it damaged (trainer.checkpoint), with the reason: the
+tag is left in place, but no longer counts as complete (never resumed from again, and never one
+of the tags retention keeps for a fallback); retention does not delete it either. Removed by a
+save that rewrites the tag, or by hand once it is repaired."""
 FENCE = "fence"
 _FENCE_NAME = re.compile(r"^run_(\d+)_attempt_(\d+)$")
 Epoch = tuple[int, int]
@@ -74,6 +79,8 @@ class TagInfo:
     complete: bool
     done_mtime: float | None = None
     meta: dict = field(default_factory=dict)
+    damaged: bool = False
+    """Marked damaged by a restore (DAMAGED): not complete, whatever its ``done`` says."""
 
     @property
     def writer(self) -> Epoch | None:
@@ -150,9 +157,16 @@ def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool,
         children = {c["name"].rstrip("/").rsplit("/", 1)[-1]: c for c in fs.ls(path, detail=True)}
     except FileNotFoundError:
         return None  # deleted while we listed
+    except (PermissionError, NotADirectoryError) as exc:
+        if "://" in root:
+            raise  # an object store's refusal may be an expired token: the caller's retry decides
+        # a folder of the file system we may not read (lost+found at a volume's root): not ours
+        log.warning("skipping %s: %s", path, exc)
+        return None
     if BEGIN not in children and DONE not in children:
         return None  # not a checkpoint folder
-    complete = DONE in children
+    damaged = DAMAGED in children
+    complete = DONE in children and not damaged
     if complete and unchanged is not None and unchanged.done_mtime == _mtime(children[DONE]):
         return unchanged
     meta: dict = {}
@@ -163,7 +177,7 @@ def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool,
             log.warning("unreadable %s in %s: %s", META, path, exc)
     step = meta.get("step", _tag_step(name, layout)[1])
     uri = fs.unstrip_protocol(path) if "://" in root else path
-    return TagInfo(name, uri, step, complete, _mtime(children[DONE]) if complete else None, meta)
+    return TagInfo(name, uri, step, complete, _mtime(children[DONE]) if complete else None, meta, damaged)
 
 
 class StoreView:
@@ -172,8 +186,11 @@ class StoreView:
     A tag seen complete is remembered (its ``done`` and ``meta.json`` are written once); it is
     forgotten when its folder goes, and the newest one is looked into again each call (a save
     that rewrites a tag removes its ``done`` first, and retention deletes ``done`` first). A tag
-    not complete yet is looked into again at each call until it is. So at 10,000 tags a call
-    costs the root listing plus the tags that changed, not 10,000 listings."""
+    not complete yet is looked into again at each call until it is. Where the step is in the
+    name (NxD Training's ``.ckpt``), tags are looked into from the highest step down, and only
+    until the newest complete one: the first call at 10,000 tags costs the root listing and a
+    tag or two, not 10,000 listings. NxD scripts' tags (newest by ``done`` time, any name) and
+    ours (fencing reads each complete tag's writer) are each read once, on the first call."""
 
     def __init__(self, root: str, layout: str = "trainer"):
         if layout not in LAYOUTS:
@@ -190,22 +207,45 @@ class StoreView:
         self.requests += 1
         present = set(paths)
         self._complete = {p: t for p, t in self._complete.items() if p in present}
-        # the newest remembered one (by step, then marker time) may have lost its `done` since
-        recheck = max(self._complete, key=lambda p: (self._complete[p].step or 0, self._complete[p].done_mtime or 0),
-                      default=None)
-        for path in paths:
-            if path in self._complete and path != recheck:
-                continue
-            self.fs.invalidate_cache(path)
-            known = self._complete.get(path)
-            tag = _read_tag(self.fs, self.root, path, self.layout, read_meta=self.layout == "trainer",
-                            unchanged=known)
-            self.requests += 1 + (tag is not None and tag.complete and tag is not known and self.layout == "trainer")
-            if tag is not None and tag.complete:
-                self._complete[path] = tag
-            else:
-                self._complete.pop(path, None)
+        while True:
+            # the newest remembered one may have lost its `done` since (a rewrite, retention)
+            recheck = max(self._complete, key=lambda p: recency(self.layout, self._complete[p].step,
+                                                                 self._complete[p].done_mtime), default=None)
+            if recheck is None or self._look(recheck):
+                break
+        for path in self._unknown(paths, recheck):
+            self._look(path)
         return _select(list(self._complete.values()), self.layout, self.root)
+
+    def _unknown(self, paths: list[str], newest: str | None):
+        """The folders to look into: every one not known complete; for NxD Training's (step in
+        the name), only those above the newest known, highest first, until the first complete
+        (and its step's other versions)."""
+        if self.layout != "nxdt":
+            yield from (p for p in paths if p not in self._complete)
+            return
+        floor = self._complete[newest].step if newest is not None else -1
+        found = None
+        for path in sorted(paths, key=lambda p: _tag_step(p.rsplit("/", 1)[-1], "nxdt")[1], reverse=True):
+            step = _tag_step(path.rsplit("/", 1)[-1], "nxdt")[1]
+            if step < floor or (found is not None and step < found):
+                return
+            if path not in self._complete:
+                yield path  # the caller looks into it before asking for the next
+                if path in self._complete:
+                    found = step
+
+    def _look(self, path: str) -> bool:
+        """Reads one folder; remembers it when complete. Returns whether it is."""
+        self.fs.invalidate_cache(path)
+        known = self._complete.get(path)
+        tag = _read_tag(self.fs, self.root, path, self.layout, read_meta=self.layout == "trainer", unchanged=known)
+        self.requests += 1 + (tag is not None and tag.complete and tag is not known and self.layout == "trainer")
+        if tag is not None and tag.complete:
+            self._complete[path] = tag
+            return True
+        self._complete.pop(path, None)
+        return False
 
 
 def raise_fence(root: str, epoch: Epoch, complete: list[TagInfo]) -> None:
@@ -290,15 +330,23 @@ def newest_complete(root: str, layout: str = "trainer") -> TagInfo | None:
                    layout, root)
 
 
+def recency(layout: str, step: int | None, done_time: float | None) -> tuple:
+    """How ``layout`` orders its complete tags, the greatest newest (see LAYOUTS): NxD scripts
+    by their ``done`` marker's time (then step), the others by step (then that time). The
+    operator orders what the pods report with it too (store.py)."""
+    s, t = (step if step is not None else -1), (done_time or 0.0)
+    return (t, s) if layout == "nxd" else (s, t)
+
+
 def _select(complete: list[TagInfo], layout: str, root: str) -> TagInfo | None:
     """Of a store's complete tags, the one to resume from (see LAYOUTS)."""
     if layout == "nxd":  # NxD's own rule; a tag whose name has no step still counts
-        return max(complete, key=lambda t: (t.done_mtime or 0.0, t.step or 0), default=None)
+        return max(complete, key=lambda t: recency(layout, t.step, t.done_mtime), default=None)
     complete = _ordered([t for t in complete if t.step is not None])
     if not complete:
         return None
     if layout == "nxdt":
-        return max(complete, key=lambda t: (t.step, t.done_mtime or 0.0))
+        return max(complete, key=lambda t: recency(layout, t.step, t.done_mtime))
     epochs = fences(root)
     late = [t.tag for t in complete if completed_after_fence(root, t, epochs)]
     if late:

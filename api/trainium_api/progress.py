@@ -91,10 +91,20 @@ class StoreReport:
 
 
 def _cut(text: str | None) -> str | None:
+    """One line of at most ERROR_CHARS characters as JSON writes it (an escaped character takes
+    up to 6: the report must stay under MAX_LENGTH whatever the error holds)."""
     if text is None:
         return None
     text = " ".join(str(text).split())  # one line
-    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 3] + "..."
+    if len(json.dumps(text, ensure_ascii=False)) - 2 <= ERROR_CHARS:
+        return text
+    kept, room = [], ERROR_CHARS - 3
+    for char in text:
+        room -= len(json.dumps(char, ensure_ascii=False)) - 2
+        if room < 0:
+            break
+        kept.append(char)
+    return "".join(kept) + "..."
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -120,7 +130,7 @@ def payload(step: int | None, tokens_per_second: float | None, loss: float | Non
                        "restoreSeconds": _rounded(restore_seconds, 2), "restoreSource": restore_source,
                        "attempt": attempt, "firstStepTime": _rounded(first_step_time, 3),
                        **(store or StoreReport()).fields()},
-                      separators=(",", ":"))
+                      separators=(",", ":"), ensure_ascii=False)  # a tag's letters stay one character
 
 
 # What each field may hold. The annotation is written by user code (a command trainer's log

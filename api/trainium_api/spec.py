@@ -598,8 +598,8 @@ class TrainerConfig:
     """builtin: this project's trainer (python -m trainer), configured by the model, parallelism,
     training, data, checkpoint, health, logging and init groups. command: your own script (e.g. an
     NxD example or NxD Training's training_orchestrator.py) run unmodified under torchrun with the
-    same pod contract; the operator reads its progress from its log and its checkpoints from
-    checkpoint.uri."""
+    same pod contract; its progress is read from its log and its checkpoints from checkpoint.uri,
+    in its pods (python -m trainer.watch)."""
     command: list[str] = field(default_factory=list)
     """With kind command: what torchrun runs in every process, a Python script or -m module,
     then its arguments. $(VAR) references to the pod's environment are expanded
@@ -615,8 +615,9 @@ class TrainerConfig:
     optionally loss and throughput (samples per second), searched in every log line."""
     checkpoint_layout: Unset | CheckpointLayout = ""
     """With kind command: how checkpoints under checkpoint.uri are found (trainer, nxd, nxdt;
-    default: the progress format's, nxd or nxdt). With nxdt the operator appends
-    exp_manager.resume_from_checkpoint=<newest complete checkpoint> to the command on every start."""
+    default: the progress format's, nxd or nxdt). With nxdt the pods' watch appends
+    exp_manager.resume_from_checkpoint=<newest complete checkpoint> (node rank 0 lists the store,
+    the other pods take its choice) to the command on every start."""
     tokens_per_sample: NonNegative = 0
     """With kind command: sequence length, so tokens per second = samples per second x this (0: not reported)."""
     samples_per_step: NonNegative = 0
@@ -629,7 +630,7 @@ class TrainerConfig:
 
     @property
     def layout(self) -> str:
-        """The checkpoint layout the operator reads."""
+        """The checkpoint layout the pods read (and report to the operator)."""
         return self.checkpoint_layout or LAYOUT_OF_FORMAT.get(self.progress_format, "trainer")
 
     def validate(self) -> None:

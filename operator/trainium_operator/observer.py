@@ -84,7 +84,13 @@ pod's clock that jumped (an NTP step, a wrong host clock): the time is dropped, 
 
 def _clock_checked(pod: PodView, now: float) -> PodView:
     """``pod`` without a progress time from the future (step times, goodput and the hang clock
-    would follow it); the drop is named in its progress errors (the ProgressValid condition)."""
+    would follow it), nor a checkpoint time from the future (the checkpoint-age alert would
+    follow it); each drop is named in its progress errors (the ProgressValid condition)."""
+    seen = pod.store.checkpoint if pod.store is not None else None
+    if seen is not None and seen.time is not None and seen.time > now + MAX_CLOCK_AHEAD_SECONDS:
+        pod = dataclasses.replace(pod, store=dataclasses.replace(pod.store, checkpoint=dataclasses.replace(
+            seen, time=None)), progress_errors=[*pod.progress_errors, f"checkpoint.time: {seen.time - now:.0f}s "
+                                                f"ahead of the operator's clock; dropped"])
     at = pod.progress.get("time") if pod.progress else None
     if not isinstance(at, (int, float)) or at <= now + MAX_CLOCK_AHEAD_SECONDS:
         return pod

@@ -274,7 +274,7 @@ def _observe(p: Pass) -> None:
                      f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "
                      f"{spec.trainer.layout}")
             p.condition("Valid", True, "SpecValid", f"world size {spec.world_size}, {shape}")
-    completed = store.is_new(p.checkpoint, p.old.last_checkpoint)
+    completed = store.advances(p.checkpoint, p.old.last_checkpoint, spec, p.pods)
     if completed:
         new.last_checkpoint = p.checkpoint
     store.observe(p, completed)

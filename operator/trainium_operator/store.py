@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from trainium_api import checkpoints
 from trainium_api.progress import CheckpointSeen
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import CheckpointRef, TrainingRunStatus
@@ -35,17 +36,14 @@ def layout(spec: TrainingRunSpec) -> str:
 
 
 def newest_reported(pods: list[PodView], spec: TrainingRunSpec) -> CheckpointRef | None:
-    """The newest complete checkpoint any of ``pods`` reports, by the layout's own rule (NxD
-    scripts: the newest ``done``; the others: the highest step), or None when none reports one.
-    Its URI is the run's store joined with the tag (a tag is one name: the report's parser
-    refuses separators), never a location a pod wrote."""
+    """The newest complete checkpoint any of ``pods`` reports, by the layout's own order
+    (checkpoints.recency: NxD scripts by the newest ``done``, the others by the highest step),
+    or None when none reports one. Its URI is the run's store joined with the tag (a tag is one
+    name: the report's parser refuses separators), never a location a pod wrote."""
     seen = [p.store.checkpoint for p in pods if p.store is not None and p.store.checkpoint is not None]
     if not seen:
         return None
-    if layout(spec) == "nxd":
-        best = max(seen, key=lambda c: (c.time or 0.0, c.step if c.step is not None else -1))
-    else:
-        best = max(seen, key=lambda c: (c.step if c.step is not None else -1, c.time or 0.0))
+    best = max(seen, key=lambda c: checkpoints.recency(layout(spec), c.step, c.time))
     return ref(best, spec.run.checkpoint.uri)
 
 
@@ -53,12 +51,24 @@ def ref(seen: CheckpointSeen, uri: str) -> CheckpointRef:
     return CheckpointRef(tag=seen.tag, step=seen.step, time=seen.time, uri=f"{uri.rstrip('/')}/{seen.tag}")
 
 
-def is_new(reported: CheckpointRef | None, recorded: CheckpointRef | None) -> bool:
-    """Whether ``reported`` names another checkpoint than the status records (the pods' clocks
-    may date one tag differently: the time alone is no change)."""
+def advances(reported: CheckpointRef | None, recorded: CheckpointRef | None, spec: TrainingRunSpec,
+             pods: list[PodView]) -> bool:
+    """Whether ``reported`` replaces the ``recorded`` lastCheckpoint: it is newer by the layout's
+    order (by step, or by ``done`` time for NxD scripts: a tag rewritten under its name is
+    newer; the pods' clocks dating one tag differently are no change), or a pod says the
+    recorded one is damaged (its restore skipped it). Never backwards otherwise: the pods that
+    saw the newest tag may go first (a teardown, a drain, a suspension), and the others' reports
+    are older, not truer."""
     if reported is None:
         return False
-    return recorded is None or (reported.tag, reported.step) != (recorded.tag, recorded.step)
+    if recorded is None:
+        return True
+    if any(x.store is not None and x.store.skipped is not None and x.store.skipped.tag == recorded.tag
+           for x in pods if not x.deleting):
+        return (reported.tag, reported.step) != (recorded.tag, recorded.step)
+    order = layout(spec)  # its first item: the done time (nxd) or the step
+    return checkpoints.recency(order, reported.step, reported.time)[0] > \
+        checkpoints.recency(order, recorded.step, recorded.time)[0]
 
 
 class StorePass(Protocol):
@@ -66,6 +76,7 @@ class StorePass(Protocol):
     old: TrainingRunStatus
     new: TrainingRunStatus
     pods: list[PodView]
+    current: list[PodView]  # the attempt in force's pods as it sees them (another attempt's reports dropped)
 
     def condition(self, ctype: str, ok: bool, reason: str, message: str) -> None: ...
 
@@ -77,7 +88,7 @@ def observe(p: StorePass, checkpoint_completed: bool) -> None:
     ``checkpoint_completed``: this pass records a newer complete checkpoint than the status had."""
     live = [x for x in p.pods if x.store is not None and not x.deleting]
     _saves(p, live, checkpoint_completed)
-    _readable(p, live, [x for x in p.pods if not x.deleting and x.progress is not None])
+    _readable(p, live, [x for x in p.current if not x.deleting and x.progress is not None])
     _skipped(p, live)
 
 

@@ -118,8 +118,14 @@ def test_a_damaged_newest_tag_falls_back_to_the_previous_and_stays(tmp_path, cap
     assert torch.equal(state["model"]["w"], torch.arange(1000, dtype=torch.float32) * 4)
     assert isinstance(ck.skipped, SkippedCheckpoint) and ck.skipped.tag == "step_8"
     assert why in ck.skipped.error and "\n" not in ck.skipped.error
-    assert (tmp_path / "ckpt" / "step_8" / checkpoints.DONE).exists()  # not deleted, still "complete"
-    assert checkpoints.newest_complete(str(tmp_path / "ckpt")).tag == "step_8"
+    assert (tmp_path / "ckpt" / "step_8" / checkpoints.DONE).exists()  # not deleted
+    # but marked: the next restart does not check it again, retention neither keeps nor deletes it
+    marker = json.loads((tmp_path / "ckpt" / "step_8" / checkpoints.DAMAGED).read_text())
+    assert why in marker["reason"]
+    tags = {t.tag: t for t in checkpoints.list_tags(str(tmp_path / "ckpt"))}
+    assert tags["step_8"].damaged and not tags["step_8"].complete
+    assert checkpoints.newest_complete(str(tmp_path / "ckpt")).tag == "step_4"
+    assert ckpt_store.retention_victims(list(tags.values()), 1) == []
     assert any("checkpoint step_8 is damaged" in r.message and "falling back to step_4" in r.message
                for r in caplog.records)
 
@@ -165,8 +171,12 @@ def test_every_complete_tag_damaged_exits_retryable_and_deletes_nothing(tmp_path
     assert str(err.value).startswith(f"no complete checkpoint under {tmp_path / 'ckpt'} loads: step_12 (")
     assert "step_8 (" in str(err.value) and "step_4 (" in str(err.value)
     assert ck.skipped.tag == "step_12"
-    assert [t.tag for t in checkpoints.list_tags(str(tmp_path / "ckpt")) if t.complete] == \
-        ["step_4", "step_8", "step_12"]
+    tags = checkpoints.list_tags(str(tmp_path / "ckpt"))
+    assert [t.tag for t in tags if t.damaged] == ["step_4", "step_8", "step_12"]
+    assert all((tmp_path / "ckpt" / t.tag / checkpoints.DONE).exists() for t in tags)
+    # the next restart does not start from step 0 over them either
+    with pytest.raises(NoIntactCheckpoint, match="was found damaged by an earlier restore"):
+        ck.select_resume()
 
 
 def test_a_tag_named_in_resume_is_not_replaced_by_an_older_one(tmp_path):

@@ -184,6 +184,11 @@ def test_a_one_off_refusal_is_retried_and_a_persistent_one_is_configuration():
     denied = [translate_boto_error(client_error("AccessDenied", 403)) for _ in range(2)]
     read, calls = failing(*denied, client_error("SlowDown", 503), *denied)
     assert run(read, replace(FAST, tries=8))[0] == b"ok" and len(calls) == 6
+    # a refusal must also have lasted: a policy attached a moment before the run still propagates
+    read, calls = failing(*[translate_boto_error(client_error("AccessDenied", 403)) for _ in range(10)])
+    with pytest.raises(StoreConfigError) as err:
+        run(read, replace(FAST, tries=10, denied_seconds=8.0))
+    assert len(calls) > FAST.denied_tries
 
 
 def test_missing_invalid_and_bugs_are_not_retried():

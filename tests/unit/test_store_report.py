@@ -283,3 +283,53 @@ def test_the_resume_point_is_what_the_attempts_pods_say_they_resumed_from():
                                            r.after.current.resume_checkpoint.step) == ("step_15", 15)
     r = reconcile_objects(starting, first_report(10, StoreReport(CheckpointSeen("step_10", 10, 90.0))), NODES, now=111.0)
     assert (r.after.current.resume_checkpoint.tag, r.after.current.resume_checkpoint.step) == ("step_10", 10)
+
+
+def test_nxdt_tags_are_looked_into_from_the_highest_step_down(tmp_path):
+    for step in range(1, 2001):
+        _tag(tmp_path, f"hf--step={step}-consumed_samples={step * 8}.0.ckpt")
+    _tag(tmp_path, "hf--step=2001-consumed_samples=16008.0.ckpt", done=False)  # a save under way
+    view = checkpoints.StoreView(str(tmp_path), "nxdt")
+    assert view.newest().step == 2000 and view.requests == 1 + 2  # the root, the open tag, the newest
+    (tmp_path / "hf--step=2000-consumed_samples=16000.0.ckpt" / checkpoints.DONE).unlink()  # rewritten
+    assert view.newest().step == 1999
+
+
+def test_a_folder_the_pod_may_not_read_is_skipped_not_fatal(tmp_path):
+    _tag(tmp_path, "step_10")
+    (tmp_path / "lost+found").mkdir()
+    view = checkpoints.StoreView(str(tmp_path), "nxd")
+    view.fs.ls = _refusing(view.fs.ls, "lost+found")  # root reads everything: the refusal is staged
+    assert view.newest().tag == "step_10"
+
+
+def _refusing(ls, name: str):
+    def listing(path, *a, **kw):
+        if path.rstrip("/").endswith(name):
+            raise PermissionError(13, "Permission denied", path)
+        return ls(path, *a, **kw)
+    return listing
+
+
+def test_the_other_pods_take_node_rank_0s_choice_of_this_attempt():
+    class ApiServer:  # stand-in for the API server's pod read (the cluster tiers use a real one)
+        def __init__(self, annotation):
+            self.annotation, self.reads = annotation, 0
+
+        def read_namespaced_pod(self, name, namespace, **_):
+            self.reads += 1
+            if self.reads < 3:
+                raise RuntimeError("not found yet")
+            return type("Pod", (), {"metadata": type("M", (), {"annotations": {progress.ANNOTATION: self.annotation}})})
+    assert store_watch.leader_pod("run-a3-7") == "run-a3-0" and store_watch.leader_pod("run-spare-1") is None
+    chosen = CheckpointSeen("m--step=20-consumed_samples=20.0.ckpt", 20, 5.0)
+    word = progress.payload(None, None, None, None, attempt=3, start_step=20, store=StoreReport(chosen))
+    clock = iter(range(1000)).__next__
+    assert store_watch.await_leader(ApiServer(word), "ns", "run-a3-0", 3, timeout=10, clock=clock,
+                                    sleep=lambda s: None) == (True, chosen)
+    nothing = progress.payload(None, None, None, None, attempt=3, start_step=0, store=StoreReport())
+    assert store_watch.await_leader(ApiServer(nothing), "ns", "run-a3-0", 3, timeout=10, clock=clock,
+                                    sleep=lambda s: None) == (True, None)
+    older = progress.payload(None, None, None, None, attempt=2, start_step=20, store=StoreReport(chosen))
+    assert store_watch.await_leader(ApiServer(older), "ns", "run-a3-0", 3, timeout=10, clock=iter(range(1000)).__next__,
+                                    sleep=lambda s: None) == (False, None)
