@@ -36,13 +36,15 @@ callers name their field in a ``ConfigError`` (exit 78). This module imports no 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
-from trainium_api import exitcodes
+from trainium_api import exitcodes, storefaults
+from trainium_api.launch import TERMINATION_LOG_ENV
 
 log = logging.getLogger("trainer.store")
 T = TypeVar("T")
@@ -215,7 +217,22 @@ def unavailable(what: str, exc: BaseException, tries: int, seconds: float) -> St
                f"configuration; exiting {exitcodes.RETRYABLE} (retryable): the run is restarted and reads it again")
     log.error("%s", message)
     print(message, file=sys.stderr, flush=True)  # also where no logging is set up (trainer.prepare)
+    _say_in_termination_message(f"{what} failed {tries} times over {seconds:.0f} s: {describe(exc)}")
     return StoreUnavailable(message)
+
+
+def _say_in_termination_message(reason: str) -> None:
+    """In a pod: the container's termination message says the store was unavailable
+    (trainium_api.storefaults), so the operator restarts the run under its own cause ``store``
+    rather than as a crash that counts toward the no-progress guard."""
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w") as fh:
+            fh.write(storefaults.format_message(reason))
+    except OSError as exc:
+        log.warning("could not write the termination message to %s: %s", path, exc)
 
 
 def retry(read: Callable[[], T], what: str, policy: Backoff | None = None, *,

@@ -459,6 +459,10 @@ class RestartBudget:
     """Restarts after a straggler's node was quarantined (faultTolerance.stragglers replace)."""
     preflight: NonNegative = 10
     """Restarts after a node failed the pre-flight check (faultTolerance.preflight)."""
+    store: NonNegative = 12
+    """Restarts after the checkpoint or data store stayed unavailable past a pod's retries (about 5
+    minutes of throttling, 5xx or timeouts each: 12 ride out an hour's outage). Not one of the
+    job's causes: it never counts toward noProgressRestarts."""
 
     def for_cause(self, cause: str) -> int:
         return getattr(self, cause.replace("-", "_"))

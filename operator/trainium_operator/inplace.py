@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainium_api import preflight, runtimefaults
+from trainium_api import preflight, runtimefaults, storefaults
 from trainium_api.agent import Order
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import TrainingRunStatus
@@ -24,7 +24,7 @@ from .plan import gang_pod_names
 # Failures after which the nodes are still trusted: the workers are restarted where they are.
 # A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
 # pre-flight or straggler verdict, all need other pods: the gang is recreated.
-IN_PLACE_CAUSES = ("application", "hang")
+IN_PLACE_CAUSES = ("application", "hang", "store")  # (a store outage leaves the nodes as they were)
 # A hung gang's workers are SIGKILLed as soon as they are idle for IDLE_STOP_SECONDS after the
 # SIGTERM (trainium_api.agent.Order.idle_seconds), not after the whole grace: the stop-save a
 # SIGTERM asks for is agreed on at a step boundary, which a hung gang never reaches. A gang only
@@ -92,6 +92,7 @@ def as_of(pods: list[PodView], attempt: int, started: float | None, now: float) 
                 message=fault.describe() if fault else failed_check or report.message.strip()
                 or f"workers exited {report.exit_code}",
                 runtime_fault=fault, preflight_failure=failed_check,
+                store_unavailable=storefaults.parse_message(report.message),
                 finished=min(now, max(started or 0.0, report.time if report.time is not None else now))))
         else:  # the workers of this attempt have not started yet (or the report is an earlier attempt's)
             out.append(replace(pod, phase="Pending", progress=None, waiting="",

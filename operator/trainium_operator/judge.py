@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainium_api import exitcodes
 from trainium_api.exitcodes import PREFLIGHT as PREFLIGHT_EXIT
 from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
@@ -213,7 +214,9 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
                                           "pod that caused it", first + culprit_wait)
             blamed = failed
         p = blamed[0]
-        cause = "eviction" if p.reason in EVICTION_REASONS else "application"
+        # a store that stayed down past the pod's retries: its own cause, not the job's
+        store = p.exit_code == exitcodes.RETRYABLE and p.store_unavailable
+        cause = "eviction" if p.reason in EVICTION_REASONS else "store" if store else "application"
         note = ("; the runtime asks only for a new process: the node is kept"
                 if p.runtime_fault and p.runtime_fault.kind == "restart" else "")
         return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip() + note,

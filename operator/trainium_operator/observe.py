@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trainium_api import agent, preflight, progress, runtimefaults
+from trainium_api import agent, preflight, progress, runtimefaults, storefaults
 from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import Cause
 
@@ -65,6 +65,7 @@ class PodView:
     gone_by: float | None = None  # a deleting pod's deletionTimestamp: when its grace period ends
     runtime_fault: runtimefaults.Finding | None = None  # what the Neuron runtime said, from its termination message
     preflight_failure: str | None = None  # why its node failed the pre-flight check, from its termination message
+    store_unavailable: str | None = None  # what store stayed unavailable past its retries, from its termination message
     preflight_running: bool = False  # its launcher says the pre-flight check is under way (its annotation)
     agent: agent.Report | None = None  # its agent's report (in-place restarts), None without one
     order: agent.Order | None = None  # the operator's newest order to its agent
@@ -81,7 +82,7 @@ def pod_view(pod: dict) -> PodView:
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     labels = meta.get("labels") or {}
     exit_code, reason, message = None, status.get("reason") or "", status.get("message") or ""
-    finished, waiting, fault, failed_check = None, "", None, None
+    finished, waiting, fault, failed_check, store_down = None, "", None, None, None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         term = state.get("terminated")
@@ -90,6 +91,7 @@ def pod_view(pod: dict) -> PodView:
             reason = reason if reason in EVICTION_REASONS else (term.get("reason") or reason)
             fault = runtimefaults.parse_message(term.get("message"))
             failed_check = preflight.parse_message(term.get("message"))
+            store_down = storefaults.parse_message(term.get("message"))
             message = fault.describe() if fault else failed_check or term.get("message") or message
             finished = _ts(term.get("finishedAt"))
         wait = state.get("waiting")
@@ -119,6 +121,7 @@ def pod_view(pod: dict) -> PodView:
                    created=_ts(meta.get("creationTimestamp")), unschedulable=unschedulable, finished=finished,
                    scheduled=scheduled, waiting=waiting[:500], owner=controller_uid(pod),
                    gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check,
+                   store_unavailable=store_down,
                    preflight_running=preflight.is_running(meta.get("annotations")),
                    agent=agent.parse_report((meta.get("annotations") or {}).get(agent.REPORT)),
                    order=agent.parse_order((meta.get("annotations") or {}).get(agent.ORDER)),

@@ -86,6 +86,12 @@ ROWS = [
     Row("a settling device does not hide a crash", nodes={1: node(1, alloc=0, short_for=5)},
         pods={2: pod(2, "Failed", code=1)}, cause="application"),
     Row("crashed rank", pods={3: pod(3, "Failed", code=1)}, cause="application"),
+    Row("a store that stayed unavailable past the pod's retries: its own cause, not the job's",
+        pods={3: pod(3, "Failed", code=75, term="store-unavailable: read s3://b/tok.json failed 10 times over 290 s: "
+                                                  "SlowDown (HTTP 503)")}, cause="store"),
+    Row("exit 75 without that word is a crash", pods={3: pod(3, "Failed", code=75)}, cause="application"),
+    Row("that word with another exit code is a crash", pods={3: pod(3, "Failed", code=1, term="store-unavailable: x")},
+        cause="application"),
     Row("the runtime names a hardware fault: that pod's node, though a peer's pod failed first",
         pods={0: pod(0, "Failed", code=1, term=PEER, finished_ago=3), 2: pod(2, "Failed", code=1, term=HBM)},
         cause="neuron-device", node="n2"),

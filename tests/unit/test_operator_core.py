@@ -180,6 +180,12 @@ def test_policy_budgets_quarantine_and_guard():
     mixed = same[:2] + flaps + same[2:]
     assert decide(Failure("application", "x"), s, _counted(mixed), [], 10, now=1000 + 7200).reason.startswith("no progress: 3")
     assert decide(Failure("eviction", "gone"), s, _counted(same), [], 10, now=1000).kind == "restart"
+    # a store that stayed down (the pods' retries spent, each attempt 5 minutes): no sign that the
+    # job makes no progress, and a budget of its own
+    outage = [{"time": 1000 + 300 * i, "cause": "store", "checkpointStep": 10} for i in range(11)]
+    assert decide(Failure("store", "s3 down"), s, _counted(outage), [], 10, now=4400).kind == "restart"
+    assert decide(Failure("store", "s3 down"), s, _counted(outage + outage[:1]), [], 10,
+                  now=4400).reason.startswith("restart budget for store exhausted")
     assert decide(Failure("application", "x", fatal=True), s, _counted([]), [], 10, now=1000).kind == "fail"
 
 

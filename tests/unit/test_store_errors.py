@@ -348,3 +348,15 @@ def test_the_node_copy_is_keyed_by_the_objects_version(store, tmp_path, monkeypa
     copies = sorted(p.name for p in (tmp_path / "cache" / "objects").iterdir())
     assert len(copies) == 2 and not any(p.startswith(".") for p in copies)
     assert len(list((tmp_path / "cache" / "launches").iterdir())) == 3
+
+
+def test_a_store_that_stays_down_is_said_in_the_termination_message(tmp_path, monkeypatch):
+    """So the operator restarts under the cause ``store`` (its own budget; never the no-progress guard)."""
+    from trainium_api import storefaults
+    from trainium_api.launch import TERMINATION_LOG_ENV
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(tmp_path / "termination-log"))
+    read, _ = failing(*[client_error("SlowDown", 503) for _ in range(10)])
+    with pytest.raises(StoreUnavailable):
+        run(read)
+    said = storefaults.parse_message((tmp_path / "termination-log").read_text())
+    assert said.startswith("read s3://b/k failed 5 times") and "SlowDown" in said
