@@ -67,10 +67,14 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(first_run, t
     for s in again:
         assert again[s]["loss"] == first[s]["loss"], f"step {s} differs"  # bitwise on CPU
         assert again[s]["gradNorm"] == first[s]["gradNorm"]
-    # the bad tag is left where it was, damage and all; retention (keep 2) kept step_7 beside it
+    # the bad tag is left where it was, damage and all, marked damaged (why, in its `damaged`
+    # file): not complete any more, neither kept nor deleted by retention (keep 2: step_4, step_7)
     assert (ckpt / "step_8" / checkpoints.DONE).exists()
     assert (ckpt / "step_8" / file).exists() == (damage is _truncate)
-    assert [t.tag for t in checkpoints.list_tags(str(ckpt)) if t.complete] == ["step_7", "step_8"]
+    tags = checkpoints.list_tags(str(ckpt))
+    assert [t.tag for t in tags if t.complete] == ["step_4", "step_7"] and [t.tag for t in tags if t.damaged] == \
+        ["step_8"]
+    assert why in (ckpt / "step_8" / checkpoints.DAMAGED).read_text()
 
 
 def test_every_complete_checkpoint_damaged_exits_retryable_and_trains_nothing(first_run, tiny_data, tmp_path):
@@ -84,4 +88,6 @@ def test_every_complete_checkpoint_damaged_exits_retryable_and_trains_nothing(fi
     assert f"no complete checkpoint under {ckpt} loads: step_8 (rank 0: {MODEL} is missing); step_4 (" \
         in res.stderr, res.stderr[-3000:]
     assert not (tmp_path / "none.jsonl").exists() or not read_losses(tmp_path / "none.jsonl")
-    assert [t.tag for t in checkpoints.list_tags(str(ckpt)) if t.complete] == ["step_4", "step_8"]
+    tags = checkpoints.list_tags(str(ckpt))  # every tag left, each marked damaged
+    assert [t.tag for t in tags if t.damaged] == ["step_4", "step_8"] and not [t for t in tags if t.complete]
+    assert all((ckpt / t.tag / checkpoints.DONE).exists() for t in tags)
