@@ -144,7 +144,7 @@ def _tag_dirs(fs, base: str, layout: str) -> list[str]:
     except FileNotFoundError:
         return []
     paths = [e["name"].rstrip("/") for e in entries if e.get("type") == "directory"]
-    return [path for path in paths if _tag_step(path.rsplit("/", 1)[-1], layout)[0]]
+    return [path for path in paths if _tag_step(name := path.rsplit("/", 1)[-1], layout)[0] and name != FENCE]
 
 
 def _read_tag(fs, root: str, path: str, layout: str, read_meta: bool,

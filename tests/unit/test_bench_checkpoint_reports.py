@@ -1,7 +1,8 @@
 """bench.checkpoint_listing and bench.checkpoint_report_latency keep running (a benchmark that no
 longer runs is a defect found late): the listing on moto's S3 server at its smallest sizes, the
 report latency's arithmetic and its peer (the old CheckpointLister from git history) on a local
-store, and the latency benchmark end to end at its smallest run on the local control plane."""
+store (the latency benchmark itself needs the local control plane and a training run: it is run by
+hand, python bench/checkpoint_report_latency.py --quick, not in the unit tier)."""
 
 from __future__ import annotations
 
@@ -65,15 +66,3 @@ def test_the_peer_is_the_old_lister_and_lists_a_local_store(tmp_path):
     while (ref := lister.newest(run, None, [])) is None and time.monotonic() < deadline:
         time.sleep(0.1)  # a gang about to start: listed at once, answered within a pass or two
     assert ref is not None and ref.tag == "step_10" and ref.step == 10
-
-
-@pytest.mark.e2e
-def test_the_report_latency_benchmark_runs_end_to_end():
-    res = subprocess.run([sys.executable, "bench/checkpoint_report_latency.py", "--quick"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    summary = [r for r in _rows(res.stdout) if r[0].startswith(("pods report", "old operator"))]
-    assert len(summary) == 2, res.stdout[-3000:]
-    for row in summary:  # every checkpoint is named or counted as superseded first (no timing asserted)
-        assert int(row[1]) + int(row[2]) == 2, row
-    assert int(summary[0][1]) >= 1, summary  # the pods' reports reached the status
