@@ -58,7 +58,7 @@ def test_enumerations_have_one_source():
     from trainium_api import checkpoints
     assert watch.PROGRESS_FORMATS is api.PROGRESS_FORMATS and checkpoints.LAYOUTS is api.LAYOUTS
     assert api.CAUSES == ("application", "node", "neuron-device", "hang", "eviction", "scheduling", "startup",
-                          "straggler", "preflight")
+                          "straggler", "preflight", "store")
     assert set(api.INSTANCE_TYPES) == set(next(f for f in api_fields(api.TrainingRunSpec)
                                                if f.name == "instance_type").enum)
 
