@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench.common import stop_cleanly_on_signals, stop_process, table  # noqa: E402
+from trainium_api import keys  # noqa: E402
 from trainium_api import checkpoints, progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
@@ -106,7 +107,7 @@ class Gang:
             return
         payload = progress.payload(self.step, 4096 * 1024 / STEP_SECONDS, 2.0, self.last_ckpt, now=self.step_end,
                                    start_step=self.start_step)
-        patch = {"metadata": {"annotations": {progress.ANNOTATION: payload}}}
+        patch = {"metadata": {"annotations": {keys.PROGRESS: payload}}}
         self.inflight = [self.d.pool.submit(self.d.patch_pod, p, patch) for p in self.pods]
 
 

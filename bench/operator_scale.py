@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("TRN_NODE_MONITOR_GRACE", "600s")
 
 from bench.common import stop_cleanly_on_signals, stop_process, table  # noqa: E402
+from trainium_api import keys  # noqa: E402
 from trainium_api import progress  # noqa: E402
 
 PEER = textwrap.dedent('''
@@ -199,7 +200,7 @@ def report_progress(core, step: int) -> None:
     however long the benchmark takes."""
     body = progress.payload(step, 1000.0, 2.0, None)
     for p in core.list_namespaced_pod("default").items:
-        core.patch_namespaced_pod(p.metadata.name, "default", {"metadata": {"annotations": {progress.ANNOTATION: body}}})
+        core.patch_namespaced_pod(p.metadata.name, "default", {"metadata": {"annotations": {keys.PROGRESS: body}}})
 
 
 def running_runs(custom) -> int:

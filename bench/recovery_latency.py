@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench.common import stop_cleanly_on_signals, table  # noqa: E402
-from trainium_api import agent, progress  # noqa: E402
+from trainium_api import agent, keys, progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 
@@ -199,7 +199,7 @@ class Bench:
             payload = progress.payload(10 * attempt, 1e5, 2.0, None, attempt=attempt)
             for p in pods:
                 self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {
-                    progress.ANNOTATION: payload}}})
+                    keys.PROGRESS: payload}}})
             wait(lambda: self._status(ns, name).get("phase") == "Running", 60, 0.02)
             kind = kinds[i % len(kinds)]
             victim = pods[i % n]
@@ -354,7 +354,7 @@ class AgentStandIn:
     def _write(self, pod: str, want: agent.Report) -> None:
         try:
             self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {
-                agent.REPORT: agent.report_payload(agent.Report(want.attempt, want.state, time=time.time()))}}})
+                keys.AGENT_REPORT: agent.report_payload(agent.Report(want.attempt, want.state, time=time.time()))}}})
         except Exception as exc:  # a pod deleted meanwhile: its report is moot
             if not self.stopped.is_set():
                 print(f"  agent stand-in: {pod}: {str(exc)[:100]}", flush=True)
@@ -362,7 +362,7 @@ class AgentStandIn:
 
     def crash(self, pod: str, attempt: int) -> None:
         self.crashed[pod] = attempt
-        self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {agent.REPORT: agent.report_payload(
+        self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {keys.AGENT_REPORT: agent.report_payload(
             agent.Report(attempt, "exited", 1, "simulated worker crash", time.time()))}}})
 
     def wanted(self, pod) -> agent.Report | None:
@@ -370,7 +370,7 @@ class AgentStandIn:
         if meta.deletion_timestamp or pod.status.phase != "Running":
             return None
         ann = meta.annotations or {}
-        order = agent.parse_order(ann.get(agent.ORDER))
+        order = agent.parse_order(ann.get(keys.ORDER))
         attempt = int((meta.labels or {}).get("trainium.dev/attempt", "1"))
         if order is not None and order.attempt >= attempt:
             if self.crashed.get(meta.name, 0) >= order.attempt:
@@ -390,7 +390,7 @@ class AgentStandIn:
                         return
                     pod = event["object"]
                     want = self.wanted(pod) if event["type"] != "DELETED" else None
-                    have = agent.parse_report((pod.metadata.annotations or {}).get(agent.REPORT))
+                    have = agent.parse_report((pod.metadata.annotations or {}).get(keys.AGENT_REPORT))
                     key, name = (want.attempt, want.state) if want else None, pod.metadata.name
                     if want is not None and (have is None or (have.attempt, have.state) != key) \
                             and self.written.get(name) != key:

@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from trainium_api import keys
 from trainium_api import agent as protocol
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
@@ -67,7 +68,7 @@ class Orders:
 
     def _seen(self, pod) -> None:
         order = protocol.parse_order(((pod.metadata.annotations if pod and pod.metadata else None) or {})
-                                     .get(protocol.ORDER))
+                                     .get(keys.ORDER))
         with self.changed:
             if order is not None and order != self.latest:
                 self.latest = order
@@ -133,7 +134,7 @@ class Reports:
                 while self._next is None:
                     self._cv.wait()
                 report = self._next
-            body = {"metadata": {"annotations": {protocol.REPORT: protocol.report_payload(report)}}}
+            body = {"metadata": {"annotations": {keys.AGENT_REPORT: protocol.report_payload(report)}}}
             try:
                 self.api.patch_namespaced_pod(self.pod, self.namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS)
             except Exception as exc:

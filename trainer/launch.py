@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from trainium_api import exitcodes, runtimefaults
+from trainium_api import exitcodes, keys, runtimefaults
 from trainium_api import preflight as verdicts
 from trainium_api.launch import (AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
                                  TERMINATION_LOG_ENV)
@@ -85,7 +85,7 @@ def preflight(args, value: str) -> int:
         check.master_port = int(check.master_port) + 1
     print(f"trainer.launch: pre-flight check ({value})", file=sys.stderr, flush=True)
     # the run's Preflight phase comes from this (the operator cannot tell the check from a slow start)
-    announced = annotate_own_pod(verdicts.ANNOTATION, verdicts.RUNNING)
+    announced = annotate_own_pod(keys.PREFLIGHT, verdicts.RUNNING)
     started = time.monotonic()
     beats = tempfile.TemporaryDirectory(prefix="preflight-beats-")
     hung: list[liveness.Hung] = []
@@ -119,7 +119,7 @@ def preflight(args, value: str) -> int:
     if hung:  # named as the workers ended by themselves: the verdict stands
         return exitcodes.PREFLIGHT
     os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
-    annotate_own_pod(verdicts.ANNOTATION, verdicts.DONE, after=announced)
+    annotate_own_pod(keys.PREFLIGHT, verdicts.DONE, after=announced)
     if os.environ.get(PREFLIGHT_SECONDS_FILE_ENV):  # a command trainer's watch reports it
         try:
             Path(os.environ[PREFLIGHT_SECONDS_FILE_ENV]).write_text(os.environ[PREFLIGHT_SECONDS_ENV])

@@ -1,6 +1,6 @@
 """The progress annotation's writer (docs/architecture.md 3.2); its schema is trainium_api.progress.
 
-Local rank 0 of every pod patches its own pod's annotation (trainium_api.progress.ANNOTATION,
+Local rank 0 of every pod patches its own pod's annotation (trainium_api.keys.PROGRESS,
 built by trainium_api.progress.payload) at most once per ``logging.progressIntervalSeconds``,
 from a background thread so a slow API server never slows a step. It is on when the pod knows
 its name (``POD_NAME``, ``POD_NAMESPACE`` from the downward API) and can reach the API server
@@ -14,7 +14,8 @@ import os
 import threading
 import time
 
-from trainium_api.progress import ANNOTATION, StoreReport, payload
+from trainium_api import keys
+from trainium_api.progress import StoreReport, payload
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class ProgressReporter:
                 log.warning("progress annotation failed (retrying in %.0fs): %s", pause, exc)
 
     def _send(self, body: str) -> None:
-        self._api.patch_namespaced_pod(self.pod, self.namespace, {"metadata": {"annotations": {ANNOTATION: body}}},
+        self._api.patch_namespaced_pod(self.pod, self.namespace, {"metadata": {"annotations": {keys.PROGRESS: body}}},
                                        _request_timeout=REQUEST_TIMEOUT_SECONDS)
 
     def close(self, timeout: float = 5.0) -> None:

@@ -28,8 +28,9 @@ import threading
 import time
 from typing import Callable
 
+from trainium_api import keys
 from trainium_api.checkpoints import StoreView, TagInfo
-from trainium_api.progress import ANNOTATION, CheckpointSeen, StoreReport, parse_fields
+from trainium_api.progress import CheckpointSeen, StoreReport, parse_fields
 
 from . import store_errors
 
@@ -81,7 +82,7 @@ def await_leader(api, namespace: str, pod: str, attempt: int, timeout: float = L
     while clock() < deadline:
         try:
             obj = api.read_namespaced_pod(pod, namespace, _request_timeout=10)
-            fields, _ = parse_fields(((obj.metadata.annotations or {}) if obj.metadata else {}).get(ANNOTATION))
+            fields, _ = parse_fields(((obj.metadata.annotations or {}) if obj.metadata else {}).get(keys.PROGRESS))
         except Exception as exc:  # noqa: BLE001 - not there yet, or the API server is away: ask again
             log.debug("waiting for %s's checkpoint choice: %s", pod, exc)
             fields = None

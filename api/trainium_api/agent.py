@@ -2,14 +2,14 @@
 
 The pod's main process (``python -m trainer.launch --agent ...``, trainer.agent) runs the
 workers (torchrun) as its child and outlives them. It reports on its own pod, in
-:data:`REPORT` (written by code in the run's pod: parsed strictly, bounded):
+:data:`trainium_api.keys.AGENT_REPORT` (written by code in the run's pod: parsed strictly, bounded):
 
 - ``running``: the workers of ``attempt`` run;
 - ``exited``: the workers of ``attempt`` exited by themselves (never with 0: the pod ends then) with ``exitCode`` (``message``: what
   the container's termination message would have said); the pod stays, waiting for an order;
 - ``ready``: the workers of every earlier attempt are gone; the agent waits to start ``attempt``.
 
-The operator orders, in :data:`ORDER` (the trainer identity may not write it: the admission
+The operator orders, in :data:`trainium_api.keys.ORDER` (the trainer identity may not write it: the admission
 policy), ``{"attempt": N, "start": false, "graceSeconds": G}``: stop the workers of any earlier
 attempt (SIGTERM, SIGKILL after G seconds, or, with ``idleSeconds: I``, as soon as they have
 been idle for I seconds: stuck, not saving) and say ``ready`` for N; then, once every pod of the
@@ -30,11 +30,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-REPORT = "trainium.dev/agent"
 AWAIT_START_ENV = "TRAINER_AGENT_AWAIT_START"
 """Set ("1") on a pod that replaces one of a gang restarted in place: its agent says ``ready``
 for its ATTEMPT at once and starts the workers only on the order to, with the others."""
-ORDER = "trainium.dev/order"
 WARM_ENV = "TRAINER_WARM_WORKERS"
 """Warm workers (trainer.warm): on unless the pod's environment sets this to "0"."""
 PARKED_ATTEMPT = "warm"

@@ -5,19 +5,20 @@ written by code in the run's pod: parsed strictly, bounded, and only ever about 
 
 from __future__ import annotations
 
+from . import keys
+
 MESSAGE_PREFIX = "preflight-failed:"
 REASON_LIMIT = 300
 
-# While a pod's launcher runs the check it sets this annotation on its own pod to RUNNING, and
+# While a pod's launcher runs the check it sets keys.PREFLIGHT on its own pod to RUNNING, and
 # to DONE when the check has passed (trainer.launch); the operator shows the run's Preflight
 # phase from it. Anything else a pod writes there is ignored.
-ANNOTATION = "trainium.dev/preflight"
 RUNNING, DONE = "running", "done"
 
 
 def is_running(annotations: dict | None) -> bool:
     """Whether a pod says its pre-flight check is under way."""
-    return isinstance(annotations, dict) and annotations.get(ANNOTATION) == RUNNING
+    return isinstance(annotations, dict) and annotations.get(keys.PREFLIGHT) == RUNNING
 
 
 def format_message(reason: str) -> str:

@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass
 
 from .checkpoints import RESTORE_SOURCES
 
-ANNOTATION = "trainium.dev/progress"
 FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity",
           "computeSeconds", "preflightSeconds", "restoreSeconds", "restoreSource", "attempt", "firstStepTime",
           "checkpoint", "storeError", "saveFailure", "skippedCheckpoint")

@@ -23,19 +23,18 @@ import sys
 
 import yaml
 
-from trainium_api import agent, preflight, progress
+from trainium_api import keys
+
 from trainium_api.spec import TRAINER_IDENTITY
 
-from .plan import MANAGED_BY
 
 POLICY = "trainium-trainer-own-pod-progress"
-DIGEST = "trainium.dev/policy-digest"  # of the objects' specs: an operator replaces a policy not its own
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 CHART_COPY = "charts/trainium-operator/templates/trainer-policy.yaml"
-LABELS = {**MANAGED_BY, "app.kubernetes.io/part-of": "trainium-operator"}
+LABELS = {**keys.MANAGED_BY, **keys.PART_OF}
 # what a trainer writes on its own pod: its progress, its launcher's pre-flight state and its
 # agent's report (never the operator's order to the agent)
-TRAINER_ANNOTATIONS = (progress.ANNOTATION, preflight.ANNOTATION, agent.REPORT)
+TRAINER_ANNOTATIONS = keys.TRAINER_WRITES
 
 
 def _same_map(field: str, skip: tuple[str, ...] = ()) -> str:
@@ -83,7 +82,7 @@ def trainer_policy() -> list[dict]:
                "metadata": dict(meta), "spec": {"policyName": POLICY, "validationActions": ["Deny"]}}
     for obj in (policy, binding):
         digest = hashlib.sha256(json.dumps(obj["spec"], sort_keys=True).encode()).hexdigest()[:16]
-        obj["metadata"] = {**obj["metadata"], "annotations": {DIGEST: digest}}
+        obj["metadata"] = {**obj["metadata"], "annotations": {keys.POLICY_DIGEST: digest}}
     return [policy, binding]
 
 

@@ -17,6 +17,7 @@ import time
 
 import kopf
 
+from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, PLURAL
 
 from . import metrics
@@ -26,7 +27,6 @@ from .hostaccess import HostAccess
 from .kube import Kube
 from .observe import node_view, pod_view
 from .observer import DeviceShortfalls, read_status, snapshot
-from .plan import LABEL_RUN
 from .policy import DisruptionGuard, disruption, zone_health
 from .reconcile import reconcile
 
@@ -71,7 +71,7 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
     def configure(settings: kopf.OperatorSettings, **_):
         settings.posting.enabled = False  # we post our own events, one per decision
         settings.watching.server_timeout = 60
-        settings.persistence.finalizer = "trainium.dev/operator"
+        settings.persistence.finalizer = keys.FINALIZER
 
     @kopf.on.startup(id="api_probe", registry=registry)
     def start_api_probe(**_):
@@ -82,9 +82,9 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         if memo["probe"] is not None:
             memo["probe"].stop()
 
-    @kopf.index("pods", id="run_pods", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
+    @kopf.index("pods", id="run_pods", labels={keys.RUN: kopf.PRESENT}, registry=registry)
     def run_pods(namespace, labels, body, **_):
-        return {(namespace, labels[LABEL_RUN]): pod_view(dict(body))}
+        return {(namespace, labels[keys.RUN]): pod_view(dict(body))}
 
     @kopf.index("nodes", id="cluster_nodes", registry=registry)
     def cluster_nodes(name, body, **_):
@@ -173,12 +173,12 @@ def build_registry(kube_factory, guard: DisruptionGuard = DisruptionGuard(),
         finally:
             wake.pop(key, None)
 
-    @kopf.on.event("pods", id="wake_on_pod_change", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("pods", id="wake_on_pod_change", labels={keys.RUN: kopf.PRESENT}, registry=registry)
     async def wake_on_pod_change(event, namespace, labels, name, body, **_):
         """Wakes the run's reconcile loop when a pod's shape changes, its agent's state included
         (an in-place restart's barrier and recovery wait for it), not on progress reports, which
         arrive every few seconds from every pod and are read at the next pass."""
-        key = (namespace, labels[LABEL_RUN])
+        key = (namespace, labels[keys.RUN])
         view = pod_view(dict(body))
         said = (view.agent.attempt, view.agent.state) if view.agent else None
         shape = None if event.get("type") == "DELETED" else (view.phase, view.deleting, view.node, view.exit_code,

@@ -9,12 +9,10 @@ from datetime import datetime, timezone
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, PLURAL
-from trainium_api.agent import ORDER
 
-from .admission import DIGEST
 from .observe import controller_uid
-from .plan import LABEL_ATTEMPT, QUARANTINE_TAINT
 
 log = logging.getLogger(__name__)
 # Every write gives up after this long: a call the API server holds (etcd away) must neither
@@ -83,7 +81,7 @@ class Kube:
 
     def ensure_cluster_policy(self, obj: dict) -> None:
         """Create a cluster-scoped admission policy object if missing, and replace one whose
-        digest (admission.DIGEST) differs: a policy an earlier release made matches other
+        digest (keys.POLICY_DIGEST) differs: a policy an earlier release made matches other
         identities. Best effort: without the rights (an older install) or on a cluster without
         the API (before 1.30) the run still starts, with a warning; trainers are then limited by
         RBAC alone."""
@@ -102,13 +100,13 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            want = obj["metadata"].get("annotations", {}).get(DIGEST)
+            want = obj["metadata"].get("annotations", {}).get(keys.POLICY_DIGEST)
             # The API server writes a new policy's status (its type check) soon after any write,
             # so a replace can meet a 409 for a change that was not another release's: read
             # again and retry a few times; past that the next check compares again.
             for attempt in range(POLICY_REPLACE_TRIES):
                 found = self.core.api_client.sanitize_for_serialization(read(name, **T))
-                if (found["metadata"].get("annotations") or {}).get(DIGEST) == want:
+                if (found["metadata"].get("annotations") or {}).get(keys.POLICY_DIGEST) == want:
                     return
                 log.info("replacing %s %s: it is not this release's", obj["kind"], name)
                 try:
@@ -136,10 +134,10 @@ class Kube:
                 raise
 
     def order_pod(self, namespace: str, name: str, order: str, labels: dict | None = None) -> None:
-        """Write an agent's order on its pod (trainium_api.agent.ORDER), with ``labels`` in the same
+        """Write an agent's order on its pod (trainium_api.keys.ORDER), with ``labels`` in the same
         patch (a spare taking an index). A pod already gone is not an error: the next pass sees it
         gone and acts on that."""
-        body = {"metadata": {"annotations": {ORDER: order}, **({"labels": labels} if labels else {})}}
+        body = {"metadata": {"annotations": {keys.ORDER: order}, **({"labels": labels} if labels else {})}}
         try:
             self.core.patch_namespaced_pod(name, namespace, body, **T)
         except ApiException as exc:
@@ -168,14 +166,14 @@ class Kube:
                 raise
             if uid and current.metadata.uid != uid:
                 return  # the name is another Node object's now (the write carries the version read)
-            if any(t.key == QUARANTINE_TAINT for t in current.spec.taints or []):
+            if any(t.key == keys.QUARANTINE_TAINT for t in current.spec.taints or []):
                 return  # already quarantined (a repeated order after a stale read)
-            taints = [t for t in (current.spec.taints or []) if t.key != QUARANTINE_TAINT]
-            taints.append(client.V1Taint(key=QUARANTINE_TAINT, value=run[:63], effect="NoSchedule",
+            taints = [t for t in (current.spec.taints or []) if t.key != keys.QUARANTINE_TAINT]
+            taints.append(client.V1Taint(key=keys.QUARANTINE_TAINT, value=run[:63], effect="NoSchedule",
                                          time_added=datetime.now(timezone.utc)))
             body = {"metadata": {"resourceVersion": current.metadata.resource_version,
-                                 "labels": {QUARANTINE_TAINT: label},
-                                 "annotations": {f"{QUARANTINE_TAINT}-reason": reason[:1000]}},
+                                 "labels": {keys.QUARANTINE_TAINT: label},
+                                 "annotations": {f"{keys.QUARANTINE_TAINT}-reason": reason[:1000]}},
                     "spec": {"taints": [self.core.api_client.sanitize_for_serialization(t) for t in taints]}}
             try:
                 self.core.patch_node(node, body, **T)
@@ -231,5 +229,5 @@ class Kube:
 
 def _attempt_of(role: dict) -> int:
     """The attempt a trainer Role names (its label; -1 when it has none: an earlier release's)."""
-    value = ((role.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT, "")
+    value = ((role.get("metadata") or {}).get("labels") or {}).get(keys.ATTEMPT, "")
     return int(value) if isinstance(value, str) and value.isdigit() else -1

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from trainium_api import keys
 from trainium_api import agent, preflight, progress, runtimefaults, storefaults
 from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import Cause
 
-from .plan import LABEL_ATTEMPT, LABEL_INDEX, LABEL_SPARE
 
 NEURON = "aws.amazon.com/neuron"
 # The kubelet's waiting reasons of a container that is starting as it should; any other
@@ -109,12 +109,12 @@ def pod_view(pod: dict) -> PodView:
                       if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
     if node and scheduled is None:  # bound without the condition (created with a nodeName)
         scheduled = _ts(meta.get("creationTimestamp"))
-    fields, report_errors = progress.parse_fields((meta.get("annotations") or {}).get(progress.ANNOTATION))
+    fields, report_errors = progress.parse_fields((meta.get("annotations") or {}).get(keys.PROGRESS))
     store = progress.store_report(fields)  # said before the first step too (a store it cannot list)
     report = {k: v for k, v in fields.items() if k not in progress.STORE_FIELDS} \
         if fields and fields["step"] is not None else None
-    return PodView(name=meta.get("name", ""), attempt=_label_int(labels, LABEL_ATTEMPT),
-                   index=_label_int(labels, LABEL_INDEX), phase=status.get("phase") or "Pending",
+    return PodView(name=meta.get("name", ""), attempt=_label_int(labels, keys.ATTEMPT),
+                   index=_label_int(labels, keys.INDEX), phase=status.get("phase") or "Pending",
                    node=node, deleting=bool(meta.get("deletionTimestamp")),
                    exit_code=exit_code, reason=reason, message=message,
                    progress=report, store=store, progress_errors=report_errors,
@@ -123,9 +123,9 @@ def pod_view(pod: dict) -> PodView:
                    gone_by=_ts(meta.get("deletionTimestamp")), runtime_fault=fault, preflight_failure=failed_check,
                    store_unavailable=store_down,
                    preflight_running=preflight.is_running(meta.get("annotations")),
-                   agent=agent.parse_report((meta.get("annotations") or {}).get(agent.REPORT)),
-                   order=agent.parse_order((meta.get("annotations") or {}).get(agent.ORDER)),
-                   spare=labels.get(LABEL_SPARE) == "true")
+                   agent=agent.parse_report((meta.get("annotations") or {}).get(keys.AGENT_REPORT)),
+                   order=agent.parse_order((meta.get("annotations") or {}).get(keys.ORDER)),
+                   spare=labels.get(keys.SPARE) == "true")
 
 
 def _label_int(labels: dict, key: str) -> int:

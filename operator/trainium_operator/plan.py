@@ -19,6 +19,7 @@ from datetime import datetime
 
 import yaml
 
+from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, KIND
 from trainium_api.agent import AWAIT_START_ENV
 from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_PASSED_ENV, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
@@ -28,10 +29,6 @@ from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, 
 
 from .hostaccess import HostAccess
 
-LABEL_RUN, LABEL_ATTEMPT, LABEL_INDEX = "trainium.dev/run", "trainium.dev/attempt", "trainium.dev/index"
-LABEL_SPARE = "trainium.dev/spare"  # "true" on a standby pod until it takes an index
-MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
-QUARANTINE_TAINT = "trainium.dev/quarantined"
 MASTER_PORT = 29500
 CONFIG_MOUNT = CONTRACT_MOUNTS[0]
 METRICS_PORT = 9400
@@ -109,9 +106,9 @@ def rendered_config(spec: TrainingRunSpec) -> str:
 def service(run: dict) -> dict:
     name = run["metadata"]["name"]
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "labels": {LABEL_RUN: name, **MANAGED_BY},
+            "metadata": {"name": name, "labels": {keys.RUN: name, **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
-            "spec": {"clusterIP": "None", "selector": {LABEL_RUN: name}, "publishNotReadyAddresses": True,
+            "spec": {"clusterIP": "None", "selector": {keys.RUN: name}, "publishNotReadyAddresses": True,
                      "ports": [{"name": "rendezvous", "port": MASTER_PORT},
                                {"name": "metrics", "port": METRICS_PORT}]}}
 
@@ -122,7 +119,7 @@ def trainer_identity_objects(run: dict, spec: TrainingRunSpec, annotations: dict
     run's trainer Role (trainer_role) to whichever it is. Owned by the run: the garbage
     collector deletes them with it."""
     name = run["metadata"]["name"]
-    meta = {"name": trainer_identity(name), "labels": {LABEL_RUN: name, **MANAGED_BY},
+    meta = {"name": trainer_identity(name), "labels": {keys.RUN: name, **keys.MANAGED_BY},
             "ownerReferences": [owner_reference(run)]}
     account = spec.trainer_service_account(name)
     objs = [{"apiVersion": "v1", "kind": "ServiceAccount",
@@ -158,8 +155,8 @@ def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: i
               "resourceNames": names}] if attempt else []
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             # the attempt it names: an ensure never moves the Role back to an older one (Kube.ensure)
-            "metadata": {"name": trainer_identity(name), "labels": {LABEL_RUN: name, LABEL_ATTEMPT: str(attempt),
-                                                                     **MANAGED_BY},
+            "metadata": {"name": trainer_identity(name), "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt),
+                                                                     **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
             "rules": rules}
 
@@ -167,7 +164,7 @@ def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: i
 def config_map(run: dict, spec: TrainingRunSpec) -> dict:
     name = run["metadata"]["name"]
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"{name}-config", "labels": {LABEL_RUN: name, **MANAGED_BY},
+            "metadata": {"name": f"{name}-config", "labels": {keys.RUN: name, **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
             "data": {"run.yaml": rendered_config(spec)}}
 
@@ -186,8 +183,8 @@ def spare_pod(run: dict, spec: TrainingRunSpec, attempt: int, serial: int, exclu
     anti-affinity keeps it off the gang's nodes and the other spares'."""
     obj = pod(run, spec, attempt, 0, excluded_nodes, host, (), await_start=True)
     name = spare_name(run["metadata"]["name"], serial)
-    labels = {k: v for k, v in obj["metadata"]["labels"].items() if k not in (LABEL_ATTEMPT, LABEL_INDEX)}
-    obj["metadata"] = {**obj["metadata"], "name": name, "labels": {**labels, LABEL_SPARE: "true"}}
+    labels = {k: v for k, v in obj["metadata"]["labels"].items() if k not in (keys.ATTEMPT, keys.INDEX)}
+    obj["metadata"] = {**obj["metadata"], "name": name, "labels": {**labels, keys.SPARE: "true"}}
     obj["spec"]["hostname"] = spare_hostname(run["metadata"]["name"], name)
     return obj
 
@@ -262,7 +259,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     command = _command(spec, index, master)
     resources = dict(itype["resources"])
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {LABEL_RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        {"labelSelector": {"matchLabels": {keys.RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
     if excluded_nodes:
         affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
@@ -297,7 +294,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         spec_body["tolerations"] = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
-                         "labels": {LABEL_RUN: name, LABEL_ATTEMPT: str(attempt), LABEL_INDEX: str(index), **MANAGED_BY},
-                         "annotations": {"trainium.dev/instance-type": spec.instance_type},
+                         "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
+                         "annotations": {keys.INSTANCE_TYPE: spec.instance_type},
                          "ownerReferences": [owner_reference(run)]},
             "spec": spec_body}

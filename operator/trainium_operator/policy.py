@@ -12,11 +12,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from trainium_api import keys
 from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
 from trainium_api.status import MAX_RECENT_KEPT, FailureAction, FailureCounters, FailureRecord
 
 from .observe import Failure, NodeView
-from .plan import QUARANTINE_TAINT
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def zone_health(nodes: Iterable[NodeView]) -> dict[str, tuple[int, int]]:
     like a disruption."""
     total, bad = Counter(), Counter()
     for n in nodes:
-        if QUARANTINE_TAINT in n.taints:
+        if keys.QUARANTINE_TAINT in n.taints:
             continue
         total[n.zone] += 1
         bad[n.zone] += n.ready != "True"

@@ -31,6 +31,7 @@ from functools import cached_property
 from datetime import datetime, timezone
 from typing import Callable
 
+from trainium_api import keys
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
@@ -315,7 +316,7 @@ def _still_quarantined(p: Pass) -> None:
                 continue
             since = machine.since
             _quarantined_again(p, node)
-        elif node is not None and plan.QUARANTINE_TAINT in node.taints:
+        elif node is not None and keys.QUARANTINE_TAINT in node.taints:
             kept.append(name)
             machines.append(replace(machine, uid=machine.uid or node.uid, provider_id=machine.provider_id or node.provider_id)
                             if machine is not None else QuarantinedMachine(name, node.uid, node.provider_id, since))
@@ -365,8 +366,8 @@ def _another_machine(p: Pass, node: NodeView, machine: QuarantinedMachine) -> No
     """The name the run quarantined is another machine's now: the quarantine stays with the old
     one. A quarantine taint on it (another run's, or this run's written before the uid was
     known) is named for an admin."""
-    tainted = (f" It carries a {plan.QUARANTINE_TAINT} taint: its value names the run that wrote it; "
-               "remove it only if that is this run.") if plan.QUARANTINE_TAINT in node.taints else ""
+    tainted = (f" It carries a {keys.QUARANTINE_TAINT} taint: its value names the run that wrote it; "
+               "remove it only if that is this run.") if keys.QUARANTINE_TAINT in node.taints else ""
     p.event("QuarantineEnded", f"{node.name} is another machine now ({node.provider_id}, was "
                                f"{machine.provider_id}): the quarantine stays with the old one.{tainted}",
             warning=bool(tainted))
@@ -676,8 +677,8 @@ def _teardown_replace(p: Pass) -> None:
 def _take_index(spare: PodView, stop: Order, attempt: int, index: int) -> OrderPod:
     """A spare takes ``index``: labelled as the gang's pod of ``attempt`` (no longer a spare),
     and told to stop (it runs no workers: it says ready at once) in the same patch."""
-    return OrderPod(spare.name, stop, ((plan.LABEL_ATTEMPT, str(attempt)), (plan.LABEL_INDEX, str(index)),
-                                       (plan.LABEL_SPARE, None)))
+    return OrderPod(spare.name, stop, ((keys.ATTEMPT, str(attempt)), (keys.INDEX, str(index)),
+                                       (keys.SPARE, None)))
 
 
 def _usable_spare(p: Pass, spare: PodView) -> bool:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import wait_until
 from trainer.progress import ProgressReporter
+from trainium_api import keys
 from trainium_api import progress
 from trainium_operator.apihealth import ApiHealth, ApiProbe
 from trainium_operator.kube import Kube
@@ -58,7 +59,7 @@ def test_a_failed_progress_report_is_sent_again_without_a_new_step(local_cluster
 
         def annotated():
             ann = core_api.read_namespaced_pod("rank0", namespace).metadata.annotations or {}
-            return progress.parse(ann.get(progress.ANNOTATION))
+            return progress.parse(ann.get(keys.PROGRESS))
         data, waited = wait_until(annotated, 15, what="the retried report")
         assert data["step"] == 7 and reporter.sent == 1
     finally:

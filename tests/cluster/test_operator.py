@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, wait_until
+from trainium_api import keys
 from trainium_api import progress
 
 pytestmark = pytest.mark.cluster
@@ -136,7 +137,7 @@ def report(core_api, ns, name, attempt, step, ckpt=None) -> None:
     store = progress.StoreReport(progress.CheckpointSeen(f"step_{ckpt}", ckpt, time.time())) if ckpt else None
     body = progress.payload(step, 24000.0 * 16, 2.0, ckpt, eval_perplexity=7.5, store=store)
     for p in gang(core_api, ns, name, attempt):
-        core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {progress.ANNOTATION: body}}})
+        core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {keys.PROGRESS: body}}})
 
 
 def start_and_run(core_api, custom, ns, name, nodes=16, **ft):
@@ -639,10 +640,10 @@ def test_a_stale_ensure_never_moves_the_trainer_role_back_to_an_older_attempt(lo
         return {n for r in rbac.read_namespaced_role(role(1)["metadata"]["name"], namespace).rules or []
                 for n in r.resource_names or []}
     older = role(2)  # an earlier operator's Role: no attempt label; it is given one
-    older["metadata"]["labels"] = {k: v for k, v in older["metadata"]["labels"].items() if k != plan.LABEL_ATTEMPT}
+    older["metadata"]["labels"] = {k: v for k, v in older["metadata"]["labels"].items() if k != keys.ATTEMPT}
     kube.ensure(older)
     kube.ensure(role(2))
-    assert rbac.read_namespaced_role(older["metadata"]["name"], namespace).metadata.labels[plan.LABEL_ATTEMPT] == "2"
+    assert rbac.read_namespaced_role(older["metadata"]["name"], namespace).metadata.labels[keys.ATTEMPT] == "2"
     assert names() == {plan.pod_name("r", 2, i) for i in range(spec.nodes)}
     kube.ensure(role(1))  # the stale re-check
     assert names() == {plan.pod_name("r", 2, i) for i in range(spec.nodes)}
@@ -715,7 +716,7 @@ def test_a_trainer_token_reaches_only_its_runs_current_pods(local_cluster, core_
 
     def patch(api, pod_name: str):
         try:
-            api.patch_namespaced_pod(pod_name, namespace, {"metadata": {"annotations": {progress.ANNOTATION: "{}"}}})
+            api.patch_namespaced_pod(pod_name, namespace, {"metadata": {"annotations": {keys.PROGRESS: "{}"}}})
         except ApiException as exc:
             return exc.status
         return 200

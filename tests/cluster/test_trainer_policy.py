@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from trainium_api import keys
 from trainium_operator import admission, plan
 from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import parse
@@ -91,12 +92,12 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
     assert patch(mine, progress) is None  # its own pod's progress: allowed
     assert core_api.read_namespaced_pod(mine, namespace).metadata.annotations[ANN] == '{"step": 3}'
     from trainium_api import agent, preflight
-    assert patch(mine, {"metadata": {"annotations": {preflight.ANNOTATION: preflight.RUNNING}}}) is None  # its launcher's
+    assert patch(mine, {"metadata": {"annotations": {keys.PREFLIGHT: preflight.RUNNING}}}) is None  # its launcher's
     # its agent (in-place restarts): reports on its pod and watches it by name for the
     # operator's orders, but never writes an order, and lists no pod it is not named for
     report = agent.report_payload(agent.Report(1, "ready"))
-    assert patch(mine, {"metadata": {"annotations": {agent.REPORT: report}}}) is None
-    err = patch(mine, {"metadata": {"annotations": {agent.ORDER: agent.order_payload(agent.Order(2, True))}}})
+    assert patch(mine, {"metadata": {"annotations": {keys.AGENT_REPORT: report}}}) is None
+    err = patch(mine, {"metadata": {"annotations": {keys.ORDER: agent.order_payload(agent.Order(2, True))}}})
     assert err is not None and err.status in (403, 422) and "may change only" in err.body, err
     seen = trainer.list_namespaced_pod(namespace, field_selector=f"metadata.name={mine}", watch=False)
     assert [p.metadata.name for p in seen.items] == [mine]
@@ -131,7 +132,7 @@ def test_a_policy_an_earlier_release_made_is_replaced(local_cluster):
     adm.replace_validating_admission_policy(admission.POLICY, old)
     kube.ensure_cluster_policy(policy)
     now = adm.read_validating_admission_policy(admission.POLICY)
-    assert now.metadata.annotations[admission.DIGEST] == policy["metadata"]["annotations"][admission.DIGEST]
+    assert now.metadata.annotations[keys.POLICY_DIGEST] == policy["metadata"]["annotations"][keys.POLICY_DIGEST]
     assert now.spec.match_conditions[0].expression == policy["spec"]["matchConditions"][0]["expression"]
     generation = now.metadata.generation  # (not the resourceVersion: the API server writes the policy's status)
     kube.ensure_cluster_policy(policy)  # its own: not written again

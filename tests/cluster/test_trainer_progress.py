@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.conftest import data_overrides, run_trainer, trainer_env, wait_until
+from trainium_api import keys
 from trainium_api import progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
@@ -23,7 +24,7 @@ def test_trainer_writes_the_progress_annotation(local_cluster, core_api, namespa
     res = run_trainer(1, [*data_overrides(tiny_data), "training.steps=12", "checkpoint.intervalSteps=6",
                           f"checkpoint.uri={tmp_path / 'ckpt'}", "logging.progressIntervalSeconds=0.5"], env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    ann = core_api.read_namespaced_pod("rank0", namespace).metadata.annotations[progress.ANNOTATION]
+    ann = core_api.read_namespaced_pod("rank0", namespace).metadata.annotations[keys.PROGRESS]
     data = progress.parse(ann)
     print(f"\nprogress annotation: {ann}")
     assert data["step"] == 12 and data["lastCheckpointStep"] == 12 and data["tokensPerSecond"] > 0

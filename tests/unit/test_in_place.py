@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from trainium_api import keys
 from trainium_api import agent
 from trainium_operator import inplace
 from trainium_operator.observe import node_view, pod_view
@@ -31,9 +32,9 @@ def pod(i: int, gang: int = 1, report: dict | None = None, order: dict | None = 
         phase: str = "Running", deleting: bool = False, node: str | None = None, env: list | None = None):
     ann = {}
     if report is not None:
-        ann[agent.REPORT] = json.dumps(report)
+        ann[keys.AGENT_REPORT] = json.dumps(report)
     if order is not None:
-        ann[agent.ORDER] = json.dumps(order)
+        ann[keys.ORDER] = json.dumps(order)
     if progress is not None:
         ann["trainium.dev/progress"] = json.dumps(progress)
     meta = {"name": f"r-a{gang}-{i}", "labels": {"trainium.dev/attempt": str(gang), "trainium.dev/index": str(i)},
@@ -375,9 +376,9 @@ def test_which_failures_replace_a_pod():
 
 def spare(serial: int, node: str | None, report: dict | None = None, order: dict | None = None,
           labels: dict | None = None, phase: str = "Running"):
-    ann = {agent.REPORT: json.dumps(report)} if report else {}
+    ann = {keys.AGENT_REPORT: json.dumps(report)} if report else {}
     if order is not None:
-        ann[agent.ORDER] = json.dumps(order)
+        ann[keys.ORDER] = json.dumps(order)
     meta = {"name": f"r-spare-{serial}", "labels": labels or {"trainium.dev/run": "r", "trainium.dev/spare": "true"},
             "annotations": ann, "creationTimestamp": f"2026-01-01T00:00:0{serial}Z",
             "ownerReferences": [{"uid": "u-1", "controller": True}]}

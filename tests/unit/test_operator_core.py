@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from trainer.config import ConfigError
+from trainium_api import keys
 from trainium_api.load import lenient, to_dict
 from trainium_api.status import FailureRecord
 from trainium_operator import goodput, plan
@@ -376,7 +377,7 @@ def test_conditions_keep_their_transition_time_until_the_status_flips():
 
 
 def test_untainted_nodes_leave_the_quarantine():
-    nodes = {"n0": node_view({"metadata": {"name": "n0"}, "spec": {"taints": [{"key": plan.QUARANTINE_TAINT}]},
+    nodes = {"n0": node_view({"metadata": {"name": "n0"}, "spec": {"taints": [{"key": keys.QUARANTINE_TAINT}]},
                               "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
              "n1": _node("n1")}
     run = {**RUN, "status": {"phase": "Restarting", "attempt": 1, "quarantinedNodes": ["n0", "n1"],
@@ -396,7 +397,7 @@ def test_a_quarantine_holds_until_the_taint_is_seen():
     ordered again; once seen tainted, a node without the taint was returned by an admin."""
     from trainium_operator.effects import Quarantine
     from trainium_operator.reconcile import QUARANTINE_RETRY_SECONDS, QUARANTINE_SETTLE_SECONDS
-    tainted = node_view({"metadata": {"name": "n1"}, "spec": {"taints": [{"key": plan.QUARANTINE_TAINT}]},
+    tainted = node_view({"metadata": {"name": "n1"}, "spec": {"taints": [{"key": keys.QUARANTINE_TAINT}]},
                          "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     status = {"phase": "Restarting", "attempt": 1, "quarantinedNodes": ["n1"], "quarantinePending": ["n1"],
               "failures": [{"id": 1, "time": 100.0, "cause": "node", "action": "restart", "node": "n1",
@@ -430,7 +431,7 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
 
     def machine(uid, provider, tainted=False):
         return node_view({"metadata": {"name": "n1", "uid": uid},
-                          "spec": {"providerID": provider, "taints": [{"key": plan.QUARANTINE_TAINT}] if tainted else []},
+                          "spec": {"providerID": provider, "taints": [{"key": keys.QUARANTINE_TAINT}] if tainted else []},
                           "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
 
     def status_with(quarantined, pending, known):
@@ -517,7 +518,7 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     full = {**left, "status": {**left["status"], "quarantinedNodes": ["n7"]}}
     limited = {**full, "spec": {**full["spec"], "faultTolerance": {**full["spec"].get("faultTolerance", {}),
                                                                    "maxQuarantinedNodes": 1}}}
-    n7 = node_view({"metadata": {"name": "n7", "uid": "u7"}, "spec": {"taints": [{"key": plan.QUARANTINE_TAINT}]},
+    n7 = node_view({"metadata": {"name": "n7", "uid": "u7"}, "spec": {"taints": [{"key": keys.QUARANTINE_TAINT}]},
                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     r = reconcile_objects(limited, [], {"n1": machine("u3", "aws:///z/i-1"), "n7": n7}, now=6000.0)
     assert r.after.quarantined_nodes == ["n7"]

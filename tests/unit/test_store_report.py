@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_operator_core import RUN, SPEC, _node
+from trainium_api import keys
 from trainium_api import checkpoints, progress
 from trainium_api.progress import CheckpointSeen, SaveFailure, SkippedCheckpoint, StoreReport
 from trainium_operator.observe import pod_view
@@ -180,7 +181,7 @@ def _pod(i: int, store: StoreReport | None, step: int | None = 50, attempt: int 
     body = json.loads(progress.payload(step, 10.0, 2.0, None, now=100.0 + i, attempt=attempt, store=store))
     return pod_view({"metadata": {"name": f"r-a1-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
                                   "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)},
-                                  "annotations": {progress.ANNOTATION: json.dumps(body)}},
+                                  "annotations": {keys.PROGRESS: json.dumps(body)}},
                      "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}})
 
 
@@ -276,7 +277,7 @@ def test_the_resume_point_is_what_the_attempts_pods_say_they_resumed_from():
                                 store=seen)
         return [pod_view({"metadata": {"name": f"r-a2-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
                                        "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": str(i)},
-                                       "annotations": {progress.ANNOTATION: body}},
+                                       "annotations": {keys.PROGRESS: body}},
                           "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}) for i in range(SPEC["nodes"])]
     r = reconcile_objects(starting, first_report(15, StoreReport(CheckpointSeen("step_15", 15, 99.0))), NODES, now=111.0)
     assert r.after.phase == "Running" and (r.after.current.resume_checkpoint.tag,
@@ -320,7 +321,7 @@ def test_the_other_pods_take_node_rank_0s_choice_of_this_attempt():
             self.reads += 1
             if self.reads < 3:
                 raise RuntimeError("not found yet")
-            return type("Pod", (), {"metadata": type("M", (), {"annotations": {progress.ANNOTATION: self.annotation}})})
+            return type("Pod", (), {"metadata": type("M", (), {"annotations": {keys.PROGRESS: self.annotation}})})
     assert store_watch.leader_pod("run-a3-7") == "run-a3-0" and store_watch.leader_pod("run-spare-1") is None
     chosen = CheckpointSeen("m--step=20-consumed_samples=20.0.ckpt", 20, 5.0)
     word = progress.payload(None, None, None, None, attempt=3, start_step=20, store=StoreReport(chosen))

@@ -1,0 +1,31 @@
+"""Every label, annotation, taint and finalizer key the operator and the trainer share.
+
+One module, so the code that reads a pod (the operator's observer, the trainer's watch) names a
+key without importing the code that builds the pod. Who writes each key and what its value
+means is in docs/architecture.md 3.2, the pod contract.
+"""
+
+PREFIX = "trainium.dev/"
+
+# labels on every child pod (trainium_operator.plan)
+RUN = PREFIX + "run"
+ATTEMPT = PREFIX + "attempt"
+INDEX = PREFIX + "index"
+SPARE = PREFIX + "spare"  # "true" on a standby pod until it takes an index
+MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
+PART_OF = {"app.kubernetes.io/part-of": "trainium-operator"}
+
+# annotations a pod's own processes write (the trainer's role allows these and no others)
+PROGRESS = PREFIX + "progress"  # trainium_api.progress: the trainer's step, loss, checkpoint, store
+PREFLIGHT = PREFIX + "preflight"  # trainium_api.preflight: the launcher's pre-flight state
+AGENT_REPORT = PREFIX + "agent"  # trainium_api.agent: the pod agent's attempt and state
+TRAINER_WRITES = (PROGRESS, PREFLIGHT, AGENT_REPORT)
+
+# annotations the operator writes
+ORDER = PREFIX + "order"  # trainium_api.agent: the operator's order to a pod's agent
+INSTANCE_TYPE = PREFIX + "instance-type"  # the instance type a pod was built for
+POLICY_DIGEST = PREFIX + "policy-digest"  # of a trainer policy's spec: replace only our own
+
+# on nodes and runs
+QUARANTINE_TAINT = PREFIX + "quarantined"  # NoSchedule on a node the operator quarantined
+FINALIZER = PREFIX + "operator"  # on a TrainingRun until the operator has let go of it
