@@ -4,12 +4,31 @@ operator calls it at submission, the trainer once it knows its backend)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .fields import ConfigError
 
-if TYPE_CHECKING:
-    from .spec import ModelConfig, ParallelConfig, TrainingConfig
+
+# What the layout reads of the spec's groups (trainium_api.spec ModelConfig, ParallelConfig,
+# TrainingConfig, which hold a Layout: so this module names the fields it needs, not the module)
+class ModelShape(Protocol):
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+
+
+class Degrees(Protocol):
+    tensor: int
+    pipeline: int
+    sequence_parallel: bool
+
+
+class Batch(Protocol):
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int
 
 
 @dataclass(frozen=True)
@@ -22,7 +41,7 @@ class Layout:
     tokens_per_step: int
 
 
-def derive_layout(world_size: int, model: ModelConfig, par: ParallelConfig, train: TrainingConfig,
+def derive_layout(world_size: int, model: ModelShape, par: Degrees, train: Batch,
                   backend: str = "auto", processes_per_node: int | None = None) -> Layout:
     """Derive the data-parallel degree and gradient accumulation, or raise naming the field.
 

@@ -1,0 +1,166 @@
+"""How far a spec and a failed pod walk through the operator, in modules (issue 42).
+
+    python tools/walks.py
+
+  spec        the modules of ours whose functions are handed a TrainingRun's spec (its raw
+              object or what is parsed from it) while it becomes the snapshot a pass decides
+              on (observer.snapshot: parse, default, check, derive)
+  failed pod  the modules of ours whose functions are handed the failed pod (its raw object,
+              its PodView) or the failure found in it, from the pod's API object through the
+              passes that detect it, tear the attempt down and start the next one
+
+Counted with sys.setprofile on real calls, so the figure follows the code, not a reading.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "api"), str(ROOT / "operator")]
+
+OURS = ("trainium_operator", "trainium_api")
+
+
+def _ours(frame) -> str | None:
+    name = frame.f_globals.get("__name__", "")
+    return name if name.split(".")[0] in OURS else None
+
+
+def modules_running(fn) -> set[str]:
+    seen: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            name = _ours(frame)
+            if name:
+                seen.add(name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def _holds(value, marks: list, depth: int = 2) -> bool:
+    if any(value is m for m in marks):
+        return True
+    if depth and isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds(v, marks, depth - 1) for v in value)
+    if depth and isinstance(value, dict):
+        return any(_holds(v, marks, depth - 1) for v in value.values())
+    return False
+
+
+def modules_handed(fn, marks: list, grows=lambda value: False) -> set[str]:
+    """Modules whose functions get one of ``marks`` (or a value ``grows`` says is made from
+    one: the failure found in the pod, its record) among their arguments."""
+    seen: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        name = _ours(frame)
+        if not name:
+            return
+        code = frame.f_code
+        for var in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+            value = frame.f_locals.get(var)
+            if value is None:
+                continue
+            if grows(value) and not any(value is m for m in marks):
+                marks.append(value)
+            if _holds(value, marks):
+                seen.add(name)
+                break
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def spec_walk() -> set[str]:
+    """A new run's spec, from its raw object to the spec the pass decides on."""
+    from trainium_operator.observer import snapshot
+    from tests.unit.test_operator_core import RUN
+    run = copy.deepcopy(RUN)
+    marks: list = [run, run["spec"]]
+
+    def grows(value) -> bool:  # what is parsed from it: the typed spec and its groups, and its
+        # raw object as dict or as JSON text (a parse cache keys on the text)
+        module = type(value).__module__
+        return (module.startswith("trainium_api.spec") or type(value).__name__ in ("TrainingRunSpec", "Layout")
+                or (isinstance(value, dict) and "nodes" in value and "image" in value)
+                or (isinstance(value, str) and value.startswith("{") and '"nodes"' in value))
+
+    return modules_handed(lambda: snapshot(run, [], {}, 10.0), marks, grows)
+
+
+def failed_pod_walk() -> set[str]:
+    """Attempt 1 runs on 4 nodes; pod 2's trainer exits 1. Passes until attempt 2 starts."""
+    from trainium_operator.observe import pod_view
+    from trainium_operator.reconcile import reconcile_objects
+    from tests.unit.test_operator_core import RUN, _node
+
+    raw_failed = {"metadata": {"name": "r-a1-2", "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": "2"},
+                               "annotations": {"trainium.dev/progress": '{"step": 50, "time": 990.0}'}},
+                  "spec": {"nodeName": "n2"},
+                  "status": {"phase": "Failed", "containerStatuses": [
+                      {"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}}
+    marks: list = [raw_failed]
+
+    def grows(value) -> bool:  # the failure found in the pod and what records it
+        kind = type(value).__name__
+        return kind in ("Failure", "FailureRecord", "Verdict") or (
+            getattr(value, "name", None) == "r-a1-2" and kind == "PodView")
+
+    walked: list[str] = []
+
+    def walk() -> None:
+        def pod(i: int, attempt: int = 1):
+            raw = {"metadata": {"name": f"r-a{attempt}-{i}", "labels": {"trainium.dev/attempt": str(attempt),
+                                                                        "trainium.dev/index": str(i)},
+                                "annotations": {"trainium.dev/progress": '{"step": 50, "time": 990.0}'}},
+                   "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}
+            return pod_view(raw)
+
+        nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+        failed = pod_view(raw_failed)
+        run = copy.deepcopy(RUN)
+        run["status"] = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "runningSince": 100.0,
+                         "conditions": [{"type": "Valid", "status": "True"}]}
+        pods = [pod(0), pod(1), failed, pod(3)]
+        now = 1000.0
+        for _ in range(8):  # detect, tear down, start the next attempt
+            result = reconcile_objects(run, pods, nodes, now)
+            run = {**run, "status": {**run["status"], **result.status}}
+            deleted = {e.name for e in result.effects if e.kind == "delete_pod"}
+            pods = [p for p in pods if p.name not in deleted]
+            made = [m for m in result.ensured("Pod") if m["metadata"]["name"] not in {p.name for p in pods}]
+            if made and not pods:
+                pods = [pod(int(m["metadata"]["labels"]["trainium.dev/index"]), int(
+                    m["metadata"]["labels"]["trainium.dev/attempt"])) for m in made]
+                walked.append("started")
+                break
+            now += 5.0
+
+    seen = modules_handed(walk, marks, grows)
+    assert walked, "the walk never reached the next attempt: tools/walks.py no longer matches the pass"
+    return seen
+
+
+def main() -> int:
+    spec, failed = sorted(spec_walk()), sorted(failed_pod_walk())
+    print(f"spec: {len(spec)} modules: {' '.join(spec)}")
+    print(f"failed pod: {len(failed)} modules: {' '.join(failed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
