@@ -28,6 +28,7 @@ from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import CheckpointRef, TrainingRunStatus
 
 from .observe import PodView
+from .reasons import Cond, CondReason, Reason, report, was
 
 
 def layout(spec: TrainingRunSpec) -> str:
@@ -92,37 +93,24 @@ def observe(p: StorePass, checkpoint_completed: bool) -> None:
     _skipped(p, live)
 
 
-def _was(p: StorePass, ctype: str):
-    return next((c for c in p.old.conditions if c.type == ctype), None)
-
-
-def _flip(p: StorePass, ctype: str, ok: bool, reason: str, message: str, event: str) -> None:
-    """Set a condition (its message follows the newest report); an event when its status flips,
-    not at every failed save."""
-    was = _was(p, ctype)
-    p.condition(ctype, ok, reason, message)
-    if (was is None and not ok) or (was is not None and was.status != ("True" if ok else "False")):
-        p.event(event, message, warning=not ok)
-
-
 def _saves(p: StorePass, live: list[PodView], checkpoint_completed: bool) -> None:
     """CheckpointsSaving: False while a pod reports saves failing since its last complete one;
     True again once a newer checkpoint completes (not merely because the failing pods went)."""
     failing = sorted((x for x in live if x.store.save_failure is not None),
                      key=lambda x: -x.store.save_failure.count)
-    was = _was(p, "CheckpointsSaving")
+    before = was(p, Cond.CHECKPOINTS_SAVING)
     if failing:
         worst = failing[0]
         f = worst.store.save_failure
         p.new.checkpoint_save_failures = f.count
-        _flip(p, "CheckpointsSaving", False, "SavesFailing",
-              f"pod {worst.name}: checkpoint saves failing (newest {f.tag}): {f.error}; the last complete "
-              f"checkpoint is {p.new.last_checkpoint.tag if p.new.last_checkpoint else 'none'}",
-              "CheckpointSavesFailing")
-    elif was is not None and was.status == "False" and checkpoint_completed:
+        report(p, Cond.CHECKPOINTS_SAVING, False, CondReason.SAVES_FAILING,
+               f"pod {worst.name}: checkpoint saves failing (newest {f.tag}): {f.error}; the last complete "
+               f"checkpoint is {p.new.last_checkpoint.tag if p.new.last_checkpoint else 'none'}",
+               Reason.SAVES_FAILING)
+    elif before is not None and before.status == "False" and checkpoint_completed:
         p.new.checkpoint_save_failures = 0
-        _flip(p, "CheckpointsSaving", True, "SaveCompleted",
-              f"checkpoint {p.new.last_checkpoint.tag} completed: saves work again", "CheckpointSavesRecovered")
+        report(p, Cond.CHECKPOINTS_SAVING, True, CondReason.SAVE_COMPLETED,
+               f"checkpoint {p.new.last_checkpoint.tag} completed: saves work again", Reason.SAVES_RECOVERED)
 
 
 def _readable(p: StorePass, live: list[PodView], training: list[PodView]) -> None:
@@ -130,14 +118,14 @@ def _readable(p: StorePass, live: list[PodView], training: list[PodView]) -> Non
     no pod says so and one shows it read the store: it reports a checkpoint, or it trains (a pod
     starts training only once it has listed its store, an empty one included)."""
     failing = [x for x in live if x.store.error]
-    was = _was(p, "CheckpointStoreReadable")
+    before = was(p, Cond.STORE_READABLE)
     if failing:
-        _flip(p, "CheckpointStoreReadable", False, "StoreUnreadable",
-              f"pod {failing[0].name}: {failing[0].store.error}", "CheckpointStoreUnreadable")
-    elif was is not None and was.status == "False" and (any(x.store.checkpoint is not None for x in live)
-                                                         or training):
-        _flip(p, "CheckpointStoreReadable", True, "Listed", "the pods list their checkpoint store again",
-              "CheckpointStoreReadable")
+        report(p, Cond.STORE_READABLE, False, CondReason.STORE_UNREADABLE,
+               f"pod {failing[0].name}: {failing[0].store.error}", Reason.STORE_UNREADABLE)
+    elif before is not None and before.status == "False" and (any(x.store.checkpoint is not None for x in live)
+                                                               or training):
+        report(p, Cond.STORE_READABLE, True, CondReason.LISTED, "the pods list their checkpoint store again",
+               Reason.STORE_READABLE)
 
 
 def _skipped(p: StorePass, live: list[PodView]) -> None:
@@ -152,6 +140,6 @@ def _skipped(p: StorePass, live: list[PodView]) -> None:
     text = f"{s.tag}: {s.error}"
     if p.new.current.skipped_checkpoint != text:
         p.new.current.skipped_checkpoint = text
-        p.event("CheckpointSkipped", f"pod {skipped.name} did not resume from checkpoint {s.tag}, which is "
+        p.event(Reason.CHECKPOINT_SKIPPED, f"pod {skipped.name} did not resume from checkpoint {s.tag}, which is "
                 f"damaged ({s.error}); the gang resumed from the previous complete one and {s.tag} is left "
                 f"in place", warning=True)
