@@ -157,13 +157,14 @@ def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs
 
 
 def _readme_commands(prefix: str) -> list[str]:
-    """The README's command lines that start with ``prefix``, as written (comments cut)."""
-    return [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()
+    """The trainer manual's command lines (docs/trainer.md, once the README's) that start with
+    ``prefix``, as written (comments cut)."""
+    return [line.split("#")[0].strip() for line in (ROOT / "docs" / "trainer.md").read_text().splitlines()
             if line.startswith(prefix)]
 
 
 def test_documented_convert_round_trip_runs_as_written(hf_dirs, tmp_path):
-    """The README's two convert commands, one after the other, with its placeholders filled in
+    """docs/trainer.md's two convert commands, one after the other, with its placeholders filled in
     the way a user would (to-hf reads what from-hf wrote: OUT_ROOT/step_0) and the optional
     arguments left out: transformers loads the result and its logits equal the original's."""
     from_hf, to_hf = _readme_commands("python -m trainer.convert ")
