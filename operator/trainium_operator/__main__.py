@@ -71,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     from kubernetes import client, config
 
-    from . import metrics
     from .handlers import build_registry
     from .kube import WRITE_TIMEOUT_SECONDS, Kube
+    from .metrics import Metrics
+    from .watcher import Options
 
     def kube_factory() -> Kube:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     def may_write() -> bool:  # a write started now ends (or gives up) before the lease could pass on
         return elector is None or elector.holds(margin=WRITE_TIMEOUT_SECONDS)
 
-    registry = build_registry(kube_factory, guard, may_write, host)
+    metrics = Metrics()  # served while standing by too
+    registry = build_registry(Options(kube_factory, guard, may_write, host, metrics))
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):
@@ -97,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics.serve(args.metrics_port)
     if args.liveness_port:
         serve_liveness(args.liveness_port)
+    # the operator's memory (the Watcher its start-up puts here) lasts the process: a replica that
+    # leads again keeps its API outages, device shortfalls and child checks
+    memo = kopf.Memo()
 
     def operate(stop_flag: asyncio.Event | None = None):
         return kopf.operator(registry=registry, clusterwide=not args.namespace, namespaces=args.namespace,
-                             standalone=True, stop_flag=stop_flag)
+                             standalone=True, stop_flag=stop_flag, memo=memo)
 
     if args.leader_election == "off":
         asyncio.run(operate())

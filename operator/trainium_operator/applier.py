@@ -16,18 +16,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainium_api.agent import order_payload
 
-from . import metrics
 from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine
 from .kube import Kube
+from .metrics import Metrics
 
 log = logging.getLogger("trainium_operator")
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
-# periodic child re-checks off the pass: each one its run's checks in order (never waiting on _POOL)
-_RECHECKS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="child-checks")
 
 
-def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache, wait: bool = True,
-                     may_write=lambda: True) -> str:
+class Pools:
+    """The applier's threads, made at the operator's start-up and passed down (never at import):
+    ``calls`` sends a pass's pod calls and child creations concurrently; ``rechecks`` runs the
+    periodic child re-checks off the pass, each one its run's checks in order (never waiting on
+    ``calls``)."""
+
+    def __init__(self, calls: int = 16, rechecks: int = 4) -> None:
+        self.calls = ThreadPoolExecutor(max_workers=calls, thread_name_prefix="pod-calls")
+        self.rechecks = ThreadPoolExecutor(max_workers=rechecks, thread_name_prefix="child-checks")
+
+    def shutdown(self) -> None:
+        """Stop taking work; what was sent finishes in the background."""
+        self.calls.shutdown(wait=False)
+        self.rechecks.shutdown(wait=False)
+
+
+def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache, pools: Pools,
+                     wait: bool = True, may_write=lambda: True) -> str:
     """Create the children that are due a check (see ChildCache); every one is tried (a quota on
     Services must not stop the RBAC). With ``wait`` (the pass is about to create pods, which
     need them) the checks run concurrently and the pass waits: returns why some could not be
@@ -76,11 +89,11 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
                     children.set_error(run, "; ".join(errors))
                 finally:
                     children.end(run)
-            _RECHECKS.submit(recheck)
+            pools.rechecks.submit(recheck)
         return ""
     errors, away = [], None
     for wave in waves:
-        for obj, future in [(obj, _POOL.submit(one, obj, target)) for obj, target in wave]:
+        for obj, future in [(obj, pools.calls.submit(one, obj, target)) for obj, target in wave]:
             try:
                 future.result()
             except Exception as exc:
@@ -188,15 +201,20 @@ class ChildCache:
 CHILD_RECHECK_SECONDS = 30.0
 
 
-def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may_write=lambda: True) -> dict:
+def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may_write=lambda: True,
+          pools: Pools | None = None, metrics: Metrics | None = None) -> dict:
     """Status first (it records the attempt before its pods exist), then the children, then the
     other effects in order. A child that cannot be created means no pod is created (pods need
     their Service and ConfigMap); a child or a pod that cannot be created raises ChildError
     once everything else was applied, and ``children`` keeps the API server's words for the
     next pass's status. ``may_write()`` is asked again before each group of writes (the lease
-    may lapse during a slow pass). Returns the run's status as it is after the patch."""
+    may lapse during a slow pass). ``pools`` and ``metrics`` are the operator's (made at its
+    start-up); without them (a test of the applier alone) the calls go through pools of this
+    call's own and the failure latencies are not observed. Returns the run's status as it is
+    after the patch."""
     ns, name = run["metadata"]["namespace"], run["metadata"]["name"]
     children = children or ChildCache()
+    pools = pools or Pools()
     old = run.get("status") or {}
     changed = {k: v for k, v in result.status.items() if old.get(k) != v}
     merged = {**old, **changed}
@@ -206,7 +224,7 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
     creating = any(isinstance(e, Ensure) and e.obj["kind"] == "Pod" for e in result.effects)
     missing = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
                                                   if isinstance(e, Ensure) and e.obj["kind"] != "Pod"], children,
-                               wait=creating, may_write=may_write)
+                               pools, wait=creating, may_write=may_write)
     fence(may_write)
     pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
@@ -229,16 +247,18 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
                 kube.event(run, reason, message, warning)
                 log.info("%s/%s %s: %s", ns, name, reason, message)
             case ObserveFailure(record):
-                metrics.observe_failure(record)
+                if metrics is not None:
+                    metrics.observe_failure(record)
             case ObserveRecovery(record):
-                metrics.observe_recovery(record)
+                if metrics is not None:
+                    metrics.observe_recovery(record)
             case _:
                 raise TypeError(f"unknown effect {eff!r}")
     if pod_calls:
         def fenced(fn, *args):  # a call that waited in the shared pool asks the lease again
             fence(may_write)
             return fn(*args)
-        futures = [(args, _POOL.submit(fenced, fn, *args)) for fn, args in pod_calls]
+        futures = [(args, pools.calls.submit(fenced, fn, *args)) for fn, args in pod_calls]
         refused = []
         for args, f in futures:
             try:

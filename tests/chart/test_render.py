@@ -203,7 +203,7 @@ def test_monitoring_objects_select_the_operator_and_the_trainer_pods():
 
 def exported_series() -> set[str]:
     names = set()
-    for family in metrics.REGISTRY.collect():
+    for family in metrics.Metrics().registry.collect():
         kind = family.type
         names.add(family.name)
         if kind == "counter":

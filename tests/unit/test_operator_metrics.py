@@ -8,6 +8,8 @@ from tests.conftest import tiny_run_spec
 from trainium_operator import metrics
 from trainium_operator.reconcile import read_status
 
+M = metrics.Metrics()  # one operator's series (its own registry, made here, not at import)
+
 
 def spec(**checkpoint):
     return tiny_run_spec(checkpoint=checkpoint)
@@ -15,7 +17,7 @@ def spec(**checkpoint):
 
 def series(run: str) -> dict[str, float]:
     out = {}
-    for line in generate_latest(metrics.REGISTRY).decode().splitlines():
+    for line in generate_latest(M.registry).decode().splitlines():
         if not line.startswith("#") and f'run="{run}"' in line:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
@@ -29,7 +31,7 @@ STATUS = {"phase": "Running", "step": 120, "current": {"lastStepTime": 1000.0}, 
 
 
 def test_observe_run_exports_the_status():
-    metrics.observe_run("ml", "m1", spec(intervalSteps=50), read_status(STATUS))
+    M.observe_run("ml", "m1", spec(intervalSteps=50), read_status(STATUS))
     s = series("m1")
     assert s['trainium_run_phase{namespace="ml",phase="Running",run="m1"}'] == 1
     assert s['trainium_run_phase{namespace="ml",phase="Failed",run="m1"}'] == 0
@@ -46,11 +48,11 @@ def test_observe_run_exports_the_status():
 
 
 def test_unknown_values_are_absent_not_zero():
-    metrics.observe_run("ml", "m2", spec(intervalSteps=50), read_status({"phase": "Starting", "createdTime": 5.0}))
+    M.observe_run("ml", "m2", spec(intervalSteps=50), read_status({"phase": "Starting", "createdTime": 5.0}))
     s = series("m2")
     for name in ("step", "loss", "last_checkpoint_step", "effective_training_ratio", "checkpoint_interval_seconds"):
         assert not any(k.startswith(f"trainium_run_{name}{{") for k in s), name
-    metrics.observe_run("ml", "m2", None, read_status({"phase": "Failed"}))  # an invalid spec: no spec-derived series
+    M.observe_run("ml", "m2", None, read_status({"phase": "Failed"}))  # an invalid spec: no spec-derived series
     assert series("m2")['trainium_run_phase{namespace="ml",phase="Failed",run="m2"}'] == 1
 
 
@@ -63,16 +65,16 @@ def test_expected_checkpoint_interval():
 
 
 def test_forget_drops_every_series_of_a_deleted_run():
-    metrics.observe_run("ml", "gone", spec(), read_status(STATUS))
-    metrics.count_error("ml", "gone")
+    M.observe_run("ml", "gone", spec(), read_status(STATUS))
+    M.count_error("ml", "gone")
     assert series("gone")
-    metrics.forget("ml", "gone")
+    M.forget("ml", "gone")
     assert series("gone") == {}
-    metrics.forget("ml", "never-seen")  # harmless
+    M.forget("ml", "never-seen")  # harmless
 
 
 def test_latency_histograms_exist_for_every_cause_before_any_failure():
-    text = generate_latest(metrics.REGISTRY).decode()
+    text = generate_latest(M.registry).decode()
     for cause in ("application", "node", "neuron-device", "hang", "eviction", "scheduling"):
         assert f'trainium_failure_detection_seconds_count{{cause="{cause}"}}' in text
         assert f'trainium_failure_recovery_seconds_count{{cause="{cause}"}}' in text

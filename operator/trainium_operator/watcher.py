@@ -1,0 +1,272 @@
+"""What the operator has seen and remembers between passes: one Watcher per operator.
+
+kopf's handlers (handlers.py) only register; everything they need between calls lives here,
+made at the operator's start-up (the ``configure`` startup handler puts it in kopf's ``memo``),
+never at import, so two operators can live in one process:
+
+- the services passed down: the API client (``Kube``), the Prometheus series (``Metrics``),
+  the applier's thread pools (``Pools``), the /readyz probe while leading;
+- the operator-wide signals a pass reads: node health per zone (at most once a second), since
+  when each node misses Neuron devices (``DeviceShortfalls``), the API server's outages
+  (``ApiHealth``), what the API server refused in each run's last pass (``ChildCache``);
+- each run's loop: its wake-up event, the pod and node shapes last seen (a change wakes the
+  run's loop at once), and its retry backoff (``Backoff``).
+
+A pass is observe -> decide -> apply: ``snapshot`` gathers the run, its pods and nodes from
+kopf's indices and the signals above into an ``observer.Snapshot``; ``reconcile.reconcile``
+decides (the handler calls it); ``apply`` writes the result. State of record lives in each
+run's status: the operator can be killed and started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from .apihealth import ApiHealth, ApiProbe
+from .applier import ChildCache, ChildError, NotLeading, Pools, api_unreachable, apply, conflict, fence
+from .hostaccess import HostAccess
+from .kube import Kube
+from .metrics import Metrics
+from .observe import NodeView, PodView, node_view, pod_view
+from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
+from .policy import DisruptionGuard, disruption, zone_health
+
+log = logging.getLogger("trainium_operator")
+RECONCILE_INTERVAL = 1.0  # seconds between passes when nothing wakes a run's loop sooner
+ERROR_BACKOFF = 2.0  # after a pass that raised; doubling while the run's passes keep failing
+MAX_ERROR_BACKOFF = 30.0
+OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
+ZONES_MAX_AGE = 1.0  # node health per zone is computed over the whole cluster at most this often
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line configures, handed to the start-up that builds the Watcher."""
+
+    kube_factory: Callable[[], Kube]
+    """Returns the Kube used for writes and the probe (called once, at start-up)."""
+    guard: DisruptionGuard = DisruptionGuard()
+    """When lost nodes count as a disruption rather than node failures."""
+    may_write: Callable[[], bool] = lambda: True
+    """Whether this replica still holds the leader lease (a pass checks it before it writes)."""
+    host: HostAccess = HostAccess()
+    """What the runs' pods may take from their nodes."""
+    metrics: Metrics | None = None
+    """The series to export into (the command line serves them before it leads); a fresh set
+    when None."""
+
+
+class Backoff:
+    """One run's retry after a pass that raised: kopf's TemporaryError model, the whole pass is
+    retried (it is idempotent). Expected refusals (a child the API server refuses: its status
+    says so; the API away; not leading) retry at the plain backoff; an unexpected error's
+    backoff grows while the same run keeps failing. A pod change wakes the loop sooner."""
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key
+        self.failures = 0  # passes in a row that raised unexpectedly
+        self._unreachable_logged = 0.0
+
+    def passed(self) -> None:
+        self.failures = 0
+
+    def delay(self, exc: BaseException) -> float:
+        """Seconds until the next pass after ``exc``; logs it as its kind deserves."""
+        namespace, name = self.key
+        if isinstance(exc, NotLeading):
+            log.warning("%s/%s: %s", namespace, name, exc)
+        elif isinstance(exc, ChildError):  # the next pass writes it into the status
+            log.warning("%s/%s: %s; retrying", namespace, name, exc)
+        elif api_unreachable(exc):
+            if time.monotonic() - self._unreachable_logged > 60:  # ApiHealth logs the outage itself
+                self._unreachable_logged = time.monotonic()
+                log.warning("%s/%s: reconcile pass failed: %s", namespace, name, exc)
+        else:
+            delay = min(MAX_ERROR_BACKOFF, ERROR_BACKOFF * 2 ** self.failures)
+            self.failures += 1
+            log.error("%s/%s: reconcile pass failed; retrying in %.0fs", namespace, name, delay, exc_info=exc)
+            return delay
+        return ERROR_BACKOFF
+
+
+class Watcher:
+    """One operator's observation and memory (module docstring). Thread-safe where passes of
+    different runs meet (they run on threads of their own); the wake-ups and shapes are touched
+    from kopf's event loop only."""
+
+    def __init__(self, kube: Kube, metrics: Metrics, pools: Pools, guard: DisruptionGuard = DisruptionGuard(),
+                 may_write: Callable[[], bool] = lambda: True, host: HostAccess = HostAccess()) -> None:
+        self.kube, self.metrics, self.pools = kube, metrics, pools
+        self.guard, self.may_write, self.host = guard, may_write, host
+        self.children = ChildCache()  # which children were made sure of, and when; the last create error
+        self.shortfalls = DeviceShortfalls()  # since when a node has missing Neuron devices
+        # when the API was away: trainers could not write progress nor kubelets renew their leases
+        # meanwhile; reconcile restarts the hang clock and holds the nodes it made look lost
+        self.health = ApiHealth(on_change=metrics.api_away)
+        self.probe: ApiProbe | None = None
+        self.wake: dict[tuple[str, str], asyncio.Event] = {}  # per run: a pod changed, pass now
+        self.pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
+        self.node_shapes: dict[str, tuple | None] = {}  # the same for nodes
+        self._zones: tuple[float, dict] = (0.0, {})
+
+    @classmethod
+    def start_up(cls, options: Options) -> Watcher:
+        """The operator's services and memory, built now (at start-up)."""
+        return cls(options.kube_factory(), options.metrics or Metrics(), Pools(), options.guard, options.may_write,
+                   options.host)
+
+    # -- the /readyz probe, while this replica leads ----------------------------------------
+
+    def start_probe(self) -> None:
+        self.probe = ApiProbe(self.kube.ready, self.health).start()
+
+    def stop_probe(self) -> None:
+        if self.probe is not None:
+            self.probe.stop()
+
+    # -- observe: one pass's inputs --------------------------------------------------------
+
+    def zones(self, cluster_nodes: Mapping) -> dict:
+        """Node health per zone, over the whole cluster, computed at most once a second."""
+        at, value = self._zones
+        if time.monotonic() - at > ZONES_MAX_AGE:
+            value = zone_health(next(iter(cluster_nodes[n])) for n in cluster_nodes)
+            self._zones = (time.monotonic(), value)
+        return value
+
+    def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping) -> Snapshot:
+        """What one pass of the run sees: the run as kopf holds it now, its pods and nodes from
+        kopf's indices, the disruption and outage signals, the applier's last refusal."""
+        run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
+               "status": dict(body.get("status") or {})}
+        # a run deleted and created again under the same name: the old run's pods (the garbage
+        # collector is still deleting them) carry the same labels, and are not this run's
+        uid = run["metadata"].get("uid")
+        pods: list[PodView] = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
+        left_out = read_status(run["status"]).quarantine_names
+        wanted = {p.node for p in pods if p.node} | left_out
+        now = time.time()
+        nodes: dict[str, NodeView] = self.shortfalls.mark(
+            {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
+        # a node this run quarantined is lost on purpose: it must not open or hold a disruption
+        own = [n for node, n in nodes.items() if node not in left_out]
+        disrupted = disruption(self.guard, self.zones(cluster_nodes), own) if own else ""
+        return snapshot(run, pods, nodes, now, None, disrupted, self.guard, api_outage=self.health.outage(now),
+                        children_error=self.children.error(namespace, name), host=self.host)
+
+    # -- apply -----------------------------------------------------------------------------
+
+    def apply(self, snap: Snapshot, result) -> bool:
+        """Write one pass's result (unless this replica stopped leading) and export the run's
+        series; returns whether the run's status was patched. A write that fails is this run's
+        to retry: only the /readyz probe says the API server is away (one run's 5xx must not
+        restart every run's hang clock)."""
+        run = snap.run
+        fence(self.may_write)
+        written = apply(self.kube, run, result, self.children, self.may_write, self.pools, self.metrics)
+        self.metrics.observe_run(run["metadata"]["namespace"], run["metadata"]["name"], result.spec, result.after)
+        return written != run["status"]
+
+    @contextlib.contextmanager
+    def timed(self, namespace: str, name: str) -> Iterator[None]:
+        """Around one pass: its duration, and an error counted when it raises."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        except Exception:
+            self.metrics.count_error(namespace, name)
+            raise
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - t0)
+
+    # -- the run's loop ----------------------------------------------------------------------
+
+    async def loop(self, stopped, body, key: tuple[str, str], one_pass: Callable[[], bool]) -> None:
+        """``one_pass()`` (on a thread) every RECONCILE_INTERVAL seconds, and at once when the
+        run is woken (``wake_on_pod``, ``wake_on_node``): a restart then moves from teardown to
+        the new gang, and from scheduled to Running, without waiting for a tick. After a pass
+        that patched the status, the next one waits until the run's watch has delivered that
+        patch (its resourceVersion moved), so no pass decides on a status older than its own
+        last write (a failure is never recorded twice)."""
+        event = self.wake.setdefault(key, asyncio.Event())
+        backoff = Backoff(key)
+        try:
+            while not stopped:
+                event.clear()
+                before = _version(body)
+                try:
+                    wrote = await asyncio.to_thread(one_pass)
+                    backoff.passed()
+                except Exception as exc:
+                    if conflict(exc):  # the run changed since this pass read it: decide again
+                        log.debug("%s/%s: the run changed under the pass; passing again", *key)
+                        await _until_observed(body, before, stopped)
+                        continue
+                    await _wait_or_wake(event, stopped, backoff.delay(exc))
+                    continue
+                if wrote:
+                    await _until_observed(body, before, stopped)
+                with contextlib.suppress(asyncio.TimeoutError):  # the interval passed with no wake-up
+                    await asyncio.wait_for(event.wait(), RECONCILE_INTERVAL)
+        finally:
+            self.wake.pop(key, None)
+
+    def pod_changed(self, deleted: bool, namespace: str, name: str, run: str, body) -> None:
+        """Wakes the run's loop when a pod's shape changes, its agent's state included (an
+        in-place restart's barrier and recovery wait for it), not on progress reports, which
+        arrive every few seconds from every pod and are read at the next pass."""
+        view = pod_view(dict(body))
+        said = (view.agent.attempt, view.agent.state) if view.agent else None
+        shape = None if deleted else (view.phase, view.deleting, view.node, view.exit_code, view.unschedulable, said)
+        if self.pod_shapes.get((namespace, name)) != shape:
+            self.pod_shapes[(namespace, name)] = shape
+            if shape is None:
+                self.pod_shapes.pop((namespace, name), None)
+            self._wake((namespace, run))
+
+    def node_changed(self, deleted: bool, name: str, body, run_pods: Mapping) -> None:
+        """Wakes the loops of runs with pods on a node whose health changed (Ready,
+        NeuronHealth, Neuron devices, deleted); not on the kubelet's periodic heartbeats."""
+        view = node_view(dict(body))
+        shape = None if deleted else (view.ready, view.neuron_error, view.neuron_allocatable)
+        if self.node_shapes.get(name, shape) == shape:
+            self.node_shapes[name] = shape
+            return
+        self.node_shapes[name] = shape
+        for key in list(run_pods):
+            if key in self.wake and any(p.node == name for p in run_pods.get(key, [])):
+                self._wake(key)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted run: drop its series and what its passes remembered."""
+        self.metrics.forget(namespace, name)
+        self.children.forget(namespace, name)
+
+    def _wake(self, key: tuple[str, str]) -> None:
+        if key in self.wake:
+            self.wake[key].set()
+
+
+def _version(body) -> str | None:
+    return body.get("metadata", {}).get("resourceVersion")
+
+
+async def _wait_or_wake(event: asyncio.Event, stopped, seconds: float) -> None:
+    """Sleep ``seconds``, less when the run's ``event`` is set (a pod changed) or it is stopped."""
+    deadline = time.monotonic() + seconds
+    while not stopped and not event.is_set() and time.monotonic() < deadline:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+async def _until_observed(body, before: str | None, stopped) -> None:
+    """Wait until the live ``body`` (kopf updates it from the watch) has a resourceVersion
+    other than ``before``, at most OBSERVE_WRITE_TIMEOUT seconds."""
+    deadline = time.monotonic() + OBSERVE_WRITE_TIMEOUT
+    while not stopped and time.monotonic() < deadline and _version(body) == before:
+        await asyncio.sleep(0.01)
