@@ -1,5 +1,5 @@
 """AWS's NxD Llama example with ZeRO-1 does not resume its weights (NxD 2.29, torch-xla 2.9):
-the behaviour docs/neuron.md and the README describe, pinned so that a new NxD or torch-xla
+the behaviour docs/neuron.md and docs/scripts.md describe, pinned so that a new NxD or torch-xla
 that fixes it tells us to change them.
 
 The script (unmodified, plain torchrun, one rank on torch-xla's CPU device) with the 7B launch
