@@ -124,7 +124,6 @@ class Elector:
 
     def release(self) -> None:
         """Give the Lease up (clean shutdown): a standby leads at its next try."""
-        from kubernetes.client.exceptions import ApiException
         self._renewed_at = None
         timeout = self.cfg.request_timeout_seconds
         try:

@@ -1,8 +1,8 @@
 """What one pass sees of a run, as one typed Snapshot. Pure, apart from DeviceShortfalls' memory.
 
-The handler builds a Snapshot from kopf's indices and the operator-wide signals (checkpoint
-listing, mass disruption, API outage, the applier's last refusal); reconcile.reconcile decides
-on it alone. The spec is parsed here once per pass: the snapshot carries the spec in force and
+The Watcher (watcher.py) builds a Snapshot from kopf's indices and the operator-wide signals
+(mass disruption, API outage, the applier's last refusal); reconcile.reconcile decides on it
+alone. The spec is parsed here once per pass: the snapshot carries the spec in force and
 the error that refused it (a new run's invalid spec, or an edit of a live run).
 """
 
@@ -22,7 +22,7 @@ from trainium_api.status import CheckpointRef, TrainingRunStatus
 from .hostaccess import HostAccess
 from .observe import NodeView, PodView
 from . import store
-from .policy import DisruptionGuard
+from .disruption_guard import DisruptionGuard
 from .spec import parse
 
 
