@@ -3,9 +3,11 @@
 :func:`judge` takes what a pass observed of the current attempt (its pods summarised, their
 nodes, the children the applier could not create), the clocks the status keeps (when the gang
 started, when its step last moved, a disruption in progress) and the operator-wide guards (the
-mass-disruption finding, the last API outage), and returns a :class:`Judgement`: the failure to
-act on, or why a failure signal is held for now, and the disruption in force after this pass.
-Every rule lives here, in this order:
+mass-disruption finding, the last API outage), and returns a :class:`Verdict`: the failure to
+act on, or why a failure signal is held for now, and the disruption in force after this pass;
+given the run's standing (failure_policy.Standing), the failure's verdict carries the action
+too: fail, or restart with its kind and delay, the node quarantined or avoided, the index
+replaced (failure_policy, its rules in order). Every failure rule lives here, in this order:
 
   unborn      pods that could not be created by scheduleTimeoutSeconds   -> scheduling
   fatal       a pod exited with a fatal code (no retry)                  -> application, fatal
@@ -39,7 +41,7 @@ reach us meanwhile).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainium_api import exitcodes
 from trainium_api.exitcodes import PREFLIGHT as PREFLIGHT_EXIT
@@ -47,8 +49,9 @@ from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
 
+from .disruption_guard import DISRUPTION_CAUSES, DisruptionGuard
+from .failure_policy import Action, Standing, act
 from .observe import EVICTION_REASONS, Failure, GangState, NodeView, PodView, not_started, succeeded
-from .policy import DISRUPTION_CAUSES, DisruptionGuard
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Clocks:
     quarantined: tuple[str, ...] = ()
     stragglers: tuple[StragglerStreak, ...] = ()
     """Pods flagged as stragglers now (stragglers.update, this pass) that the gang may be
-    restarted for (policy.straggler_replace_allowed): none when it may not."""
+    restarted for (failure_policy.straggler_replace_allowed): none when it may not."""
 
     @classmethod
     def of(cls, status: TrainingRunStatus, last_step_time: float | None,
@@ -84,7 +87,7 @@ class Clocks:
 
 @dataclass(frozen=True)
 class Guards:
-    """Operator-wide signals: ``disruption`` is policy.disruption's finding now ("" for none);
+    """Operator-wide signals: ``disruption`` is disruption_guard.disruption's finding now ("" for none);
     ``api_outage`` is (lost, back) of the last API outage (back = now while it lasts)."""
     guard: DisruptionGuard = field(default_factory=DisruptionGuard)
     disruption: str = ""
@@ -103,16 +106,31 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class Judgement:
+class Verdict:
+    """The whole verdict: the failure to act on and what to do about it, or why a signal is held."""
     failure: Failure | None = None
     hold: Hold | None = None
     disruption: Disruption | None = None
     """The disruption in force after this pass (None: none)."""
+    action: Action | None = None
+    """With a failure, and the run's standing given: fail, or restart with its kind, delay, the
+    node quarantined or avoided and the index replaced (failure_policy)."""
 
 
-def judge(seen: Observed, clocks: Clocks, guards: Guards) -> Judgement:
+
+def judge(seen: Observed, clocks: Clocks, guards: Guards, standing: Standing | None = None) -> Verdict:
+    """The verdict on the attempt ``seen``; with ``standing`` (the run's failures so far, the
+    nodes it leaves out, the gang as it is), a failure's verdict carries its action."""
+    verdict = _judge(seen, clocks, guards)
+    if verdict.failure is None or standing is None:
+        return verdict
+    return replace(verdict, action=act(verdict.failure, seen.spec, standing, seen.now,
+                                       guards.guard.trust_pod_reports))
+
+
+def _judge(seen: Observed, clocks: Clocks, guards: Guards) -> Verdict:
     if not seen.gang_complete:
-        return Judgement(_unborn(seen, clocks), disruption=clocks.disruption)
+        return Verdict(_unborn(seen, clocks), disruption=clocks.disruption)
     last_change = max(clocks.last_step_time or 0.0, clocks.disruption_end_time or 0.0,
                       outage_end(guards, seen.now)) or None
     failure, hold = find_failure(seen.spec, seen.gang, seen.nodes, now=seen.now, expected_pods=seen.spec.nodes,
@@ -264,7 +282,7 @@ def device_culprits(pods: list[PodView]) -> list[PodView]:
 
 
 def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | None,
-          hold: Hold | None) -> Judgement:
+          hold: Hold | None) -> Verdict:
     """The failure to act on: none while a disruption holds it (a lost node or a hang, for at
     most guard.max_hold_seconds), while a node that went Unknown may still turn out to be the
     first of a disruption (guard.settle_seconds), or while a node is Unknown because its lease
@@ -296,10 +314,10 @@ def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | Non
             # not at the last step seen before it (found by the control-plane e2e test: the
             # operator's watches resumed 11 s after the API, and the gang was restarted in the
             # very pass that saw the nodes return)
-            return Judgement(None, Hold("the disruption just ended: the hang clock restarts"), None)
-        return Judgement(failure, hold, None)
+            return Verdict(None, Hold("the disruption just ended: the hang clock restarts"), None)
+        return Verdict(failure, hold, None)
     in_force = held or Disruption(since=now, message=disruption)
     if failure and failure.cause in DISRUPTION_CAUSES and now - in_force.since < guard.max_hold_seconds:
-        return Judgement(None, Hold(f"{failure.message}: held during a disruption ({disruption})",
+        return Verdict(None, Hold(f"{failure.message}: held during a disruption ({disruption})",
                                     in_force.since + guard.max_hold_seconds), in_force)
-    return Judgement(failure, hold, in_force)
+    return Verdict(failure, hold, in_force)

@@ -246,7 +246,7 @@ def test_an_evicted_pod_is_an_eviction_whatever_its_container_said():
 
 
 def test_a_quarantined_node_that_stays_down_does_not_keep_a_disruption_open():
-    from trainium_operator.policy import DisruptionGuard
+    from trainium_operator.disruption_guard import DisruptionGuard
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     nodes["bad"] = node_view({"metadata": {"name": "bad"}, "spec": {"taints": [{"key": "trainium.dev/quarantined"}]},
                               "status": {"conditions": [{"type": "Ready", "status": "False"}]}})  # never back
@@ -436,7 +436,7 @@ def test_a_culprit_that_reports_in_teardown_still_keeps_its_node_out(trust):
     timed out later ends in teardown saying so: its node is left out of the next attempt,
     avoided by this run (no taint: the run's own words, tied to no failure record); one such
     node per teardown; and the run tries it again after the budget window."""
-    from trainium_operator.policy import DisruptionGuard
+    from trainium_operator.disruption_guard import DisruptionGuard
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     status = {"phase": "Restarting", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 10.0,
               "current": {"gangRunningTime": 5.0, "teardownStartTime": 100.0, "restartNotBefore": 100.0},

@@ -11,7 +11,7 @@ from tests.unit.test_operator_core import SPEC
 from trainium_api.status import Disruption
 from trainium_operator.judge import Clocks, Guards, Observed, judge
 from trainium_operator.observe import gang_state, node_view, pod_view
-from trainium_operator.policy import DisruptionGuard
+from trainium_operator.disruption_guard import DisruptionGuard
 from trainium_operator.spec import parse
 
 NOW = 10_000.0

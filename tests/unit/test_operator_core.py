@@ -13,7 +13,7 @@ from trainium_operator import goodput, plan
 from trainium_operator import spec as spec_mod
 from trainium_operator.judge import find_failure
 from trainium_operator.observe import Failure, gang_state, node_view, pod_view
-from trainium_operator.policy import decide
+from trainium_operator.failure_policy import decide
 from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import parse
 
@@ -155,7 +155,7 @@ def test_observe_finds_each_cause():
 
 def _counted(failures: list[dict]):
     """The policy's counters after ``failures`` (as status.failures holds them)."""
-    from trainium_operator.policy import counters_from
+    from trainium_operator.failure_policy import counters_from
     return counters_from(_records(failures), 3600.0)
 
 
@@ -396,7 +396,7 @@ def test_a_quarantine_holds_until_the_taint_is_seen():
     quarantine so): until the node is seen tainted it stays quarantined and the taint is
     ordered again; once seen tainted, a node without the taint was returned by an admin."""
     from trainium_operator.effects import Quarantine
-    from trainium_operator.reconcile import QUARANTINE_RETRY_SECONDS, QUARANTINE_SETTLE_SECONDS
+    from trainium_operator.quarantine import QUARANTINE_RETRY_SECONDS, QUARANTINE_SETTLE_SECONDS
     tainted = node_view({"metadata": {"name": "n1"}, "spec": {"taints": [{"key": keys.QUARANTINE_TAINT}]},
                          "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     status = {"phase": "Restarting", "attempt": 1, "quarantinedNodes": ["n1"], "quarantinePending": ["n1"],
@@ -427,7 +427,7 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     another machine under the name (EKS names nodes by private IP) is not, and a pending taint
     never lands on it."""
     from trainium_operator.effects import Quarantine
-    from trainium_operator.reconcile import QUARANTINE_REMEMBER_SECONDS, QUARANTINE_RETRY_SECONDS
+    from trainium_operator.quarantine import QUARANTINE_REMEMBER_SECONDS, QUARANTINE_RETRY_SECONDS
 
     def machine(uid, provider, tainted=False):
         return node_view({"metadata": {"name": "n1", "uid": uid},
@@ -490,7 +490,7 @@ def test_a_quarantined_machine_that_registers_again_is_quarantined_again_and_ano
     left = status_with([], [], [{**first, "goneTime": 5000.0}])
     # new pods are placed off a remembered machine's name (not counted toward the budget)
     from trainium_operator.observer import read_status
-    from trainium_operator.reconcile import _excluded, _kept_off
+    from trainium_operator.quarantine import excluded as _excluded, kept_off as _kept_off
     remembered = read_status(left["status"])
     assert _kept_off(remembered) == ["n1"] and _excluded(remembered) == []
     r = reconcile_objects(left, [], {}, now=6000.0)
@@ -568,7 +568,7 @@ def test_user_env_follows_the_contract_which_it_cannot_override():
 
 
 def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
-    from trainium_operator.policy import DisruptionGuard, disruption, zone_health
+    from trainium_operator.disruption_guard import DisruptionGuard, disruption, zone_health
     guard = DisruptionGuard(threshold=0.55, min_nodes=3, max_hold_seconds=100)
     cluster = {f"n{i}": _node(f"n{i}", ready="Unknown" if i < 6 else "True") for i in range(10)}
     zones = zone_health(cluster.values())
@@ -628,7 +628,7 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
 
 
 def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready():
-    from trainium_operator.policy import DisruptionGuard
+    from trainium_operator.disruption_guard import DisruptionGuard
     guard = DisruptionGuard(settle_seconds=10)
     run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
         "phase": "Running", "attempt": 1, "createdTime": 0.0, "current": {"gangRunningTime": 10.0, "lastStep": 5,
@@ -647,7 +647,7 @@ def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready
 
 
 def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later():
-    from trainium_operator.policy import DisruptionGuard
+    from trainium_operator.disruption_guard import DisruptionGuard
     guard = DisruptionGuard(settle_seconds=10, outage_grace_seconds=60, max_hold_seconds=900)
     run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
         "phase": "Running", "attempt": 1, "createdTime": 0.0, "current": {"gangRunningTime": 10.0, "lastStep": 5,

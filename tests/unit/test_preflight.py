@@ -13,7 +13,7 @@ from trainium_api.status import FailureRecord
 from trainium_operator import goodput
 from trainium_operator.judge import Clocks, Guards, Observed, judge
 from trainium_operator.observe import gang_state, node_view, pod_view
-from trainium_operator.policy import decide
+from trainium_operator.failure_policy import decide
 from trainium_operator.spec import parse
 
 

@@ -11,7 +11,7 @@ from trainium_api.status import FailureCounters
 from trainium_operator import stragglers
 from trainium_operator.judge import Clocks, Guards, Observed, judge
 from trainium_operator.observe import gang_state, node_view, pod_view
-from trainium_operator.policy import decide
+from trainium_operator.failure_policy import decide
 from trainium_operator.spec import parse
 
 def spec_with(**ft):
@@ -132,7 +132,7 @@ def test_layouts_that_wait_on_other_pods_are_not_watched(patch, why):
 
 
 def test_replace_only_while_the_node_can_be_left_out_and_the_budget_has_room():
-    from trainium_operator.policy import straggler_replace_allowed
+    from trainium_operator.failure_policy import straggler_replace_allowed
     spec = spec_with(stragglers="replace")
     assert straggler_replace_allowed(spec, FailureCounters(), [], NOW)
     assert not straggler_replace_allowed(spec, FailureCounters(), ["a"] * spec.quarantine_limit(), NOW)

@@ -1,0 +1,215 @@
+"""A failure -> what to do about it. Pure.
+
+The judge finds the failure (judge.find_failure); this module is its second half, an ordered
+list of rules that yields the action the judge's verdict carries (judge.Verdict.action):
+
+  fatal        a fatal exit                                            -> fail
+  budget       restarts of this cause within the window spent           -> fail
+  no progress  K job-caused restarts in a row, checkpoint not advancing  -> fail
+  node limit   leaving out the failure's node would pass the limit      -> fail
+  restart      else: after a backoff (doubling with each failure in the window), quarantining
+               (a taint) or avoiding (this run only: a pod's own word) the failure's node, and
+                 in place   the nodes still trusted and every agent answers (inplace.why_not)
+                 replace    one pod named, the others' agents answer (inplace.why_not_replace)
+                 recreate   otherwise
+
+The restart budgets and their window are one type (:class:`Budget`), and so is the limit on the
+nodes a run leaves out (:class:`NodeLimit`): every rule that needs either asks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
+from trainium_api.status import MAX_RECENT_KEPT, FailureAction, FailureCounters, FailureRecord, RestartKind
+
+from . import inplace
+from .observe import Failure, PodView
+
+# Failures whose node is quarantined (faultTolerance.quarantine): the node is the fault.
+QUARANTINE_CAUSES = ("node", "neuron-device", "straggler", "preflight")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """faultTolerance's restart budgets: so many restarts per cause within one window
+    (budgetWindowMinutes, which is also how long a node only avoided stays so), a backoff that
+    doubles with each failure in the window, and the straggler budget."""
+    spec: TrainingRunSpec
+
+    @property
+    def window_seconds(self) -> float:
+        return self.spec.fault_tolerance.budget_window_minutes * 60
+
+    def within(self, time: float, now: float) -> bool:
+        return now - time <= self.window_seconds
+
+    def recent(self, counters: FailureCounters, now: float) -> dict[str, list[float]]:
+        """Each cause's failure times within the window."""
+        return {c: [t for t in ts if self.within(t, now)] for c, ts in counters.recent.items()}
+
+    def spent(self, counters: FailureCounters, cause: str, now: float) -> int:
+        return len(self.recent(counters, now).get(cause, []))
+
+    def allows(self, counters: FailureCounters, cause: str, now: float) -> bool:
+        return self.spent(counters, cause, now) < self.spec.fault_tolerance.restart_budget.for_cause(cause)
+
+    def backoff(self, counters: FailureCounters, now: float) -> float:
+        ft = self.spec.fault_tolerance
+        failures = sum(len(ts) for ts in self.recent(counters, now).values())
+        return min(ft.max_backoff_seconds, ft.backoff_seconds * (2 ** min(failures, 30))) if ft.backoff_seconds else 0.0
+
+    def counters(self, kept: FailureCounters | None, history: list[FailureRecord]) -> FailureCounters:
+        """The run's counters: status.failureCounters, or counted from the kept failure records
+        (a status written before the counters existed)."""
+        return kept or counters_from(history, self.window_seconds)
+
+    def count(self, counters: FailureCounters, cause: str, time: float, checkpoint_step: int | None) -> FailureCounters:
+        return count(counters, cause, time, checkpoint_step, self.window_seconds)
+
+    def avoiding(self, since: float, now: float) -> bool:
+        """Whether a node avoided at ``since`` stays avoided (for the window, then tried again)."""
+        return now - since < self.window_seconds
+
+
+@dataclass(frozen=True)
+class NodeLimit:
+    """maxQuarantinedNodes: how many nodes a run may leave out (quarantined or avoided)."""
+    limit: int
+    excluded: tuple[str, ...] = ()
+    """The nodes the run leaves out now."""
+
+    @classmethod
+    def of(cls, spec: TrainingRunSpec, excluded: list[str] | tuple[str, ...]) -> "NodeLimit":
+        return cls(spec.quarantine_limit(), tuple(excluded))
+
+    def room_for(self, node: str = "") -> bool:
+        """Whether ``node`` may be left out too (one already left out takes no more room)."""
+        return len([n for n in self.excluded if n != node]) + 1 <= self.limit
+
+
+def count(counters: FailureCounters, cause: str, time: float, checkpoint_step: int | None,
+          window_seconds: float) -> FailureCounters:
+    """The counters with one more failure of ``cause`` detected at ``time`` (a new object)."""
+    recent = {c: [t for t in ts if time - t <= window_seconds] for c, ts in counters.recent.items()}
+    # a cause whose times all left the window keeps its (empty) list: the status is written as
+    # a merge patch, which replaces lists whole but would keep a key that is left out
+    recent[cause] = (recent.get(cause, []) + [time])[-MAX_RECENT_KEPT:]
+    streak, at = counters.streak, counters.streak_checkpoint_step
+    if cause in JOB_CAUSES:  # an infrastructure failure says nothing about the job making progress
+        streak, at = (streak + 1, at) if streak and at == checkpoint_step else (1, checkpoint_step)
+    return FailureCounters(recent=recent, streak=streak, streak_checkpoint_step=at)
+
+
+def counters_from(history: list[FailureRecord], window_seconds: float) -> FailureCounters:
+    """Counters from the kept failure records (a status written before the counters existed)."""
+    counters = FailureCounters()
+    for h in history:
+        counters = count(counters, h.cause, h.time, h.checkpoint_step, window_seconds)
+    return counters
+
+
+def excluded_node(node: str, cause: str, pod_reported: bool, trust_pod_reports: bool) -> tuple[str, str]:
+    """(node to quarantine, node to avoid) for a failure of ``cause`` on ``node``."""
+    if not node or cause not in QUARANTINE_CAUSES:
+        return "", ""
+    return ("", node) if pod_reported and not trust_pod_reports else (node, "")
+
+
+def straggler_replace_allowed(spec: TrainingRunSpec, counters: FailureCounters, excluded: list[str],
+                              now: float) -> bool:
+    """Whether a straggler may restart the gang: only when its node can be left out and the
+    straggler budget has room. A slow node is not worth failing the run for: otherwise it is
+    only reported."""
+    return spec.fault_tolerance.quarantine and NodeLimit.of(spec, excluded).room_for() and \
+        Budget(spec).allows(counters, "straggler", now)
+
+
+@dataclass(frozen=True)
+class Action:
+    """What to do about a failure: fail the run, or restart it (kind, delay, the node left out,
+    the index replaced)."""
+    kind: FailureAction
+    reason: str
+    quarantine_node: str = ""
+    delay_seconds: float = 0.0
+    avoid_node: str = ""
+    """Keep this run's pods off the node, without a taint (the evidence is the run's own)."""
+    restart: RestartKind | None = None
+    """inPlace, replace or recreate (None: not asked, or the run fails)."""
+    recreated_because: str = ""
+    """Why a restart recreates the gang, with in-place restarts on."""
+    replace_pod: str = ""
+    replace_index: int | None = None
+    """The pod replaced alone, and its index (restart replace)."""
+
+    @property
+    def left_out(self) -> str:
+        return self.quarantine_node or self.avoid_node
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What the failure policy counts a failure against: the run's earlier failures, the nodes it
+    leaves out, its newest checkpoint, and for the restart's kind the gang as it is."""
+    counters: FailureCounters = field(default_factory=FailureCounters)
+    quarantined: tuple[str, ...] = ()
+    avoided: tuple[str, ...] = ()
+    checkpoint_step: int | None = None
+    in_place_streak: int = 1
+    """The in-place streak if the failed attempt is restarted in place (inplace.next_streak)."""
+    pods: tuple[PodView, ...] = ()
+    """The gang's pods as they are (their agents' reports), not as the attempt sees them."""
+    attempt: int = 0
+    lost_nodes: frozenset[str] = frozenset()
+    """The gang's nodes that are gone, NotReady or unreachable."""
+
+
+def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],
+           checkpoint_step: int | None, now: float, avoided: list[str] = (), trust_pod_reports: bool = False) -> Action:
+    """Fail or restart, and the node left out. ``counters``: the run's earlier failures, counted
+    (status.failureCounters); ``quarantined``, ``avoided``: nodes this run already keeps out."""
+    ft, budget = spec.fault_tolerance, Budget(spec)
+    if failure.fatal:
+        return Action("fail", f"fatal error, not retried: {failure.message}")
+    if not budget.allows(counters, failure.cause, now):
+        return Action("fail", f"restart budget for {failure.cause} exhausted ({budget.spent(counters, failure.cause, now)} "
+                      f"restarts in {ft.budget_window_minutes:g} min): {failure.message}")
+    # consecutive job-caused restarts without the checkpoint step advancing
+    streak = counters.streak if counters.streak_checkpoint_step == checkpoint_step else 0
+    if failure.cause in JOB_CAUSES and streak >= ft.no_progress_restarts:
+        return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
+                      f"(last checkpoint {checkpoint_step}): {failure.message}")
+    node, avoid = "", ""
+    excluded = [*quarantined, *(n for n in avoided if n not in quarantined)]  # a node in both counts once
+    if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in excluded:
+        if not NodeLimit.of(spec, excluded).room_for(failure.node):
+            return Action("fail", f"cluster unhealthy: leaving out {failure.node} would exceed "
+                          f"{spec.quarantine_limit()} quarantined or avoided nodes ({', '.join(excluded)})")
+        node, avoid = excluded_node(failure.node, failure.cause, failure.pod_reported, trust_pod_reports)
+    return Action("restart", failure.message, quarantine_node=node, delay_seconds=budget.backoff(counters, now),
+                  avoid_node=avoid)
+
+
+def restart_kind(action: Action, failure: Failure, spec: TrainingRunSpec, standing: Standing) -> Action:
+    """The restart ``action`` with its kind: in place, replacing the failed pod alone, or
+    recreating the gang (with why, when in-place restarts are on)."""
+    pods = list(standing.pods)
+    in_place = inplace.why_not(spec, failure, bool(action.left_out), standing.in_place_streak, pods, standing.attempt)
+    replace_not = inplace.why_not_replace(spec, failure, standing.in_place_streak, pods, standing.attempt,
+                                          set(standing.lost_nodes) - {failure.node}) if in_place else ""
+    if not in_place:
+        return replace(action, restart="inPlace")
+    if not replace_not:
+        failed = next(x for x in pods if x.name == failure.pod)
+        return replace(action, restart="replace", replace_pod=failed.name, replace_index=failed.index)
+    return replace(action, restart="recreate", recreated_because=replace_not if failure.cause in inplace.REPLACE_CAUSES
+                 else in_place)
+
+
+def act(failure: Failure, spec: TrainingRunSpec, standing: Standing, now: float, trust_pod_reports: bool) -> Action:
+    """The whole action for ``failure``: :func:`decide`, then the restart's kind."""
+    action = decide(failure, spec, standing.counters, list(standing.quarantined), standing.checkpoint_step, now,
+                    list(standing.avoided), trust_pod_reports)
+    return restart_kind(action, failure, spec, standing) if action.kind == "restart" else action

@@ -1,0 +1,107 @@
+"""Spares: warm standby pods (faultTolerance.spares) that take a failed pod's index at once in a
+restart replace (restarts). Pure.
+
+Every pass keeps the number asked for while the run trains or restarts (none once it is
+suspended or finished, or with in-place restarts off), each on a node of its own, and
+status.spares the ones whose agents wait. Spares yield to the gang: while a pod the gang needs
+is not placed, none is kept.
+"""
+
+from __future__ import annotations
+
+from trainium_api import keys
+from trainium_api.agent import Order
+
+from . import plan
+from .effects import DeletePod, Ensure, OrderPod
+from .observe import PodView
+from .quarantine import excluded, kept_off
+from .reasons import Reason
+from .run_pass import Pass, node_lost, overdue
+
+SPARE_PHASES = ("Starting", "Preflight", "Running", "Restarting")
+
+
+SPARES_MAX_SERIAL = 99_999  # a spare's hostname <run>-s<n> stays a DNS label (plan.spare_hostname)
+
+
+SPARE_SETTLE_SECONDS = 10.0
+"""How long a created spare may be missing from the pod cache before another is created."""
+
+
+def keep_spares(p: Pass) -> list[str]:
+    """Every pass: keep faultTolerance.spares standby pods (none once the run is suspended or
+    finished, or with in-place restarts off), each on a node of its own (the run's
+    anti-affinity), and status.spares the ones ready. Spares yield to the gang: while any pod the
+    gang needs is not placed (a recreated gang, a new replacement pod) every spare is deleted,
+    unplaced ones too, and none is created, so a spare never holds a node the gang waits for. A
+    spare that ended, went to a node that no longer answers or that the run leaves out, did not
+    start within startupTimeoutSeconds of being placed, or is one too many (a ready one is kept
+    first), is deleted; one at a time is created, once the previous one is seen. Returns the
+    names of the spares created."""
+    ft = p.spec.fault_tolerance
+    placed = _gang_placed(p)
+    want = ft.spares if p.spec.in_place_on() and p.new.phase in SPARE_PHASES and placed else 0
+    live = [s for s in p.spares if not s.deleting and s.name != p.new.current.replacement]  # (one taken this pass)
+
+    def ready(s: PodView) -> bool:
+        return s.phase == "Running" and s.agent is not None and s.agent.state == "ready"
+    ended = [s for s in live if s.phase in ("Succeeded", "Failed")]
+    bad = [s for s in live if s not in ended and s.node and (node_lost(p, s) or s.node in excluded(p.new) or (
+        not ready(s) and p.now - (s.scheduled or s.created or p.now) > ft.startup_timeout_seconds))]
+    keep = sorted((s for s in live if s not in ended + bad), key=lambda s: (not ready(s), s.created or 0.0, s.name))
+    for s in ended + bad:
+        p.event(Reason.SPARE_REPLACED, f"spare {s.name}" + (f" on node {s.node}" if s.node else "") + ": " + (
+            f"ended ({s.reason or s.phase} {s.message})".strip() if s in ended else
+            "its node is lost or left out" if node_lost(p, s) or s.node in excluded(p.new) else
+            f"not started {ft.startup_timeout_seconds:.0f}s after it was placed ({s.waiting or 'no reason given'})")
+            + "; deleted", warning=True)
+    p.delete([s for s in ended + bad + keep[want:] if not node_lost(p, s)])
+    # a spare on a node that no longer answers never finishes a graceful delete
+    p.effects += [DeletePod(s.name, 0) for s in p.spares
+                  if s.name != p.new.current.replacement and (node_lost(p, s) and (s in bad or s.deleting) or
+                                                              overdue(p, s))]
+    keep = keep[:want]
+    ready_names = sorted(s.name for s in keep if ready(s))
+    if ready_names != p.old.spares:
+        p.new.spares = ready_names
+    newest = plan.spare_name(p.name, p.old.spares_created)
+    unseen = p.old.spares_created and newest not in {x.name for x in p.pods + p.spares} and \
+        p.now - (p.old.spares_requested_time or 0.0) < SPARE_SETTLE_SECONDS
+    if len(keep) >= want or unseen or p.old.spares_created >= SPARES_MAX_SERIAL:
+        return []
+    p.new.spares_created += 1
+    p.new.spares_requested_time = p.now
+    obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, kept_off(p.new), p.host)
+    p.effects.append(Ensure(obj))
+    return [obj["metadata"]["name"]]
+
+
+def _gang_placed(p: Pass) -> bool:
+    """Every pod the gang needs is on a node (new spares must not take one it waits for): the
+    attempt's pods while it runs, and while a pod is replaced, the pod that takes its place."""
+    kept = len(p.gang) == p.spec.nodes and all(x.node for x in p.gang)
+    if p.new.phase != "Restarting" or p.new.current.restart == "inPlace":  # (in place: the gang keeps its pods)
+        return kept
+    taking = next((x for x in p.pods + p.spares if x.name == p.new.current.replacement), None)
+    return p.new.current.restart == "replace" and taking is not None and bool(taking.node)
+
+
+def _usable_spare(p: Pass, spare: PodView) -> bool:
+    """Placed on a node that answers and that the run may use, its container running."""
+    return (not spare.deleting and spare.phase == "Running" and bool(spare.node) and not node_lost(p, spare)
+            and spare.node not in excluded(p.new))
+
+
+def ready_spare(p: Pass, but: str = "") -> PodView | None:
+    """A spare whose agent waits (said ready), on a usable node: the oldest (not ``but``)."""
+    ready = [s for s in p.spares if _usable_spare(p, s) and s.agent is not None and s.agent.state == "ready"
+             and s.name in p.old.spares and s.name != but]
+    return min(ready, key=lambda s: (s.created or 0.0, s.name), default=None)
+
+
+def take_index(spare: PodView, stop: Order, attempt: int, index: int) -> OrderPod:
+    """A spare takes ``index``: labelled as the gang's pod of ``attempt`` (no longer a spare),
+    and told to stop (it runs no workers: it says ready at once) in the same patch."""
+    return OrderPod(spare.name, stop, ((keys.ATTEMPT, str(attempt)), (keys.INDEX, str(index)),
+                                       (keys.SPARE, None)))
