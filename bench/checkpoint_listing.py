@@ -7,7 +7,7 @@ s3fs as a pod reads it. For each size, in the same run:
 - the peer, the old way (the operator's CheckpointLister until commit a3b7afb, every 15 s per
   run): ``checkpoints.newest_complete`` lists the root, lists every tag and reads every complete
   tag's ``meta.json``;
-- ours, ``checkpoints.StoreView.newest()`` as ``trainer.watch`` calls it once per progress
+- ours, ``checkpoints.StoreView.newest()`` as ``trainer.pod.watch`` calls it once per progress
   interval: its steady state (one new complete tag added between calls, as a save would) and
   its first call (which reads every tag once, as the old way does).
 

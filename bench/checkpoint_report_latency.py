@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes import client
 
     from localcluster.cluster import Cluster, free_base_port
-    from trainer import tinydata
+    from trainer.data import tinydata
     from trainium_api import checkpoints
     from trainium_operator.observe import pod_view
 

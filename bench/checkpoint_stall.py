@@ -3,7 +3,7 @@ the same state, on local disk and on S3.
 
     python -m bench.checkpoint_stall [--size 100m] [--repeats 3] [--stores local,s3] [--dir /tmp/ckpt-bench]
 
-  ours-async  trainer.checkpoint.Checkpointer with async on (host copy, background write)
+  ours-async  trainer.checkpoint.checkpointer.Checkpointer with async on (host copy, background write)
   ours-sync   the same Checkpointer with async off (what NxD does without async_save)
   dcp-async   torch.distributed.checkpoint.async_save of the same state dict
 
@@ -51,7 +51,7 @@ def _rounds(args, root: str, model, opt, results: dict) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig
 
     meta = {"step": 1, "tokens": 0, "data": {}, "configDigest": "", "layout": {"tensor": 1, "data": 1, "zero1": False}}
@@ -94,7 +94,7 @@ def _restores(args, root: str, model, opt) -> dict[str, list[float]]:
     """Restore the newest local saves into the live state: ours against DCP's load."""
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig
     restores: dict[str, list[float]] = {"ours": [], "dcp": []}
     layout = {"tensor": 1, "pipeline": 1, "data": 1}

@@ -8,7 +8,7 @@ import signal
 import statistics
 import sys
 
-from trainer import backends
+from trainer.model import backends
 from trainer.config import from_dict
 
 
@@ -32,8 +32,8 @@ def run_config(model: dict, training: dict):
 def model_with_adamw(cfg, ps, zero1: bool = False):
     """The benchmark state: a model of ``cfg`` and its AdamW optimizer, moments filled with
     random values (a checkpoint of zeros would compress and hash unlike a real one)."""
-    from trainer.model import Transformer
-    from trainer.optim import ShardedAdamW
+    from trainer.model.transformer import Transformer
+    from trainer.model.optim import ShardedAdamW
     model = Transformer(cfg.model, seed=0, max_seq_len=cfg.training.seq_len)
     opt = ShardedAdamW(list(model.named_parameters()), cfg.training, ps, zero1=zero1)
     opt.exp_avg.normal_(), opt.exp_avg_sq.uniform_()

@@ -91,7 +91,7 @@ class TimedTokenizer:
 def measure(cfg, seq_len: int, batch: int, steps: int, dp: int, rank: int, proxy: CountingProxy) -> dict:
     import fsspec
 
-    from trainer.data import PackedDataset
+    from trainer.data.packed import PackedDataset
     fsspec.filesystem("s3").invalidate_cache()  # each rank starts with nothing listed or cached
     proxy.reset()
     began = time.perf_counter()
@@ -119,11 +119,11 @@ def main() -> None:
     import boto3
     import fsspec.config
 
-    from trainer import tinydata
+    from trainer.data import tinydata
     from trainer.config import from_dict
-    from trainer.data import read_tokenizer
-    from trainer.prepare import main as prepare
-    from trainer.prepared import PreparedSource
+    from trainer.data.packed import read_tokenizer
+    from trainer.data.prepare import main as prepare
+    from trainer.data.prepared import PreparedSource
 
     degrees = [int(d) for d in args.dp.split(",")]
     work = tempfile.mkdtemp(prefix="bench-data-")

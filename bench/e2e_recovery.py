@@ -13,7 +13,7 @@ column is the faulted run's wall time over the uninterrupted run's. With ``--res
 the default) and with the gang recreated (inPlaceRestarts 0, the peer of the second table),
 and the second table compares fault -> first new step between the two, as a ratio. ``all`` adds
 in place with cold workers (TRAINER_WARM_WORKERS=0 in spec.env: every restart starts its
-launcher and workers as new interpreters, as before trainer.warm) and in place with one warm
+launcher and workers as new interpreters, as before trainer.pod.warm) and in place with one warm
 spare (faultTolerance.spares 1: a lost node's pod index goes to a standby pod already running);
 ``warm`` runs in place with warm and with cold workers, and recreated. Everything started is
 stopped at the end, on Ctrl-C and on errors.
@@ -98,7 +98,7 @@ def main() -> int:
     modes = PRESETS.get(args.restart, (args.restart,))
     stop_cleanly_on_signals()  # a timed-out or cancelled benchmark still stops its control plane
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
-    from trainer import tinydata
+    from trainer.data import tinydata
     work = Path(tempfile.mkdtemp(prefix="e2e-recovery-"))
     data = tinydata.ensure(str(work / "data"))
     cluster = Cluster(state_dir=work / "cluster", base_port=free_base_port(start=28000))

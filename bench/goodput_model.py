@@ -44,7 +44,7 @@ COSTS = {
     "restart_replace": Cost(6.48, "ours, bench/recovery_latency 128 nodes: one pod replaced, the rest in place"),
     "imports_cold": Cost(4.84, "ours, bench/e2e_recovery kill-rank, in place with cold workers: detection -> first "
                                "new step (launcher and ranks started, imports, rendezvous, restore, one step)"),
-    "imports_warm": Cost(1.43, "ours, bench/e2e_recovery kill-rank, in place with warm workers (trainer.warm): the same"),
+    "imports_warm": Cost(1.43, "ours, bench/e2e_recovery kill-rank, in place with warm workers (trainer.pod.warm): the same"),
     "restore_memory": Cost(0.27, "ours, bench/checkpoint_restore: 1.07 GB from this node's memory in 0.325 s, "
                                  "scaled to 0.875 GB (a node's 1/128 of 112 GB)"),
     "restore_peer": Cost(1.45, "ours, bench/checkpoint_restore: 1.07 GB from the next node over gloo (loopback TCP) "

@@ -2,7 +2,7 @@
 
     python -m bench.pipeline_bubble [--configs 2x2,2x8,4x4,4x16,8x8,8x32] [--forward-ms 20] [--steps 3]
 
-Each configuration ``PxM`` runs P real processes (one per stage, gloo, as trainer.pipeline runs
+Each configuration ``PxM`` runs P real processes (one per stage, gloo, as trainer.model.pipeline runs
 them) through ``torch.distributed.pipelining``'s Schedule1F1B (the trainer's) and, as the peer
 in the same run, ScheduleGPipe, over M micro-batches. A stage's compute is a stand-in: forward
 sleeps ``--forward-ms`` and backward twice that (the usual 1:2 ratio), inside autograd, so P
@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import ScheduleGPipe
 
 from bench.common import free_port, table
-from trainer.pipeline import _Stage
+from trainer.model.pipeline import _Stage
 
 HIDDEN = 64
 

@@ -10,7 +10,7 @@ nodes, then for each gang size:
         the next attempt is Running. The pods have no agent (kwok runs no process), so every
         restart recreates the gang: today's path without in-place restarts.
   agents  the same TrainingRun with each pod's agent played by the benchmark (AgentStandIn, a
-        stand-in for trainer.agent: it answers the operator's orders on the pod as the agent
+        stand-in for trainer.pod.agent: it answers the operator's orders on the pod as the agent
         does, at once); a crash is the agent's report that its workers exited (the pod stays),
         so it restarts in place, and a lost node replaces its pod alone; recover = the status
         records the next attempt's gang running (every agent running its workers).
@@ -323,7 +323,7 @@ class Bench:
 
 
 class AgentStandIn:
-    """A stand-in for every pod's agent (trainer.agent) in one namespace: kwok runs no process,
+    """A stand-in for every pod's agent (trainer.pod.agent) in one namespace: kwok runs no process,
     so this answers the operator's orders on the pods as the agent does, with no workers to
     stop: a running pod reports ``running`` for its attempt, an order to stop is answered
     ``ready``, an order to start ``running``, a pod created to replace another

@@ -10,7 +10,7 @@ throughput (docs/neuron.md): about 24,000 tokens/s per trn1.32xlarge node (32 Ne
 sequence 4096), printed under the table; a one-core run of these sizes is not that figure.
 
 Both sides train the same shapes on the same random tokens: forward, backward, AdamW with
-gradient clipping. Ours is trainer.model.Transformer + trainer.optim.ShardedAdamW (the code the
+gradient clipping. Ours is trainer.model.transformer.Transformer + trainer.model.optim.ShardedAdamW (the code the
 trainer runs, single process); the peer is LlamaForCausalLM (sdpa attention) + torch.optim.AdamW
 + clip_grad_norm_. Runs alternate A/B per round so machine noise hits both alike; the table
 gives median step time, tokens/s and the ratio (ours / HF tokens per second; > 1 means faster).
@@ -41,8 +41,8 @@ NXD_LLAMA2_7B_TOKENS_PER_NODE = 24_000
 
 
 def ours(cfg, device, dtype):
-    from trainer.model import Transformer
-    from trainer.optim import ShardedAdamW
+    from trainer.model.transformer import Transformer
+    from trainer.model.optim import ShardedAdamW
 
     ps = single_process(cfg, device if device in LAZY else "cpu")
     if getattr(ps.impl, "native", False):  # TorchNeuron: an eager device, not torch-xla's
@@ -160,8 +160,8 @@ def main() -> None:
         t_ours, t_hf = median(times["ours"]), median(times["hf"])
         mfu = ""
         if args.device == "cuda":
-            from trainer.backends import pick
-            from trainer.metrics import flops_per_token
+            from trainer.model.backends import pick
+            from trainer.model.metrics import flops_per_token
             peak = pick("cuda").peak_flops()
             mfu = f"{tokens / t_ours * flops_per_token(cfg.model, seq) / peak:.1%}" if peak else ""
         rows.append([name, f"{sides['ours'][1] / 1e6:.1f}M", f"{batch}x{seq}", f"{t_ours:.3f}", f"{t_hf:.3f}",

@@ -16,8 +16,8 @@ TINY_CONFIG = ROOT / "examples" / "tiny-cpu.yaml"
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> dict[str, str]:
-    """The offline corpus and tokenizer (trainer.tinydata), generated once per session."""
-    from trainer import tinydata
+    """The offline corpus and tokenizer (trainer.data.tinydata), generated once per session."""
+    from trainer.data import tinydata
 
     cache = os.environ.get("TRN_TEST_DATA") or str(tmp_path_factory.getbasetemp() / "tiny-data")
     return tinydata.ensure(cache)
@@ -35,7 +35,7 @@ def tiny_run_spec(**merge: dict):
 
 
 def data_overrides(tiny: dict[str, str], prepared: bool = False) -> list[str]:
-    """The tiny corpus's two sources, as raw text or as the token shards trainer.prepare made."""
+    """The tiny corpus's two sources, as raw text or as the token shards trainer.data.prepare made."""
     suffix = "_prepared" if prepared else ""
     return [f"data.sources=[{{uri: {tiny['stories' + suffix]}, weight: 3}}, {{uri: {tiny['facts' + suffix]}, weight: 1}}]",
             f"data.tokenizer={tiny['tokenizer']}"]
@@ -56,7 +56,7 @@ def trainer_cmd(nproc: int, overrides: list[str], config: Path = TINY_CONFIG) ->
         args += ["--override", o]
     if nproc == 1:
         return [sys.executable, *args]
-    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", str(nproc), *args]
+    return [sys.executable, "-m", "trainer.pod.launch", "--standalone", "--nproc_per_node", str(nproc), *args]
 
 
 def run_trainer(nproc: int, overrides: list[str], timeout: float = 600, env: dict | None = None,

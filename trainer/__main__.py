@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         cfg = load(args.config, args.override)
-        from .train import Trainer  # torch is imported only once the config is known good
+        from .loop.train import Trainer  # torch is imported only once the config is known good
 
         trainer = Trainer(cfg)
         return trainer.run()
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if trainer is not None:
             trainer.close()
-        from .parallel import shutdown_parallel  # noqa: E402  (torch is loaded by now if used)
+        from .model.parallel import shutdown_parallel  # noqa: E402  (torch is loaded by now if used)
         if "torch" in sys.modules:
             shutdown_parallel()
 

@@ -13,7 +13,7 @@ The pod contract the operator shares with the trainer (docs/architecture.md 3.2,
   exitcodes    what a pod's exit code means (fatal, retryable, terminated)
   progress     the progress annotation: its fields, how it is written and read back (checked)
   checkpoints  the checkpoint store: tag names, markers, layouts, the newest complete tag
-  launch       flags of the pod command that trainer.launch takes before torchrun
+  launch       flags of the pod command that trainer.pod.launch takes before torchrun
 
 Imports no torch and no Kubernetes client: the trainer, the operator and the tests share it.
 """

@@ -1,6 +1,6 @@
 """In-place restarts: the pod's agent and the operator talk through two annotations of the pod.
 
-The pod's main process (``python -m trainer.launch --agent ...``, trainer.agent) runs the
+The pod's main process (``python -m trainer.pod.launch --agent ...``, trainer.pod.agent) runs the
 workers (torchrun) as its child and outlives them. It reports on its own pod, in
 :data:`trainium_api.keys.AGENT_REPORT` (written by code in the run's pod: parsed strictly, bounded):
 
@@ -34,9 +34,9 @@ AWAIT_START_ENV = "TRAINER_AGENT_AWAIT_START"
 """Set ("1") on a pod that replaces one of a gang restarted in place: its agent says ``ready``
 for its ATTEMPT at once and starts the workers only on the order to, with the others."""
 WARM_ENV = "TRAINER_WARM_WORKERS"
-"""Warm workers (trainer.warm): on unless the pod's environment sets this to "0"."""
+"""Warm workers (trainer.pod.warm): on unless the pod's environment sets this to "0"."""
 PARKED_ATTEMPT = "warm"
-"""The ATTEMPT a parked launcher (trainer.warm) starts with: it belongs to no attempt until its
+"""The ATTEMPT a parked launcher (trainer.pod.warm) starts with: it belongs to no attempt until its
 start order. Its /proc environment keeps this value after the order, and so does that of the
 workers it forks: they name their attempt (and rank) in their process name instead."""
 _NAME = re.compile(r"tr-a(\d+)(?:-r(\d+))?")
@@ -93,7 +93,7 @@ class Order:
 
 BUSY_DIR_ENV = "TRAINER_BUSY_DIR"
 """A directory the agent gives its workers: a file there says a process is writing a checkpoint
-(trainer.busy), and while one is there the grace is not ended early for idleness: ranks that
+(trainer.contract.busy), and while one is there the grace is not ended early for idleness: ranks that
 wait in a save's barrier for another pod's upload use no CPU, and must not lose the save."""
 IDLE_CPU_SHARE = 0.05
 """Below this share of one core (CPU used plus run-queue waits), workers told to stop are idle:

@@ -23,7 +23,7 @@ compared): it is never resumed from and counts as torn for retention.
 
 The newest complete tag is the one with the highest step; NxD orders by the ``done`` marker's
 modification time, and :func:`newest_complete` checks that both agree. Shard file names and retention (what only the trainer writes and deletes) are in
-trainer.ckpt_store.
+trainer.checkpoint.ckpt_store.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 BEGIN, DONE, META = "checkpoint", "done", "meta.json"
 DAMAGED = "damaged"
-"""Written in a tag by the restore that found it damaged (trainer.checkpoint), with the reason: the
+"""Written in a tag by the restore that found it damaged (trainer.checkpoint.checkpointer), with the reason: the
 tag is left in place, but no longer counts as complete (never resumed from again, and never one
 of the tags retention keeps for a fallback); retention does not delete it either. Removed by a
 save that rewrites the tag, or by hand once it is repaired."""
@@ -62,7 +62,7 @@ _STEP_TAG = re.compile(r"^step_(\d+)$")
 _NXDT_TAG = re.compile(r"^.+--step=(\d+)-consumed_samples=[0-9.]+(?:-v\d+)?\.ckpt$")
 
 
-# Where a restore read a rank's state from (trainer.memtier): its node's memory, its peer
+# Where a restore read a rank's state from (trainer.checkpoint.memtier): its node's memory, its peer
 # node's memory, the store. In this order of speed: a gang's source is its slowest rank's.
 RESTORE_SOURCES = ("memory", "peer", "store")
 
@@ -365,6 +365,6 @@ def _select(complete: list[TagInfo], layout: str, root: str) -> TagInfo | None:
 def complete_before(root: str, step: int) -> TagInfo | None:
     """The complete tag of our layout that :func:`newest_complete` would pick if none at or above
     ``step`` existed (the same selection, fencing included): where a restore falls back to when
-    the tag at ``step`` is damaged (trainer.checkpoint)."""
+    the tag at ``step`` is damaged (trainer.checkpoint.checkpointer)."""
     return _select([t for t in list_tags(root) if t.complete and t.step is not None and t.step < step],
                    "trainer", root)

@@ -4,7 +4,7 @@ them, the operator classifies a pod's exit code with :func:`is_fatal`.
     0    OK          training finished (or nothing left to do)
     78   FATAL       do not retry: invalid config, missing data or tokenizer, NaN with nanPolicy=stop
     75   RETRYABLE   try again: a checkpoint could not be written, a transient store failure
-    76   PREFLIGHT   this node failed the pre-flight check (trainer.preflight): the gang restarts without it
+    76   PREFLIGHT   this node failed the pre-flight check (trainer.pod.preflight): the gang restarts without it
     143  TERMINATED  SIGTERM: the in-flight checkpoint was finalized, then we exited
     any other        retryable (a crash, a killed rank, a lost peer)
 """

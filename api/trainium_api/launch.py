@@ -1,31 +1,31 @@
 """The pod command's own flags: the operator builds the command line
-(``python -m trainer.launch [FLAGS] [torchrun options] ...``, trainium_operator.plan) and
-trainer.launch takes these flags out before torchrun parses the rest. Defined here so both
+(``python -m trainer.pod.launch [FLAGS] [torchrun options] ...``, trainium_operator.plan) and
+trainer.pod.launch takes these flags out before torchrun parses the rest. Defined here so both
 sides read one spelling without the operator importing the trainer.
 """
 
-# `--neuron-precompile-steps N` (spec.compileCache.precompileSteps): trainer.launch first runs the
+# `--neuron-precompile-steps N` (spec.compileCache.precompileSteps): trainer.pod.launch first runs the
 # same command under neuron_parallel_compile for N steps, then the real run.
 PRECOMPILE_FLAG = "--neuron-precompile-steps"
 
-# Where trainer.launch writes what the Neuron runtime said when a worker failed: the operator
+# Where trainer.pod.launch writes what the Neuron runtime said when a worker failed: the operator
 # sets this variable to the container's terminationMessagePath (trainium_api.runtimefaults).
 TERMINATION_LOG_ENV = "TRAINER_TERMINATION_LOG"
 
-# `--preflight FACTOR,TIMEOUT,BACKEND` (spec.faultTolerance.preflight, spec.backend): trainer.launch
-# first runs the pre-flight check (trainer.preflight) with the same torchrun arguments, on the
+# `--preflight FACTOR,TIMEOUT,BACKEND` (spec.faultTolerance.preflight, spec.backend): trainer.pod.launch
+# first runs the pre-flight check (trainer.pod.preflight) with the same torchrun arguments, on the
 # run's backend, then the real run.
 PREFLIGHT_FLAG = "--preflight"
 # The seconds the check took, for the real run's progress reports (goodput's preflight phase).
 PREFLIGHT_SECONDS_ENV = "TRAINER_PREFLIGHT_SECONDS"
-# ...and, for a command trainer, into this file (trainer.watch, the launcher's parent, names it).
+# ...and, for a command trainer, into this file (trainer.pod.watch, the launcher's parent, names it).
 PREFLIGHT_SECONDS_FILE_ENV = "TRAINER_PREFLIGHT_SECONDS_FILE"
 # The directory where the check's ranks keep their heartbeat files, one per PID, for their
-# launcher (trainer.liveness; tests read it to freeze a rank mid-check).
+# launcher (trainer.pod.liveness; tests read it to freeze a rank mid-check).
 PREFLIGHT_HEARTBEATS_ENV = "TRAINER_PREFLIGHT_HEARTBEATS"
 
-# `--agent` (in-place restarts, spec.faultTolerance.inPlaceRestarts): trainer.launch becomes the
-# pod's agent (trainer.agent), which runs the rest of the command as its child and starts new
+# `--agent` (in-place restarts, spec.faultTolerance.inPlaceRestarts): trainer.pod.launch becomes the
+# pod's agent (trainer.pod.agent), which runs the rest of the command as its child and starts new
 # workers on the operator's order (trainium_api.agent) instead of ending the pod.
 AGENT_FLAG = "--agent"
 # Nodes that passed the run's pre-flight check recently (the operator's; the check is skipped

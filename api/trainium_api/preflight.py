@@ -1,5 +1,5 @@
 """The pre-flight check's verdict on a node, as the failing pod's termination message says it
-(trainer.preflight writes it, the operator reads it: docs/architecture.md 4). The message is
+(trainer.pod.preflight writes it, the operator reads it: docs/architecture.md 4). The message is
 written by code in the run's pod: parsed strictly, bounded, and only ever about that pod's node.
 """
 
@@ -11,7 +11,7 @@ MESSAGE_PREFIX = "preflight-failed:"
 REASON_LIMIT = 300
 
 # While a pod's launcher runs the check it sets keys.PREFLIGHT on its own pod to RUNNING, and
-# to DONE when the check has passed (trainer.launch); the operator shows the run's Preflight
+# to DONE when the check has passed (trainer.pod.launch); the operator shows the run's Preflight
 # phase from it. Anything else a pod writes there is ignored.
 RUNNING, DONE = "running", "done"
 

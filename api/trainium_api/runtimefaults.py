@@ -7,7 +7,7 @@ crash. The runtime names these faults: its status codes are in ``nrt_status.h``
 (aws-neuron/aws-neuron-sdk, ``src/libnrt/include/nrt/nrt_status.h``; the list is rendered in
 ``neuron-runtime/api/nrt_status.rst``) and the lines it prints for each are in the runtime's
 troubleshooting guide (``neuron-runtime/nrt-troubleshoot.rst``, "Hardware errors"). The pod's
-wrapper around torchrun (trainer.launch) scans its ranks' output for them when a worker fails,
+wrapper around torchrun (trainer.pod.launch) scans its ranks' output for them when a worker fails,
 and writes the finding into the container's termination message; the operator parses it back
 (trainium_operator.observe) and judges: ``device`` -> cause neuron-device, the node is
 quarantined; ``restart`` -> the runtime asks only for a new process, the node is kept;

@@ -123,7 +123,7 @@ compileCache.extraFlags) and NEURON_LOGICAL_NC_CONFIG on Trainium2."""
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
 CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
 CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
-# Named groups a progress regex may have (trainer.watch reads them).
+# Named groups a progress regex may have (trainer.pod.watch reads them).
 REGEX_GROUPS = ("step", "loss", "throughput")
 
 # A run's name names its headless Service (a DNS-1035 label) and its pods' host names
@@ -603,7 +603,7 @@ class TrainerConfig:
     training, data, checkpoint, health, logging and init groups. command: your own script (e.g. an
     NxD example or NxD Training's training_orchestrator.py) run unmodified under torchrun with the
     same pod contract; its progress is read from its log and its checkpoints from checkpoint.uri,
-    in its pods (python -m trainer.watch)."""
+    in its pods (python -m trainer.pod.watch)."""
     command: list[str] = field(default_factory=list)
     """With kind command: what torchrun runs in every process, a Python script or -m module,
     then its arguments. $(VAR) references to the pod's environment are expanded

@@ -1,5 +1,5 @@
 """A store that stayed unavailable past a pod's retries, as its termination message says it
-(trainer.store_errors writes it when it gives up, exit 75; the operator reads it: judge, cause
+(trainer.store.errors writes it when it gives up, exit 75; the operator reads it: judge, cause
 ``store``). Its own cause, with its own restart budget, and not one of the job's: a store outage
 is no sign that the job makes no progress, so it never counts toward the no-progress guard. The
 message is written by code in the run's pod: parsed strictly and bounded, like the pre-flight

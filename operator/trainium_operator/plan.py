@@ -1,14 +1,14 @@
 """Desired children of a TrainingRun: headless Service, ConfigMap, one Pod per node. Pure.
 
 The pod contract (docs/architecture.md 3.2): pod i of attempt a is ``<run>-a<a>-<i>``, reachable as
-``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.launch`` (torchrun
+``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.pod.launch`` (torchrun
 with the exit-code contract) with ``processesPerNode`` ranks; the rendered trainer config is
 mounted from the ConfigMap; restarts are the operator's job (restartPolicy Never).
 
 A command trainer (spec.trainer.kind command) gets the same contract with the user's script in
-place of ``-m trainer``, under ``python -m trainer.watch``, which reads progress from its log;
+place of ``-m trainer``, under ``python -m trainer.pod.watch``, which reads progress from its log;
 no ConfigMap. The watch lists the run's checkpoint store from the pod (the operator cannot see it)
-and tells an NxDT command which checkpoint to resume from (trainer.store_watch), so every
+and tells an NxDT command which checkpoint to resume from (trainer.pod.store_watch), so every
 attempt's pods have the same spec.
 """
 
@@ -196,13 +196,13 @@ def _command(spec: TrainingRunSpec, index: int, master: str) -> list[str]:
     check = ([PREFLIGHT_FLAG, f"{ft.preflight_slow_factor:g},{ft.preflight_timeout_seconds:g},{spec.backend or 'auto'}"]
              if spec.preflight_on() else [])
     agent = [AGENT_FLAG] if spec.in_place_on() else []  # first: the agent runs the rest as its child
-    launch = ["python", "-m", "trainer.launch", *agent, *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
+    launch = ["python", "-m", "trainer.pod.launch", *agent, *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
               "--master_port", str(MASTER_PORT)]
     if not spec.trainer.is_command:
         return [*launch, "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]
     t = spec.trainer
-    watch = ["python", "-m", "trainer.watch", "--format", t.progress_format,
+    watch = ["python", "-m", "trainer.pod.watch", "--format", t.progress_format,
              "--interval", str(spec.run.logging.progress_interval_seconds)]
     if t.progress_regex:
         watch += ["--regex", t.progress_regex]
@@ -234,7 +234,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
            "NODE_RANK": str(index), "NPROC_PER_NODE": str(spec.processes_per_node), "TRAINING_RUN": name,
            "TRAINING_RUN_CREATED": str(_created(run)), "ATTEMPT": str(attempt), "CHECKPOINT_URI": spec.run.checkpoint.uri, "RESUME": "auto",
            "NEURON_COMPILE_CACHE_URL": spec.compile_cache.path,
-           TERMINATION_LOG_ENV: TERMINATION_MESSAGE_PATH}  # what the runtime said goes there (trainer.launch)
+           TERMINATION_LOG_ENV: TERMINATION_MESSAGE_PATH}  # what the runtime said goes there (trainer.pod.launch)
     if itype["neuron"]:
         env.update(NEURON_ENV)
         env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)  # logical cores on trn2

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from trainer.progress import ProgressReporter
+from trainer.contract.progress import ProgressReporter
 from trainium_api import keys
 from trainium_api import progress
 from trainium_operator.apihealth import ApiHealth, ApiProbe

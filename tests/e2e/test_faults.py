@@ -240,7 +240,7 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     if fault in IN_PLACE:
         assert st.get("restartsInPlace") == 1, st
         assert not created, "an in-place restart created pods"
-        # the new workers came from the parked launchers (trainer.warm), forked, not started cold
+        # the new workers came from the parked launchers (trainer.pod.warm), forked, not started cold
         assert sampler.warm == {2}, sampler.warm
     if fault in REPLACED:
         took = f"{name}-spare-1" if spare else f"{name}-a2-0"

@@ -1,5 +1,5 @@
 """examples/prepare-job.yaml on the local control plane: the Job controller creates the Indexed
-Job's pods, the process-backed kubelet runs them (python -m trainer.prepare, real processes),
+Job's pods, the process-backed kubelet runs them (python -m trainer.data.prepare, real processes),
 they read raw shards from the loopback S3 server and write token shards back; the pod that
 completes the last shard writes the manifest. The output is byte for byte what the trainer's
 own preparation of the same corpus makes (the e2e tier's runs train on that)."""

@@ -1,13 +1,13 @@
 """Unmodified training scripts under the operator (tier e2e), pods as real processes: NxD's
 Llama example and NxD Training's orchestrator, as script stand-ins that print the upstream
 formats and keep NxD's checkpoint layout (tests/standins/scripts). No line of either script
-knows the operator: progress comes from their logs through python -m trainer.watch.
+knows the operator: progress comes from their logs through python -m trainer.pod.watch.
 
 - progress (step, loss, tokens per second) reaches the run's status;
 - a frozen gang (SIGSTOP, mid-save) is detected as a hang and restarted; a killed rank
   (mid-save) is restarted;
 - the operator cannot see the checkpoint store (its own mount namespace, as on EKS): the pods
-  list it (trainer.watch) and report what they see;
+  list it (trainer.pod.watch) and report what they see;
 - the torn tag / .ckpt each fault leaves (the highest step, the newest by mtime) is never
   chosen: the operator's lastCheckpoint (from the pods' reports), the watch's start step, and
   the checkpoint the script loaded (for NxDT, through the resume override the watch adds from

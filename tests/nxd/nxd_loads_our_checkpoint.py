@@ -3,7 +3,7 @@ reads a checkpoint root the trainer wrote, finds its newest complete tag itself,
 rank's model shard into the trainer's model built from NxD's layers; prints one JSON line per
 rank comparing every tensor with the shard file. Used by tests/nxd/test_nxd_cpu_mode.py.
 
-    python -m trainer.launch --standalone --nproc_per_node 2 tests/nxd/nxd_loads_our_checkpoint.py \\
+    python -m trainer.pod.launch --standalone --nproc_per_node 2 tests/nxd/nxd_loads_our_checkpoint.py \\
         CONFIG CKPT_ROOT [--override ...]
 """
 
@@ -16,8 +16,8 @@ import sys
 import torch
 
 from trainer import config as trainer_config
-from trainer.model import Transformer
-from trainer import backends
+from trainer.model.transformer import Transformer
+from trainer.model import backends
 from trainium_api.layout import derive_layout
 
 

@@ -78,7 +78,7 @@ def _assert_matches(got_file, ref_file, what: str) -> None:
     assert got[1]["gradNorm"] == pytest.approx(ref[1]["gradNorm"], rel=1e-5)
 
 
-# Sequence parallel in NxD's CPU mode needs micro-batches of 1 (trainer.neuron.NeuronBackend.prepare
+# Sequence parallel in NxD's CPU mode needs micro-batches of 1 (trainer.model.neuron.NeuronBackend.prepare
 # says why); the reference's 4 accumulate to the same global batch.
 SP = ["parallelism.sequenceParallel=true", "training.microBatchSize=1"]
 
@@ -154,7 +154,7 @@ def test_nxd_load_checkpoint_reads_our_checkpoints(nxd_env, tiny_data, tmp_path)
     root = tmp_path / "save-ckpt"
 
     def nxd_load() -> list[dict]:
-        cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", "2",
+        cmd = [sys.executable, "-m", "trainer.pod.launch", "--standalone", "--nproc_per_node", "2",
                str(ROOT / "tests" / "nxd" / "nxd_loads_our_checkpoint.py"), str(TINY_CONFIG), str(root),
                *[a for o in [*NEURON, *layout] for a in ("--override", o)]]
         out = subprocess.run(cmd, cwd=ROOT, env=nxd_env, capture_output=True, text=True, timeout=300)
@@ -176,11 +176,11 @@ def _preflight(env: dict[str, str], backend: str, ranks: int, tmp_path) -> str:
     summary line from rank 0."""
     script = tmp_path / "real.py"
     script.write_text("print('real run', flush=True)\n")
-    res = subprocess.run([sys.executable, "-m", "trainer.launch", "--preflight", f"20,60,{backend}", "--standalone",
+    res = subprocess.run([sys.executable, "-m", "trainer.pod.launch", "--preflight", f"20,60,{backend}", "--standalone",
                           "--nproc_per_node", str(ranks), str(script)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and "real run" in res.stdout, res.stderr[-3000:]
-    return next(line for line in res.stderr.splitlines() if line.startswith("trainer.preflight:") and "passed" in line)
+    return next(line for line in res.stderr.splitlines() if line.startswith("trainer.pod.preflight:") and "passed" in line)
 
 
 def test_the_preflight_check_runs_on_the_neuron_backends_collectives_in_cpu_mode(nxd_env, tmp_path):

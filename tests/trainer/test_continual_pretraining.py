@@ -67,7 +67,7 @@ def _overrides(tiny, tmp: Path, name: str, family: str, *extra: str) -> list[str
 def _hf_loss(hf_dir: Path, family: str, tiny) -> float:
     """transformers' loss on the trainer's first batch (same data config, same seed)."""
     from trainer.config import load
-    from trainer.data import PackedDataset
+    from trainer.data.packed import PackedDataset
     cfg = load(str(TINY_CONFIG), [f"data.sources=[{{uri: {tiny['stories']}, weight: 99}}, "
                                   f"{{uri: {tiny['facts']}, weight: 1}}]", f"data.tokenizer={tiny['tokenizer']}"])
     inputs, targets = PackedDataset(cfg.data, cfg.training.seq_len, cfg.training.seed, 512).next_batch(8)
@@ -96,7 +96,7 @@ def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs
     falls) -> to-hf -> transformers loads it and its logits equal ours; evaluate prints the
     table and the plot; a restart ignores init.from because a checkpoint exists."""
     family, hf_dir = "llama", hf_dirs["llama"]
-    conv = subprocess.run([sys.executable, "-m", "trainer.convert", "from-hf", str(hf_dir), str(tmp_path / "init"),
+    conv = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "from-hf", str(hf_dir), str(tmp_path / "init"),
                            "--tensor", "2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert conv.returncode == 0, conv.stderr
     tag = tmp_path / "init" / "step_0"
@@ -122,15 +122,15 @@ def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs
     assert "ignored: a checkpoint exists" in again.stderr and "at step 30" in again.stderr
 
     out = tmp_path / "hf-out"
-    back = subprocess.run([sys.executable, "-m", "trainer.convert", "to-hf", str(ckpt / "step_30"), str(out)],
+    back = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "to-hf", str(ckpt / "step_30"), str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert back.returncode == 0, back.stderr
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     ids = torch.tensor([tokenizer.encode("Once upon a time there was a cat")])
-    from trainer.convert import read_tag
-    from trainer.hf import merge_to_hf, shard_of
-    from trainer.model import Transformer
+    from trainer.checkpoint.convert import read_tag
+    from trainer.model.hf import merge_to_hf, shard_of
+    from trainer.model.transformer import Transformer
     _, cfg, shards = read_tag(str(ckpt / "step_30"))
     ours = Transformer(cfg, max_seq_len=64)
     ours.load_state_dict(shard_of(merge_to_hf(shards, cfg), cfg, 1, 0))
@@ -144,7 +144,7 @@ def test_from_hf_tag_at_tp2_then_train_evaluate_and_back_to_transformers(hf_dirs
     from trainer.config import load, to_dict
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(to_dict(load(str(TINY_CONFIG), common))))
-    table = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--config", str(config),
+    table = subprocess.run([sys.executable, "-m", "trainer.loop.evaluate", "--config", str(config),
                             "--plot", str(tmp_path / "ppl.png"), "--json", str(tmp_path / "ppl.json")],
                            capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert table.returncode == 0, table.stderr
@@ -167,13 +167,13 @@ def test_documented_convert_round_trip_runs_as_written(hf_dirs, tmp_path):
     """docs/trainer.md's two convert commands, one after the other, with its placeholders filled in
     the way a user would (to-hf reads what from-hf wrote: OUT_ROOT/step_0) and the optional
     arguments left out: transformers loads the result and its logits equal the original's."""
-    from_hf, to_hf = _readme_commands("python -m trainer.convert ")
+    from_hf, to_hf = _readme_commands("python -m trainer.checkpoint.convert ")
     assert " from-hf " in from_hf and " to-hf " in to_hf, (from_hf, to_hf)
     out_root, back = tmp_path / "ours", tmp_path / "back"
     filled = {"HF_DIR": hf_dirs["llama"], "OUT_ROOT": out_root, "CHECKPOINT": out_root / "step_0", "OUT_DIR": back}
     for line in (from_hf, to_hf):
         words = [str(filled.get(w, w)) for w in shlex.split(re.sub(r"\[[^]]*\]", "", line))]
-        assert words[:3] == ["python", "-m", "trainer.convert"]
+        assert words[:3] == ["python", "-m", "trainer.checkpoint.convert"]
         res = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, cwd=ROOT, timeout=300)
         print(" ".join(words), "->", res.stdout.strip())
         assert res.returncode == 0, f"{' '.join(words)}: {res.stderr}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import data_overrides, read_losses, run_trainer
-from trainer import ckpt_store
+from trainer.checkpoint import ckpt_store
 from trainium_api import checkpoints, exitcodes
 
 pytestmark = pytest.mark.trainer

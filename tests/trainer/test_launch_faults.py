@@ -1,4 +1,4 @@
-"""trainer.launch reads what the Neuron runtime said when a worker died and writes it into the
+"""trainer.pod.launch reads what the Neuron runtime said when a worker died and writes it into the
 container's termination message (the operator reads it there: docs/neuron.md, "Failures the
 runtime names").
 
@@ -50,7 +50,7 @@ sys.exit(1)
 def launch(tmp: Path, mode: str) -> tuple[subprocess.CompletedProcess, Path]:
     script, message = tmp / "worker.py", tmp / "termination-log"
     script.write_text(WORKER)
-    res = subprocess.run([sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", "2",
+    res = subprocess.run([sys.executable, "-m", "trainer.pod.launch", "--standalone", "--nproc_per_node", "2",
                           str(script), mode], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env=trainer_env(**{TERMINATION_LOG_ENV: str(message)}))
     return res, message

@@ -1,4 +1,4 @@
-"""The checkpoint memory tier (trainer.memtier, checkpoint.memory: peers) with real ranks: two "nodes" of two ranks each
+"""The checkpoint memory tier (trainer.checkpoint.memtier, checkpoint.memory: peers) with real ranks: two "nodes" of two ranks each
 (two launchers joined by torchrun's static rendezvous on this host), each node with its own
 memory directory (TRAINER_MEMORY_DIR, what /dev/shm is in a pod). A restart restores from
 memory; a node whose memory is gone (a replaced node) from its peer; a node whose copy is
@@ -31,7 +31,7 @@ def _two_nodes(overrides: list[str], memory: Path) -> list[subprocess.CompletedP
     port = _port()
     procs = []
     for node in range(2):
-        cmd = [sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
+        cmd = [sys.executable, "-m", "trainer.pod.launch", "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
                "2", "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "trainer", "--config",
                str(TINY_CONFIG)]
         for o in overrides:

@@ -1,4 +1,4 @@
-"""Pipeline parallelism on the PyTorch backend (trainer.pipeline): real ranks under torchrun
+"""Pipeline parallelism on the PyTorch backend (trainer.model.pipeline): real ranks under torchrun
 on CPU, each layout against one process training the same global batch, step by step."""
 
 from __future__ import annotations
@@ -64,12 +64,13 @@ def test_bad_pipeline_settings_exit_fatal_naming_the_field(extra, field, tiny_da
 
 def test_pipeline_checkpoint_merges_into_hugging_face_weights(tiny_data, tmp_path):
     """A PP 2 x TP 2 checkpoint (four model shard files) read back whole (convert.read_tag,
-    which trainer.convert and trainer.evaluate use) equals one process's, tensor for tensor.
+    which trainer.checkpoint.convert and trainer.loop.evaluate use) equals one process's, tensor for tensor.
     A learning rate of 1e-30 (below float32 resolution of the weights) keeps them at their
     identical initial values, so the comparison is exact: it checks the shard layout, not float agreement (the loss tests do that)."""
     import torch
 
-    from trainer import convert, hf
+    from trainer.checkpoint import convert
+    from trainer.model import hf
     steps = ["training.steps=3", "training.warmupSteps=1", "checkpoint.intervalSteps=3", "training.lr=1.0e-30",
              "training.minLr=1.0e-30"]
     single = run_trainer(1, overrides(tiny_data, tmp_path, "one", *steps))

@@ -1,4 +1,4 @@
-"""`trainer.launch --neuron-precompile-steps N`: the pre-compilation pass before training.
+"""`trainer.pod.launch --neuron-precompile-steps N`: the pre-compilation pass before training.
 
 The Neuron SDK's ``neuron_parallel_compile`` is not installable here, so a STAND-IN of that
 name is put on PATH: it runs the command it is given once, with
@@ -32,7 +32,7 @@ NEURON_EXTRACT_GRAPHS_ONLY=1 exec "$@"
 
 
 def _launch(tmp: Path, tiny, path_dirs: list[str]) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "trainer.launch", "--neuron-precompile-steps", "2", "--standalone",
+    args = [sys.executable, "-m", "trainer.pod.launch", "--neuron-precompile-steps", "2", "--standalone",
             "--nproc_per_node", "1", "-m", "trainer", "--config", str(TINY_CONFIG)]
     for o in [*data_overrides(tiny), "training.steps=4", "checkpoint.intervalSteps=2", "logging.interval=1",
               f"checkpoint.uri={tmp / 'ckpt'}", f"logging.lossesFile={tmp / 'losses.jsonl'}"]:
@@ -51,7 +51,7 @@ def test_precompile_pass_runs_first_and_leaves_no_trace(tiny_data, tmp_path):
     res = _launch(tmp_path, tiny_data, [str(bin_dir)])
     assert res.returncode == 0, res.stderr[-4000:]
     calls = (tmp_path / "standin.log").read_text().splitlines()
-    assert len(calls) == 1 and "-m trainer.launch --standalone --nproc_per_node 1 -m trainer" in calls[0]
+    assert len(calls) == 1 and "-m trainer.pod.launch --standalone --nproc_per_node 1 -m trainer" in calls[0]
     assert "--neuron-precompile-steps" not in calls[0]  # the pass itself does not recurse
     assert "pre-compilation pass: steps 1-2" in res.stderr
     # The real run started from scratch (the pass saved nothing) and wrote every step once.

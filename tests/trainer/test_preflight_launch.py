@@ -3,7 +3,7 @@ this machine, one rank each, a static rendezvous as in a pod), one of them slowe
 processes SIGSTOPped and SIGCONTed in turn (a slow node: a tenth of the time). The slow node's
 launcher exits PREFLIGHT (76) with the reason in its termination message; the others wait to be
 stopped (the operator's teardown: SIGTERM). A node whose rank is frozen in the check (SIGSTOP)
-is named by its own launcher (trainer.liveness). Without a slow node, every launcher goes on to
+is named by its own launcher (trainer.pod.liveness). Without a slow node, every launcher goes on to
 the real run, which learns how long the check took."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from localcluster.faults import SlowProcesses, preflight_rank_in
 from tests.conftest import ROOT, descendants, trainer_env
-from trainer import liveness
+from trainer.pod import liveness
 from trainium_api import exitcodes, preflight
 from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, TERMINATION_LOG_ENV
 
@@ -51,7 +51,7 @@ def launch(tmp: Path, factor: float, port: int, timeout: int = 60, backend: str 
     script = tmp / "real.py"
     script.write_text(SCRIPT)
     value = f"{factor},{timeout}" + (f",{backend}" if backend else "")
-    return [subprocess.Popen([sys.executable, "-m", "trainer.launch", PREFLIGHT_FLAG, value, "--nnodes",
+    return [subprocess.Popen([sys.executable, "-m", "trainer.pod.launch", PREFLIGHT_FLAG, value, "--nnodes",
                               str(NODES), "--node_rank", str(i), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                               "--master_port", str(port), str(script)], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -149,7 +149,7 @@ def test_a_healthy_gang_passes_and_the_real_run_learns_how_long_it_took(tmp_path
         took = float(out.split("the check took")[1].split()[0])
         assert 0 < took < 120, out
         errs.append(err)
-    summary = next(line for line in errs[0].splitlines() if line.startswith("trainer.preflight: 3 nodes, 3 ranks"))
+    summary = next(line for line in errs[0].splitlines() if line.startswith("trainer.pod.preflight: 3 nodes, 3 ranks"))
     assert "gloo on cpu" in summary and "3 node pairs; passed" in summary, summary  # rank 0 says what it measured
 
 
@@ -163,4 +163,4 @@ def test_a_gang_on_nodes_that_all_passed_recently_skips_the_check(tmp_path):
     finally:
         slower.stop()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
-    assert "trainer.preflight: skipped: every node of the gang passed" in errs[0]
+    assert "trainer.pod.preflight: skipped: every node of the gang passed" in errs[0]

@@ -185,16 +185,16 @@ def _run_with_fault(s3, tmp_path, name: str, steps: int, transient: bool):
 
 
 def test_prepared_data_on_s3_each_rank_reads_only_its_rows(s3, tmp_path, tiny_data):
-    """trainer.prepare from s3:// to s3://, then four data-parallel ranks read it: together
+    """trainer.data.prepare from s3:// to s3://, then four data-parallel ranks read it: together
     they rebuild the global batch of the local prepared copy bitwise, and the server saw one
     ranged GET per rank and step carrying exactly that rank's tokens."""
     from trainer.config import from_dict
-    from trainer.data import PackedDataset
+    from trainer.data.packed import PackedDataset
 
     env, proxy = s3["env"], s3["proxy"]
     store_env(env)
     out = "s3://data/prepared/stories"
-    res = subprocess.run([sys.executable, "-m", "trainer.prepare", "--source", "s3://data/tiny/stories",
+    res = subprocess.run([sys.executable, "-m", "trainer.data.prepare", "--source", "s3://data/tiny/stories",
                           "--tokenizer", "s3://data/tiny/tokenizer.json", "--out", out],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and f"{out}/prepared.json written" in res.stdout, res.stdout + res.stderr
@@ -270,7 +270,7 @@ def _s3fs(s3):
 def test_multipart_checkpoint_writer_uploads_parts_concurrently_and_whole(s3):
     """store_write.S3PartsWriter: a file of several parts (5 MiB, S3's minimum) arrives whole,
     its parts sent while later bytes were still being written, and torch.load reads it."""
-    from trainer import store_write
+    from trainer.checkpoint import store_write
     fs, proxy = _s3fs(s3), s3["proxy"]
     payload = torch.arange(3 * 1024 * 1024 + 777, dtype=torch.float32)  # 12 MiB + a tail: 3 parts
     with store_write.S3PartsWriter(fs, "ckpt/parts/state.pt", part_bytes=5 << 20, in_flight=2) as fh, \
@@ -286,7 +286,7 @@ def test_multipart_checkpoint_writer_uploads_parts_concurrently_and_whole(s3):
 
 def test_multipart_checkpoint_writer_leaves_nothing_when_a_part_fails(s3):
     """A part refused mid-file fails the write and aborts the upload: no object, no upload left."""
-    from trainer import store_write
+    from trainer.checkpoint import store_write
     fs, proxy = _s3fs(s3), s3["proxy"]
     writer = store_write.S3PartsWriter(fs, "ckpt/broken/state.pt", part_bytes=5 << 20, in_flight=2)
     with pytest.raises(Exception):
@@ -308,7 +308,7 @@ def test_small_files_and_local_store_round_trip(s3, tmp_path):
     """Below one part: one PUT. Locally: a plain file, fsynced; both load as torch.save wrote them."""
     import fsspec
 
-    from trainer import store_write
+    from trainer.checkpoint import store_write
     fs = _s3fs(s3)
     state = {"w": torch.randn(64, 64), "step": 3}
     store_write.save_torch(fs, "ckpt/small/state.pt", state)

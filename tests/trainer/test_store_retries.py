@@ -3,7 +3,7 @@ bucket" is. Two ranks under torchrun on CPU read their tokenizer and raw-text da
 server on loopback through the fault proxy (tests/standins/s3_faults.py), which answers
 SlowDown, 503 and 500 InternalError several times before it forwards. botocore and s3fs keep
 their own retries (the defaults a pod has); the InternalErrors outlast them, so the trainer's
-own retry (trainer.store_errors) is what carries the run through. The proxy's counts show
+own retry (trainer.store.errors) is what carries the run through. The proxy's counts show
 that the node fetched the tokenizer, and looked up each source, once, not once per rank."""
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def test_sigkill_during_async_save_then_exact_resume(layout, prepared, tiny_data
     """Kill every rank after step_6 is complete and while step_9 is being written; the
     restart skips the torn tag, resumes from step_6 and reproduces every later loss bitwise.
     With pipeline stages every stage's shard files (pp_rank_00, pp_rank_01) must be there.
-    The pipeline case reads pre-tokenized shards (trainer.prepare): each data rank reads only
+    The pipeline case reads pre-tokenized shards (trainer.data.prepare): each data rank reads only
     its rows, and the position it resumes from is the prepared sources' row counts."""
     common = ["training.steps=12", "checkpoint.intervalSteps=3", *layout]
     ref = run_trainer(4, overrides(tiny_data, tmp_path, "ref", *common, prepared=prepared))

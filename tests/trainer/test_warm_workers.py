@@ -1,8 +1,8 @@
-"""Warm workers (trainer.warm): a parked launcher given its order trains exactly as a launcher
+"""Warm workers (trainer.pod.warm): a parked launcher given its order trains exactly as a launcher
 started cold, with its ranks forked from the warm fork server, and keeps the exit-code contract.
 
 Real processes: the parked launcher, its fork server and torchrun's workers, two ranks on gloo.
-The order comes on the launcher's stdin as the pod's agent writes it (trainer.agent._unpark).
+The order comes on the launcher's stdin as the pod's agent writes it (trainer.pod.agent._unpark).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _descendant_names(pid: int) -> set[str]:
 
 
 def _parked(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainer.launch", "--warm"], cwd=ROOT, stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "trainer.pod.launch", "--warm"], cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**env, "ATTEMPT": PARKED_ATTEMPT})
 
@@ -67,7 +67,7 @@ def test_a_warm_launcher_trains_bitwise_as_a_cold_one_with_forked_ranks(tiny_dat
     env = trainer_env()
     proc = _parked(env)
     time.sleep(1.0)  # parked: it warms up while nothing is ordered
-    argv = trainer_cmd(2, [*base, f"logging.lossesFile={tmp_path / 'warm.jsonl'}"])[3:]  # after `python -m trainer.launch`
+    argv = trainer_cmd(2, [*base, f"logging.lossesFile={tmp_path / 'warm.jsonl'}"])[3:]  # after `python -m trainer.pod.launch`
     _order(proc, argv, {**env, "ATTEMPT": "3"})
     seen: set[str] = set()
     while proc.poll() is None:
@@ -102,7 +102,7 @@ def test_a_parked_launcher_without_an_order_exits_quietly():
 
 
 def test_a_stop_of_every_process_lets_warm_ranks_save_as_cold_ones_do(tiny_data, tmp_path):
-    """The agent's stop (trainer.agent.clear) SIGTERMs every process under it, the fork server
+    """The agent's stop (trainer.pod.agent.clear) SIGTERMs every process under it, the fork server
     included: its ranks must still stop as on any teardown, with the save of the step reached
     (checkpoint.saveOnStop), not be cut short by the fork server's death."""
     import os
@@ -121,7 +121,7 @@ def test_a_stop_of_every_process_lets_warm_ranks_save_as_cold_ones_do(tiny_data,
     while not (losses.exists() and len(read_losses(losses)) >= 3):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.1)
-    from trainer import agent
+    from trainer.pod import agent
     launcher = next(n for n, local in agent._under_me() if local == proc.pid)
     under = [local for n, local in agent._under_me() if n == launcher]  # the launcher
     table = agent._process_table()

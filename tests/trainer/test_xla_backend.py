@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import data_overrides, read_losses, run_trainer
-from trainer import ckpt_store
+from trainer.checkpoint import ckpt_store
 from trainium_api import checkpoints
 
 pytest.importorskip("torch_xla", reason="torch-xla is part of the dev install (pip install -e .[dev])")
@@ -84,7 +84,7 @@ def test_xla_exact_resume_and_one_answer_to_which_checkpoint(reference, tiny_dat
     (torn / checkpoints.BEGIN).write_text("")
     (torn / "model" / ckpt_store.shard_name(0, 0)).write_bytes(b"half a shard")
 
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig
     one_process = SimpleNamespace(rank=0, is_distributed=False)  # the parallel state of a single process
     trainer_pick = Checkpointer(CheckpointConfig(uri=str(root)), one_process).select_resume()
@@ -131,8 +131,8 @@ def test_moving_a_tensor_parallel_model_to_xla_keeps_the_layers_marks():
     script = """
 import torch, torch_xla
 from trainer.config import load
-from trainer.model import Transformer
-from trainer.parallel import TPContext, to_device
+from trainer.model.transformer import Transformer
+from trainer.model.parallel import TPContext, to_device
 cfg = load("examples/tiny-cpu.yaml")
 model = Transformer(cfg.model, TPContext(4, 1, None, True), max_seq_len=64)
 before = {n: dict(vars(p)) for n, p in model.named_parameters() if vars(p)}

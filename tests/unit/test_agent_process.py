@@ -1,4 +1,4 @@
-"""The pod agent's process handling (trainer.agent), with real processes: it stops every process
+"""The pod agent's process handling (trainer.pod.agent), with real processes: it stops every process
 under it (sessions of their own included: torchrun starts each worker in a new session; and
 workers that outlived their launcher), and decides which exits a restart in place may follow.
 The agent part runs in a child process of its own: it stops everything under it, which in the
@@ -15,7 +15,7 @@ import pytest
 
 from trainium_api import exitcodes, runtimefaults
 from trainium_api.launch import PREFLIGHT_FLAG
-from trainer import agent
+from trainer.pod import agent
 
 # a launcher with a worker in its own session that ignores SIGTERM, and one in its session;
 # LAUNCHER_EXITS: the launcher itself ends on SIGTERM at once, leaving the workers behind
@@ -27,13 +27,13 @@ TREE = ("import os, subprocess, sys, time, signal\n"
         "time.sleep(60)\n")
 AGENT_SIDE = """
 import json, os, subprocess, sys, time
-from trainer import agent
+from trainer.pod import agent
 a = agent.Agent.__new__(agent.Agent)  # the process part only: no API server here
 agent._become_subreaper()
 a.parked = None
 import tempfile
 a.busy_dir = tempfile.mkdtemp()
-if os.environ.get("SAVING"):  # a worker writing a checkpoint (trainer.busy)
+if os.environ.get("SAVING"):  # a worker writing a checkpoint (trainer.contract.busy)
     open(os.path.join(a.busy_dir, "save-1-1"), "w").close()
 if len(sys.argv) > 3:  # a parked launcher stand-in (a process with a child of its own, waiting on stdin)
     a.parked = subprocess.Popen([sys.executable, "-c", sys.argv[3]], stdin=subprocess.PIPE)
@@ -46,7 +46,7 @@ spare = a.parked.pid if a.parked is not None else None
 
 
 def handling_sigterm():  # (a process is in /proc from its fork, before its Python has set its handler)
-    from trainer.proctable import status_fields
+    from trainer.pod.proctable import status_fields
     found = [f for number, _ in agent._under_me(spare) if (f := status_fields(number)) is not None]
     return sum(bool((int(f.get("SigIgn", "0"), 16) | int(f.get("SigCgt", "0"), 16)) & (1 << 14))  # SIGTERM is 15
                for f in found)
@@ -117,7 +117,7 @@ def test_workers_that_outlive_their_launcher_are_stopped_before_the_agent_says_r
 
 
 def test_the_parked_launcher_and_what_it_started_survive_the_stop_of_an_attempt():
-    """trainer.warm: the next attempt's launcher, parked under the agent, is not the stopped
+    """trainer.pod.warm: the next attempt's launcher, parked under the agent, is not the stopped
     attempt's: the stop leaves it (and its fork server) alive while every other process goes."""
     got = _stop(0, PARKED)
     assert got["found"] == 3 and got["ok"] and not got["left"], got
@@ -170,7 +170,7 @@ def test_a_worker_starved_of_cpu_by_its_neighbours_is_not_taken_for_idle():
 
 def test_a_save_in_progress_or_a_process_started_by_the_stop_keeps_the_whole_grace():
     """Ranks waiting in a save's barrier for another pod's upload use no CPU: a save's file in
-    the agent's directory (trainer.busy) keeps the grace. So does a process the stop itself
+    the agent's directory (trainer.contract.busy) keeps the grace. So does a process the stop itself
     started that computes (it is counted from its start)."""
     got = _stop(0, env={"GRACE": "3", "IDLE": "0.5", "SAVING": "1"})
     assert got["found"] == 3 and got["ok"] and not got["left"] and got["seconds"] >= 3, got
@@ -180,7 +180,7 @@ def test_a_save_in_progress_or_a_process_started_by_the_stop_keeps_the_whole_gra
 
 
 def test_a_save_says_so_in_the_agents_directory_while_it_runs(tmp_path, monkeypatch):
-    from trainer.busy import busy
+    from trainer.contract.busy import busy
     from trainium_api.agent import BUSY_DIR_ENV
     monkeypatch.delenv(BUSY_DIR_ENV, raising=False)
     with busy("save"):  # no agent: a no-op, nothing written where a later agent would look
@@ -195,14 +195,14 @@ def test_a_save_says_so_in_the_agents_directory_while_it_runs(tmp_path, monkeypa
 
 
 def test_a_rank_that_runs_its_stop_handler_says_it_is_alive_and_garbage_keeps_the_grace(tmp_path):
-    """A rank whose SIGTERM handler runs (trainer.train's stop flag) is alive and saves at its
+    """A rank whose SIGTERM handler runs (trainer.loop.train's stop flag) is alive and saves at its
     next step: it leaves its mark for the rest of the attempt. A busy directory the workers
     removed or filled with a directory reads as saving (the whole grace), never as an error."""
     from trainium_api.agent import BUSY_DIR_ENV
     busy_dir = tmp_path / "busy"
     busy_dir.mkdir()
     code = ("import os, signal, sys, time; sys.path[:0] = sys.argv[1:]\n"
-            "from trainer.train import _StopFlag\n"
+            "from trainer.loop.train import _StopFlag\n"
             "flag = _StopFlag(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)\n"
             "assert flag.requested\n")
     from tests.conftest import ROOT
@@ -221,7 +221,7 @@ def test_what_a_process_asked_of_the_cpus_and_whether_it_is_runnable():
     and wait the other half in the run queue (counted, by thread, where the kernel keeps
     schedstat); one that is gone is None."""
     import time
-    from trainer import proctable
+    from trainer.pod import proctable
 
     def asked(pid):
         used, waits, _ = proctable.demand(pid)

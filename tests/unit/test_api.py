@@ -54,7 +54,7 @@ def test_one_uri_is_shorthand_for_one_unweighted_held_out_source(written):
 
 
 def test_enumerations_have_one_source():
-    from trainer import watch
+    from trainer.pod import watch
     from trainium_api import checkpoints
     assert watch.PROGRESS_FORMATS is api.PROGRESS_FORMATS and checkpoints.LAYOUTS is api.LAYOUTS
     assert api.CAUSES == ("application", "node", "neuron-device", "hang", "eviction", "scheduling", "startup",

@@ -1,5 +1,5 @@
-"""Damaged checkpoints: each file's size and xxh3 recorded at save (trainer.store_write, meta.json's
-``digests``), checked at restore (trainer.checkpoint.Checkpointer.load), a damaged tag skipped for
+"""Damaged checkpoints: each file's size and xxh3 recorded at save (trainer.checkpoint.store_write, meta.json's
+``digests``), checked at restore (trainer.checkpoint.checkpointer.Checkpointer.load), a damaged tag skipped for
 the previous complete one (it stays in the store), none left exits retryable; retention keeps two
 complete tags. One real process writing and reading a real local store (and fsspec's memory
 file system for the read-whole path); the two-rank agreement runs in
@@ -15,8 +15,8 @@ import pytest
 import torch
 import xxhash
 
-from trainer import ckpt_store, store_write
-from trainer.checkpoint import DIGESTS, Checkpointer, NoIntactCheckpoint
+from trainer.checkpoint import ckpt_store, store_write
+from trainer.checkpoint.checkpointer import DIGESTS, Checkpointer, NoIntactCheckpoint
 from trainer.config import CheckpointConfig, ConfigError
 from trainium_api import checkpoints, exitcodes
 from trainium_api.progress import SkippedCheckpoint

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from trainer.config import ConfigError, DataConfig, DataSource, from_dict
-from trainer.data import PackedDataset, list_shards, read_texts
+from trainer.data.packed import PackedDataset, list_shards, read_texts
 
 
 def dataset(tiny, **kw):

@@ -1,7 +1,7 @@
 import json
 
-from trainer.launch import exit_code_for
-from trainer.progress import ProgressReporter
+from trainer.pod.launch import exit_code_for
+from trainer.contract.progress import ProgressReporter
 from trainium_api import exitcodes, progress
 
 

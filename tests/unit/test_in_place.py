@@ -477,7 +477,7 @@ def test_the_agent_order_carries_an_index_and_a_rendezvous_address_strictly():
     for bad in ('{"attempt": 2, "index": -1}', '{"attempt": 2, "index": true}', '{"attempt": 2, "master": "a b"}',
                 '{"attempt": 2, "master": "x;rm -rf /"}', '{"attempt": 2, "master": 7}'):
         assert agent.parse_order(bad) is None, bad
-    from trainer.agent import _placed
+    from trainer.pod.agent import _placed
     argv = ["--nnodes", "2", "--node_rank", "0", "--master_addr", "r-0.r.ns.svc", "-m", "trainer"]
     assert _placed(argv, 1, "r-spare-1.r.ns.svc") == ["--nnodes", "2", "--node_rank", "1", "--master_addr",
                                                       "r-spare-1.r.ns.svc", "-m", "trainer"]
@@ -549,7 +549,7 @@ def test_a_run_suspended_mid_replace_stops_its_replacement_and_resumes():
 
 
 def test_a_pod_told_to_await_the_start_never_runs_its_workers_without_an_agent(monkeypatch):
-    from trainer import agent as pod_agent
+    from trainer.pod import agent as pod_agent
     from trainium_api import exitcodes
     monkeypatch.delenv("POD_NAME", raising=False)
     monkeypatch.setenv(agent.AWAIT_START_ENV, "1")
@@ -628,7 +628,7 @@ def test_a_replace_status_edited_by_hand_recreates_instead_of_stalling():
 
 
 def test_warm_process_names_round_trip_and_refuse_what_they_did_not_make():
-    """trainer.warm: a warm-started launcher or worker names its attempt and rank (its /proc
+    """trainer.pod.warm: a warm-started launcher or worker names its attempt and rank (its /proc
     environment is the parked one's); a name cut at Linux's 15 bytes is not trusted."""
     from trainium_api.agent import NAME_LIMIT, parse_process_name, process_name
     assert parse_process_name(process_name(7)) == (7, None)

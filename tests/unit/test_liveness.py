@@ -1,4 +1,4 @@
-"""The pre-flight check's hang finder (trainer.liveness.find_hung) on real heartbeat files, and a
+"""The pre-flight check's hang finder (trainer.pod.liveness.find_hung) on real heartbeat files, and a
 real Heartbeat's records: which of a pod's ranks hangs, and which only waits for a peer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from trainer import liveness
+from trainer.pod import liveness
 
 STALE, LOCAL = liveness.budgets(60)
 
@@ -100,7 +100,7 @@ def test_only_the_launchers_check_ranks_are_judged_with_their_state():
     import subprocess
     import sys
 
-    from trainer import proctable
+    from trainer.pod import proctable
     sleep = "import time; time.sleep(60)"
     rank = subprocess.Popen([sys.executable, "-c", sleep, liveness.CHECK_MODULE])
     other = subprocess.Popen([sys.executable, "-c", sleep, "nccom-test"])

@@ -1,4 +1,4 @@
-"""trainer.memtier's checks in one process: a memory copy is loaded only for the store's tag,
+"""trainer.checkpoint.memtier's checks in one process: a memory copy is loaded only for the store's tag,
 written by the same save, for this rank's place in the layout, intact, and of this run; else
 the store is read. (Peers and bitwise-equal resumes: tests/trainer/test_memory_tier.py.)"""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import memtier
-from trainer.memtier import MANIFEST, STATE, MemoryTier
-from trainer.parallel import ParallelState
+from trainer.checkpoint import memtier
+from trainer.checkpoint.memtier import MANIFEST, STATE, MemoryTier
+from trainer.model.parallel import ParallelState
 from trainium_api.layout import Layout
 
 

@@ -1,8 +1,8 @@
 import torch
 
 from trainer.config import from_dict
-from trainer.model import Transformer
-from trainer.parallel import TPContext
+from trainer.model.transformer import Transformer
+from trainer.model.parallel import TPContext
 
 DATA = {"sources": ["x"], "tokenizer": "t"}
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from trainer.config import ConfigError, load
-from trainer.launch import _pop_flag, _pop_precompile
+from trainer.pod.launch import _pop_flag, _pop_precompile
 from trainium_api import exitcodes
 from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG
 from trainium_operator import plan
@@ -70,8 +70,8 @@ def test_mfu_peak_follows_the_chip_torch_neuronx_names_and_never_stops_a_run(mon
     import enum
     import types
 
-    from trainer.metrics import PEAK_FLOPS
-    from trainer.neuron import NeuronBackend
+    from trainer.model.metrics import PEAK_FLOPS
+    from trainer.model.neuron import NeuronBackend
 
     class Target(enum.Enum):
         TRN2 = "trn2"
@@ -117,7 +117,7 @@ def test_neuron_backend_without_the_sdk_exits_fatal_naming_the_package(tmp_path)
 
 
 def test_nxd_layers_without_nxd_fail_naming_the_package():
-    from trainer.neuron import NxDLayers
+    from trainer.model.neuron import NxDLayers
     with pytest.raises(exitcodes.FatalError, match="neuronx-distributed"):
         NxDLayers(1, 0, None, False)
 
@@ -179,7 +179,7 @@ def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
     body = example("llama2-7b.yaml")
     body["compileCache"] = {**body["compileCache"], "precompileSteps": 10}
     cmd = plan.pod(RUN, parse(body), 0, 0, [])["spec"]["containers"][0]["command"]
-    assert cmd[:6] == ["python", "-m", "trainer.launch", AGENT_FLAG, PRECOMPILE_FLAG, "10"]
+    assert cmd[:6] == ["python", "-m", "trainer.pod.launch", AGENT_FLAG, PRECOMPILE_FLAG, "10"]
     argv = cmd[4:]
     assert _pop_precompile(argv) == 10 and argv[:2] == [PREFLIGHT_FLAG, "2,300,neuron"]  # on by default on trn1
     assert _pop_flag(argv, PREFLIGHT_FLAG) == "2,300,neuron" and argv[0] == "--nnodes"  # torchrun never sees either
@@ -198,9 +198,9 @@ def test_neuron_picks_torchneuron_when_pytorch_reports_its_device_else_the_xla_p
     PyTorch backend on device and process group ``neuron``, our layers, no pipeline yet."""
     import torch
 
-    from trainer import backends
+    from trainer.model import backends
     from trainer.config import ConfigError
-    from trainer.parallel import EAGER_DEVICES
+    from trainer.model.parallel import EAGER_DEVICES
 
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     # (a stand-in answer: torch.device("neuron") exists only once TorchNeuron registered it)
@@ -221,12 +221,12 @@ def test_neuron_picks_torchneuron_when_pytorch_reports_its_device_else_the_xla_p
     monkeypatch.delenv("TRAINER_PRECOMPILE_STEPS")
 
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
-    monkeypatch.setattr("trainer.neuron.neuron_available", lambda: False)
+    monkeypatch.setattr("trainer.model.neuron.neuron_available", lambda: False)
     with pytest.raises(ConfigError) as err:
         backends.pick("neuron")
     assert err.value.field == "backend" and "torch-neuronx is not installed" in str(err.value)
-    monkeypatch.setattr("trainer.neuron.neuron_available", lambda: True)
-    from trainer.neuron import NeuronBackend
+    monkeypatch.setattr("trainer.model.neuron.neuron_available", lambda: True)
+    from trainer.model.neuron import NeuronBackend
     assert isinstance(backends.pick("neuron"), NeuronBackend)  # torch-neuronx without the native device
     monkeypatch.setattr(torch, "__version__", "2.14.0")  # TorchNeuron's torch, its device not reported
     with pytest.raises(ConfigError) as err:
@@ -241,7 +241,7 @@ def test_nxd_cpu_mode_values_and_trainium_nodes_are_checked(monkeypatch):
     has Neuron devices (it would hold the NeuronCores and train on the CPU)."""
     import glob
 
-    from trainer.neuron import nxd_cpu_mode, refuse_cpu_mode_on_trainium
+    from trainer.model.neuron import nxd_cpu_mode, refuse_cpu_mode_on_trainium
     for value, on in (("1", True), ("0", False), ("2", True)):
         monkeypatch.setenv("NXD_CPU_MODE", value)
         assert nxd_cpu_mode() is on
@@ -266,7 +266,7 @@ def test_torchneuron_is_imported_to_register_its_device(monkeypatch, tmp_path):
 
     import torch
 
-    from trainer import backends
+    from trainer.model import backends
     (tmp_path / "torch_neuronx").mkdir()
     (tmp_path / "torch_neuronx" / "__init__.py").write_text(
         "import types, torch\n"

@@ -3,8 +3,8 @@ import math
 import torch
 
 from trainer.config import TrainingConfig
-from trainer.health import GradNormMonitor
-from trainer.optim import lr_at, stochastic_round_to_bf16
+from trainer.loop.health import GradNormMonitor
+from trainer.model.optim import lr_at, stochastic_round_to_bf16
 
 
 def test_schedule_warmup_then_cosine_to_floor():
@@ -40,8 +40,8 @@ def test_spike_detection_counts_duration():
 def test_fused_update_matches_the_explicit_formula():
     """The fused kernel path (fp32/mixed) and the written-out path (bf16-sr) are one update."""
     from trainer.config import derive_layout
-    from trainer.optim import ShardedAdamW
-    from trainer.parallel import init_parallel
+    from trainer.model.optim import ShardedAdamW
+    from trainer.model.parallel import init_parallel
 
     cfg = TrainingConfig(lr=1e-2, weight_decay=0.1, grad_clip=0.0)
     from trainer.config import ModelConfig, ParallelConfig

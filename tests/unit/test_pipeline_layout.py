@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer import hf
+from trainer.model import hf
 from trainer.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, TrainingConfig, derive_layout
-from trainer.model import Transformer, stage_layers
-from trainer.parallel import RankGrid, TPContext, replicated_row_ranges, shard_rows
+from trainer.model.transformer import Transformer, stage_layers
+from trainer.model.parallel import RankGrid, TPContext, replicated_row_ranges, shard_rows
 
 TINY = ModelConfig()  # 4 layers, 4 heads, 2 key/value heads
 

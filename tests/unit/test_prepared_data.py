@@ -1,4 +1,4 @@
-"""Prepared (pre-tokenized) data: trainer.prepare, trainer.prepared and trainer.indexed.
+"""Prepared (pre-tokenized) data: trainer.data.prepare, trainer.data.prepared and trainer.data.indexed.
 
 The reference for every prepared row is the raw-text reader on the same corpus and tokenizer:
 the two must give bitwise the same global batches, so preparing data changes nothing a run
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from trainer.config import ConfigError, from_dict
-from trainer.data import PackedDataset
-from trainer.indexed import decode_index, encode_index
-from trainer.prepare import main as prepare_main
-from trainer.prepared import MANIFEST
+from trainer.data.packed import PackedDataset
+from trainer.data.indexed import decode_index, encode_index
+from trainer.data.prepare import main as prepare_main
+from trainer.data.prepared import MANIFEST
 
 
 def config(sources, tokenizer, **data):
@@ -98,7 +98,7 @@ def test_a_prepared_position_resumes_exactly(tiny_data, packing):
 def test_a_position_of_the_other_kind_is_refused_naming_the_source(tiny_data):
     """A checkpoint's position for a source means nothing to a source of the other kind: resume
     refuses it (its meta records the kinds) and loading one anyway names the source."""
-    from trainer.train import changed_data
+    from trainer.loop.train import changed_data
     raw = PackedDataset(config(mixed(tiny_data, "raw"), tiny_data["tokenizer"]), 64, 7, 512)
     prep = PackedDataset(config(mixed(tiny_data, "prepared"), tiny_data["tokenizer"]), 64, 7, 512)
     with pytest.raises(ConfigError) as err:
@@ -209,7 +209,7 @@ def test_damaged_prepared_data_is_named_not_read(tmp_path, tiny_data, damage):
 def test_held_out_sources_are_named_as_held_out(tmp_path, tiny_data):
     from dataclasses import replace
 
-    from trainer.data import heldout_batches
+    from trainer.data.packed import heldout_batches
     root = Path(copy_prepared(tiny_data["facts_prepared"], tmp_path / "facts"))
     (root / "part-00000.bin").write_bytes(b"")
     data = replace(config(mixed(tiny_data, "prepared"), tiny_data["tokenizer"]),
@@ -221,11 +221,11 @@ def test_held_out_sources_are_named_as_held_out(tmp_path, tiny_data):
 
 def test_a_failing_store_is_retried_then_exits_retryable_not_a_verdict_on_the_data(tiny_data, monkeypatch):
     """s3fs raises OSError (EIO) once its own retries of a 5xx or a SlowDown are spent: the read
-    is retried (trainer.store_errors), and a store that stays down ends the process RETRYABLE
+    is retried (trainer.store.errors), and a store that stays down ends the process RETRYABLE
     (75), never as a fatal data error."""
     import errno
 
-    from trainer import store_errors
+    from trainer.store import errors as store_errors
     from trainium_api import exitcodes
     monkeypatch.setattr(store_errors, "RETRY", store_errors.Backoff(tries=3, first_seconds=0.01, max_seconds=0.02,
                                                                      total_seconds=5, denied_tries=2))

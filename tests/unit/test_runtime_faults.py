@@ -58,7 +58,7 @@ def test_evidence_is_printable_and_bounded():
 
 ORPHAN_SCRIPT = r"""
 import os, subprocess, sys, time
-from trainer.outputwatch import OutputWatch
+from trainer.pod.outputwatch import OutputWatch
 w = OutputWatch().start()
 subprocess.Popen(["sh", "-c", "sleep 3; echo ORPHAN"])  # outlives the launcher's workers, holds stdout
 print("(FATAL-RT-UNDEFINED-STATE) [ND 0][NC 1] Uncorrectable memory error is detected, metadata: 0x1.", flush=True)
@@ -89,7 +89,7 @@ def test_the_watch_lets_go_of_a_stream_an_orphan_still_holds(tmp_path):
 
 
 def test_only_recent_findings_count(monkeypatch):
-    from trainer import outputwatch
+    from trainer.pod import outputwatch
     w = outputwatch.OutputWatch()
     clock = [1000.0]
     monkeypatch.setattr(outputwatch.time, "monotonic", lambda: clock[0])

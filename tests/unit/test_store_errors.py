@@ -1,5 +1,5 @@
-"""Store errors: which are transient and which name the run's configuration (trainer.store_errors),
-the retry, and one reader per node (trainer.node_reads).
+"""Store errors: which are transient and which name the run's configuration (trainer.store.errors),
+the retry, and one reader per node (trainer.store.node_reads).
 
 The classification table uses botocore's real ClientError with S3's real codes, as botocore
 raises it, as s3fs translates it (the ClientError in ``__cause__``) and as s3fs raises it inside
@@ -17,8 +17,8 @@ import pytest
 from s3fs.errors import translate_boto_error
 
 from tests.standins.s3_faults import LoopbackS3
-from trainer import node_reads, store_errors
-from trainer.store_errors import (BUG, DENIED, INVALID, MISSING, TRANSIENT, Backoff, StoreConfigError,
+from trainer.store import node_reads, errors as store_errors
+from trainer.store.errors import (BUG, DENIED, INVALID, MISSING, TRANSIENT, Backoff, StoreConfigError,
                                   StoreUnavailable, classify, retry)
 from trainium_api import exitcodes
 

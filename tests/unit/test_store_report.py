@@ -18,7 +18,7 @@ from trainium_api import checkpoints, progress
 from trainium_api.progress import CheckpointSeen, SaveFailure, SkippedCheckpoint, StoreReport
 from trainium_operator.observe import pod_view
 from trainium_operator.reconcile import reconcile_objects
-from trainer import store_watch, watch
+from trainer.pod import store_watch, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,7 +123,7 @@ def test_the_pods_listing_agrees_with_the_resume_rule(tmp_path, layout):
 
 def test_a_listing_that_keeps_failing_at_start_is_retried_said_then_retryable_or_fatal():
     from botocore.exceptions import ClientError
-    from trainer import store_errors
+    from trainer.store import errors as store_errors
     policy = store_errors.Backoff(tries=3, first_seconds=1.0, max_seconds=4.0, total_seconds=60.0, denied_tries=3)
 
     def answer(code: str, status: int):
@@ -156,7 +156,7 @@ def test_the_tracker_reports_a_new_checkpoint_at_once_and_keeps_it_in_later_repo
 
 def _run_watch(tmp_path: Path, store: Path, layout: str) -> list[str]:
     """The watch as a real process around a command that prints the arguments it was given."""
-    out = subprocess.run([sys.executable, "-m", "trainer.watch", "--format", "nxdt", "--checkpoint-uri", str(store),
+    out = subprocess.run([sys.executable, "-m", "trainer.pod.watch", "--format", "nxdt", "--checkpoint-uri", str(store),
                           "--checkpoint-layout", layout, "--", sys.executable, "-c",
                           "import json, sys; print(json.dumps(sys.argv[1:]))", "script.py"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,

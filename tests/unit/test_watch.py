@@ -1,4 +1,4 @@
-"""trainer.watch: upstream progress formats (tests/fixtures/upstream_logs.yaml, verbatim), the
+"""trainer.pod.watch: upstream progress formats (tests/fixtures/upstream_logs.yaml, verbatim), the
 byte stream cut at newlines and carriage returns, the user's regex checked, and the wrapper run
 as a real process: output passed through unchanged, the exit code passed through, SIGTERM
 forwarded."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer import watch
+from trainer.pod import watch
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = yaml.safe_load((ROOT / "tests" / "fixtures" / "upstream_logs.yaml").read_text(encoding="utf-8"))
@@ -110,7 +110,7 @@ def test_user_regex_is_checked_and_used():
 def _watch(args: list[str], **kw) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("POD_NAME", "KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "api")])  # this tree's trainer and trainium_api
-    return subprocess.Popen([sys.executable, "-m", "trainer.watch", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "trainer.pod.watch", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=ROOT, **kw)
 
 

@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupted)
-    from trainer import tinydata
+    from trainer.data import tinydata
 
     say(f"generating the offline corpus and tokenizer in {WORK / 'data'}, and tokenizing it into token shards "
-        f"(python -m trainer.prepare) so each rank reads only its rows (once)")
+        f"(python -m trainer.data.prepare) so each rank reads only its rows (once)")
     data = tinydata.ensure(str(WORK / "data"))
     body = yaml.safe_load(drill.EXAMPLE.read_text())
     body["spec"]["training"]["steps"] = args.steps

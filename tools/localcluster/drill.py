@@ -41,7 +41,7 @@ WORKERS_STARTED = re.compile(r"trainer\.agent: attempt \d+: workers started (?:c
 
 def manifest(name: str, data: dict[str, str], workdir: Path, prepared: bool = True, **groups) -> dict:
     """examples/tiny-local-run.yaml with its paths under ``workdir`` and groups merged in. The
-    data are the tiny corpus's token shards (trainer.prepare), as a real run's would be, unless
+    data are the tiny corpus's token shards (trainer.data.prepare), as a real run's would be, unless
     ``prepared`` is false (raw text, tokenized by every rank)."""
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"] = {"name": name}
@@ -138,7 +138,7 @@ class ProcessSampler:
         self.prefix, self.interval = f"{namespace}/{run}-", interval
         self.overlaps: list[tuple[float, set]] = []
         self.seen: dict[int, tuple[float, float]] = {}  # attempt -> (first, last) sample time
-        self.warm: set[int] = set()  # attempts whose processes were started warm (trainer.warm)
+        self.warm: set[int] = set()  # attempts whose processes were started warm (trainer.pod.warm)
         self._pid_attempt: dict[tuple[int, str], int | None] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="process-sampler")

@@ -326,7 +326,7 @@ def SlowPod(pods_root, namespace: str, pod: str, share: float = 0.2, period: flo
 
 def preflight_rank_in(pids, stage: str) -> int | None:
     """The first of ``pids`` that is a pre-flight check's rank in ``stage``, as its heartbeat
-    says (trainer.liveness: a file named by its PID in the directory its launcher gave it in
+    says (trainer.pod.liveness: a file named by its PID in the directory its launcher gave it in
     PREFLIGHT_HEARTBEATS_ENV), else None. Lets a test freeze a rank mid-check."""
     import json
     from pathlib import Path

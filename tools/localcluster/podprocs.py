@@ -77,7 +77,7 @@ def process_env(pid: int) -> dict[str, str]:
 
 
 def warm_identity(pid: int, env: dict[str, str]) -> tuple[int, int | None] | None:
-    """(attempt, rank or None) of a launcher or worker started warm (trainer.warm: its /proc
+    """(attempt, rank or None) of a launcher or worker started warm (trainer.pod.warm: its /proc
     environment is the parked launcher's, its name says what it runs); None for a process still
     parked (or a fork server) and for any process not started warm."""
     from trainium_api.agent import PARKED_ATTEMPT, parse_process_name
@@ -96,18 +96,18 @@ def is_parked(pid: int, env: dict[str, str]) -> bool:
 
 
 def parked_pids(init_pid: int) -> list[int]:
-    """The pod's parked launcher and its fork server (trainer.warm), if its agent keeps one."""
+    """The pod's parked launcher and its fork server (trainer.pod.warm), if its agent keeps one."""
     return [pid for pid in namespace_pids(init_pid) if is_parked(pid, process_env(pid))]
 
 
 def is_agent(pid: int) -> bool:
-    """Whether ``pid`` is a pod's agent (trainer.launch --agent: in-place restarts)."""
+    """Whether ``pid`` is a pod's agent (trainer.pod.launch --agent: in-place restarts)."""
     from trainium_api.launch import AGENT_FLAG
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
-    return "trainer.launch" in argv and AGENT_FLAG in argv
+    return "trainer.pod.launch" in argv and AGENT_FLAG in argv
 
 
 def signal_all(init_pid: int, sig: int, spare_agent: bool = False) -> list[int]:
@@ -168,5 +168,5 @@ def worker_pids(init_pid: int) -> dict[int, int]:
         if "RANK" in env and "LOCAL_RANK" in env and env.get("TORCHELASTIC_RUN_ID") is not None:
             out[int(env["RANK"])] = pid
         elif (warm := warm_identity(pid, env)) is not None and warm[1] is not None:
-            out[warm[1]] = pid  # a worker forked warm (trainer.warm)
+            out[warm[1]] = pid  # a worker forked warm (trainer.pod.warm)
     return out

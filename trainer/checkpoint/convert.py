@@ -1,0 +1,190 @@
+"""Convert between Hugging Face model directories and our checkpoints, any tensor-parallel degree.
+
+    python -m trainer.checkpoint.convert from-hf HF_DIR OUT_ROOT [--tensor N]
+    python -m trainer.checkpoint.convert to-hf CHECKPOINT OUT_DIR [--tokenizer PATH]
+
+``from-hf`` writes ``OUT_ROOT/step_0``: a checkpoint tag of ours holding only the model, split
+for tensor-parallel degree N, with the tokenizer; give it to a run as ``init.from`` (keep it out
+of the run's own ``checkpoint.uri``). ``to-hf`` reads a complete tag (or the newest complete
+tag under a checkpoint root), merges its tensor-parallel shards and writes ``model.safetensors``
+(split with an index above 4 GiB), ``config.json``, ``tokenizer.json`` and
+``tokenizer_config.json``: ``transformers`` loads the directory as it is. Paths are local or
+any fsspec URL (s3://).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+
+import fsspec
+import torch
+
+from trainium_api import checkpoints
+from trainium_api.load import build
+
+from . import ckpt_store
+from ..model import hf
+from ..config import ConfigError, ModelConfig, to_dict
+
+SHARD_BYTES = 4 << 30
+
+
+def _fs(uri: str):
+    fs, path = fsspec.core.url_to_fs(uri.rstrip("/"))
+    return fs, path.rstrip("/")
+
+
+def _check_tensor(model: ModelConfig, tp: int) -> None:
+    for name, value in (("numHeads", model.num_heads), ("intermediateSize", model.intermediate_size),
+                        ("vocabSize", model.vocab_size)):
+        if value % tp:
+            raise ConfigError("--tensor", f"{tp} does not divide model.{name} ({value})")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError("--tensor", f"{tp} neither divides nor is a multiple of model.numKvHeads "
+                                      f"({model.num_kv_heads})")
+
+
+def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
+    """Write OUT_ROOT/step_0 from a Hugging Face directory; returns the tag's URI."""
+    model = ModelConfig(**hf.model_fields(hf.read_config(hf_dir)))
+    model.validate()
+    _check_tensor(model, tensor)
+    src = hf.SafetensorsDir(hf_dir)
+    fs, root = _fs(out_root)
+    tag = f"{root}/{checkpoints.tag_for_step(0)}"
+    fs.makedirs(f"{tag}/model", exist_ok=True)
+    fs.pipe_file(f"{tag}/{checkpoints.BEGIN}", b"")
+    files = []
+    for rank in range(tensor):
+        buf = io.BytesIO()
+        torch.save(hf.read_shard(src, model, tensor, rank), buf)
+        name = f"model/{ckpt_store.shard_name(0, rank)}"
+        fs.pipe_file(f"{tag}/{name}", buf.getvalue())
+        files.append(name)
+        print(f"  wrote {name} (tensor-parallel rank {rank + 1}/{tensor})", flush=True)
+    src_fs, src_root = _fs(hf_dir)
+    tokenizer = ""
+    if src_fs.exists(f"{src_root}/{hf.TOKENIZER}"):
+        fs.pipe_file(f"{tag}/{hf.TOKENIZER}", src_fs.cat_file(f"{src_root}/{hf.TOKENIZER}"))
+        tokenizer = fs.unstrip_protocol(f"{tag}/{hf.TOKENIZER}") if "://" in out_root else f"{tag}/{hf.TOKENIZER}"
+        files.append(hf.TOKENIZER)
+    # The shape is complete without a preset name (none fits a converted model): leave it out.
+    shape = {k: v for k, v in to_dict(model).items() if k != "preset"}
+    meta = {"step": 0, "tokens": 0, "weightsOnly": True, "source": hf_dir, "model": shape,
+            "tokenizer": tokenizer, "layout": {"tensor": tensor, "data": 1, "pipeline": 1, "zero1": False},
+            "files": files + [checkpoints.META], "time": time.time()}
+    fs.pipe_file(f"{tag}/{checkpoints.META}", json.dumps(meta, indent=1).encode())
+    fs.pipe_file(f"{tag}/{checkpoints.DONE}", b"")
+    return fs.unstrip_protocol(tag) if "://" in out_root else tag
+
+
+def resolve_tag(uri: str) -> str:
+    """A complete tag: the URI itself, or the newest complete tag under a checkpoint root."""
+    fs, path = _fs(uri)
+    if fs.exists(f"{path}/{checkpoints.DONE}"):
+        return uri.rstrip("/")
+    newest = checkpoints.newest_complete(uri)
+    if newest is None:
+        raise ConfigError("CHECKPOINT", f"{uri} is neither a complete checkpoint tag nor a root holding one")
+    return newest.uri
+
+
+def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tensor]]]:
+    """meta.json, the model config and every tensor-parallel model shard of a complete tag."""
+    fs, tag = _fs(tag_uri)
+    meta = json.loads(fs.cat_file(f"{tag}/{checkpoints.META}"))
+    if not meta.get("model"):
+        raise ConfigError("CHECKPOINT", f"{tag_uri}/meta.json has no model config (written before this "
+                                        "release); re-save it with a current trainer")
+    # A checkpoint records the complete shape; its preset is only a label (from-hf wrote
+    # "from-hf" before this release, which is no preset), so it is not read.
+    model = build(ModelConfig, {k: v for k, v in meta["model"].items() if k != "preset"}, "model")
+    shards = []
+    for rank in range(meta["layout"]["tensor"]):
+        shard: dict = {}  # every pipeline stage's part of this tensor-parallel rank
+        for stage in range(meta["layout"].get("pipeline", 1)):
+            with fs.open(f"{tag}/model/{ckpt_store.shard_name(0, rank, stage)}", "rb") as fh:
+                shard.update(torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False))
+        shards.append(shard)
+    return meta, model, shards
+
+
+def to_hf(checkpoint: str, out_dir: str, tokenizer: str | None = None) -> str:
+    from safetensors.torch import save as save_safetensors
+
+    tag_uri = resolve_tag(checkpoint)
+    meta, model, shards = read_tag(tag_uri)
+    tensors = hf.merge_to_hf(shards, model)
+    fs, out = _fs(out_dir)
+    fs.makedirs(out, exist_ok=True)
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if groups[-1] and size + nbytes > SHARD_BYTES:
+            groups.append({})
+            size = 0
+        groups[-1][name] = t
+        size += nbytes
+    if len(groups) == 1:
+        fs.pipe_file(f"{out}/{hf.SINGLE}", save_safetensors(groups[0], metadata={"format": "pt"}))
+    else:
+        weight_map = {}
+        for i, group in enumerate(groups):
+            file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            fs.pipe_file(f"{out}/{file}", save_safetensors(group, metadata={"format": "pt"}))
+            weight_map.update({name: file for name in group})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        fs.pipe_file(f"{out}/{hf.INDEX}", json.dumps({"metadata": {"total_size": total},
+                                                      "weight_map": weight_map}, indent=1).encode())
+    config = hf.hf_config(model)
+    config["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    tok = tokenizer or meta.get("tokenizer")
+    if tok:
+        tok_fs, tok_path = fsspec.core.url_to_fs(tok)
+        fs.pipe_file(f"{out}/{hf.TOKENIZER}", tok_fs.cat_file(tok_path))
+        eos = meta.get("eosToken", "</s>")
+        fs.pipe_file(f"{out}/tokenizer_config.json", json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=1).encode())
+        vocab = json.loads(tok_fs.cat_file(tok_path)).get("model", {}).get("vocab", {})
+        if isinstance(vocab, dict) and eos in vocab:
+            config["eos_token_id"] = vocab[eos]
+    else:
+        print("  no tokenizer recorded in the checkpoint and none given (--tokenizer): writing the model only",
+              file=sys.stderr)
+    fs.pipe_file(f"{out}/{hf.CONFIG}", json.dumps(config, indent=1).encode())
+    return tag_uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.checkpoint.convert", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("from-hf", help="Hugging Face directory -> OUT_ROOT/step_0 (for init.from)")
+    a.add_argument("hf_dir")
+    a.add_argument("out_root")
+    a.add_argument("--tensor", type=int, default=1, help="tensor-parallel degree of the shards (default 1)")
+    b = sub.add_parser("to-hf", help="checkpoint tag (or root: its newest complete tag) -> Hugging Face directory")
+    b.add_argument("checkpoint")
+    b.add_argument("out_dir")
+    b.add_argument("--tokenizer", help="tokenizer.json to include (default: the one the run trained with)")
+    args = ap.parse_args(argv)
+    try:
+        started = time.perf_counter()
+        if args.cmd == "from-hf":
+            tag = from_hf(args.hf_dir, args.out_root, args.tensor)
+            print(f"wrote {tag} ({time.perf_counter() - started:.1f}s); use it as init.from")
+        else:
+            tag = to_hf(args.checkpoint, args.out_dir, args.tokenizer)
+            print(f"wrote {args.out_dir} from {tag} ({time.perf_counter() - started:.1f}s)")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
