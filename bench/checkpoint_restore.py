@@ -5,7 +5,7 @@ S3), against DCP's load of the same state from the same stores.
 
 Two processes on gloo stand for two nodes of one rank each (LOCAL_WORLD_SIZE=1), each with its
 own memory directory under /dev/shm; the S3 rows run after them in one process (this machine's
-memory does not hold both parts at once). Each save is ours (trainer.checkpoint.Checkpointer, sync,
+memory does not hold both parts at once). Each save is ours (trainer.checkpoint.checkpointer.Checkpointer, sync,
 memory tier on) and DCP's ``save``, to a local directory and to moto's S3 server on loopback
 (``s3://``, through s3fs; DCP through its fsspec reader). Then, ``--repeats`` times each, on
 rank 1, timed from nothing to the state loaded into the live model and optimizer:
@@ -47,9 +47,9 @@ def _rank(rank: int, args, port: int, work: str, endpoint: str, out) -> None:
 
     from bench.common import model_with_adamw, run_config
     from bench.throughput import SIZES
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig, derive_layout
-    from trainer.parallel import ParallelState
+    from trainer.model.parallel import ParallelState
 
     fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = endpoint
     torch.set_num_threads(1)
@@ -118,7 +118,7 @@ def _s3(args, work: str, endpoint: str, times: dict) -> None:
 
     from bench.common import model_with_adamw, run_config, single_process
     from bench.throughput import SIZES
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig
 
     os.environ.update(ENV, AWS_ENDPOINT_URL=endpoint, FSSPEC_S3_ENDPOINT_URL=endpoint)

@@ -20,7 +20,7 @@ Each case works on its own copy of the store (hard links, the damaged file writt
 the timer starts); the page cache holds the files (they were just written), so the figures are
 checking, deserialising and copying; a store's read time comes on top.
 
-Part 2, back to training. The real trainer (python -m trainer.launch, two ranks, the tiny corpus)
+Part 2, back to training. The real trainer (python -m trainer.pod.launch, two ranks, the tiny corpus)
 runs ``2 x --train-steps`` steps saving every ``--train-steps``; then a restart of the same run is
 timed from its start to its first step past the newest tag: from an intact store (restore, one
 step) and from one whose newest tag has a shard cut short (the fallback restore, then the steps
@@ -46,8 +46,8 @@ CASES = ("intact", "intact-unchecked", "truncated", "changed", "deleted")
 def _damage(tag: Path, case: str) -> None:
     """Damage a copy of the tag whose files are hard links of the saved ones: a file changed is
     unlinked first and written anew, so the saved store is never touched."""
-    from trainer import ckpt_store
-    from trainer.checkpoint import DIGESTS
+    from trainer.checkpoint import ckpt_store
+    from trainer.checkpoint.checkpointer import DIGESTS
     optim = tag / "optim" / ckpt_store.shard_name(1, 0)
 
     def rewrite(path: Path, data: bytes) -> None:
@@ -77,9 +77,9 @@ def _rank(rank: int, args, port: int, work: str, out) -> None:
 
     from bench.common import model_with_adamw, run_config
     from bench.throughput import SIZES
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig, derive_layout
-    from trainer.parallel import ParallelState
+    from trainer.model.parallel import ParallelState
 
     torch.set_num_threads(1)
     model_over, seq, batch = SIZES[args.size]
@@ -164,7 +164,7 @@ def _trainer(work: Path, tiny: dict, store: Path, steps: int, interval: int, nam
                  f"data.tokenizer={tiny['tokenizer']}", f"training.steps={steps}", "training.decaySteps=100",
                  f"checkpoint.intervalSteps={interval}", f"checkpoint.uri={store}", "checkpoint.keep=0",
                  "parallelism.zero1=true", f"logging.lossesFile={losses}", "logging.interval=1"]
-    cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", "2", "-m", "trainer",
+    cmd = [sys.executable, "-m", "trainer.pod.launch", "--standalone", "--nproc_per_node", "2", "-m", "trainer",
            "--config", str(root / "examples" / "tiny-cpu.yaml"), *sum((["--override", o] for o in overrides), [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("TRAINER_MEMORY_DIR", None)
@@ -177,7 +177,8 @@ def _trainer(work: Path, tiny: dict, store: Path, steps: int, interval: int, nam
 
 
 def training_part(args, work: Path) -> dict[str, list[float]]:
-    from trainer import ckpt_store, tinydata
+    from trainer.checkpoint import ckpt_store
+    from trainer.data import tinydata
     tiny = tinydata.ensure(str(work / "data"))
     k = args.train_steps
     saved = work / "trained"

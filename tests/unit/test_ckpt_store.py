@@ -2,7 +2,7 @@ import json
 import os
 import time
 
-from trainer import ckpt_store
+from trainer.checkpoint import ckpt_store
 from trainium_api import checkpoints
 
 
@@ -75,7 +75,7 @@ def test_delete_removes_done_first(tmp_path, monkeypatch):
 def test_store_imports_no_torch():
     import subprocess
     import sys
-    code = "import sys, trainer.ckpt_store, trainer.config, trainer.progress; print('torch' in sys.modules)"
+    code = "import sys, trainer.checkpoint.ckpt_store, trainer.config, trainer.contract.progress; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -172,7 +172,7 @@ def test_an_unreadable_fence_makes_no_good_checkpoint_look_late(tmp_path):
 
 
 def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(tmp_path):
-    """The trainer's writer (trainer.checkpoint.Checkpointer, one process): attempt 1 saves;
+    """The trainer's writer (trainer.checkpoint.checkpointer.Checkpointer, one process): attempt 1 saves;
     attempt 2 starts (raises its fence, resumes from step 20); attempt 1's next save begins
     nothing, completes nothing, deletes nothing, and asks the loop to stop. Attempt 2 rewriting
     a tag that has a done removes it before writing anything."""
@@ -181,7 +181,7 @@ def test_a_gang_fenced_by_a_newer_attempt_writes_and_deletes_nothing_and_stops(t
 
     import torch
 
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig
     ps = SimpleNamespace(rank=0, dp_rank=0, tp_rank=0, pp_rank=0, is_distributed=False)
     root = tmp_path / "ckpt"

@@ -2,7 +2,7 @@ import socket
 import urllib.request
 
 from trainer.config import from_dict
-from trainer.metrics import TrainerMetrics, flops_per_token, mfu
+from trainer.model.metrics import TrainerMetrics, flops_per_token, mfu
 
 
 def test_mfu_formula_llama2_7b():
