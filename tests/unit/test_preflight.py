@@ -1,4 +1,4 @@
-"""The pre-flight check's verdict (trainer.preflight.verdict, pure), its message, the judge's
+"""The pre-flight check's verdict (trainer.pod.preflight.verdict, pure), its message, the judge's
 preflight rule and goodput's preflight phase."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from tests.unit.test_judge import GUARD, NOW, node, pod
 from tests.unit.test_operator_core import SPEC
-from trainer.preflight import pairings, verdict
+from trainer.pod.preflight import pairings, verdict
 from trainium_api import exitcodes, preflight
 from trainium_api.status import FailureRecord
 from trainium_operator import goodput
@@ -66,7 +66,7 @@ def test_most_nodes_failing_is_fatal_only_when_the_failures_name_the_runs_config
     instance type's, on most of them is the run's configuration (FATAL); failing matmuls or a
     device that did not start for another reason on most nodes at once is not (RETRYABLE: the
     gang is restarted, no node left out). Fewer than most: no gang verdict (the nodes are named)."""
-    from trainer.preflight import most_failed
+    from trainer.pod.preflight import most_failed
     backend = "the run's backend cuda cannot start: cuda requested but no CUDA device is available"
     devices = "15 Neuron devices in the container, the instance type has 16"
     for error in (backend, devices, "neuron-ls is not on PATH (it ships with the Neuron training images)"):
@@ -174,7 +174,7 @@ def test_only_a_lost_peer_makes_a_rank_wait_to_be_stopped():
     other error on this rank (its device, its code) is its own and ends it."""
     import torch.distributed as dist
 
-    from trainer.preflight import lost_a_peer
+    from trainer.pod.preflight import lost_a_peer
     assert lost_a_peer(dist, dist.DistStoreError("wait timeout after 30000ms"))
     assert lost_a_peer(dist, RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error "
                                           "[127.0.0.1]:18861: Connection reset by peer"))
