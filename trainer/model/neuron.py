@@ -17,7 +17,7 @@ use it:
             nothing and every worker believes it is rank 0 (pytorch/xla issues 5005 and
             9089), so ``xla`` refuses more than one process (``config.check_backend``).
 
-What has and has not run is stated in README.md ("What has not run"). In short: the XLA loop,
+What has and has not run is stated in docs/what-has-not-run.md. In short: the XLA loop,
 our optimizer and our checkpointer run on torch-xla's CPU device in CI, one process; every NxD
 call below (aws-neuron/neuronx-distributed, release 2.29, paths cited at each call) runs in CI
 in NxD's CPU mode (``NXD_CPU_MODE=1``: gloo groups, CPU tensors, 2 and 4 ranks; tests/nxd),
@@ -363,7 +363,7 @@ class NxDPipeline:
     test/integration/parallel_layers/pipeline/manual_pp/test_training_tp_pp.py, which calls
     ``run_train(inputs=..., labels=...)`` with CPU tensors. NxD divides each micro-batch's loss
     by the number of micro-batches before its backward (``_bwd_step_task``), as our loop does.
-    It has never run: see README "What has not run".
+    It has never run: see docs/what-has-not-run.md.
 
     Every rank hands NxD the same number of modules, so NxD's even partition would need the
     other stages' layers; instead each rank lists ``stages`` placeholders around its own pieces
