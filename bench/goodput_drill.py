@@ -105,8 +105,10 @@ class Gang:
         (training never waits for the API); a round still in flight is not overtaken."""
         if any(not f.done() for f in self.inflight):
             return
-        payload = progress.payload(self.step, 4096 * 1024 / STEP_SECONDS, 2.0, self.last_ckpt, now=self.step_end,
-                                   start_step=self.start_step)
+        payload = progress.ProgressReport(step=self.step, time=self.step_end,
+                                          tokens_per_second=4096 * 1024 / STEP_SECONDS, loss=2.0,
+                                          last_checkpoint_step=self.last_ckpt,
+                                          start_step=self.start_step).to_annotation()
         patch = {"metadata": {"annotations": {keys.PROGRESS: payload}}}
         self.inflight = [self.d.pool.submit(self.d.patch_pod, p, patch) for p in self.pods]
 

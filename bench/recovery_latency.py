@@ -196,7 +196,8 @@ class Bench:
                 break
             pods = gang(attempt)
             before = self.uids(ns)
-            payload = progress.payload(10 * attempt, 1e5, 2.0, None, attempt=attempt)
+            payload = progress.ProgressReport(step=10 * attempt, time=time.time(), tokens_per_second=1e5, loss=2.0,
+                                              attempt=attempt).to_annotation()
             for p in pods:
                 self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {
                     keys.PROGRESS: payload}}})

@@ -1,49 +1,56 @@
 """The progress annotation's schema (docs/architecture.md 3.2): how the operator learns step, speed and hangs.
 
 Local rank 0 of every pod (or trainer.watch for a command trainer) writes its own pod's annotation
-``trainium.dev/progress``: one JSON object with the fields of :data:`FIELDS` (``time``: when that
-step ended; ``startStep``: the step this process resumed at, 0 on a fresh start;
-``evalPerplexity``: the newest held-out perplexity, null without data.heldOut;
-``computeSeconds``: this pod's smoothed time per step before the step's first collective, what
-straggler detection compares across pods, null where unmeasured; ``preflightSeconds``: what
-this attempt's pre-flight check took, null without one; ``restoreSeconds``: what reading and
-loading the checkpoint it resumed from took, null on a fresh start; ``restoreSource``: where
-that restore read the model and optimizer state from, the gang's slowest rank's (one of
-checkpoints.RESTORE_SOURCES: memory, peer, store), null on a fresh start; ``attempt``: the attempt
-whose workers wrote it (their ATTEMPT), null from writers that do not know it: after an
-in-place restart the pod still carries the last attempt's report until the new workers write
-theirs, and the operator must not read it as the new attempt's progress; ``firstStepTime``: when
-this process's first step ended, null from writers that do not know it: the operator dates the
-attempt's training start from it, exactly, where otherwise it has to reckon back from a later
-report by the run's step time). The pod's view of its checkpoint store, which the operator
-cannot read itself (it runs in its own pod, without the trainer pods' volumes or credentials):
-``checkpoint``: the newest complete tag ``{tag, step, time}`` (``time``: when its ``done`` was
-written), ``storeError``: why the pod could not list its store (null when it could),
-``saveFailure``: the newest failed save ``{tag, error, count}`` (count: failed saves since the
-last one that completed; null once one completes), ``skippedCheckpoint``: a complete tag this
-attempt did not resume from because it was damaged ``{tag, error}`` (it took the previous one).
-:func:`payload`
-encodes it, :func:`parse_report` reads it back with every field checked. The writer (a
-background thread that patches the pod) is trainer.progress; the operator and tools need only
-this module.
+``trainium.dev/progress``: one JSON object, a :class:`ProgressReport` (its fields, documented one
+by one, are the wire fields of :data:`FIELDS` in camelCase), whose last four fields are the
+pod's view of its checkpoint store, which the operator cannot read itself (it runs in its own
+pod, without the trainer pods' volumes or credentials): a :class:`StoreReport`.
+:meth:`ProgressReport.to_annotation` encodes it, :meth:`ProgressReport.parse` reads it back with
+every field checked. The writer (a background thread that patches the pod) is trainer.progress;
+the operator and tools need only this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
-import time
 
 from dataclasses import asdict, dataclass
 
 from .checkpoints import RESTORE_SOURCES
 
-FIELDS = ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep", "evalPerplexity",
-          "computeSeconds", "preflightSeconds", "restoreSeconds", "restoreSource", "attempt", "firstStepTime",
-          "checkpoint", "storeError", "saveFailure", "skippedCheckpoint")
-STORE_FIELDS = ("checkpoint", "storeError", "saveFailure", "skippedCheckpoint")  # read by store_report
 ERROR_CHARS = 300  # an error carried in a report is cut to this many characters by the writer
+MAX_LENGTH = 4096  # a report is about 150-1,000 bytes; a larger annotation is not parsed at all
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+# What each field may hold. The annotation is written by user code (a command trainer's log
+# is parsed by trainer.watch, and anything in the pod can patch it), so the operator checks every
+# field for type and range and drops one that does not fit rather than compute with it. Each
+# field of the report carries its check (and its wire name where that is not the camelCase of
+# its own, and the digits it is rounded to on the wire) in its metadata: the one source of the
+# schema.
+def _wire(default=None, *, check, digits: int | None = None, name: str | None = None):
+    return dataclasses.field(default=default, metadata={"check": check, "digits": digits, "wire": name})
+
+
+def _number(kind: type, low: float, high: float, digits: int | None = None, default=None):
+    return _wire(default, check=lambda value: _checked_number(value, kind, low, high), digits=digits)
+
+
+_STEP = (int, 0, 2 ** 53)
+# A tag is one name in the store: no separator, no control character, so the operator can show it
+# and join it to spec.checkpoint.uri without a pod pointing it anywhere else.
+_TAG = re.compile(r"[^/\\\x00-\x1f\x7f]{1,200}")
+_SUBFIELDS: dict[str, tuple] = {  # field -> (type, low, high, required)
+    "tag": (str, 1, 200, True), "step": (int, 0, 2 ** 53, False), "time": (float, 0.0, 1e11, False),
+    "error": (str, 0, 2 * ERROR_CHARS, True), "count": (int, 1, 2 ** 31, True)}
 
 
 @dataclass(frozen=True)
@@ -69,24 +76,150 @@ class SkippedCheckpoint:
     error: str
 
 
+def _object(cls: type):
+    return _wire(check=lambda value: _checked_object(cls, value))
+
+
+def _store_error(value) -> tuple[object, str]:
+    ok = isinstance(value, str) and len(value) <= 2 * ERROR_CHARS
+    return (value, "") if ok else (None, f"must be a string of at most {2 * ERROR_CHARS} characters")
+
+
+def _choice(options: tuple[str, ...]):
+    def check(value) -> tuple[object, str]:
+        ok = isinstance(value, str) and value in options
+        return (value, "") if ok else (None, f"must be one of {', '.join(options)}, got {str(value)[:40]!r}")
+    return _wire(check=check)
+
+
 @dataclass(frozen=True)
 class StoreReport:
     """What a pod says of its checkpoint store in its progress report."""
-    checkpoint: CheckpointSeen | None = None
-    error: str | None = None
-    save_failure: SaveFailure | None = None
-    skipped: SkippedCheckpoint | None = None
+    checkpoint: CheckpointSeen | None = _object(CheckpointSeen)
+    """The newest complete tag ``{tag, step, time}`` (``time``: when its ``done`` was written)."""
+    error: str | None = _wire(check=_store_error, name="storeError")
+    """Why the pod could not list its store (None when it could)."""
+    save_failure: SaveFailure | None = _object(SaveFailure)
+    """The newest failed save ``{tag, error, count}`` (count: failed saves since the last one
+    that completed; None once one completes)."""
+    skipped: SkippedCheckpoint | None = _wire(check=lambda value: _checked_object(SkippedCheckpoint, value),
+                                              name="skippedCheckpoint")
+    """A complete tag this attempt did not resume from because it was damaged ``{tag, error}``
+    (it took the previous one)."""
 
     def fields(self) -> dict:
-        def obj(value) -> dict | None:
-            if value is None:
-                return None
+        """The wire fields (:data:`STORE_FIELDS`), errors cut to ERROR_CHARS."""
+        def obj(value):
+            if not dataclasses.is_dataclass(value):
+                return _cut(value)  # storeError
             out = asdict(value)
             if "error" in out:
                 out["error"] = _cut(out["error"])
             return out
-        return {"checkpoint": obj(self.checkpoint), "storeError": _cut(self.error),
-                "saveFailure": obj(self.save_failure), "skippedCheckpoint": obj(self.skipped)}
+        return {wire: obj(getattr(self, name)) for name, wire, _ in _schema(StoreReport)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressReport:
+    """One progress report of a pod (the annotation ``trainium.dev/progress``). Built by the
+    writer with keywords; read back by :meth:`parse`, where a field that did not fit its type
+    and range is None."""
+    step: int | None = _number(*_STEP)
+    """The newest step trained; None: no step yet, a report of the store alone."""
+    time: float | None = _number(float, 0.0, 1e11, digits=3)
+    """When that step ended (epoch seconds)."""
+    tokens_per_second: float | None = _number(float, 0.0, 1e15, digits=2)
+    """None where the writer cannot know it (a script whose log has no throughput): the operator
+    then leaves it out of the status."""
+    loss: float | None = _number(float, -1e9, 1e9, digits=5)
+    """Likewise."""
+    last_checkpoint_step: int | None = _number(*_STEP)
+    start_step: int | None = _number(*_STEP, default=0)
+    """The step this process resumed at, 0 on a fresh start."""
+    eval_perplexity: float | None = _number(float, 0.0, 1e30, digits=4)
+    """The newest held-out perplexity, None without data.heldOut."""
+    compute_seconds: float | None = _number(float, 0.0, 1e6, digits=4)
+    """This pod's smoothed time per step before the step's first collective, what straggler
+    detection compares across pods, None where unmeasured."""
+    preflight_seconds: float | None = _number(float, 0.0, 1e6, digits=2)
+    """What this attempt's pre-flight check took, None without one."""
+    restore_seconds: float | None = _number(float, 0.0, 1e6, digits=2)
+    """What reading and loading the checkpoint it resumed from took, None on a fresh start."""
+    restore_source: str | None = _choice(RESTORE_SOURCES)
+    """Where that restore read the model and optimizer state from, the gang's slowest rank's
+    (one of checkpoints.RESTORE_SOURCES: memory, peer, store), None on a fresh start."""
+    attempt: int | None = _number(int, 1, 2 ** 31)
+    """The attempt whose workers wrote it (their ATTEMPT), None from writers that do not know
+    it: after an in-place restart the pod still carries the last attempt's report until the new
+    workers write theirs, and the operator must not read it as the new attempt's progress."""
+    first_step_time: float | None = _number(float, 0.0, 1e11, digits=3)
+    """When this process's first step ended, None from writers that do not know it: the operator
+    dates the attempt's training start from it, exactly, where otherwise it has to reckon back
+    from a later report by the run's step time."""
+    store: StoreReport = StoreReport()
+    """The pod's view of its checkpoint store (wire fields :data:`STORE_FIELDS`)."""
+
+    def to_annotation(self) -> str:
+        """The annotation's JSON: every field of :data:`FIELDS`, numbers rounded (None for
+        unknown or non-finite ones: JSON has no NaN), errors cut to ERROR_CHARS."""
+        body = {wire: _rounded(getattr(self, name), spec.get("digits")) for name, wire, spec in _SCHEMA}
+        return json.dumps({**body, **self.store.fields()},
+                          separators=(",", ":"), ensure_ascii=False)  # a tag's letters stay one character
+
+    @classmethod
+    def parse(cls, text: str | None) -> tuple[ProgressReport | None, list[str]]:
+        """Every field checked (a bad one is None and named in the errors, ``"<wireName>:
+        why"``), whether or not the report has a step: a pod that cannot list its store says
+        so before its first step. None when absent or not a JSON object. Never raises."""
+        if not text:
+            return None, []
+        if len(text) > MAX_LENGTH:
+            return None, [f"longer than {MAX_LENGTH} characters"]
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            return None, ["not JSON"]
+        if not isinstance(data, dict):
+            return None, ["not a JSON object"]
+        errors: list[str] = []
+
+        def checked(schema) -> dict:
+            out = {}
+            for name, wire, spec in schema:
+                value = data.get(wire)
+                if value is None:
+                    out[name] = None
+                    continue
+                out[name], why = spec["check"](value)
+                if why:
+                    errors.append(f"{wire}: {why}")
+            return out
+        fields = checked(_SCHEMA)
+        report = cls(**fields, store=StoreReport(**checked(_schema(StoreReport))))
+        if data.get("step") is None and report.store == StoreReport():
+            errors.insert(0, "step: missing")  # neither progress nor a word on the store
+        return report, errors
+
+    def store_said(self) -> StoreReport | None:
+        """What it says of the pod's checkpoint store, None when nothing."""
+        return None if self.store == StoreReport() else self.store
+
+
+def _schema(cls: type) -> tuple[tuple[str, str, dict], ...]:
+    """(attribute, wire name, metadata) of each wire field of ``cls``."""
+    return tuple((f.name, f.metadata.get("wire") or _camel(f.name), f.metadata)
+                 for f in dataclasses.fields(cls) if "check" in f.metadata)
+
+
+_SCHEMA = _schema(ProgressReport)
+STORE_FIELDS = tuple(wire for _, wire, _ in _schema(StoreReport))  # the store's part of a report
+FIELDS = tuple(wire for _, wire, _ in _SCHEMA) + STORE_FIELDS  # every wire field, in the order written
+
+
+def parse(text: str | None) -> ProgressReport | None:
+    """The operator's side: the report, or None when absent, malformed or without a step."""
+    report, _ = ProgressReport.parse(text)
+    return report if report is not None and report.step is not None else None
 
 
 def _cut(text: str | None) -> str | None:
@@ -106,112 +239,12 @@ def _cut(text: str | None) -> str | None:
     return "".join(kept) + "..."
 
 
-def _rounded(value: float | None, digits: int) -> float | None:
-    """None for unknown or non-finite values (JSON has no NaN)."""
+def _rounded(value, digits: int | None):
+    """``value`` as written: a number rounded to ``digits`` (None for unknown or non-finite
+    ones: JSON has no NaN); without ``digits``, as it is."""
+    if digits is None:
+        return value
     return None if value is None or not math.isfinite(value) else round(value, digits)
-
-
-def payload(step: int | None, tokens_per_second: float | None, loss: float | None, last_checkpoint_step: int | None,
-            now: float | None = None, start_step: int = 0, eval_perplexity: float | None = None,
-            compute_seconds: float | None = None, preflight_seconds: float | None = None,
-            restore_seconds: float | None = None, attempt: int | None = None,
-            restore_source: str | None = None, first_step_time: float | None = None,
-            store: StoreReport | None = None) -> str:
-    """``tokens_per_second`` and ``loss`` may be None where the writer cannot know them (a
-    script whose log has no throughput); the operator then leaves them out of the status.
-    ``step`` None: no step trained yet, a report of the store alone (``store``)."""
-    return json.dumps({"step": step, "time": round(now if now is not None else time.time(), 3),
-                       "tokensPerSecond": _rounded(tokens_per_second, 2), "loss": _rounded(loss, 5),
-                       "lastCheckpointStep": last_checkpoint_step, "startStep": start_step,
-                       "evalPerplexity": _rounded(eval_perplexity, 4),
-                       "computeSeconds": _rounded(compute_seconds, 4),
-                       "preflightSeconds": _rounded(preflight_seconds, 2),
-                       "restoreSeconds": _rounded(restore_seconds, 2), "restoreSource": restore_source,
-                       "attempt": attempt, "firstStepTime": _rounded(first_step_time, 3),
-                       **(store or StoreReport()).fields()},
-                      separators=(",", ":"), ensure_ascii=False)  # a tag's letters stay one character
-
-
-# What each field may hold. The annotation is written by user code (a command trainer's log
-# is parsed by trainer.watch, and anything in the pod can patch it), so the operator checks every
-# field for type and range and drops one that does not fit rather than compute with it.
-_STEP = (int, 0, 2 ** 53)
-_LIMITS: dict[str, tuple[type, float, float]] = {
-    "step": _STEP, "time": (float, 0.0, 1e11), "firstStepTime": (float, 0.0, 1e11), "tokensPerSecond": (float, 0.0, 1e15),
-    "loss": (float, -1e9, 1e9), "lastCheckpointStep": _STEP, "startStep": _STEP, "evalPerplexity": (float, 0.0, 1e30),
-    "computeSeconds": (float, 0.0, 1e6), "preflightSeconds": (float, 0.0, 1e6), "restoreSeconds": (float, 0.0, 1e6),
-    "attempt": (int, 1, 2 ** 31)}
-_CHOICES: dict[str, tuple[str, ...]] = {"restoreSource": RESTORE_SOURCES}
-MAX_LENGTH = 4096  # a report is about 150-1,000 bytes; a larger annotation is not parsed at all
-# A tag is one name in the store: no separator, no control character, so the operator can show it
-# and join it to spec.checkpoint.uri without a pod pointing it anywhere else.
-_TAG = re.compile(r"[^/\\\x00-\x1f\x7f]{1,200}")
-_OBJECTS: dict[str, type] = {"checkpoint": CheckpointSeen, "saveFailure": SaveFailure,
-                             "skippedCheckpoint": SkippedCheckpoint}
-_SUBFIELDS: dict[str, tuple] = {  # field -> (type, low, high, required)
-    "tag": (str, 1, 200, True), "step": (int, 0, 2 ** 53, False), "time": (float, 0.0, 1e11, False),
-    "error": (str, 0, 2 * ERROR_CHARS, True), "count": (int, 1, 2 ** 31, True)}
-
-
-def parse(text: str | None) -> dict | None:
-    """The operator's side: a progress dict, or None when absent or malformed."""
-    return parse_report(text)[0]
-
-
-def parse_report(text: str | None) -> tuple[dict | None, list[str]]:
-    """The progress dict (every field of FIELDS; one that does not fit its type and range is
-    None) and what was wrong, field by field. No report (None) without a valid ``step``. Never
-    raises."""
-    fields, errors = parse_fields(text)
-    return (fields if fields is not None and fields["step"] is not None else None), errors
-
-
-def parse_fields(text: str | None) -> tuple[dict | None, list[str]]:
-    """Every field of FIELDS, checked (a bad one is None and named in the errors), whether or not
-    the report has a step: a pod that cannot list its store says so before its first step. None
-    when absent or not a JSON object. Never raises."""
-    if not text:
-        return None, []
-    if len(text) > MAX_LENGTH:
-        return None, [f"longer than {MAX_LENGTH} characters"]
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None, ["not JSON"]
-    if not isinstance(data, dict):
-        return None, ["not a JSON object"]
-    out, errors = {}, []
-    for key in FIELDS:
-        value, why = _checked(key, data.get(key))
-        out[key] = value
-        if why:
-            errors.append(f"{key}: {why}")
-    if data.get("step") is None and store_report(out) is None:
-        errors.insert(0, "step: missing")  # neither progress nor a word on the store
-    return out, errors
-
-
-def store_report(fields: dict | None) -> StoreReport | None:
-    """What a report (parse_fields) says of the pod's checkpoint store, None when nothing."""
-    if not fields:
-        return None
-    report = StoreReport(fields.get("checkpoint"), fields.get("storeError"), fields.get("saveFailure"),
-                         fields.get("skippedCheckpoint"))
-    return None if report == StoreReport() else report
-
-
-def _checked(key: str, value) -> tuple[object, str]:
-    if value is None:
-        return None, ""
-    if key in _OBJECTS:
-        return _checked_object(_OBJECTS[key], value)
-    if key == "storeError":
-        ok = isinstance(value, str) and len(value) <= 2 * ERROR_CHARS
-        return (value, "") if ok else (None, f"must be a string of at most {2 * ERROR_CHARS} characters")
-    if key in _CHOICES:
-        ok = isinstance(value, str) and value in _CHOICES[key]
-        return (value, "") if ok else (None, f"must be one of {', '.join(_CHOICES[key])}, got {str(value)[:40]!r}")
-    return _checked_number(value, *_LIMITS[key])
 
 
 def _checked_object(cls: type, value) -> tuple[object, str]:
@@ -247,3 +280,41 @@ def _checked_number(value, kind: type, low: float, high: float) -> tuple[int | f
     if not (low <= value <= high):  # NaN fails this too
         return None, f"{value!r} is out of range [{low:g}, {high:g}]"
     return kind(value), ""
+
+
+# Transitional (issue 42, 4a): the dict-shaped API, until its last producers and consumers
+# take ProgressReport; removed then.
+def payload(step, tokens_per_second, loss, last_checkpoint_step, now=None, start_step=0, eval_perplexity=None,
+            compute_seconds=None, preflight_seconds=None, restore_seconds=None, attempt=None,
+            restore_source=None, first_step_time=None, store=None) -> str:
+    import time
+    return ProgressReport(step=step, time=now if now is not None else time.time(), tokens_per_second=tokens_per_second,
+                          loss=loss, last_checkpoint_step=last_checkpoint_step, start_step=start_step,
+                          eval_perplexity=eval_perplexity, compute_seconds=compute_seconds,
+                          preflight_seconds=preflight_seconds, restore_seconds=restore_seconds, attempt=attempt,
+                          restore_source=restore_source, first_step_time=first_step_time,
+                          store=store or StoreReport()).to_annotation()
+
+
+def _as_fields(report: ProgressReport) -> dict:
+    out = {wire: getattr(report, name) for name, wire, _ in _SCHEMA}
+    out.update({wire: getattr(report.store, name) for name, wire, _ in _schema(StoreReport)})
+    return out
+
+
+def parse_fields(text):
+    report, errors = ProgressReport.parse(text)
+    return (None if report is None else _as_fields(report)), errors
+
+
+def parse_report(text):
+    fields, errors = parse_fields(text)
+    return (fields if fields is not None and fields["step"] is not None else None), errors
+
+
+def store_report(fields):
+    if not fields:
+        return None
+    report = StoreReport(fields.get("checkpoint"), fields.get("storeError"), fields.get("saveFailure"),
+                         fields.get("skippedCheckpoint"))
+    return None if report == StoreReport() else report

@@ -50,7 +50,7 @@ def test_a_failed_progress_report_is_sent_again_without_a_new_step(local_cluster
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     reporter = ProgressReporter(0.2, pod="rank0", namespace=namespace)
     try:
-        reporter.report(7, 100.0, 2.5, None)
+        reporter.report(progress.ProgressReport(step=7, tokens_per_second=100.0, loss=2.5))
         wait_until(lambda: reporter._retry_at > 0, 10, what="the first report to fail")
         assert reporter.sent == 0
         core_api.create_namespaced_pod(namespace, {"metadata": {"name": "rank0"}, "spec": {
@@ -61,6 +61,6 @@ def test_a_failed_progress_report_is_sent_again_without_a_new_step(local_cluster
             ann = core_api.read_namespaced_pod("rank0", namespace).metadata.annotations or {}
             return progress.parse(ann.get(keys.PROGRESS))
         data, waited = wait_until(annotated, 15, what="the retried report")
-        assert data["step"] == 7 and reporter.sent == 1
+        assert data.step == 7 and reporter.sent == 1
     finally:
         reporter.close()

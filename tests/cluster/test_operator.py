@@ -1,6 +1,6 @@
 """The operator (a real subprocess) against the local control plane with simulated trn1 nodes.
 
-Progress is written on the pods exactly as the trainer writes it (trainium_api.progress.payload).
+Progress is written on the pods exactly as the trainer writes it (trainium_api.progress.ProgressReport).
 Detection and recovery times are printed; the goals are in the issue and bench/ measures them.
 """
 
@@ -135,7 +135,9 @@ def report(core_api, ns, name, attempt, step, ckpt=None) -> None:
     perplexity, as a run with data.heldOut reports; ``ckpt``: the newest complete checkpoint the
     pod sees in its store, which the operator never reads)."""
     store = progress.StoreReport(progress.CheckpointSeen(f"step_{ckpt}", ckpt, time.time())) if ckpt else None
-    body = progress.payload(step, 24000.0 * 16, 2.0, ckpt, eval_perplexity=7.5, store=store)
+    body = progress.ProgressReport(step=step, time=time.time(), tokens_per_second=24000.0 * 16, loss=2.0,
+                                   last_checkpoint_step=ckpt, eval_perplexity=7.5,
+                                   store=store or progress.StoreReport()).to_annotation()
     for p in gang(core_api, ns, name, attempt):
         core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {keys.PROGRESS: body}}})
 

@@ -27,5 +27,5 @@ def test_trainer_writes_the_progress_annotation(local_cluster, core_api, namespa
     ann = core_api.read_namespaced_pod("rank0", namespace).metadata.annotations[keys.PROGRESS]
     data = progress.parse(ann)
     print(f"\nprogress annotation: {ann}")
-    assert data["step"] == 12 and data["lastCheckpointStep"] == 12 and data["tokensPerSecond"] > 0
+    assert data.step == 12 and data.last_checkpoint_step == 12 and data.tokens_per_second > 0
     assert set(json.loads(ann)) == set(progress.FIELDS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from tests.unit.test_operator_core import RUN, SPEC, _node
 from trainium_api import keys
 from trainium_api import checkpoints, progress
-from trainium_api.progress import CheckpointSeen, SaveFailure, SkippedCheckpoint, StoreReport
+from trainium_api.progress import CheckpointSeen, ProgressReport, SaveFailure, SkippedCheckpoint, StoreReport
 from trainium_operator.observe import pod_view
 from trainium_operator.reconcile import reconcile_objects
 from trainer.pod import store_watch, watch
@@ -28,17 +29,19 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_store_fields_round_trip_and_a_store_report_needs_no_step():
     store = StoreReport(CheckpointSeen("step_20", 20, 1700000000.5), None, SaveFailure("step_30", "No space left", 2),
                         SkippedCheckpoint("step_25", "model/x.pt: 10 bytes, 20 recorded"))
-    fields, errors = progress.parse_fields(progress.payload(31, 1.0, 2.0, 20, store=store))
-    assert errors == [] and progress.store_report(fields) == store
+    report, errors = ProgressReport.parse(ProgressReport(step=31, time=time.time(), tokens_per_second=1.0, loss=2.0,
+                                                         last_checkpoint_step=20, store=store).to_annotation())
+    assert errors == [] and report.store_said() == store
     # before its first step a pod says only what it sees of its store: no progress, no complaint
-    alone, errors = progress.parse_fields(progress.payload(None, None, None, None, store=StoreReport(error="denied")))
-    assert errors == [] and progress.store_report(alone) == StoreReport(error="denied")
-    assert progress.parse(progress.payload(None, None, None, None, store=StoreReport(error="denied"))) is None
-    assert progress.parse_fields("{}")[1] == ["step: missing"]  # neither progress nor a word on the store
+    denied = ProgressReport(time=time.time(), store=StoreReport(error="denied")).to_annotation()
+    alone, errors = ProgressReport.parse(denied)
+    assert errors == [] and alone.store_said() == StoreReport(error="denied")
+    assert progress.parse(denied) is None
+    assert ProgressReport.parse("{}")[1] == ["step: missing"]  # neither progress nor a word on the store
 
 
 def test_a_long_error_is_cut_by_the_writer_to_one_line():
-    text = progress.payload(1, None, None, None, store=StoreReport(error="x\n" * 1000))
+    text = ProgressReport(step=1, time=time.time(), store=StoreReport(error="x\n" * 1000)).to_annotation()
     error = json.loads(text)["storeError"]
     assert len(error) == progress.ERROR_CHARS and "\n" not in error and error.endswith("...")
     assert len(text) < progress.MAX_LENGTH
@@ -58,8 +61,8 @@ def test_a_long_error_is_cut_by_the_writer_to_one_line():
     ("storeError", 12, "must be a string"),
 ])
 def test_a_bad_store_field_written_by_user_code_is_dropped_and_named(field, value, words):
-    fields, errors = progress.parse_fields(json.dumps({"step": 3, field: value}))
-    assert fields[field] is None and fields["step"] == 3
+    report, errors = ProgressReport.parse(json.dumps({"step": 3, field: value}))
+    assert report.store == StoreReport() and report.step == 3  # the only store field it had, dropped
     assert len(errors) == 1 and errors[0].startswith(f"{field}: ") and words in errors[0], errors
 
 
@@ -178,7 +181,8 @@ def test_an_nxdt_script_resumes_from_the_newest_complete_tag_its_pod_lists(tmp_p
 # -- the operator: what the pods report ----------------------------------------------------------
 
 def _pod(i: int, store: StoreReport | None, step: int | None = 50, attempt: int = 1):
-    body = json.loads(progress.payload(step, 10.0, 2.0, None, now=100.0 + i, attempt=attempt, store=store))
+    body = json.loads(ProgressReport(step=step, time=100.0 + i, tokens_per_second=10.0, loss=2.0, attempt=attempt,
+                                     store=store or StoreReport()).to_annotation())
     return pod_view({"metadata": {"name": f"r-a1-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
                                   "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)},
                                   "annotations": {keys.PROGRESS: json.dumps(body)}},
@@ -273,8 +277,8 @@ def test_the_resume_point_is_what_the_attempts_pods_say_they_resumed_from():
                                                      "resumeCheckpoint": {"tag": "step_10", "step": 10}}}}
 
     def first_report(start_step: int, seen: StoreReport | None):
-        body = progress.payload(start_step + 1, 10.0, 2.0, None, now=110.0, attempt=2, start_step=start_step,
-                                store=seen)
+        body = ProgressReport(step=start_step + 1, time=110.0, tokens_per_second=10.0, loss=2.0, attempt=2,
+                              start_step=start_step, store=seen or StoreReport()).to_annotation()
         return [pod_view({"metadata": {"name": f"r-a2-{i}", "creationTimestamp": "2026-01-01T00:00:00Z",
                                        "labels": {"trainium.dev/attempt": "2", "trainium.dev/index": str(i)},
                                        "annotations": {keys.PROGRESS: body}},
@@ -324,13 +328,13 @@ def test_the_other_pods_take_node_rank_0s_choice_of_this_attempt():
             return type("Pod", (), {"metadata": type("M", (), {"annotations": {keys.PROGRESS: self.annotation}})})
     assert store_watch.leader_pod("run-a3-7") == "run-a3-0" and store_watch.leader_pod("run-spare-1") is None
     chosen = CheckpointSeen("m--step=20-consumed_samples=20.0.ckpt", 20, 5.0)
-    word = progress.payload(None, None, None, None, attempt=3, start_step=20, store=StoreReport(chosen))
+    word = ProgressReport(time=time.time(), attempt=3, start_step=20, store=StoreReport(chosen)).to_annotation()
     clock = iter(range(1000)).__next__
     assert store_watch.await_leader(ApiServer(word), "ns", "run-a3-0", 3, timeout=10, clock=clock,
                                     sleep=lambda s: None) == (True, chosen)
-    nothing = progress.payload(None, None, None, None, attempt=3, start_step=0, store=StoreReport())
+    nothing = ProgressReport(time=time.time(), attempt=3, start_step=0, store=StoreReport()).to_annotation()
     assert store_watch.await_leader(ApiServer(nothing), "ns", "run-a3-0", 3, timeout=10, clock=clock,
                                     sleep=lambda s: None) == (True, None)
-    older = progress.payload(None, None, None, None, attempt=2, start_step=20, store=StoreReport(chosen))
+    older = ProgressReport(time=time.time(), attempt=2, start_step=20, store=StoreReport(chosen)).to_annotation()
     assert store_watch.await_leader(ApiServer(older), "ns", "run-a3-0", 3, timeout=10, clock=iter(range(1000)).__next__,
                                     sleep=lambda s: None) == (False, None)

@@ -27,11 +27,10 @@ class Recorder:
     def __init__(self):
         self.reports = []
 
-    def report(self, step, tokens_per_second, loss, last_checkpoint_step, force=False, step_time=None, start_step=0,
-               preflight_seconds=None, store=None):
-        self.reports.append({"step": step, "tps": tokens_per_second, "loss": loss, "time": step_time,
-                             "start": start_step, "preflight": preflight_seconds, "store": store,
-                             "checkpointStep": last_checkpoint_step})
+    def report(self, report, force=False):
+        self.reports.append({"step": report.step, "tps": report.tokens_per_second, "loss": report.loss,
+                             "time": report.time, "start": report.start_step, "preflight": report.preflight_seconds,
+                             "store": report.store, "checkpointStep": report.last_checkpoint_step})
 
 
 def stream_of(sample: dict) -> bytes:

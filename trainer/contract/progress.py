@@ -1,7 +1,7 @@
 """The progress annotation's writer (docs/architecture.md 3.2); its schema is trainium_api.progress.
 
 Local rank 0 of every pod patches its own pod's annotation (trainium_api.keys.PROGRESS,
-built by trainium_api.progress.payload) at most once per ``logging.progressIntervalSeconds``,
+a trainium_api.progress.ProgressReport) at most once per ``logging.progressIntervalSeconds``,
 from a background thread so a slow API server never slows a step. It is on when the pod knows
 its name (``POD_NAME``, ``POD_NAMESPACE`` from the downward API) and can reach the API server
 (in-cluster service account, or ``KUBECONFIG``); otherwise off. No torch here.
@@ -9,13 +9,14 @@ its name (``POD_NAME``, ``POD_NAMESPACE`` from the downward API) and can reach t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 
 from trainium_api import keys
-from trainium_api.progress import StoreReport, payload
+from trainium_api.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
@@ -108,24 +109,16 @@ class ProgressReporter:
     def _connect(self):
         return connect_api()
 
-    def report(self, step: int | None, tokens_per_second: float | None, loss: float | None,
-               last_checkpoint_step: int | None, force: bool = False, step_time: float | None = None,
-               start_step: int = 0, eval_perplexity: float | None = None, compute_seconds: float | None = None,
-               preflight_seconds: float | None = None, restore_seconds: float | None = None,
-               restore_source: str | None = None, first_step_time: float | None = None,
-               store: StoreReport | None = None) -> None:
-        """``step_time``: when the step ended (epoch seconds; default now). The operator measures
+    def report(self, report: ProgressReport, force: bool = False) -> None:
+        """``report.time``: when the step ended (epoch seconds; None: now). The operator measures
         lost time from it, so it is the step's time, not the time the report is sent;
-        ``first_step_time`` likewise for this process's first step. ``store``: what this pod
-        sees of its checkpoint store (the operator cannot read it); ``step`` None: no step yet,
-        the store alone is reported."""
+        ``first_step_time`` likewise for this process's first step. ``report.store``: what this
+        pod sees of its checkpoint store (the operator cannot read it); ``step`` None: no step
+        yet, the store alone is reported. Its ``attempt`` is this process's (ATTEMPT)."""
         if not self.enabled:
             return
-        self._latest = payload(step, tokens_per_second, loss, last_checkpoint_step, now=step_time,
-                               start_step=start_step, eval_perplexity=eval_perplexity,
-                               compute_seconds=compute_seconds, preflight_seconds=preflight_seconds,
-                               restore_seconds=restore_seconds, attempt=attempt_of_env(), restore_source=restore_source,
-                               first_step_time=first_step_time, store=store)
+        self._latest = dataclasses.replace(report, time=report.time if report.time is not None else time.time(),
+                                           attempt=attempt_of_env()).to_annotation()
         self._unsent = True
         self._force = self._force or force
         self._wake.set()  # the sender decides when: now if forced, else once the interval has passed

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from trainium_api import exitcodes
-from trainium_api.progress import CheckpointSeen, SaveFailure, StoreReport
+from trainium_api.progress import CheckpointSeen, ProgressReport, SaveFailure, StoreReport
 from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
 from ..model import backends
@@ -519,12 +519,14 @@ class Trainer:
         if self.progress is not None and (hasattr(self, "_last") or self.store_error):
             # before the first step only to say the store cannot be read
             step, loss, tps, ended = getattr(self, "_last", (None, None, None, None))
-            self.progress.report(step, tps, None if loss is None else loss if math.isfinite(loss) else -1.0,
-                                 self.last_ckpt_step, force=force, step_time=ended, start_step=self.start_step,
-                                 eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
-                                 preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds,
-                                 restore_source=self.ckpt.restore_source, first_step_time=self.first_step_time,
-                                 store=self.store_report())
+            self.progress.report(ProgressReport(
+                step=step, time=ended, tokens_per_second=tps,
+                loss=None if loss is None else loss if math.isfinite(loss) else -1.0,
+                last_checkpoint_step=self.last_ckpt_step, start_step=self.start_step,
+                eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
+                preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds,
+                restore_source=self.ckpt.restore_source, first_step_time=self.first_step_time,
+                store=self.store_report()), force=force)
 
     def close(self) -> None:
         self.ckpt.wait()

@@ -30,7 +30,7 @@ from typing import Callable
 
 from trainium_api import keys
 from trainium_api.checkpoints import StoreView, TagInfo
-from trainium_api.progress import CheckpointSeen, StoreReport, parse_fields
+from trainium_api.progress import CheckpointSeen, ProgressReport, StoreReport
 
 from ..store import errors as store_errors
 
@@ -82,12 +82,13 @@ def await_leader(api, namespace: str, pod: str, attempt: int, timeout: float = L
     while clock() < deadline:
         try:
             obj = api.read_namespaced_pod(pod, namespace, _request_timeout=10)
-            fields, _ = parse_fields(((obj.metadata.annotations or {}) if obj.metadata else {}).get(keys.PROGRESS))
+            annotations = (obj.metadata.annotations or {}) if obj.metadata else {}
+            said, _ = ProgressReport.parse(annotations.get(keys.PROGRESS))
         except Exception as exc:  # noqa: BLE001 - not there yet, or the API server is away: ask again
             log.debug("waiting for %s's checkpoint choice: %s", pod, exc)
-            fields = None
-        if fields and fields.get("attempt") == attempt and fields.get("startStep") is not None:
-            return True, fields.get("checkpoint")
+            said = None
+        if said is not None and said.attempt == attempt and said.start_step is not None:
+            return True, said.store.checkpoint
         sleep(poll)
     return False, None
 

@@ -38,7 +38,7 @@ from typing import Callable
 
 from trainium_api.exitcodes import FATAL, RETRYABLE
 from trainium_api.launch import PREFLIGHT_SECONDS_FILE_ENV
-from trainium_api.progress import CheckpointSeen, StoreReport
+from trainium_api.progress import CheckpointSeen, ProgressReport, StoreReport
 from trainium_api.spec import LAYOUTS, PROGRESS_FORMATS, check_regex
 
 from ..contract import progress
@@ -183,8 +183,9 @@ class Tracker:
     def _send(self, force: bool) -> None:
         step, tps, loss, at = self._last
         last_step = self.store.checkpoint.step if self.store.checkpoint else None
-        self.reporter.report(step, tps, loss, last_step, force=force, step_time=at, start_step=self.start_step,
-                             preflight_seconds=self.preflight_seconds(), store=self.store)
+        self.reporter.report(ProgressReport(step=step, time=at, tokens_per_second=tps, loss=loss,
+                                            last_checkpoint_step=last_step, start_step=self.start_step,
+                                            preflight_seconds=self.preflight_seconds(), store=self.store), force=force)
 
     def preflight_seconds(self) -> float | None:
         """What the launcher's pre-flight check took (it writes the file once the check passed)."""
