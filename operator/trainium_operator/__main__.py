@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="this candidate's name (default: the pod name; a restarted container leads again at once)")
     from trainium_api.fields import field_docs
 
-    from .policy import DisruptionGuard
+    from .disruption_guard import DisruptionGuard
     docs = field_docs(DisruptionGuard)
     for f in dataclasses.fields(DisruptionGuard):  # --disruption-threshold, --disruption-min-nodes, ...
         if isinstance(f.default, bool):  # a switch: --trust-pod-fault-reports / --no-trust-pod-fault-reports

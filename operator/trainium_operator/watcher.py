@@ -34,7 +34,7 @@ from .kube import Kube
 from .metrics import Metrics
 from .observe import NodeView, PodView, node_view, pod_view
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
-from .policy import DisruptionGuard, disruption, zone_health
+from .disruption_guard import DisruptionGuard, disruption, zone_health
 
 log = logging.getLogger("trainium_operator")
 RECONCILE_INTERVAL = 1.0  # seconds between passes when nothing wakes a run's loop sooner
