@@ -155,7 +155,8 @@ def parse_report(text) -> Report | None:
                              or not math.isfinite(when) or not 0 <= when <= 1e11):
         when = None
     clean = "".join(c if c.isprintable() or c == "\n" else " " for c in message[:MESSAGE_LIMIT])
-    return Report(attempt, state, code, clean, float(when) if when is not None else None)
+    return Report(attempt=attempt, state=state, exit_code=code, message=clean,
+                  time=float(when) if when is not None else None)
 
 
 def parse_order(text) -> Order | None:
@@ -175,5 +176,6 @@ def parse_order(text) -> Order | None:
     low, high = IDLE_SECONDS_LIMITS
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not low <= idle <= high:  # NaN too
         idle = None  # (no early end: the whole grace)
-    return Order(data["attempt"], data.get("start", False), float(min(grace, 3600.0)), data.get("preflight") is True,
-                 index, master, float(idle) if idle is not None else None)
+    return Order(attempt=data["attempt"], start=data.get("start", False), grace_seconds=float(min(grace, 3600.0)),
+                 preflight=data.get("preflight") is True, index=index, master=master,
+                 idle_seconds=float(idle) if idle is not None else None)
