@@ -9,8 +9,8 @@ list of rules that yields the action the judge's verdict carries (judge.Verdict.
   node limit   leaving out the failure's node would pass the limit      -> fail
   restart      else: after a backoff (doubling with each failure in the window), quarantining
                (a taint) or avoiding (this run only: a pod's own word) the failure's node, and
-                 in place   the nodes still trusted and every agent answers (inplace.why_not)
-                 replace    one pod named, the others' agents answer (inplace.why_not_replace)
+                 in place   the nodes still trusted and every agent answers (why_not)
+                 replace    one pod named, the others' agents answer (why_not_replace)
                  recreate   otherwise
 
 The restart budgets and their window are one type (:class:`Budget`), and so is the limit on the
@@ -29,6 +29,13 @@ from .observe import Failure, PodView
 
 # Failures whose node is quarantined (faultTolerance.quarantine): the node is the fault.
 QUARANTINE_CAUSES = ("node", "neuron-device", "straggler", "preflight")
+# Failures after which the nodes are still trusted: the workers are restarted where they are.
+# A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
+# pre-flight or straggler verdict, all need other pods: the gang is recreated.
+IN_PLACE_CAUSES = ("application", "hang", "store")  # (a store outage leaves the nodes as they were)
+# Failures that name one pod whose node is left out or whose pod is gone: that pod alone is
+# replaced (restart replace) while the others restart in place and wait for it at the barrier.
+REPLACE_CAUSES = ("node", "neuron-device", "preflight", "straggler", "eviction", "startup")
 
 
 @dataclass(frozen=True)
@@ -192,19 +199,61 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
                   avoid_node=avoid)
 
 
+def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: int, pods: list[PodView],
+            attempt: int) -> str:
+    """Why this failure's restart cannot be in place ("" when it can)."""
+    if not spec.in_place_on():
+        return "in-place restarts are off"
+    if failure.cause not in IN_PLACE_CAUSES:
+        return f"a {failure.cause} failure needs other pods"
+    if quarantine:
+        return "the failure's node is left out"
+    if streak > spec.fault_tolerance.in_place_restarts:
+        return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
+                "checkpoint")
+    if not inplace.answering(pods, attempt, spec.nodes):
+        return "not every pod's agent answers"
+    return ""
+
+
+def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: list[PodView],
+                    attempt: int, lost_nodes: set[str] = frozenset()) -> str:
+    """Why this failure's restart cannot replace its pod alone ("" when it can): the failure
+    must name one pod of a gang of several, and every other pod's agent must answer, on a node
+    that is not lost (``lost_nodes``)."""
+    if not spec.in_place_on():
+        return "in-place restarts are off"
+    if spec.nodes == 1:
+        return "a one-pod gang has no other pod to keep"
+    if failure.cause not in REPLACE_CAUSES:
+        return f"a {failure.cause} failure names no single pod"
+    culprit = next((p for p in pods if p.name == failure.pod), None)
+    if culprit is None:
+        return "the failure names no pod of the gang"
+    if streak > spec.fault_tolerance.in_place_restarts:
+        return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
+                "checkpoint")
+    others = [p for p in pods if p is not culprit]
+    if not inplace.answering(others, attempt, spec.nodes - 1):
+        return "not every other pod's agent answers"
+    if any(p.node in lost_nodes for p in others):
+        return "another pod's node is lost too"
+    return ""
+
+
 def restart_kind(action: Action, failure: Failure, spec: TrainingRunSpec, standing: Standing) -> Action:
     """The restart ``action`` with its kind: in place, replacing the failed pod alone, or
     recreating the gang (with why, when in-place restarts are on)."""
     pods = list(standing.pods)
-    in_place = inplace.why_not(spec, failure, bool(action.left_out), standing.in_place_streak, pods, standing.attempt)
-    replace_not = inplace.why_not_replace(spec, failure, standing.in_place_streak, pods, standing.attempt,
+    in_place = why_not(spec, failure, bool(action.left_out), standing.in_place_streak, pods, standing.attempt)
+    replace_not = why_not_replace(spec, failure, standing.in_place_streak, pods, standing.attempt,
                                           set(standing.lost_nodes) - {failure.node}) if in_place else ""
     if not in_place:
         return replace(action, restart="inPlace")
     if not replace_not:
         failed = next(x for x in pods if x.name == failure.pod)
         return replace(action, restart="replace", replace_pod=failed.name, replace_index=failed.index)
-    return replace(action, restart="recreate", recreated_because=replace_not if failure.cause in inplace.REPLACE_CAUSES
+    return replace(action, restart="recreate", recreated_because=replace_not if failure.cause in REPLACE_CAUSES
                  else in_place)
 
 

@@ -6,7 +6,9 @@ stop its workers, and once every agent says its workers are gone (the barrier), 
 next attempt's. A pod keeps the name and labels of the attempt that created it (the gang's
 attempt, status.current.gangAttempt), so the pass sees the attempt in force through the agents'
 reports: :func:`as_of` turns them into the views the judge and the phase steps already read
-(workers that exited are a failed pod, workers not started yet a pod not started).
+(workers that exited are a failed pod, workers not started yet a pod not started). Which
+failures restart in place, or replace one pod, is the failure policy's (failure_policy); seeing
+a restart through is restarts'.
 """
 
 from __future__ import annotations
@@ -15,16 +17,11 @@ from dataclasses import replace
 
 from trainium_api import preflight, runtimefaults, storefaults
 from trainium_api.agent import Order
-from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import TrainingRunStatus
 
-from .observe import Failure, PodView
+from .observe import PodView
 from .plan import gang_pod_names
 
-# Failures after which the nodes are still trusted: the workers are restarted where they are.
-# A lost, quarantined or avoided node, an eviction, a pod that would not start or schedule, a
-# pre-flight or straggler verdict, all need other pods: the gang is recreated.
-IN_PLACE_CAUSES = ("application", "hang", "store")  # (a store outage leaves the nodes as they were)
 # A hung gang's workers are SIGKILLed as soon as they are idle for IDLE_STOP_SECONDS after the
 # SIGTERM (trainium_api.agent.Order.idle_seconds), not after the whole grace: the stop-save a
 # SIGTERM asks for is agreed on at a step boundary, which a hung gang never reaches. A gang only
@@ -42,11 +39,6 @@ def stop_idle_seconds(cause: str | None) -> float | None:
 # An agent that has not said its workers are gone this long after the teardown grace does not
 # answer: the gang is recreated (its pods are deleted, force after the grace).
 ANSWER_SLACK_SECONDS = 15.0
-
-
-# Failures that name one pod whose node is left out or whose pod is gone: that pod alone is
-# replaced (restart replace) while the others restart in place and wait for it at the barrier.
-REPLACE_CAUSES = ("node", "neuron-device", "preflight", "straggler", "eviction", "startup")
 
 
 def gang_attempt(status: TrainingRunStatus) -> int:
@@ -112,48 +104,6 @@ def next_streak(status: TrainingRunStatus, checkpoint_step: int | None) -> int:
     resumed = status.current.resume_checkpoint.step if status.current.resume_checkpoint else None
     advanced = checkpoint_step is not None and (resumed is None or checkpoint_step > resumed)
     return 1 if advanced else status.current.in_place_streak + 1
-
-
-def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: int, pods: list[PodView],
-            attempt: int) -> str:
-    """Why this failure's restart cannot be in place ("" when it can)."""
-    if not spec.in_place_on():
-        return "in-place restarts are off"
-    if failure.cause not in IN_PLACE_CAUSES:
-        return f"a {failure.cause} failure needs other pods"
-    if quarantine:
-        return "the failure's node is left out"
-    if streak > spec.fault_tolerance.in_place_restarts:
-        return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
-                "checkpoint")
-    if not answering(pods, attempt, spec.nodes):
-        return "not every pod's agent answers"
-    return ""
-
-
-def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: list[PodView],
-                    attempt: int, lost_nodes: set[str] = frozenset()) -> str:
-    """Why this failure's restart cannot replace its pod alone ("" when it can): the failure
-    must name one pod of a gang of several, and every other pod's agent must answer, on a node
-    that is not lost (``lost_nodes``)."""
-    if not spec.in_place_on():
-        return "in-place restarts are off"
-    if spec.nodes == 1:
-        return "a one-pod gang has no other pod to keep"
-    if failure.cause not in REPLACE_CAUSES:
-        return f"a {failure.cause} failure names no single pod"
-    culprit = next((p for p in pods if p.name == failure.pod), None)
-    if culprit is None:
-        return "the failure names no pod of the gang"
-    if streak > spec.fault_tolerance.in_place_restarts:
-        return (f"{spec.fault_tolerance.in_place_restarts} in-place restart(s) in a row did not advance the "
-                "checkpoint")
-    others = [p for p in pods if p is not culprit]
-    if not answering(others, attempt, spec.nodes - 1):
-        return "not every other pod's agent answers"
-    if any(p.node in lost_nodes for p in others):
-        return "another pod's node is lost too"
-    return ""
 
 
 def ready(pods: list[PodView], target: int) -> bool:

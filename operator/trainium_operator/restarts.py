@@ -258,27 +258,8 @@ def _teardown_replace(p: Pass) -> None:
                 warning=True)
         replacement = other
     kept_ready = inplace.ready(kept, target)
-    asked = p.new.current.replacement_since
-    if asked is None:  # (a status from before replacementSince)
-        asked = replacement.created if replacement is not None and replacement.created else p.now
-    waited = p.now - max(asked, since)
-    placed_at = (replacement.scheduled or replacement.created) if replacement is not None else None
-    why = _barrier_broken(p, kept, p.spec.nodes - 1, kept_ready, since, node_lost_too=True)
-    if why:
-        pass
-    elif replacement is not None and (replacement.deleting or replacement.phase in ("Succeeded", "Failed")
-                                      or node_lost(p, replacement)):
-        why = f"the replacement pod {replacement.name} ended, went or lost its node"
-    elif replacement is None and waited > ft.schedule_timeout_seconds:
-        why = (f"the replacement pod {p.new.current.replacement} could not be created within "
-               f"{ft.schedule_timeout_seconds:.0f}s ({p.children_error or 'no reason given'})")
-    elif replacement is not None and not replacement.node and waited > ft.schedule_timeout_seconds:
-        why = (f"the replacement pod {replacement.name} was not placed within {ft.schedule_timeout_seconds:.0f}s "
-               f"({replacement.unschedulable or 'no reason given'})")
-    elif replacement is not None and replacement.node and not inplace.ready([replacement], target) and p.now - max(
-            placed_at or p.now, since) > ft.startup_timeout_seconds:
-        why = (f"the replacement pod {replacement.name} did not start within {ft.startup_timeout_seconds:.0f}s of "
-               f"being placed ({replacement.waiting or 'no reason given'})")
+    why = _barrier_broken(p, kept, p.spec.nodes - 1, kept_ready, since, node_lost_too=True) or \
+        _replacement_stuck(p, replacement, target, since)
     if why:
         _give_up_in_place(p, why)
         return
@@ -308,6 +289,32 @@ def _teardown_replace(p: Pass) -> None:
                                          preflight_trusted(p), await_start=True)))
     elif may_start and inplace.ready([replacement], target):
         _start_in_place(p, target, replaced=replacement)
+
+
+def _replacement_stuck(p: Pass, replacement: PodView | None, target: int, since: float) -> str:
+    """Why the pod taking the replaced index will not reach the barrier ("" while it may): it
+    ended, went or lost its node, or was not created or placed within scheduleTimeoutSeconds,
+    or not started within startupTimeoutSeconds of being placed."""
+    ft = p.spec.fault_tolerance
+    asked = p.new.current.replacement_since
+    if asked is None:  # (a status from before replacementSince)
+        asked = replacement.created if replacement is not None and replacement.created else p.now
+    waited = p.now - max(asked, since)
+    if replacement is None:
+        return (f"the replacement pod {p.new.current.replacement} could not be created within "
+                f"{ft.schedule_timeout_seconds:.0f}s ({p.children_error or 'no reason given'})"
+                if waited > ft.schedule_timeout_seconds else "")
+    placed_at = replacement.scheduled or replacement.created
+    if replacement.deleting or replacement.phase in ("Succeeded", "Failed") or node_lost(p, replacement):
+        return f"the replacement pod {replacement.name} ended, went or lost its node"
+    if not replacement.node and waited > ft.schedule_timeout_seconds:
+        return (f"the replacement pod {replacement.name} was not placed within {ft.schedule_timeout_seconds:.0f}s "
+                f"({replacement.unschedulable or 'no reason given'})")
+    if replacement.node and not inplace.ready([replacement], target) and p.now - max(
+            placed_at or p.now, since) > ft.startup_timeout_seconds:
+        return (f"the replacement pod {replacement.name} did not start within {ft.startup_timeout_seconds:.0f}s of "
+                f"being placed ({replacement.waiting or 'no reason given'})")
+    return ""
 
 
 def _stop_order(p: Pass, target: int) -> Order:

@@ -1,0 +1,125 @@
+"""failure_policy: a failure -> the action the judge's verdict carries (tables): fail, or restart
+with its backoff, the node quarantined or avoided, and its kind (in place, replace, recreate);
+the budgets and the node limit, one type each."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.passes import NOW, pod, spec_with
+from trainium_api.agent import Report
+from trainium_api.status import FailureCounters
+from trainium_operator.failure_policy import Budget, NodeLimit, Standing, act, decide
+from trainium_operator.observe import Failure
+from trainium_operator.spec import parse
+
+FT = {"budgetWindowMinutes": 60, "backoffSeconds": 10, "maxBackoffSeconds": 300, "maxQuarantinedNodes": 2,
+      "restartBudget": {"application": 2, "node": 3}, "noProgressRestarts": 2}
+CRASH = Failure("application", "pod r-a1-0 failed", node="n0", pod="r-a1-0")
+NODE = Failure("node", "node n1 is NotReady", node="n1", pod="r-a1-1")
+REPORTED = Failure("neuron-device", "the runtime named n1", node="n1", pod="r-a1-1", pod_reported=True)
+
+
+def recent(cause: str, *ago: float) -> FailureCounters:
+    return FailureCounters(recent={cause: [NOW - a for a in ago]})
+
+
+DECIDE = [
+    # name, failure, counters, quarantined, avoided, trust -> kind, reason starts, quarantined node, avoided node, delay
+    ("a first crash restarts after the base backoff x2", CRASH, FailureCounters(), [], [], False,
+     "restart", "pod r-a1-0", "", "", 10.0),
+    ("fatal fails", Failure("application", "x", fatal=True), FailureCounters(), [], [], False,
+     "fail", "fatal error", "", "", 0.0),
+    ("the budget spent fails", CRASH, recent("application", 10, 20), [], [], False,
+     "fail", "restart budget for application exhausted (2 restarts in 60 min)", "", "", 0.0),
+    ("failures out of the window are not counted", CRASH, recent("application", 4000, 5000), [], [], False,
+     "restart", "pod r-a1-0", "", "", 10.0),
+    ("the backoff doubles with each failure in the window", CRASH, recent("node", 10, 20), [], [], False,
+     "restart", "pod r-a1-0", "", "", 40.0),
+    ("no progress fails", CRASH, FailureCounters(streak=2, streak_checkpoint_step=40), [], [], False,
+     "fail", "no progress: 2 restarts", "", "", 0.0),
+    ("a node failure quarantines the node", NODE, FailureCounters(), [], [], False,
+     "restart", "node n1", "n1", "", 10.0),
+    ("a pod's word only avoids", REPORTED, FailureCounters(), [], [], False, "restart", "the runtime", "", "n1", 10.0),
+    ("a pod's word quarantines when trusted", REPORTED, FailureCounters(), [], [], True,
+     "restart", "the runtime", "n1", "", 10.0),
+    ("past the node limit fails", NODE, FailureCounters(), ["a"], ["b"], False,
+     "fail", "cluster unhealthy: leaving out n1 would exceed 2", "", "", 0.0),
+    ("a node in both lists counts once", NODE, FailureCounters(), ["a"], ["a"], False,
+     "restart", "node n1", "n1", "", 10.0),
+    ("a node already left out is not left out again", NODE, FailureCounters(), ["n1", "b"], [], False,
+     "restart", "node n1", "", "", 10.0),
+]
+
+
+@pytest.mark.parametrize("name,failure,counters,quarantined,avoided,trust,kind,reason,node,avoid,delay", DECIDE,
+                         ids=[c[0] for c in DECIDE])
+def test_decide(name, failure, counters, quarantined, avoided, trust, kind, reason, node, avoid, delay):
+    a = decide(failure, parse(spec_with(**FT)), counters, quarantined, 40, NOW, avoided, trust)
+    assert (a.kind, a.quarantine_node, a.avoid_node, a.delay_seconds) == (kind, node, avoid, delay)
+    assert a.reason.startswith(reason), a.reason
+
+
+def answering(attempt: int = 1) -> Report:
+    return Report(attempt, "running")
+
+
+GANG = (pod(0, agent=answering()), pod(1, agent=answering()))
+KINDS = [
+    # name, faultTolerance, failure, gang, streak, lost nodes -> restart kind, why recreated, index replaced
+    ("in-place off recreates", {"inPlaceRestarts": 0}, CRASH, GANG, 1, (), "recreate", "in-place restarts are off", None),
+    ("a crash restarts in place", {"inPlaceRestarts": 2}, CRASH, GANG, 1, (), "inPlace", "", None),
+    ("too many in place in a row recreate", {"inPlaceRestarts": 2}, CRASH, GANG, 3, (), "recreate",
+     "2 in-place restart(s) in a row did not advance the checkpoint", None),
+    ("an agent that does not answer recreates", {"inPlaceRestarts": 2}, CRASH, (pod(0, agent=answering()), pod(1)), 1,
+     (), "recreate", "not every pod's agent answers", None),
+    ("a lost node replaces its pod", {"inPlaceRestarts": 2}, NODE, GANG, 1, ("n1",), "replace", "", 1),
+    ("another pod's node lost too recreates", {"inPlaceRestarts": 2}, NODE, GANG, 1, ("n0", "n1"), "recreate",
+     "another pod's node is lost too", None),
+    ("a hang names no pod: recreated", {"inPlaceRestarts": 2, "quarantine": False}, Failure("hang", "stuck"),
+     (pod(0), pod(1)), 1, (), "recreate", "not every pod's agent answers", None),
+]
+
+
+@pytest.mark.parametrize("name,ft,failure,gang,streak,lost,kind,why,index", KINDS, ids=[c[0] for c in KINDS])
+def test_the_verdict_carries_the_restart_kind(name, ft, failure, gang, streak, lost, kind, why, index):
+    standing = Standing(checkpoint_step=40, in_place_streak=streak, pods=gang, attempt=1, lost_nodes=frozenset(lost))
+    a = act(failure, parse(spec_with(**FT, **ft)), standing, NOW, False)
+    assert (a.kind, a.restart, a.recreated_because, a.replace_index) == ("restart", kind, why, index)
+    assert a.replace_pod == ("" if index is None else f"r-a1-{index}")
+
+
+def test_a_failed_run_carries_no_restart_kind():
+    a = act(Failure("application", "x", fatal=True), parse(spec_with(**FT)), Standing(pods=GANG, attempt=1), NOW, False)
+    assert (a.kind, a.restart) == ("fail", None)
+
+
+LIMITS = [
+    # name, limit, excluded, node -> room
+    ("room", 2, ("a",), "b", True),
+    ("full", 2, ("a", "b"), "c", False),
+    ("one already out takes no more room", 2, ("a", "b"), "b", True),
+    ("no node: one more", 1, (), "", True),
+]
+
+
+@pytest.mark.parametrize("name,limit,excluded,node,room", LIMITS, ids=[c[0] for c in LIMITS])
+def test_the_node_limit(name, limit, excluded, node, room):
+    assert NodeLimit(limit, excluded).room_for(node) is room
+
+
+BUDGETS = [
+    # name, counters, cause -> spent, allows
+    ("none spent", FailureCounters(), "application", 0, True),
+    ("one in the window", recent("application", 3599), "application", 1, True),
+    ("at the window's edge", recent("application", 3600, 3600), "application", 2, False),
+    ("past it", recent("application", 3601, 3601), "application", 0, True),
+    ("another cause's", recent("node", 1, 1), "application", 0, True),
+]
+
+
+@pytest.mark.parametrize("name,counters,cause,spent,allows", BUDGETS, ids=[c[0] for c in BUDGETS])
+def test_the_budget_window(name, counters, cause, spent, allows):
+    budget = Budget(parse(spec_with(**FT)))
+    assert (budget.spent(counters, cause, NOW), budget.allows(counters, cause, NOW)) == (spent, allows)
+    assert budget.avoiding(NOW - 3599, NOW) and not budget.avoiding(NOW - 3600, NOW)
