@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
-from trainium_api.status import MAX_RECENT_KEPT, FailureAction, FailureCounters, FailureRecord, RestartKind
+from trainium_api.status import (MAX_RECENT_KEPT, FailureAction, FailureCounters, FailureRecord, RestartKind,
+                                 StragglerStreak)
 
 from . import inplace
 from .observe import Failure, PodView
@@ -172,6 +173,23 @@ class Standing:
     lost_nodes: frozenset[str] = frozenset()
     """The gang's nodes that are gone, NotReady or unreachable."""
 
+    @property
+    def excluded(self) -> list[str]:
+        """The nodes the run leaves out (one both quarantined and avoided counts once)."""
+        return [*self.quarantined, *(n for n in self.avoided if n not in self.quarantined)]
+
+
+def replaceable_stragglers(spec: TrainingRunSpec, standing: Standing, found: tuple[StragglerStreak, ...],
+                           now: float) -> tuple[StragglerStreak, ...]:
+    """The flagged stragglers (``found``) the gang may be restarted for: with stragglers replace,
+    and only while the node can be left out and the straggler budget has room (else they are
+    reported only)."""
+    if not found or spec.fault_tolerance.stragglers != "replace":
+        return ()
+    if not straggler_replace_allowed(spec, standing.counters, standing.excluded, now):
+        return ()
+    return tuple(s for s in found if s.node not in standing.excluded)
+
 
 def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],
            checkpoint_step: int | None, now: float, avoided: list[str] = (), trust_pod_reports: bool = False) -> Action:
@@ -181,8 +199,9 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
     if failure.fatal:
         return Action("fail", f"fatal error, not retried: {failure.message}")
     if not budget.allows(counters, failure.cause, now):
-        return Action("fail", f"restart budget for {failure.cause} exhausted ({budget.spent(counters, failure.cause, now)} "
-                      f"restarts in {ft.budget_window_minutes:g} min): {failure.message}")
+        spent = budget.spent(counters, failure.cause, now)
+        return Action("fail", f"restart budget for {failure.cause} exhausted ({spent} restarts in "
+                      f"{ft.budget_window_minutes:g} min): {failure.message}")
     # consecutive job-caused restarts without the checkpoint step advancing
     streak = counters.streak if counters.streak_checkpoint_step == checkpoint_step else 0
     if failure.cause in JOB_CAUSES and streak >= ft.no_progress_restarts:

@@ -50,7 +50,7 @@ from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
 
 from .disruption_guard import DISRUPTION_CAUSES, DisruptionGuard
-from .failure_policy import Action, Standing, act
+from .failure_policy import Action, Standing, act, replaceable_stragglers
 from .observe import EVICTION_REASONS, Failure, GangState, NodeView, PodView, not_started, succeeded
 
 
@@ -75,8 +75,8 @@ class Clocks:
     disruption_end_time: float | None = None
     quarantined: tuple[str, ...] = ()
     stragglers: tuple[StragglerStreak, ...] = ()
-    """Pods flagged as stragglers now (stragglers.update, this pass) that the gang may be
-    restarted for (failure_policy.straggler_replace_allowed): none when it may not."""
+    """Pods flagged as stragglers now (stragglers.update, this pass); with the run's standing,
+    judge acts only on those the gang may be restarted for (failure_policy.replaceable_stragglers)."""
 
     @classmethod
     def of(cls, status: TrainingRunStatus, last_step_time: float | None,
@@ -120,7 +120,10 @@ class Verdict:
 
 def judge(seen: Observed, clocks: Clocks, guards: Guards, standing: Standing | None = None) -> Verdict:
     """The verdict on the attempt ``seen``; with ``standing`` (the run's failures so far, the
-    nodes it leaves out, the gang as it is), a failure's verdict carries its action."""
+    nodes it leaves out, the gang as it is), a failure's verdict carries its action, and only the
+    stragglers the straggler budget and the node limit allow are acted on."""
+    if standing is not None:
+        clocks = replace(clocks, stragglers=replaceable_stragglers(seen.spec, standing, clocks.stragglers, seen.now))
     verdict = _judge(seen, clocks, guards)
     if verdict.failure is None or standing is None:
         return verdict

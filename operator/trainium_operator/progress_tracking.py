@@ -14,16 +14,13 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from trainium_api.status import CheckpointRef, FailureRecord, PreflightPass, StragglerStreak
+from trainium_api.status import CheckpointRef, FailureRecord, PreflightPass
 
 from . import goodput, store, stragglers
 from .effects import ObserveRecovery
-from .failure_policy import Budget, straggler_replace_allowed
 from .observe import STARTING_REASONS, GangState, not_started, slowest_source, waiting_reason
-from .quarantine import excluded
 from .reasons import Cond, CondReason, Reason, report, was
 from .run_pass import Pass
-from .stragglers import flagged
 
 def track_progress(p: Pass, gang: GangState) -> None:
     old, new, now = p.old, p.new, p.now
@@ -172,18 +169,6 @@ def watch_stragglers(p: Pass) -> None:
         p.event(Reason.STRAGGLER, f"pod {s.pod} on node {s.node}: compute time per step {s.ratio:g}x the other pods' "
                 f"median in {s.reports} reports in a row (stragglers: {p.spec.fault_tolerance.stragglers})",
                 warning=True)
-
-
-def replaceable_stragglers(p: Pass) -> tuple[StragglerStreak, ...]:
-    """The flagged stragglers the judge may restart the gang for: with stragglers replace, and
-    only while the node can be left out and the budget has room (else they are reported only)."""
-    found = flagged(p.new.current.stragglers)
-    if not found or p.spec.fault_tolerance.stragglers != "replace":
-        return ()
-    counters = Budget(p.spec).counters(p.old.failure_counters, p.new.failures)
-    if not straggler_replace_allowed(p.spec, counters, excluded(p.new), p.now):
-        return ()
-    return tuple(s for s in found if s.node not in excluded(p.new))
 
 
 def report_startup(p: Pass) -> None:

@@ -52,13 +52,14 @@ from .effects import DeletePod, Effect, Ensure, Event
 from .judge import Clocks, Guards, Observed, judge
 from .observe import GangState, NodeView, PodView, gang_state
 from .observer import Snapshot, read_status, snapshot
-from .progress_tracking import (account, gang_running, replaceable_stragglers, report_bad_progress, report_startup,
-                                track_progress, watch_stragglers)
+from .progress_tracking import (account, gang_running, report_bad_progress, report_startup, track_progress,
+                                watch_stragglers)
 from .quarantine import kept_off, still_avoided, still_quarantined
 from .reasons import Cond, CondReason, Reason, report, was
 from .restarts import act_on, create, order_start, standing, teardown
 from .run_pass import Pass, condition, overdue
 from .spares import keep_spares
+from .stragglers import flagged
 from .suspension import resume, suspend
 
 __all__ = ["MAX_FAILURES_KEPT", "TERMINAL", "Effect", "Result", "reconcile", "reconcile_objects", "read_status"]
@@ -196,7 +197,8 @@ def _children(p: Pass) -> None:
         p.effects.append(Ensure(plan.config_map(p.run, spec)))
     before, error = was(p, Cond.CHILDREN_CREATED), p.children_error
     if error:
-        report(p, Cond.CHILDREN_CREATED, False, CondReason.CREATE_FAILED, error, Reason.CREATE_FAILED, f"{error}; retrying")
+        report(p, Cond.CHILDREN_CREATED, False, CondReason.CREATE_FAILED, error, Reason.CREATE_FAILED,
+               f"{error}; retrying")
     elif before is not None and before.status != "True":
         p.condition(Cond.CHILDREN_CREATED, True, CondReason.CREATED, "")
 
@@ -258,7 +260,7 @@ def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
     failure's action (restarts.act_on). Returns whether the attempt failed."""
     seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error)
     counted = standing(p)
-    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, replaceable_stragglers(p)),
+    verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, tuple(flagged(p.new.current.stragglers))),
                     Guards(p.guard, p.disruption, p.api_outage), counted)
     _record_disruption(p, verdict.disruption)
     if verdict.failure:

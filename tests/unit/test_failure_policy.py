@@ -8,8 +8,8 @@ import pytest
 
 from tests.unit.passes import NOW, pod, spec_with
 from trainium_api.agent import Report
-from trainium_api.status import FailureCounters
-from trainium_operator.failure_policy import Budget, NodeLimit, Standing, act, decide
+from trainium_api.status import FailureCounters, StragglerStreak
+from trainium_operator.failure_policy import Budget, NodeLimit, Standing, act, decide, replaceable_stragglers
 from trainium_operator.observe import Failure
 from trainium_operator.spec import parse
 
@@ -123,3 +123,24 @@ def test_the_budget_window(name, counters, cause, spent, allows):
     budget = Budget(parse(spec_with(**FT)))
     assert (budget.spent(counters, cause, NOW), budget.allows(counters, cause, NOW)) == (spent, allows)
     assert budget.avoiding(NOW - 3599, NOW) and not budget.avoiding(NOW - 3600, NOW)
+
+
+def straggler(node: str = "n1") -> StragglerStreak:
+    return StragglerStreak(pod="r-a1-1", node=node, reports=3, ratio=2.0, flagged_time=NOW)
+
+
+STRAGGLERS = [
+    # name, faultTolerance, standing -> acted on
+    ("replace, room and budget: acted on", {"stragglers": "replace"}, Standing(), 1),
+    ("report only: not", {"stragglers": "report"}, Standing(), 0),
+    ("the node limit reached: reported only", {"stragglers": "replace"}, Standing(quarantined=("a", "b")), 0),
+    ("the straggler budget spent: reported only", {"stragglers": "replace", "restartBudget": {"straggler": 1}},
+     Standing(counters=recent("straggler", 10)), 0),
+    ("its node already left out: not again", {"stragglers": "replace"}, Standing(avoided=("n1",)), 0),
+]
+
+
+@pytest.mark.parametrize("name,ft,standing,acted", STRAGGLERS, ids=[c[0] for c in STRAGGLERS])
+def test_the_straggler_budget(name, ft, standing, acted):
+    spec = parse(spec_with(**{**FT, **ft, "restartBudget": {**FT["restartBudget"], **ft.get("restartBudget", {})}}))
+    assert len(replaceable_stragglers(spec, standing, (straggler(),), NOW)) == acted
