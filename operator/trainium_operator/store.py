@@ -73,7 +73,7 @@ def advances(reported: CheckpointRef | None, recorded: CheckpointRef | None, spe
 
 
 class StorePass(Protocol):
-    """What the store's rules need of a reconcile pass (reconcile.Pass)."""
+    """What the store's rules need of a reconcile pass (run_pass.Pass)."""
     old: TrainingRunStatus
     new: TrainingRunStatus
     pods: list[PodView]
