@@ -7,7 +7,8 @@
               on (observer.snapshot: parse, default, check, derive)
   failed pod  the modules of ours whose functions are handed the failed pod (its raw object,
               its PodView) or the failure found in it, from the pod's API object through the
-              passes that detect it, tear the attempt down and start the next one
+              passes that detect it, tear the attempt down and start the next one; counted
+              twice: handed alone, and handed alone or in a list of pods
 
 Counted with sys.setprofile on real calls, so the figure follows the code, not a reading.
 """
@@ -55,7 +56,7 @@ def _holds(value, marks: list, depth: int = 2) -> bool:
     return False
 
 
-def modules_handed(fn, marks: list, grows=lambda value: False) -> set[str]:
+def modules_handed(fn, marks: list, grows=lambda value: False, depth: int = 2) -> set[str]:
     """Modules whose functions get one of ``marks`` (or a value ``grows`` says is made from
     one: the failure found in the pod, its record) among their arguments."""
     seen: set[str] = set()
@@ -73,7 +74,7 @@ def modules_handed(fn, marks: list, grows=lambda value: False) -> set[str]:
                 continue
             if grows(value) and not any(value is m for m in marks):
                 marks.append(value)
-            if _holds(value, marks):
+            if _holds(value, marks, depth):
                 seen.add(name)
                 break
 
@@ -102,7 +103,7 @@ def spec_walk() -> set[str]:
     return modules_handed(lambda: snapshot(run, [], {}, 10.0), marks, grows)
 
 
-def failed_pod_walk() -> set[str]:
+def failed_pod_walk(depth: int = 2) -> set[str]:
     """Attempt 1 runs on 4 nodes; pod 2's trainer exits 1. Passes until attempt 2 starts."""
     from trainium_operator.observe import pod_view
     from trainium_operator.reconcile import reconcile_objects
@@ -150,15 +151,16 @@ def failed_pod_walk() -> set[str]:
                 break
             now += 5.0
 
-    seen = modules_handed(walk, marks, grows)
+    seen = modules_handed(walk, marks, grows, depth)
     assert walked, "the walk never reached the next attempt: tools/walks.py no longer matches the pass"
     return seen
 
 
 def main() -> int:
-    spec, failed = sorted(spec_walk()), sorted(failed_pod_walk())
+    spec, failed, alone = sorted(spec_walk()), sorted(failed_pod_walk()), sorted(failed_pod_walk(depth=0))
     print(f"spec: {len(spec)} modules: {' '.join(spec)}")
-    print(f"failed pod: {len(failed)} modules: {' '.join(failed)}")
+    print(f"failed pod (alone or in a list of pods): {len(failed)} modules: {' '.join(failed)}")
+    print(f"failed pod (alone): {len(alone)} modules: {' '.join(alone)}")
     return 0
 
 
