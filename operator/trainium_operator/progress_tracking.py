@@ -22,6 +22,7 @@ from .observe import STARTING_REASONS, GangState, not_started, slowest_source, w
 from .reasons import Cond, CondReason, Reason, report, was
 from .run_pass import Pass
 
+
 def track_progress(p: Pass, gang: GangState) -> None:
     old, new, now = p.old, p.new, p.now
     if gang.step is None:

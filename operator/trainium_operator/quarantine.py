@@ -23,6 +23,7 @@ from .observe import NodeView
 from .reasons import Reason
 from .run_pass import Pass
 
+
 QUARANTINE_SETTLE_SECONDS = 60.0
 """How long a quarantined node not yet seen tainted may be missing from the node cache."""
 

@@ -35,6 +35,7 @@ from .reasons import Cond, CondReason, Reason
 from .run_pass import Pass, condition, node_gone, node_lost, stop
 from .spares import ready_spare, take_index
 
+
 def standing(p: Pass) -> Standing:
     """What the judge counts a failure against (failure_policy.Standing): the run's earlier
     failures, the nodes it leaves out, the newest checkpoint, and the gang as it is."""

@@ -19,6 +19,7 @@ from .effects import DeletePod, Effect, Event
 from .hostaccess import HostAccess
 from .observe import NodeView, PodView
 
+
 NEWER_ATTEMPT_GRACE_SECONDS = 60.0
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 """Kubernetes' word that a node is shut down (non-graceful node shutdown): its pods may go at once."""

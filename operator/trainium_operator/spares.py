@@ -19,6 +19,7 @@ from .quarantine import excluded, kept_off
 from .reasons import Reason
 from .run_pass import Pass, node_lost, overdue
 
+
 SPARE_PHASES = ("Starting", "Preflight", "Running", "Restarting")
 
 

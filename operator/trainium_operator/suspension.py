@@ -19,6 +19,7 @@ from .reasons import Reason
 from .restarts import create, start_attempt
 from .run_pass import Pass, stop
 
+
 def suspend(p: Pass) -> None:
     """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
     goodput's wall time. A failure whose restart the suspension interrupts ends here."""
