@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from trainium_api import exitcodes
 
 from .config import ConfigError, load
+from .contract.podenv import PodEnv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,15 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="set a config field, e.g. training.steps=100 (repeatable)")
     args = ap.parse_args(argv)
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    env = PodEnv.from_environ()  # the process's environment, read once and passed down
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{env.rank} %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("trainer")
     trainer = None
     try:
         cfg = load(args.config, args.override)
         from .loop.train import Trainer  # torch is imported only once the config is known good
 
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, env)
         return trainer.run()
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)

@@ -33,6 +33,7 @@ from .fields import (
     fields_of,
     path_of,
 )
+from . import podenv
 from .layout import Layout
 from .runtimefaults import TERMINATION_MESSAGE_PATH
 
@@ -112,11 +113,8 @@ def trainer_identity(run_name: str) -> str:
     return f"{TRAINER_IDENTITY}-{run_name}"
 # The pod contract's variables, volumes and mount paths (docs/architecture.md 3.2; the operator
 # sets them): spec.env and spec.volumes may not override them.
-CONTRACT_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "TRAINING_RUN", "TRAINING_RUN_CREATED", "ATTEMPT",
-                "CHECKPOINT_URI", "RESUME", "NEURON_COMPILE_CACHE_URL", "POD_NAME", "POD_NAMESPACE",
-                "TRAINER_TERMINATION_LOG", "NODE_NAME", "TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED",
-                "NEURON_LOGICAL_NC_CONFIG", "NEURON_CC_FLAGS")
-CONDITIONAL_ENV = ("TRAINER_PREFLIGHT_DEVICES", "TRAINER_PREFLIGHT_PASSED", "NEURON_LOGICAL_NC_CONFIG", "NEURON_CC_FLAGS")
+CONTRACT_ENV = podenv.CONTRACT  # each named once, in trainium_api.podenv
+CONDITIONAL_ENV = podenv.CONDITIONAL
 """Contract variables set only with faultTolerance.preflight in force (the devices on Neuron, the
 nodes that passed recently when there are any), NEURON_CC_FLAGS on Trainium (more flags:
 compileCache.extraFlags) and NEURON_LOGICAL_NC_CONFIG on Trainium2."""

@@ -21,8 +21,8 @@ import yaml
 
 from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api.agent import AWAIT_START_ENV
-from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_PASSED_ENV, PREFLIGHT_FLAG, TERMINATION_LOG_ENV
+from trainium_api import podenv as E
+from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
@@ -230,31 +230,31 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
     itype = INSTANCE_TYPES[spec.instance_type]
     master = f"{name}-0.{name}.{ns}.svc"
-    env = {"MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "NNODES": str(spec.nodes),
-           "NODE_RANK": str(index), "NPROC_PER_NODE": str(spec.processes_per_node), "TRAINING_RUN": name,
-           "TRAINING_RUN_CREATED": str(_created(run)), "ATTEMPT": str(attempt), "CHECKPOINT_URI": spec.run.checkpoint.uri, "RESUME": "auto",
-           "NEURON_COMPILE_CACHE_URL": spec.compile_cache.path,
-           TERMINATION_LOG_ENV: TERMINATION_MESSAGE_PATH}  # what the runtime said goes there (trainer.pod.launch)
+    env = {E.MASTER_ADDR: master, E.MASTER_PORT: str(MASTER_PORT), E.NNODES: str(spec.nodes),
+           E.NODE_RANK: str(index), E.NPROC_PER_NODE: str(spec.processes_per_node), E.TRAINING_RUN: name,
+           E.TRAINING_RUN_CREATED: str(_created(run)), E.ATTEMPT: str(attempt), E.CHECKPOINT_URI: spec.run.checkpoint.uri,
+           E.RESUME: "auto", E.NEURON_COMPILE_CACHE_URL: spec.compile_cache.path,
+           E.TERMINATION_LOG_ENV: TERMINATION_MESSAGE_PATH}  # what the runtime said goes there (trainer.pod.launch)
     if itype["neuron"]:
         env.update(NEURON_ENV)
-        env["NEURON_RT_NUM_CORES"] = str(spec.processes_per_node)  # logical cores on trn2
+        env[E.NEURON_RT_NUM_CORES] = str(spec.processes_per_node)  # logical cores on trn2
         # the compiler's Logical NeuronCore setting must equal the runtime's (docs/neuron.md)
         lnc = f" --logical-nc-config={itype['lnc']}" if itype["generation"] != "trn1" else ""
         extra = f" {spec.compile_cache.extra_flags.strip()}" if spec.compile_cache.extra_flags.strip() else ""
-        env["NEURON_CC_FLAGS"] = (f"--model-type transformer --distribution-strategy=llm-training{lnc} "
+        env[E.NEURON_CC_FLAGS] = (f"--model-type transformer --distribution-strategy=llm-training{lnc} "
                                   f"--cache_dir={spec.compile_cache.path}{extra}")
         if itype["generation"] != "trn1":
-            env["NEURON_LOGICAL_NC_CONFIG"] = str(itype["lnc"])
+            env[E.NEURON_LOGICAL_NC_CONFIG] = str(itype["lnc"])
     env_list = [{"name": k, "value": v} for k, v in env.items()]
     if itype["neuron"] and spec.preflight_on():  # the pre-flight check counts the container's devices
-        env_list.append({"name": "TRAINER_PREFLIGHT_DEVICES", "value": itype["resources"]["aws.amazon.com/neuron"]})
+        env_list.append({"name": E.PREFLIGHT_DEVICES_ENV, "value": itype["resources"]["aws.amazon.com/neuron"]})
     if spec.preflight_on() and preflight_trusted:
-        env_list.append({"name": PREFLIGHT_PASSED_ENV, "value": ",".join(sorted(preflight_trusted))})
+        env_list.append({"name": E.PREFLIGHT_PASSED_ENV, "value": ",".join(sorted(preflight_trusted))})
     if await_start:
-        env_list.append({"name": AWAIT_START_ENV, "value": "1"})
-    env_list += [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+        env_list.append({"name": E.AWAIT_START_ENV, "value": "1"})
+    env_list += [{"name": E.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                 {"name": E.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                 {"name": E.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
     command = _command(spec, index, master)
     resources = dict(itype["resources"])

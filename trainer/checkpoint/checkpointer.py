@@ -40,7 +40,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -56,6 +55,7 @@ from trainium_api.progress import SkippedCheckpoint
 from . import ckpt_store, store_write
 from ..store import errors as store_errors
 from ..contract.busy import busy
+from ..contract.podenv import PodEnv
 from ..config import CheckpointConfig, ConfigError
 from .memtier import MemoryTier
 from ..model.parallel import ParallelState
@@ -140,7 +140,7 @@ def host_copy(tensors, cache: dict | None = None, key: str = ""):
 
 class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, ps: ParallelState, async_group=None, decision_group=None,
-                 epoch: tuple[int, int] | None = None, on_fenced=lambda: None):
+                 epoch: tuple[int, int] | None = None, on_fenced=lambda: None, env: PodEnv | None = None):
         """``async_group``: the writer threads' gloo group. ``decision_group``: a gloo group for
         the loop's own host-side agreement (None: the default group, when that is gloo).
         ``epoch``: this gang's (run creation, attempt) (None: not fenced, e.g. outside the operator);
@@ -154,10 +154,11 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self.results: list[SaveResult] = []
         self._host_cache: dict = {}
-        self.fault_delay = float(os.environ.get("TRAINER_FAULT_CKPT_WRITE_DELAY", "0") or 0)
+        env = env or PodEnv.from_environ()
+        self.fault_delay = env.fault_ckpt_write_delay
         self.epoch, self.on_fenced = epoch, on_fenced
         self.fenced_by: tuple[int, int] | None = None  # the newer epoch whose fence this gang saw
-        self.memory = MemoryTier(cfg.memory, cfg.uri, ps, async_group)
+        self.memory = MemoryTier(cfg.memory, cfg.uri, ps, async_group, env=env)
         self.restore_source: str | None = None  # where the last load read from (the gang's slowest rank)
         self.skipped: SkippedCheckpoint | None = None  # the newest damaged tag the last load did not take
 

@@ -46,27 +46,28 @@ import xxhash
 
 from trainium_api.checkpoints import RESTORE_SOURCES
 
+from ..contract.podenv import MEMORY_DIR_ENV, PodEnv
 from ..model.parallel import ParallelState, RankGrid, all_agree
 
 log = logging.getLogger(__name__)
 
-DIR_ENV = "TRAINER_MEMORY_DIR"
+DIR_ENV = MEMORY_DIR_ENV
 POD_DIR = "/dev/shm/trainium-checkpoints"
 STATE, MANIFEST = "state.pt", "manifest.json"
 FIT_FRACTION = 0.5  # of the free memory the copies may take
 MEMORY, PEER, STORE = RESTORE_SOURCES
 
 
-def root_dir() -> Path | None:
+def root_dir(env: PodEnv) -> Path | None:
     """Where the tier lives, or None where it is off by placement (outside a pod, no TRAINER_MEMORY_DIR)."""
-    if os.environ.get(DIR_ENV):
-        return Path(os.environ[DIR_ENV])
-    return Path(POD_DIR) if os.environ.get("TRAINING_RUN") else None
+    if env.memory_dir:
+        return Path(env.memory_dir)
+    return Path(POD_DIR) if env.training_run else None
 
 
-def run_key(uri: str) -> str:
+def run_key(uri: str, env: PodEnv) -> str:
     """The run's identity: its store, its name and creation time under the operator."""
-    ident = json.dumps([uri.rstrip("/"), os.environ.get("TRAINING_RUN", ""), os.environ.get("TRAINING_RUN_CREATED", "")])
+    ident = json.dumps([uri.rstrip("/"), env.training_run, env.training_run_created])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
@@ -140,11 +141,13 @@ class MemoryTier:
     failure (a full /dev/shm, an unreadable copy) skips one: it only makes that rank read the
     store."""
 
-    def __init__(self, mode: str, uri: str, ps: ParallelState, group=None, root: Path | None = None):
-        base = root if root is not None else root_dir()
+    def __init__(self, mode: str, uri: str, ps: ParallelState, group=None, root: Path | None = None,
+                 env: PodEnv | None = None):
+        env = env or PodEnv.from_environ()
+        base = root if root is not None else root_dir(env)
         self.ps, self.group = ps, group
         self.on = mode != "off" and bool(uri) and base is not None
-        self.base = base / run_key(uri) if self.on else None
+        self.base = base / run_key(uri, env) if self.on else None
         self.fits: bool | None = None  # the last save's decision (logged when it changes)
         # every rank makes the tier's calls, or none does
         agreed = all_agree(self.on, group, getattr(ps, "is_distributed", False))
@@ -155,7 +158,7 @@ class MemoryTier:
         if not self.on:
             self.base = None
             return
-        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ps.world_size))
+        self.local_world = env.local_world_size if env.local_world_size is not None else ps.world_size
         self.nnodes = max(1, ps.world_size // self.local_world)
         self.node = ps.rank // self.local_world
         local = ps.rank % self.local_world

@@ -17,11 +17,11 @@ import os
 import threading
 from pathlib import Path
 
-from trainium_api.agent import BUSY_DIR_ENV
+from .podenv import PodEnv
 
 
 def _path(what: str) -> Path | None:
-    directory = os.environ.get(BUSY_DIR_ENV)
+    directory = PodEnv.from_environ().busy_dir  # per save: a worker's marks, far from its entry
     return Path(directory) / f"{what}-{os.getpid()}-{threading.get_ident()}" if directory else None
 
 

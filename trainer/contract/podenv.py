@@ -1,10 +1,25 @@
-"""The environment a trainer pod's processes read (docs/architecture.md 3.2).
+"""The environment a trainer pod's processes read, read in one place (docs/architecture.md 3.2).
 
-The names the operator sets are the API's (trainium_api); this module adds the ones the
-trainer sets for its own children.
+``PodEnv.from_environ()`` is the trainer's one reader of its environment: each process reads it
+at its entry (``python -m trainer``, the launcher and its agent, the pre-flight check, the watch
+around a command trainer, ``trainer.data.prepare``) and passes it down. A function that a test or
+a benchmark also calls on its own takes ``env=None`` and reads it then.
+
+The names the operator sets are the API's (trainium_api.podenv); torchrun sets RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK and TORCHELASTIC_* for each worker; the rest are the
+trainer's own, named below, or the Neuron SDK's and Kubernetes' own.
+
+Values keep the spelling the code that uses them has always checked (a NXD_CPU_MODE NxD would
+refuse is refused where the backend is chosen, naming the variable, not here).
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainium_api import podenv as names
 
 # Neuron pre-compilation: `--neuron-precompile-steps N` first runs the same command under
 # `neuron_parallel_compile`, which executes no graph but extracts every graph of N steps and
@@ -13,3 +28,140 @@ from __future__ import annotations
 # trainer.pod.launch sets it; PRECOMPILE_FLAG is in trainium_api.launch (the operator writes it
 # into the pod command).
 PRECOMPILE_ENV = "TRAINER_PRECOMPILE_STEPS"
+# Where a rank's checkpoints in node memory live (trainer.checkpoint.memtier; tests point it at a
+# directory of their own). Default in a pod: /dev/shm's.
+MEMORY_DIR_ENV = "TRAINER_MEMORY_DIR"
+# Where one reader per node keeps what it read (trainer.store.node_reads). Default: the temp dir.
+STORE_CACHE_ENV = "TRAINER_STORE_CACHE"
+# The deferred (lazy) step runtime, for tests of the XLA path's graph boundaries.
+LAZY_STEPS_ENV = "TRAINER_LAZY_STEPS"
+# A fault the tests inject: seconds each checkpoint file write waits (a slow store).
+FAULT_CKPT_WRITE_DELAY_ENV = "TRAINER_FAULT_CKPT_WRITE_DELAY"
+NXD_CPU_MODE_ENV = "NXD_CPU_MODE"  # NxD's own (trainer.model.trainium.nxd_cpu_mode)
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """One process's environment, typed. Every field has the value the trainer assumes outside a
+    pod (one process, no operator)."""
+
+    # torchrun's, per worker
+    rank: int = 0
+    local_rank: int = 0
+    has_local_rank: bool = False  # LOCAL_RANK set: a torchrun worker
+    world_size: int = 1
+    local_world_size: int | None = None  # None: not under torchrun
+    group_rank: int | None = None  # the node's rank as torchrun numbers it
+    torchelastic_run_id: str = ""
+    torchelastic_restart_count: str = "0"
+    # the operator's (trainium_api.podenv)
+    node_rank: str = "0"
+    training_run: str = ""  # "": not run by the operator
+    training_run_created: str = ""
+    attempt: str = ""  # the pod's, or the agent's order; "warm" for a parked launcher
+    checkpoint_uri: str = ""
+    pod_name: str = ""  # "": not in a pod (no reports)
+    pod_namespace: str = "default"
+    node_name: str = ""
+    termination_log: str = ""  # "": nowhere to write the termination message
+    preflight_devices: str = ""  # the Neuron devices the pre-flight check expects ("": no device check)
+    preflight_passed: frozenset[str] = frozenset()
+    preflight_seconds: float | None = None  # what this attempt's pre-flight check took
+    preflight_seconds_file: str = ""
+    preflight_heartbeats: str = ""  # where the check's ranks beat (trainer.pod.liveness)
+    await_start: bool = False
+    warm_workers: bool = True
+    busy_dir: str = ""
+    neuron_logical_nc_config: str = ""
+    neuron_rt_num_cores: str = "2"
+    neuron_compile_cache_url: str = ""
+    neuron_cc_flags: str = ""
+    # the trainer's own
+    precompile_steps: str | None = None  # None: not the pre-compilation pass
+    lazy_steps: bool = False
+    fault_ckpt_write_delay: float = 0.0
+    memory_dir: str = ""
+    store_cache: str = ""
+    nxd_cpu_mode: str = "0"
+    # Kubernetes' and the host's
+    kubernetes_service_host: str = ""
+    kubeconfig: str = ""
+    omp_num_threads: str | None = None
+    job_completion_index: int = 0  # an Indexed Job's (trainer.data.prepare)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> PodEnv:
+        """This process's environment (or ``environ``), read once."""
+        e = os.environ if environ is None else environ
+        local_world = e.get("LOCAL_WORLD_SIZE")
+        group_rank = e.get("GROUP_RANK")
+        preflight_seconds = e.get(names.PREFLIGHT_SECONDS_ENV)
+        return cls(
+            rank=int(e.get("RANK", "0")),
+            local_rank=int(e.get("LOCAL_RANK", "0")),
+            has_local_rank="LOCAL_RANK" in e,
+            world_size=int(e.get("WORLD_SIZE", "1")),
+            local_world_size=int(local_world) if local_world is not None else None,
+            group_rank=int(group_rank) if group_rank is not None else None,
+            torchelastic_run_id=e.get("TORCHELASTIC_RUN_ID", ""),
+            torchelastic_restart_count=e.get("TORCHELASTIC_RESTART_COUNT", "0"),
+            node_rank=e.get(names.NODE_RANK, "0"),
+            training_run=e.get(names.TRAINING_RUN, ""),
+            training_run_created=e.get(names.TRAINING_RUN_CREATED, ""),
+            attempt=e.get(names.ATTEMPT, ""),
+            checkpoint_uri=e.get(names.CHECKPOINT_URI, ""),
+            pod_name=e.get(names.POD_NAME, ""),
+            pod_namespace=e.get(names.POD_NAMESPACE, "default"),
+            node_name=e.get(names.NODE_NAME, ""),
+            termination_log=e.get(names.TERMINATION_LOG_ENV, ""),
+            preflight_devices=e.get(names.PREFLIGHT_DEVICES_ENV, ""),
+            preflight_passed=frozenset(n for n in e.get(names.PREFLIGHT_PASSED_ENV, "").split(",") if n),
+            preflight_seconds=float(preflight_seconds) if preflight_seconds else None,
+            preflight_seconds_file=e.get(names.PREFLIGHT_SECONDS_FILE_ENV, ""),
+            preflight_heartbeats=e.get(names.PREFLIGHT_HEARTBEATS_ENV, ""),
+            await_start=e.get(names.AWAIT_START_ENV) == "1",
+            warm_workers=e.get(names.WARM_ENV, "1") != "0",
+            busy_dir=e.get(names.BUSY_DIR_ENV, ""),
+            neuron_logical_nc_config=e.get(names.NEURON_LOGICAL_NC_CONFIG, ""),
+            neuron_rt_num_cores=e.get(names.NEURON_RT_NUM_CORES, "2"),
+            neuron_compile_cache_url=e.get(names.NEURON_COMPILE_CACHE_URL, ""),
+            neuron_cc_flags=e.get(names.NEURON_CC_FLAGS, ""),
+            precompile_steps=e.get(PRECOMPILE_ENV),
+            lazy_steps=e.get(LAZY_STEPS_ENV) == "1",
+            fault_ckpt_write_delay=float(e.get(FAULT_CKPT_WRITE_DELAY_ENV, "0") or 0),
+            memory_dir=e.get(MEMORY_DIR_ENV, ""),
+            store_cache=e.get(STORE_CACHE_ENV, ""),
+            nxd_cpu_mode=e.get(NXD_CPU_MODE_ENV, "0"),
+            kubernetes_service_host=e.get("KUBERNETES_SERVICE_HOST", ""),
+            kubeconfig=e.get("KUBECONFIG", ""),
+            omp_num_threads=e.get("OMP_NUM_THREADS"),
+            job_completion_index=int(e.get("JOB_COMPLETION_INDEX", "0")),
+        )
+
+    @property
+    def under_torchrun(self) -> bool:
+        """Whether torchrun started this process (it sets LOCAL_WORLD_SIZE for every worker)."""
+        return self.local_world_size is not None
+
+    @property
+    def epoch(self) -> tuple[int, int] | None:
+        """This gang's (run creation, attempt), for fencing; None outside the operator."""
+        if not self.attempt.isdigit():
+            return None
+        created = self.training_run_created
+        return (int(created) if created.isdigit() else 0, int(self.attempt))
+
+    @property
+    def attempt_number(self) -> int | None:
+        """The attempt these workers belong to (> 0), None outside the operator or when parked."""
+        return int(self.attempt) if self.attempt.isdigit() and int(self.attempt) > 0 else None
+
+    @property
+    def precompiling(self) -> int:
+        """The pre-compilation pass's steps; 0 outside it."""
+        return int(self.precompile_steps or 0)
+
+
+def child_environ(**extra: str) -> dict[str, str]:
+    """The environment a child process starts with: this process's, with ``extra`` set."""
+    return {**os.environ, **extra}

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 
 from trainium_api import keys
 from trainium_api.progress import ProgressReport
+
+from .podenv import PodEnv
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +28,17 @@ RETRY_SECONDS = 1.0  # the least pause before a failed report is sent again
 FINAL_TRIES = 3  # the last report at exit (1 s, then 2 s apart)
 
 
-def connect_api():
+def connect_api(env: PodEnv | None = None):
     """A CoreV1Api as the pod's own identity (in cluster) or $KUBECONFIG's; None outside both
     or when the API server cannot be reached (reports are then off, never an error)."""
+    env = env or PodEnv.from_environ()
     try:
         from kubernetes import client, config
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if env.kubernetes_service_host:
             config.load_incluster_config()
-        elif os.environ.get("KUBECONFIG"):
+        elif env.kubeconfig:
             # named here: the client read $KUBECONFIG when it was imported, maybe before it was set
-            config.load_kube_config(config_file=os.environ["KUBECONFIG"])
+            config.load_kube_config(config_file=env.kubeconfig)
         else:
             return None
         return client.CoreV1Api()
@@ -45,24 +47,26 @@ def connect_api():
         return None
 
 
-def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None) -> threading.Thread | None:
+def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None,
+                     env: PodEnv | None = None) -> threading.Thread | None:
     """Set one annotation on this pod ($POD_NAME), once, from a daemon thread: the caller never
     waits for the API server (an unreachable one would hold it for the client's retries). A
     failure is logged, never raised: it costs only what the run's status shows. ``after``: an
     earlier write of the same key, waited for first, so the writes land in order. Returns the
     thread, None outside a pod."""
-    pod = os.environ.get("POD_NAME")
+    env = env or PodEnv.from_environ()
+    pod = env.pod_name
     if not pod:
         return None
 
     def write() -> None:
         if after is not None:
             after.join()
-        api = connect_api()
+        api = connect_api(env)
         if api is None:
             return
         try:
-            api.patch_namespaced_pod(pod, os.environ.get("POD_NAMESPACE", "default"),
+            api.patch_namespaced_pod(pod, env.pod_namespace,
                                      {"metadata": {"annotations": {key: value}}},
                                      _request_timeout=REQUEST_TIMEOUT_SECONDS)
         except Exception as exc:
@@ -72,20 +76,21 @@ def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None
     return thread
 
 
-def attempt_of_env() -> int | None:
+def attempt_of_env(env: PodEnv | None = None) -> int | None:
     """The attempt these workers belong to (ATTEMPT: the pod's, or the agent's order after an
     in-place restart), so that the operator tells this report from an earlier attempt's."""
-    value = os.environ.get("ATTEMPT", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return (env or PodEnv.from_environ()).attempt_number
 
 
 class ProgressReporter:
     """Rate-limited, non-blocking annotation writer. ``report`` never raises."""
 
-    def __init__(self, interval_seconds: float, pod: str | None = None, namespace: str | None = None):
+    def __init__(self, interval_seconds: float, pod: str | None = None, namespace: str | None = None,
+                 env: PodEnv | None = None):
+        self.env = env = env or PodEnv.from_environ()
         self.interval = interval_seconds
-        self.pod = pod or os.environ.get("POD_NAME")
-        self.namespace = namespace or os.environ.get("POD_NAMESPACE", "default")
+        self.pod = pod or env.pod_name
+        self.namespace = namespace or env.pod_namespace
         self._api = None
         self._latest: str | None = None
         self._unsent = False  # _latest is newer than what the pod carries
@@ -107,7 +112,7 @@ class ProgressReporter:
         return self._api is not None
 
     def _connect(self):
-        return connect_api()
+        return connect_api(self.env)
 
     def report(self, report: ProgressReport, force: bool = False) -> None:
         """``report.time``: when the step ended (epoch seconds; None: now). The operator measures
@@ -118,7 +123,7 @@ class ProgressReporter:
         if not self.enabled:
             return
         self._latest = dataclasses.replace(report, time=report.time if report.time is not None else time.time(),
-                                           attempt=attempt_of_env()).to_annotation()
+                                           attempt=self.env.attempt_number).to_annotation()
         self._unsent = True
         self._force = self._force or force
         self._wake.set()  # the sender decides when: now if forced, else once the interval has passed

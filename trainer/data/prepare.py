@@ -26,6 +26,7 @@ import fsspec
 import numpy as np
 
 from ..config import ConfigError, DataConfig
+from ..contract.podenv import PodEnv
 from .packed import TOKENIZE_CHUNK, list_shards, read_texts, read_tokenizer
 from .indexed import IndexFormatError, decode_index, encode_index, token_dtype
 from .prepared import MANIFEST, PARAMS, Manifest, PreparedShard
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eos-token", default=defaults.eos_token, help="appended after every document (data.eosToken)")
     ap.add_argument("--text-field", default=defaults.text_field, help="the text column (data.textField)")
     ap.add_argument("--parts", type=int, default=1, help="pods sharing the work (an Indexed Job's completions)")
-    ap.add_argument("--index", type=int, default=int(os.environ.get("JOB_COMPLETION_INDEX", "0")),
+    ap.add_argument("--index", type=int, default=PodEnv.from_environ().job_completion_index,
                     help="this pod's part, 0..parts-1 (default: $JOB_COMPLETION_INDEX, else 0)")
     args = ap.parse_args(argv)
     try:

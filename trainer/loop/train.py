@@ -16,11 +16,10 @@ import torch.distributed as dist
 
 from trainium_api import exitcodes
 from trainium_api.progress import CheckpointSeen, ProgressReport, SaveFailure, StoreReport
-from trainium_api.launch import PREFLIGHT_SECONDS_ENV
 
 from ..model import backends
 from ..contract.busy import mark
-from ..contract.podenv import PRECOMPILE_ENV
+from ..contract.podenv import PodEnv
 from ..checkpoint.checkpointer import Checkpointer
 from ..config import ConfigError, RunConfig, derive_layout, to_dict
 from ..data.packed import PackedDataset, heldout_batches
@@ -52,15 +51,6 @@ class _StopFlag:
 _FROM = {"memory": "node memory", "peer": "a peer node's memory (on at least one rank)", "store": "the store"}
 
 
-def _epoch() -> tuple[int, int] | None:
-    """This gang's (run creation, attempt), from the pod contract (TRAINING_RUN_CREATED, ATTEMPT),
-    for fencing; None outside the operator."""
-    attempt, created = os.environ.get("ATTEMPT", ""), os.environ.get("TRAINING_RUN_CREATED", "")
-    if not attempt.isdigit():
-        return None
-    return (int(created) if created.isdigit() else 0, int(attempt))
-
-
 def source_list(data) -> list[dict]:
     """data.sources as saved in a checkpoint's meta: what the data positions belong to."""
     return [{"uri": src.uri, "weight": src.weight} for src in data.sources]
@@ -90,16 +80,18 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str,
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, env: PodEnv | None = None):
+        """``env``: the process's environment, read at its entry (python -m trainer)."""
         self.cfg = cfg
+        self.env = env = env or PodEnv.from_environ()
         self.backend = backend = backends.pick(cfg.backend)
-        local_world = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
+        local_world = env.local_world_size
         self.ps: ParallelState = backend.init_parallel(
             lambda ws: derive_layout(ws, cfg.model, cfg.parallelism, cfg.training, backend.name, local_world),
             cfg.parallelism.sequence_parallel, cfg.training.precision,
-            cfg.model.kv_replicas(cfg.parallelism.tensor))
+            cfg.model.kv_replicas(cfg.parallelism.tensor), env)
         ps, tcfg = self.ps, cfg.training
-        backend.prepare(tcfg.micro_batch_size, ps)
+        backend.prepare(tcfg.micro_batch_size, ps, env)
         self.data = PackedDataset(cfg.data, tcfg.seq_len, tcfg.seed, cfg.model.vocab_size)
         if self.data.reads_all_rows and ps.dp > 1 and ps.rank == 0:
             log.warning("data: raw-text sources are read and tokenized whole by every rank (%d ranks); "
@@ -110,8 +102,7 @@ class Trainer:
         self.restore_seconds: float | None = None  # what resuming from a checkpoint took (resume)
         self.compute_seconds: float | None = None  # smoothed time before each step's first collective
         # what the pre-flight check before this run took (trainer.pod.launch), for goodput
-        self.preflight_seconds = float(os.environ[PREFLIGHT_SECONDS_ENV]) if os.environ.get(PREFLIGHT_SECONDS_ENV) \
-            else None
+        self.preflight_seconds = env.preflight_seconds
         tp = backend.layers(ps)  # NxD's parallel layers on Neuron, ours elsewhere
         dtype = torch.bfloat16 if tcfg.precision == "bf16-sr" else torch.float32
         self.model = to_device(Transformer(cfg.model, tp, seed=tcfg.seed, max_seq_len=tcfg.seq_len,
@@ -127,8 +118,8 @@ class Trainer:
                       if ps.is_distributed and not backend.default_group_carries_host_tensors else None)
         self.stop = _StopFlag()
         # a gang fenced by a newer attempt (checkpoint.py) stops as on SIGTERM, agreed at a step
-        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group, epoch=_epoch(),
-                                 on_fenced=self.stop.set)
+        self.ckpt = Checkpointer(cfg.checkpoint, ps, ckpt_group, host_group, epoch=env.epoch,
+                                 on_fenced=self.stop.set, env=env)
         self.health = GradNormMonitor(cfg.health.spike_window, cfg.health.spike_factor)
         self.step = 0
         self.start_step = 0  # where this process began: 0, or the checkpoint it resumed from
@@ -144,12 +135,11 @@ class Trainer:
         self.stop_agreed = False  # set when every rank has seen a SIGTERM (through a step's all-reduce)
         self._observed_at = time.perf_counter()
         # neuron_parallel_compile's pass (trainer.pod.launch): graphs only, so nothing is reported or saved.
-        self.precompile_steps = int(os.environ.get(PRECOMPILE_ENV, "0") or 0)
+        self.precompile_steps = env.precompiling
         is_reporter = ps.local_rank == 0 and not self.precompile_steps
         self.metrics = TrainerMetrics(cfg.logging.metrics_port if is_reporter else 0,
-                                      {"run": os.environ.get("TRAINING_RUN", "local"),
-                                       "node_rank": os.environ.get("NODE_RANK", "0")})
-        self.progress = ProgressReporter(cfg.logging.progress_interval_seconds) if is_reporter else None
+                                      {"run": env.training_run or "local", "node_rank": env.node_rank})
+        self.progress = ProgressReporter(cfg.logging.progress_interval_seconds, env=env) if is_reporter else None
         self.peak = backend.peak_flops()
         self.losses_fh = None
         if cfg.logging.losses_file and ps.rank == 0 and not self.precompile_steps:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..config import ConfigError
-from ..contract.podenv import PRECOMPILE_ENV
+from ..contract.podenv import PodEnv
 from .parallel import EAGER_DEVICES, ParallelState, TPContext, eager_device, init_parallel
 from .trainium import neuron_rank_peak
 
@@ -56,13 +55,14 @@ class Backend:
     def default_group_carries_host_tensors(self) -> bool:
         return self.name == "cpu"
 
-    def init_parallel(self, layout_fn, sequence_parallel: bool, precision: str, kv_replicas: int) -> ParallelState:
-        return init_parallel(self.name, layout_fn, sequence_parallel, precision, kv_replicas)
+    def init_parallel(self, layout_fn, sequence_parallel: bool, precision: str, kv_replicas: int,
+                      env: PodEnv | None = None) -> ParallelState:
+        return init_parallel(self.name, layout_fn, sequence_parallel, precision, kv_replicas, env)
 
-    def check_collectives(self) -> CheckCollectives:
+    def check_collectives(self, env: PodEnv | None = None) -> CheckCollectives:
         """The pre-flight check's device (made current) and collectives: the trainer's
         (``EAGER_DEVICES``). Local: no process group is made here."""
-        device = eager_device(self.name, int(os.environ.get("LOCAL_RANK", "0")))
+        device = eager_device(self.name, (env or PodEnv.from_environ()).local_rank)
         if self.name == "cuda":
             sync = torch.cuda.synchronize
         elif self.native:  # TorchNeuron registers its device with torch.accelerator
@@ -73,7 +73,7 @@ class Backend:
         backend = EAGER_DEVICES[self.name]
         return CheckCollectives(device, sync, backend, backend, f"{backend} on {device.type}")
 
-    def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
+    def prepare(self, micro_batch_size: int, ps: ParallelState, env: PodEnv | None = None) -> None:
         """Before the model is built: refuse what this backend cannot run (naming the field),
         set what its numerics need. CPU runs deterministic kernels (exact resume is tested
         bitwise there)."""
@@ -83,7 +83,7 @@ class Backend:
             raise ConfigError("parallelism.pipeline", "TorchNeuron does not support pipeline parallelism yet "
                                                       "(AWS: 'will be available soon'); use tensor and data "
                                                       "parallelism, or the XLA path on an SDK 2.29 image")
-        if self.native and os.environ.get(PRECOMPILE_ENV):
+        if self.native and (env or PodEnv.from_environ()).precompile_steps:
             raise ConfigError("compileCache.precompileSteps", "pre-compiling runs neuron_parallel_compile, a "
                                                               "torch-xla tool; TorchNeuron compiles as it runs: "
                                                               "set precompileSteps to 0")

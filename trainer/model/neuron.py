@@ -52,10 +52,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from trainium_api import exitcodes
+from trainium_api.podenv import NEURON_CC_FLAGS
 
 from ..config import ConfigError, Layout
+from ..contract.podenv import PodEnv
 from .eager import Backend, CheckCollectives
-from .trainium import neuron_rank_peak, nxd_cpu_mode, platform_target  # noqa: F401  (named here too)
+from .trainium import neuron_rank_peak, nxd_cpu_mode
 from .parallel import (DeferredRuntime, ParallelState, TPContext, eager_runtime, mark_kv_replicated, shard_cols,
                        shard_rows)
 
@@ -127,7 +129,7 @@ def refuse_cpu_mode_on_trainium() -> None:
 
 
 def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_parallel: bool,
-                      precision: str, kv_replicas: int = 1) -> ParallelState:
+                      precision: str, kv_replicas: int = 1, env: PodEnv | None = None) -> ParallelState:
     """Device, process groups and ranks for the ``neuron`` and ``xla`` kinds.
 
     ``neuron``: the ``xla`` process group from torchrun's environment
@@ -137,18 +139,17 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
     TP 4, NxD groups non-neighbouring ranks (src/neuronx_distributed/parallel_layers/
     parallel_state.py, initialize_model_parallel).
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    env = env or PodEnv.from_environ()
+    world_size, rank, local_rank = env.world_size, env.rank, env.local_rank
     layout = layout_fn(world_size)  # check_backend has refused what this kind cannot run
-    cpu_mode = kind == "neuron" and nxd_cpu_mode()
+    cpu_mode = kind == "neuron" and nxd_cpu_mode(env)
     if cpu_mode:
         refuse_cpu_mode_on_trainium()
     if kind == "neuron" and not cpu_mode:
         if precision == "bf16-sr":
             # Read by the Neuron runtime when it starts (the operator's pod spec sets it too).
             os.environ.setdefault("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
-        _compile_cache_env()
+        _compile_cache_env(env)
         require("torch_neuronx")  # registers the Neuron PJRT device with torch-xla
     device = torch.device("cpu") if cpu_mode else xla_device()
     if kind == "xla":
@@ -200,21 +201,20 @@ def init_xla_parallel(kind: str, layout_fn: Callable[[int], Layout], sequence_pa
                 kv_group = dist.new_group(members, pg_options={"xla_pg_options": {"mesh": mesh}})
                 break
     pp_group = ps_mod.get_pipeline_model_parallel_group() if layout.pipeline > 1 else None
-    runtime = eager_runtime() if cpu_mode else XlaRuntime()
+    runtime = eager_runtime(env) if cpu_mode else XlaRuntime()
     return ParallelState(backend=kind, device=device, rank=rank, world_size=world_size, local_rank=local_rank,
                          layout=layout, tp_rank=tp_rank, dp_rank=dp_rank, tp_group=tp_group, dp_group=dp_group,
                          pp_rank=ps_mod.get_pipeline_model_parallel_rank(), pp_group=pp_group, kv_group=kv_group,
                          sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=runtime)
 
 
-def _compile_cache_env() -> None:
+def _compile_cache_env(env: PodEnv) -> None:
     """The persistent compile cache on node-local disk: NEURON_COMPILE_CACHE_URL (the operator
     sets it to spec.compileCache.path) also goes into NEURON_CC_FLAGS' --cache_dir when a
     user's flags do not name one, so neuronx-cc and the runtime agree on one directory."""
-    cache = os.environ.get("NEURON_COMPILE_CACHE_URL")
-    flags = os.environ.get("NEURON_CC_FLAGS", "")
+    cache, flags = env.neuron_compile_cache_url, env.neuron_cc_flags
     if cache and "--cache_dir" not in flags:
-        os.environ["NEURON_CC_FLAGS"] = f"{flags} --cache_dir={cache}".strip()
+        os.environ[NEURON_CC_FLAGS] = f"{flags} --cache_dir={cache}".strip()
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,10 +415,10 @@ class NeuronBackend(Backend):
     def __init__(self):
         super().__init__("neuron")
 
-    def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas) -> ParallelState:
-        return init_xla_parallel("neuron", layout_fn, sequence_parallel, precision, kv_replicas)
+    def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas, env=None) -> ParallelState:
+        return init_xla_parallel("neuron", layout_fn, sequence_parallel, precision, kv_replicas, env)
 
-    def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
+    def prepare(self, micro_batch_size: int, ps: ParallelState, env: PodEnv | None = None) -> None:
         """What NxD's CPU mode cannot run, refused before the first step with the field named.
 
         Sequence parallel over our batch-first activations: NxD gathers the sequence (dimension
@@ -426,7 +426,7 @@ class NeuronBackend(Backend):
         and the backward of its linear layers calls ``.view`` on that gather (layers.py
         ``LinearWithAsyncCommunication.backward``). An XLA tensor has no strides, so the view
         always works on Trainium; a CPU tensor is then non-contiguous unless the batch is 1."""
-        if ps.sequence_parallel and micro_batch_size > 1 and nxd_cpu_mode():
+        if ps.sequence_parallel and micro_batch_size > 1 and nxd_cpu_mode(env):
             raise ConfigError("training.microBatchSize",
                               f"NxD's CPU mode runs sequence parallel with micro-batches of 1 only, got "
                               f"{micro_batch_size}: its linear layers' backward views a gathered CPU tensor "
@@ -441,12 +441,12 @@ class NeuronBackend(Backend):
     def peak_flops(self) -> float | None:
         return neuron_rank_peak()
 
-    def check_collectives(self) -> CheckCollectives:
+    def check_collectives(self, env: PodEnv | None = None) -> CheckCollectives:
         """The pre-flight check on the trainer's collectives (xla_check_collectives); in NxD's
         CPU mode, gloo and the CPU, as its process groups are."""
-        if nxd_cpu_mode():
+        if nxd_cpu_mode(env):
             refuse_cpu_mode_on_trainium()
-            return Backend("cpu").check_collectives()
+            return Backend("cpu").check_collectives(env)
         require("torch_neuronx")  # registers the Neuron PJRT device with torch-xla
         return xla_check_collectives()
 
@@ -472,10 +472,10 @@ class XlaBackend(Backend):
     def __init__(self):
         super().__init__("xla")
 
-    def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas) -> ParallelState:
-        return init_xla_parallel("xla", layout_fn, sequence_parallel, precision, kv_replicas)
+    def init_parallel(self, layout_fn, sequence_parallel, precision, kv_replicas, env=None) -> ParallelState:
+        return init_xla_parallel("xla", layout_fn, sequence_parallel, precision, kv_replicas, env)
 
-    def prepare(self, micro_batch_size: int, ps: ParallelState) -> None:
+    def prepare(self, micro_batch_size: int, ps: ParallelState, env: PodEnv | None = None) -> None:
         """Nothing to refuse: check_backend already limited xla to one process."""
 
     def layers(self, ps: ParallelState) -> TPContext:
@@ -487,7 +487,7 @@ class XlaBackend(Backend):
     def peak_flops(self) -> float | None:
         return None
 
-    def check_collectives(self) -> CheckCollectives:
+    def check_collectives(self, env: PodEnv | None = None) -> CheckCollectives:
         return xla_check_collectives()
 
 
@@ -499,7 +499,7 @@ class XlaBackend(Backend):
 # all-reduce over N NeuronCores of this node and exits non-zero when it fails. Only the exit
 # statuses and the device files are read: neuron-ls's JSON changes format in Neuron 2.34.
 
-def preflight_devices(expected: int, local_rank: int, tool_timeout: float) -> list[str]:
+def preflight_devices(expected: int, local_rank: int, tool_timeout: float, cores: str = "2") -> list[str]:
     """What is wrong with this node's Neuron devices ([] when nothing): checked by local rank 0
     only (the others return [] at once; the node's verdict takes the worst of its ranks)."""
     import re
@@ -511,7 +511,7 @@ def preflight_devices(expected: int, local_rank: int, tool_timeout: float) -> li
     if len(found) != expected:
         return [f"{len(found)} Neuron devices in the container, the instance type has {expected}"]
     for tool, argv in (("neuron-ls", ["neuron-ls"]),
-                       ("nccom-test", ["nccom-test", "-r", os.environ.get("NEURON_RT_NUM_CORES", "2"), "allr"])):
+                       ("nccom-test", ["nccom-test", "-r", cores, "allr"])):
         if shutil.which(tool) is None:
             return [f"{tool} is not on PATH (it ships with the Neuron training images)"]  # on every node: FATAL
         try:

@@ -14,7 +14,6 @@ matmul (Megatron-LM / NxD sequence parallelism).
 from __future__ import annotations
 
 import datetime
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..contract.podenv import PodEnv
 from ..config import Layout
 
 
@@ -60,8 +60,8 @@ class DeferredRuntime(EagerRuntime):
             pending()
 
 
-def eager_runtime() -> EagerRuntime:
-    return DeferredRuntime() if os.environ.get("TRAINER_LAZY_STEPS") == "1" else EagerRuntime()
+def eager_runtime(env: PodEnv | None = None) -> EagerRuntime:
+    return DeferredRuntime() if (env or PodEnv.from_environ()).lazy_steps else EagerRuntime()
 
 
 def all_agree(ok: bool, group, distributed: bool = True) -> bool:
@@ -136,7 +136,7 @@ def eager_device(kind: str, local_rank: int) -> torch.device:
 
 
 def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precision: str = "fp32",
-                  kv_replicas: int = 1) -> ParallelState:
+                  kv_replicas: int = 1, env: PodEnv | None = None) -> ParallelState:
     """Initialise torch.distributed from torchrun's environment (or a single process).
 
     ``layout_fn(world_size)`` validates and derives the layout before any collective runs.
@@ -147,9 +147,8 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
     ``neuron`` and ``xla`` backends set up their own (``trainer.model.neuron``).
     """
     device_type = backend_kind
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    env = env or PodEnv.from_environ()
+    world_size, rank, local_rank = env.world_size, env.rank, env.local_rank
     layout = layout_fn(world_size)
     device = eager_device(device_type, local_rank)
     grid = RankGrid(layout.pipeline, layout.data, layout.tensor)
@@ -172,7 +171,7 @@ def init_parallel(backend_kind: str, layout_fn, sequence_parallel: bool, precisi
                          local_rank=local_rank, layout=layout, tp_rank=tp_rank, dp_rank=dp_rank,
                          tp_group=groups["tp"], dp_group=groups["dp"], pp_rank=pp_rank, pp_group=groups["pp"],
                          kv_group=groups["kv"],
-                         sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=eager_runtime())
+                         sequence_parallel=sequence_parallel and layout.tensor > 1, runtime=eager_runtime(env))
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,15 @@ from pathlib import Path
 from trainium_api import keys
 from trainium_api import agent as protocol
 from trainium_api import exitcodes, runtimefaults
-from trainium_api.launch import PREFLIGHT_FLAG, PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
+from trainium_api import podenv as names
+from trainium_api.launch import PREFLIGHT_FLAG
 
 from .proctable import demand as _demand_of
 from .proctable import proc_self as _proc_self
 from .proctable import process_table as _process_table
 from .proctable import status as _status
 from . import warm
+from ..contract.podenv import PodEnv, child_environ
 from ..contract.progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
 WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
@@ -258,13 +260,14 @@ def _saving(busy_dir: str) -> bool:
 
 
 class Agent:
-    def __init__(self, argv: list[str], api, pod: str, namespace: str):
+    def __init__(self, argv: list[str], api, pod: str, namespace: str, env: PodEnv | None = None):
         self.argv, self.pod = argv, pod
+        self.env = env or PodEnv.from_environ()
         self.orders = Orders(api, pod, namespace).start()
         self.reports = Reports(api, pod, namespace)
         self.child: subprocess.Popen | None = None
         self.parked: subprocess.Popen | None = None  # the next attempt's launcher, warm (trainer.pod.warm)
-        self.warm = os.environ.get(protocol.WARM_ENV, "1") != "0"
+        self.warm = self.env.warm_workers
         self.parked_failures = 0
         self.started_at = time.monotonic()
         self.index: int | None = None  # the node rank and rendezvous address the operator ordered, if it did
@@ -288,14 +291,14 @@ class Agent:
         # left by processes killed mid-save (or whatever the workers put there): gone with them
         shutil.rmtree(self.busy_dir, ignore_errors=True)  # (a symlink put there is not followed)
         self.busy_dir = tempfile.mkdtemp(prefix="trainer-busy-")
-        env = {**os.environ, "ATTEMPT": str(attempt), TERMINATION_LOG_ENV: self.message_path,
-               protocol.BUSY_DIR_ENV: self.busy_dir}
+        env = child_environ(**{names.ATTEMPT: str(attempt), names.TERMINATION_LOG_ENV: self.message_path,
+                               names.BUSY_DIR_ENV: self.busy_dir})
         if self.index is not None:
-            env["NODE_RANK"] = str(self.index)
+            env[names.NODE_RANK] = str(self.index)
         if self.master is not None:
-            env["MASTER_ADDR"] = self.master
+            env[names.MASTER_ADDR] = self.master
         if check:
-            env.pop(PREFLIGHT_PASSED_ENV, None)
+            env.pop(names.PREFLIGHT_PASSED_ENV, None)
         self.child = self._unpark(argv, env)
         how = "from the warm launcher" if self.child is not None else "cold"
         if self.child is not None:
@@ -408,7 +411,7 @@ class Agent:
     def end(self, code: int) -> int:
         """The pod ends with the workers' code and their termination message."""
         self.drop_parked()
-        path = os.environ.get(TERMINATION_LOG_ENV)
+        path = self.env.termination_log
         text = self.message()
         if path and text:
             try:
@@ -496,11 +499,11 @@ def _become_subreaper() -> None:
 def serve(argv: list[str]) -> int | None:
     """Run as the pod's agent; None when this is not a pod that can be one (the caller then
     runs the command itself)."""
-    pod = os.environ.get("POD_NAME")
-    attempt = os.environ.get("ATTEMPT", "")
-    api = connect_api() if pod else None
+    env = PodEnv.from_environ()
+    pod, attempt = env.pod_name, env.attempt
+    api = connect_api(env) if pod else None
     if api is None or not attempt.isdigit():
-        if os.environ.get(protocol.AWAIT_START_ENV) == "1":
+        if env.await_start:
             # a replacement or a spare must wait for the others at the barrier: running the
             # workers now would start them beside the previous attempt's
             log("no pod or no API server, and this pod must wait for the order to start: ending it")
@@ -508,6 +511,6 @@ def serve(argv: list[str]) -> int | None:
         log("no pod or no API server: running without in-place restarts")
         return None
     _become_subreaper()
-    agent = Agent(argv, api, pod, os.environ.get("POD_NAMESPACE", "default"))
+    agent = Agent(argv, api, pod, env.pod_namespace, env)
     signal.signal(signal.SIGTERM, agent.on_sigterm)
-    return agent.run(int(attempt), await_start=os.environ.get(protocol.AWAIT_START_ENV) == "1")
+    return agent.run(int(attempt), await_start=env.await_start)

@@ -31,12 +31,11 @@ import time
 
 from trainium_api import exitcodes, keys, runtimefaults
 from trainium_api import preflight as verdicts
-from trainium_api.launch import (AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV, PREFLIGHT_SECONDS_FILE_ENV,
-                                 TERMINATION_LOG_ENV)
+from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV
 
 from . import liveness, warm
 from .outputwatch import OutputWatch
-from ..contract.podenv import PRECOMPILE_ENV
+from ..contract.podenv import PRECOMPILE_ENV, PodEnv, child_environ
 from ..contract.progress import annotate_own_pod
 
 
@@ -60,7 +59,7 @@ def _pop_precompile(argv: list[str]) -> int:
     return int(_pop_flag(argv, PRECOMPILE_FLAG) or 0)
 
 
-def preflight(args, value: str) -> int:
+def preflight(args, value: str, env: PodEnv) -> int:
     """The gang's pre-flight check (trainer.pod.preflight) under torchrun, with the same rendezvous
     (on the next port: a node that finished the check early must not reach the real run's store
     while another still holds the check's). ``value``: FACTOR,TIMEOUT. On success the real run's
@@ -79,12 +78,12 @@ def preflight(args, value: str) -> int:
         check.master_port = int(check.master_port) + 1
     print(f"trainer.pod.launch: pre-flight check ({value})", file=sys.stderr, flush=True)
     # the run's Preflight phase comes from this (the operator cannot tell the check from a slow start)
-    announced = annotate_own_pod(keys.PREFLIGHT, verdicts.RUNNING)
+    announced = annotate_own_pod(keys.PREFLIGHT, verdicts.RUNNING, env=env)
     started = time.monotonic()
     beats = tempfile.TemporaryDirectory(prefix="preflight-beats-")
     hung: list[liveness.Hung] = []
     watch = liveness.Watch(Path(beats.name), float(value.split(",")[1]),
-                           lambda h: hung.append(h) or _hung_rank(h), _hung_rank_lingers)
+                           lambda h: hung.append(h) or _hung_rank(h, env), _hung_rank_lingers)
     # the check is the attempt's first touch of the devices: what the runtime says of a fault
     # there is read as in the real run (a device fault outranks the check's own words)
     output = OutputWatch().start()
@@ -101,7 +100,7 @@ def preflight(args, value: str) -> int:
         print(f"trainer.pod.launch: pre-flight check exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
         finding = culprit_view(output.stop(), codes)
         if finding is not None and finding.kind != "peer" and not hung:
-            report_fault(finding, os.environ.get(TERMINATION_LOG_ENV))
+            report_fault(finding, env.termination_log)
         return code
     except SignalException:
         return exitcodes.TERMINATED
@@ -112,23 +111,24 @@ def preflight(args, value: str) -> int:
         beats.cleanup()
     if hung:  # named as the workers ended by themselves: the verdict stands
         return exitcodes.PREFLIGHT
-    os.environ[PREFLIGHT_SECONDS_ENV] = f"{time.monotonic() - started:.2f}"
-    annotate_own_pod(keys.PREFLIGHT, verdicts.DONE, after=announced)
-    if os.environ.get(PREFLIGHT_SECONDS_FILE_ENV):  # a command trainer's watch reports it
+    seconds = f"{time.monotonic() - started:.2f}"
+    os.environ[PREFLIGHT_SECONDS_ENV] = seconds  # for the real run's workers
+    annotate_own_pod(keys.PREFLIGHT, verdicts.DONE, after=announced, env=env)
+    if env.preflight_seconds_file:  # a command trainer's watch reports it
         try:
-            Path(os.environ[PREFLIGHT_SECONDS_FILE_ENV]).write_text(os.environ[PREFLIGHT_SECONDS_ENV])
+            Path(env.preflight_seconds_file).write_text(seconds)
         except OSError as exc:
             print(f"trainer.pod.launch: could not pass the check's seconds on: {exc}", file=sys.stderr)
     return exitcodes.OK
 
 
-def _hung_rank(hung: liveness.Hung) -> None:
+def _hung_rank(hung: liveness.Hung, env: PodEnv) -> None:
     """One of this pod's ranks hangs in the check (trainer.pod.liveness): the node failed it. Say
     why in the termination message, kill the rank (SIGKILL reaches a stopped process too) so
     torchrun ends the check, and end the pod if torchrun cannot (a process stuck in the kernel)."""
-    reason = f"node {liveness.node_name()}: {hung.reason}"
+    reason = f"node {liveness.node_name(env)}: {hung.reason}"
     print(f"trainer.pod.launch: this node failed the pre-flight check: {reason}", file=sys.stderr, flush=True)
-    path = os.environ.get(TERMINATION_LOG_ENV)
+    path = env.termination_log
     if path:
         try:
             with open(path, "w") as f:
@@ -160,7 +160,7 @@ def precompile(argv: list[str], steps: int) -> int:
           file=sys.stderr, flush=True)
     started = time.monotonic()
     code = subprocess.call([tool, sys.executable, "-m", "trainer.pod.launch", *argv],
-                           env={**os.environ, PRECOMPILE_ENV: str(steps)})
+                           env=child_environ(**{PRECOMPILE_ENV: str(steps)}))
     print(f"trainer.pod.launch: pre-compilation exited {code} after {time.monotonic() - started:.0f} s",
           file=sys.stderr, flush=True)
     return code
@@ -234,11 +234,12 @@ def main(argv: list[str] | None = None) -> int:
             return exitcodes.OK
         argv, watch = parked
         forked = warm.forks_workers(argv)
+    env = PodEnv.from_environ()  # after a parked launcher's start order: its environment
     steps = _pop_precompile(argv)
     check = _pop_flag(argv, PREFLIGHT_FLAG)
     args = parse_args(argv)
-    if check and os.environ.get(PRECOMPILE_ENV) is None:  # before pre-compiling: it costs seconds, that minutes
-        code = preflight(args, check)
+    if check and env.precompile_steps is None:  # before pre-compiling: it costs seconds, that minutes
+        code = preflight(args, check, env)
         if code != exitcodes.OK:
             return code
     if steps > 0:
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         codes = [f.exitcode for f in exc.failures.values()]
         code = exit_code_for(codes)
         print(f"trainer.pod.launch: workers exited {sorted(set(codes))}; pod exit code {code}", file=sys.stderr)
-        report_fault(culprit_view(finding, codes), os.environ.get(TERMINATION_LOG_ENV))
+        report_fault(culprit_view(finding, codes), env.termination_log)
         return code
     except SignalException:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         # peer is not worth saying here, everyone lost one
         finding = _stop_watch(watch, forked)
         if finding is not None and finding.kind != "peer":
-            report_fault(finding, os.environ.get(TERMINATION_LOG_ENV))
+            report_fault(finding, env.termination_log)
         return exitcodes.TERMINATED
     finally:
         _stop_watch(watch, forked)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from trainium_api.launch import PREFLIGHT_HEARTBEATS_ENV
 
+from ..contract.podenv import PodEnv
 from .proctable import live_children
 
 DIR_ENV = PREFLIGHT_HEARTBEATS_ENV  # the launcher's directory for its ranks' beats
@@ -44,9 +45,9 @@ CHECK_MODULE = "trainer.pod.preflight"  # the launcher's children that run the c
 LEFT = "left"  # the rank's last stage: it is exiting, and nothing it does now is the check's
 
 
-def node_name() -> str:
+def node_name(env: PodEnv | None = None) -> str:
     """The node this pod runs on (the pod contract's NODE_NAME; the host name elsewhere)."""
-    return os.environ.get("NODE_NAME") or socket.gethostname()
+    return (env or PodEnv.from_environ()).node_name or socket.gethostname()
 
 
 def budgets(timeout: float) -> tuple[float, float]:
@@ -59,8 +60,10 @@ def budgets(timeout: float) -> tuple[float, float]:
 class Heartbeat:
     """A rank's heartbeat file, ``<dir>/<pid>.json``; a no-op outside a launcher that watches."""
 
-    def __init__(self, directory: str | None = None):
-        directory = directory if directory is not None else os.environ.get(DIR_ENV)
+    def __init__(self, directory: str | None = None, env: PodEnv | None = None):
+        env = env or PodEnv.from_environ()
+        self.local_rank = env.local_rank
+        directory = directory if directory is not None else env.preflight_heartbeats
         self.path = Path(directory) / f"{os.getpid()}.json" if directory else None
         self.stage, self.since = "starting", time.monotonic()
         self._lock = threading.Lock()
@@ -88,7 +91,7 @@ class Heartbeat:
         if self.path is None or self._closed.is_set():
             return
         with self._lock:
-            record = {"localRank": int(os.environ.get("LOCAL_RANK", "0")), "stage": self.stage,
+            record = {"localRank": self.local_rank, "stage": self.stage,
                       "since": self.since, "beat": time.monotonic()}
             tmp = self.path.with_suffix(".tmp")
             try:

@@ -41,8 +41,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from trainium_api import exitcodes, preflight
-from trainium_api.launch import PREFLIGHT_PASSED_ENV, TERMINATION_LOG_ENV
 
+from ..contract.podenv import PodEnv
 from .liveness import Heartbeat, node_name
 
 if TYPE_CHECKING:
@@ -141,14 +141,15 @@ def most_failed(named: dict[int, str], results: list[dict]) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    beat = Heartbeat()  # first, before torch's import: a rank stuck importing is seen too
+    env = PodEnv.from_environ()
+    beat = Heartbeat(env=env)  # first, before torch's import: a rank stuck importing is seen too
     try:
-        return check(argv, beat)
+        return check(argv, beat, env)
     finally:
         beat.close()
 
 
-def check(argv: list[str], beat: Heartbeat) -> int:
+def check(argv: list[str], beat: Heartbeat, env: PodEnv) -> int:
     import torch
     import torch.distributed as dist
 
@@ -156,10 +157,10 @@ def check(argv: list[str], beat: Heartbeat) -> int:
     requested = argv[2] if len(argv) > 2 else "auto"  # an older operator's pods name no backend
     limit = timedelta(seconds=timeout)
     started = time.perf_counter()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
-    node = node_name()
-    passed = {n for n in os.environ.get(PREFLIGHT_PASSED_ENV, "").split(",") if n}
+    local_rank = env.local_rank
+    node_rank = env.group_rank if env.group_rank is not None else int(env.node_rank)
+    node = node_name(env)
+    passed = env.preflight_passed
     beat.enter("rendezvous")
     try:
         # the host's gloo group first: the rendezvous, the skip, the device tools and every
@@ -178,13 +179,13 @@ def check(argv: list[str], beat: Heartbeat) -> int:
         dist.destroy_process_group()
         return exitcodes.OK
     torch.set_num_threads(1)  # one thread a rank: the node's ranks must not time each other's contention
-    errors = device_tools(beat, local_rank, timeout)
+    errors = device_tools(beat, env, timeout)
     matmul, results, links, coll = 0.0, None, {}, None
     try:
         beat.enter("device tools barrier")
         dist.barrier()  # no rank starts its device while a node's tools still run (a held core is no other's)
         if not errors:
-            errors, coll = start_device(beat, requested, local_rank)
+            errors, coll = start_device(beat, requested, env)
         failed: list = [None] * world  # every rank learns which could not start before any device group
         dist.all_gather_object(failed, bool(errors))
         if not any(failed):
@@ -221,7 +222,7 @@ def check(argv: list[str], beat: Heartbeat) -> int:
         dist.destroy_process_group()
         return exitcodes.OK
     if node_rank in named:
-        path = os.environ.get(TERMINATION_LOG_ENV)
+        path = env.termination_log
         if local_rank == 0 and path:
             try:
                 with open(path, "w") as f:
@@ -243,22 +244,23 @@ def check(argv: list[str], beat: Heartbeat) -> int:
     return exitcodes.RETRYABLE
 
 
-def device_tools(beat: Heartbeat, local_rank: int, timeout: float) -> list[str]:
+def device_tools(beat: Heartbeat, env: PodEnv, timeout: float) -> list[str]:
     """On Neuron, the device files and tools (trainer.model.neuron.preflight_devices, local rank 0),
     run before any rank of the gang starts its device: a NeuronCore one process holds, no other
     can use, and nccom-test needs the node's. What is wrong names this node."""
-    if not os.environ.get("TRAINER_PREFLIGHT_DEVICES"):
+    if not env.preflight_devices:
         return []
+    local_rank = env.local_rank
     beat.enter("devices")
     try:
         from ..model.neuron import preflight_devices
         tool_timeout = timeout * DEVICE_TOOLS_SHARE / 2  # two tools, inside the stage's budget
-        return preflight_devices(int(os.environ["TRAINER_PREFLIGHT_DEVICES"]), local_rank, tool_timeout)
+        return preflight_devices(int(env.preflight_devices), local_rank, tool_timeout, env.neuron_rt_num_cores)
     except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
         return [f"the device check failed on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200]]
 
 
-def start_device(beat: Heartbeat, requested: str, local_rank: int) -> tuple[list[str], CheckCollectives | None]:
+def start_device(beat: Heartbeat, requested: str, env: PodEnv) -> tuple[list[str], CheckCollectives | None]:
     """The run's backend and this rank's device: (errors, collectives). An error names this
     node, or, on most nodes, the image (the verdict's FATAL)."""
     from trainium_api.exitcodes import FatalError
@@ -267,11 +269,11 @@ def start_device(beat: Heartbeat, requested: str, local_rank: int) -> tuple[list
     from ..config import ConfigError
     beat.enter("device start")
     try:
-        return [], pick(requested).check_collectives()
+        return [], pick(requested).check_collectives(env)
     except (ConfigError, FatalError) as exc:
         return [f"{BACKEND_CANNOT_START} {requested} cannot start: {exc}"[:200]], None
     except Exception as exc:  # noqa: BLE001 (whatever broke, it is this node's)
-        return [f"the device did not start on local rank {local_rank}: {type(exc).__name__}: {exc}"[:200]], None
+        return [f"the device did not start on local rank {env.local_rank}: {type(exc).__name__}: {exc}"[:200]], None
 
 
 def time_matmuls(torch, coll: CheckCollectives, beat: Heartbeat, rank: int, errors: list[str]) -> float:

@@ -41,14 +41,17 @@ import os
 import signal
 import sys
 
+from trainium_api import podenv as names
 from trainium_api.agent import PARKED_ATTEMPT, process_name
+
+from ..contract.podenv import PodEnv, child_environ
 
 PARK_FLAG = "--warm"
 PARK_AFTER_SECONDS = 5.0  # after an attempt's start: its own start (imports, rendezvous) first
 MAX_PARK_FAILURES = 3  # parked launchers that exit before their order; then restarts start cold
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.elastic.multiprocessing", "trainer.loop.train",
            "trainer.pod.warm"]
-_FORKSERVER_ENV = dict(os.environ)  # where :func:`worker` runs: the fork server's environment at its start
+_FORKSERVER_ENV = child_environ()  # where :func:`worker` runs: the fork server's environment at its start
 
 
 def _prctl(option: int, arg) -> None:
@@ -119,7 +122,7 @@ def run(args) -> None:
     config, _, cmd_args = config_from_args(args)
     config.start_method = "forkserver"
     trainer_argv = cmd_args[cmd_args.index("trainer") + 1:]
-    elastic_launch(config=config, entrypoint=worker)(dict(os.environ), trainer_argv)
+    elastic_launch(config=config, entrypoint=worker)(child_environ(), trainer_argv)
 
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
@@ -134,15 +137,16 @@ def worker(launcher_env: dict, argv: list[str]) -> None:
     # torch's spawn wrapper asked for SIGINT when the parent (the fork server) dies, which the
     # wrapper swallows: a rank would end mid-step without its stop-save. SIGTERM, as a stop.
     _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    torchrun_vars = {k: v for k, v in os.environ.items()
+    torchrun_vars = {k: v for k, v in child_environ().items()
                      if _FORKSERVER_ENV.get(k) != v or k in TORCHRUN_VARS or k.startswith("TORCHELASTIC_")}
     os.environ.clear()
     os.environ.update(launcher_env)
     os.environ.update(torchrun_vars)
-    set_process_name(process_name(int(os.environ.get("ATTEMPT", "0") or 0), int(os.environ.get("RANK", "0"))))
+    env = PodEnv.from_environ()  # this rank's entry: its environment is rebuilt
+    set_process_name(process_name(int(env.attempt or 0), env.rank))
     import torch
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if (env.omp_num_threads or "").isdigit():
+        torch.set_num_threads(int(env.omp_num_threads))
     for stream in (sys.stdout, sys.stderr):  # as a started worker's `python -u`
         stream.reconfigure(line_buffering=True, write_through=True)
     from ..__main__ import main
@@ -158,4 +162,5 @@ def parked_env() -> dict[str, str]:
     """The environment a parked launcher starts with (the agent's, belonging to no attempt).
     OMP_NUM_THREADS as torchrun gives its workers when unset (1): the fork server's libraries
     (OpenMP, OpenBLAS) size their thread pools from it when PyTorch loads, before any order."""
-    return {**os.environ, "ATTEMPT": PARKED_ATTEMPT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    omp = PodEnv.from_environ().omp_num_threads
+    return child_environ(**{names.ATTEMPT: PARKED_ATTEMPT, "OMP_NUM_THREADS": "1" if omp is None else omp})

@@ -42,6 +42,7 @@ from trainium_api.progress import CheckpointSeen, ProgressReport, StoreReport
 from trainium_api.spec import LAYOUTS, PROGRESS_FORMATS, check_regex
 
 from ..contract import progress
+from ..contract.podenv import PodEnv
 from ..store import errors as store_errors
 from .store_watch import (LEADER_WAIT_SECONDS, MIN_REFRESH_SECONDS, StoreWatch, await_leader, leader_pod,
                           resume_arguments, seen)
@@ -189,7 +190,7 @@ class Tracker:
 
     def preflight_seconds(self) -> float | None:
         """What the launcher's pre-flight check took (it writes the file once the check passed)."""
-        path = os.environ.get(PREFLIGHT_SECONDS_FILE_ENV)
+        path = PodEnv.from_environ().preflight_seconds_file  # written by the launcher while this runs
         try:
             return float(Path(path).read_text()) if path else None
         except (OSError, ValueError):
@@ -247,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regex", default="", help="with --format regex: named groups step, loss, throughput")
     ap.add_argument("--tokens-per-sample", type=int, default=0,
                     help="sequence length: tokens per second = throughput (samples/s) x this (0: not reported)")
-    ap.add_argument("--checkpoint-uri", default=os.environ.get("CHECKPOINT_URI", ""),
+    env = PodEnv.from_environ()
+    ap.add_argument("--checkpoint-uri", default=env.checkpoint_uri,
                     help="the checkpoint store this pod lists (default $CHECKPOINT_URI; empty: not listed)")
     ap.add_argument("--checkpoint-layout", choices=LAYOUTS, default="nxd",
                     help="its layout; nxdt: COMMAND gets the newest complete checkpoint to resume from")
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         parse = parser_for(args.format, args.regex)
     except ValueError as exc:
         ap.error(str(exc))
-    reporter = progress.ProgressReporter(args.interval)
+    reporter = progress.ProgressReporter(args.interval, env=env)
     # the launcher (our child) writes the pre-flight check's seconds here; we report them
     os.environ.setdefault(PREFLIGHT_SECONDS_FILE_ENV, os.path.join(tempfile.mkdtemp(prefix="trainer-watch-"),
                                                                    "preflight-seconds"))
@@ -268,20 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     store = StoreWatch(args.checkpoint_uri, args.checkpoint_layout, tracker.store_changed,
                        refresh_seconds=max(args.interval, MIN_REFRESH_SECONDS)) if args.checkpoint_uri else None
     try:
-        code = _run_with_store(command, tracker, store, args.checkpoint_layout)
+        code = _run_with_store(command, tracker, store, args.checkpoint_layout, env)
     finally:
         reporter.close()
     return code
 
 
-def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | None, layout: str) -> int:
+def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | None, layout: str, env: PodEnv) -> int:
     """COMMAND, told where to resume (the newest complete checkpoint, as node rank 0 lists it
     from its pod: trainer.pod.store_watch), with the store listed while it runs and once more at its
     exit (node rank 0)."""
-    leader = os.environ.get("NODE_RANK", "0") == "0"
+    leader = env.node_rank == "0"
     if store is not None:
         try:
-            chosen = _resume_point(store, leader)
+            chosen = _resume_point(store, leader, env)
         except store_errors.StoreUnavailable as exc:  # another attempt may read it
             print(f"trainer.pod.watch: {exc}", file=sys.stderr)
             return RETRYABLE
@@ -302,15 +304,15 @@ def _run_with_store(command: list[str], tracker: Tracker, store: StoreWatch | No
             store.stop(final=True)
 
 
-def _resume_point(store: StoreWatch, leader: bool) -> CheckpointSeen | None:
+def _resume_point(store: StoreWatch, leader: bool, env: PodEnv) -> CheckpointSeen | None:
     """Node rank 0 lists the store (each failure said in its report: storeError, the run's
     CheckpointStoreReadable); another pod takes node rank 0's choice for this attempt from its
     pod, and lists the store itself only where it cannot read it."""
-    pod0 = None if leader else leader_pod(os.environ.get("POD_NAME", ""))
-    attempt = progress.attempt_of_env()
-    api = progress.connect_api() if pod0 and attempt is not None else None
+    pod0 = None if leader else leader_pod(env.pod_name)
+    attempt = env.attempt_number
+    api = progress.connect_api(env) if pod0 and attempt is not None else None
     if api is not None:
-        answered, chosen = await_leader(api, os.environ.get("POD_NAMESPACE", "default"), pod0, attempt)
+        answered, chosen = await_leader(api, env.pod_namespace, pod0, attempt)
         if answered:
             return chosen
         print(f"trainer.pod.watch: no checkpoint choice from {pod0} within {LEADER_WAIT_SECONDS:.0f}s; "

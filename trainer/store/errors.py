@@ -36,7 +36,6 @@ callers name their field in a ``ConfigError`` (exit 78). This module imports no 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sys
 import time
@@ -44,7 +43,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
 from trainium_api import exitcodes, storefaults
-from trainium_api.launch import TERMINATION_LOG_ENV
+
+from ..contract.podenv import PodEnv
 
 log = logging.getLogger("trainer.store")
 T = TypeVar("T")
@@ -225,7 +225,7 @@ def _say_in_termination_message(reason: str) -> None:
     """In a pod: the container's termination message says the store was unavailable
     (trainium_api.storefaults), so the operator restarts the run under its own cause ``store``
     rather than as a crash that counts toward the no-progress guard."""
-    path = os.environ.get(TERMINATION_LOG_ENV)
+    path = PodEnv.from_environ().termination_log  # deep in a read's give-up: read here
     if not path:
         return
     try:

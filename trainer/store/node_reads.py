@@ -38,11 +38,12 @@ from typing import Any, Callable
 
 import fsspec
 
+from ..contract.podenv import STORE_CACHE_ENV, PodEnv
 from .errors import RETRY, StoreConfigError, StoreUnavailable, retry
 
 log = logging.getLogger("trainer.store")
 
-CACHE_ENV = "TRAINER_STORE_CACHE"
+CACHE_ENV = STORE_CACHE_ENV
 WAIT_SECONDS = RETRY.total_seconds + 60.0  # the leader's retries, and a minute more
 POLL_SECONDS = (0.02, 0.5)  # first and longest wait between looks for the leader's file
 LAUNCH_KEEP_SECONDS = 3600.0  # a launch's files are read within its start-up
@@ -61,11 +62,12 @@ class Node:
     root: Path
 
     @classmethod
-    def from_env(cls) -> "Node | None":
+    def from_env(cls, env: PodEnv | None = None) -> "Node | None":
         """None outside torchrun, or where the cache directory cannot be written."""
-        if "LOCAL_RANK" not in os.environ:
+        env = env or PodEnv.from_environ()
+        if not env.has_local_rank:
             return None
-        root = Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "trainium-store-cache")
+        root = Path(env.store_cache or Path(tempfile.gettempdir()) / "trainium-store-cache")
         try:
             (root / "objects").mkdir(parents=True, exist_ok=True)
             (root / "launches").mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,7 @@ class Node:
             return None
         if not os.access(root, os.W_OK):
             return None
-        return cls(int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), _launch_id(), root)
+        return cls(env.local_rank, env.local_world_size or 1, _launch_id(env), root)
 
     @property
     def leads(self) -> bool:
@@ -97,10 +99,10 @@ def _start_ticks(pid: int) -> str:
         return "?"
 
 
-def _launch_id() -> str:
+def _launch_id(env: PodEnv) -> str:
     parent = os.getppid()
     return (f"{socket.gethostname()}/{parent}/{_start_ticks(parent)}/"
-            f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+            f"{env.torchelastic_run_id}/{env.torchelastic_restart_count}")
 
 
 def _write(path: Path, data: bytes) -> None:
