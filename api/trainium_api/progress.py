@@ -1,12 +1,12 @@
 """The progress annotation's schema (docs/architecture.md 3.2): how the operator learns step, speed and hangs.
 
-Local rank 0 of every pod (or trainer.watch for a command trainer) writes its own pod's annotation
+Local rank 0 of every pod (or trainer.pod.watch for a command trainer) writes its own pod's annotation
 ``trainium.dev/progress``: one JSON object, a :class:`ProgressReport` (its fields, documented one
 by one, are the wire fields of :data:`FIELDS` in camelCase), whose last four fields are the
 pod's view of its checkpoint store, which the operator cannot read itself (it runs in its own
 pod, without the trainer pods' volumes or credentials): a :class:`StoreReport`.
 :meth:`ProgressReport.to_annotation` encodes it, :meth:`ProgressReport.parse` reads it back with
-every field checked. The writer (a background thread that patches the pod) is trainer.progress;
+every field checked. The writer (a background thread that patches the pod) is trainer.contract.progress;
 the operator and tools need only this module.
 """
 
@@ -31,7 +31,7 @@ def _camel(name: str) -> str:
 
 
 # What each field may hold. The annotation is written by user code (a command trainer's log
-# is parsed by trainer.watch, and anything in the pod can patch it), so the operator checks every
+# is parsed by trainer.pod.watch, and anything in the pod can patch it), so the operator checks every
 # field for type and range and drops one that does not fit rather than compute with it. Each
 # field of the report carries its check (and its wire name where that is not the camelCase of
 # its own, and the digits it is rounded to on the wire) in its metadata: the one source of the

@@ -1,4 +1,4 @@
-"""In-place gang restarts, the operator's side (the agent's is trainer.agent; the protocol
+"""In-place gang restarts, the operator's side (the agent's is trainer.pod.agent; the protocol
 trainium_api.agent). Pure.
 
 After a failure that leaves the nodes trusted, the gang's pods stay: each pod's agent is told to

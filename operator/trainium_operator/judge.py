@@ -16,7 +16,7 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
               than guard.device_settle_seconds (a device-plugin restart
               re-registers its devices within seconds)                   -> neuron-device
   runtime     a failed pod's termination message says the Neuron runtime
-              reported a hardware fault (trainer.launch wrote it)       -> neuron-device
+              reported a hardware fault (trainer.pod.launch wrote it)   -> neuron-device
   preflight   a pod exited PREFLIGHT: the pre-flight check named its node   -> preflight
   exit        a pod failed (evicted: its own reason wins); a pod that
               only lost a peer is blamed last                           -> application | eviction

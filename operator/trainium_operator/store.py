@@ -5,7 +5,7 @@ Lustre, EFS) and has none of their credentials (an S3 bucket only their IRSA or 
 role may read), and letting it read every tenant's store would show one team's tags to anyone
 who can name the bucket. So the operator never lists a store. The pods do, with their own
 mounts and identity (our trainer knows each save it completes and the tag it resumed from;
-trainer.watch lists for a command trainer), and say what they see in their progress report
+trainer.pod.watch lists for a command trainer), and say what they see in their progress report
 (trainium_api.progress.StoreReport). From those reports come:
 
 - ``status.lastCheckpoint`` (the newest complete tag any pod of the run reports; kept while no
