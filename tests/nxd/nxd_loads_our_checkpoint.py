@@ -1,4 +1,4 @@
-"""Run under torchrun in NxD's CPU mode: NxD's own ``load_checkpoint`` (trainer/checkpoint.py)
+"""Run under torchrun in NxD's CPU mode: NxD's own ``load_checkpoint`` (trainer/checkpoint/checkpointer.py)
 reads a checkpoint root the trainer wrote, finds its newest complete tag itself, and loads each
 rank's model shard into the trainer's model built from NxD's layers; prints one JSON line per
 rank comparing every tensor with the shard file. Used by tests/nxd/test_nxd_cpu_mode.py.
