@@ -61,7 +61,7 @@ def with_replaced(status: TrainingRunStatus, run_name: str, nodes: int, index: i
 
 def _progress_of(pod: PodView, attempt: int) -> PodView:
     """A progress report written by another attempt's workers is not this attempt's progress."""
-    written = (pod.progress or {}).get("attempt")
+    written = pod.progress.attempt if pod.progress else None
     return replace(pod, progress=None) if written is not None and written != attempt else pod
 
 

@@ -53,7 +53,8 @@ class PodView:
     exit_code: int | None = None
     reason: str = ""
     message: str = ""
-    progress: dict | None = None
+    progress: progress.ProgressReport | None = None  # its report once it has a step (a field that did not fit: None)
+    # (of its store, read ``store``: checked against the operator's clock)
     store: progress.StoreReport | None = None  # what it says of its checkpoint store (its annotation)
     created: float | None = None
     unschedulable: str = ""
@@ -109,10 +110,9 @@ def pod_view(pod: dict) -> PodView:
                       if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
     if node and scheduled is None:  # bound without the condition (created with a nodeName)
         scheduled = _ts(meta.get("creationTimestamp"))
-    fields, report_errors = progress.parse_fields((meta.get("annotations") or {}).get(keys.PROGRESS))
-    store = progress.store_report(fields)  # said before the first step too (a store it cannot list)
-    report = {k: v for k, v in fields.items() if k not in progress.STORE_FIELDS} \
-        if fields and fields["step"] is not None else None
+    said, report_errors = progress.ProgressReport.parse((meta.get("annotations") or {}).get(keys.PROGRESS))
+    store = said.store_said() if said is not None else None  # said before the first step too (a store it cannot list)
+    report = said if said is not None and said.step is not None else None
     return PodView(name=meta.get("name", ""), attempt=_label_int(labels, keys.ATTEMPT),
                    index=_label_int(labels, keys.INDEX), phase=status.get("phase") or "Pending",
                    node=node, deleting=bool(meta.get("deletionTimestamp")),
@@ -221,27 +221,27 @@ class GangState:
 
 def gang_state(pods: list[PodView]) -> GangState:
     reports = [p.progress for p in pods if p.progress]
-    newest = max(reports, key=lambda r: r["step"], default=None)
+    newest = max(reports, key=lambda r: r.step, default=None)
     return GangState(
         pods=pods, running=sum(p.phase == "Running" and not p.deleting for p in pods),
         scheduled=sum(bool(p.node) for p in pods), succeeded=sum(succeeded(p) for p in pods),
-        step=newest["step"] if newest else None,
-        tokens_per_second=newest.get("tokensPerSecond") if newest else None,
-        loss=newest.get("loss") if newest else None,
-        last_checkpoint_step=max((r["lastCheckpointStep"] for r in reports if r.get("lastCheckpointStep") is not None),
+        step=newest.step if newest else None,
+        tokens_per_second=newest.tokens_per_second if newest else None,
+        loss=newest.loss if newest else None,
+        last_checkpoint_step=max((r.last_checkpoint_step for r in reports if r.last_checkpoint_step is not None),
                                  default=None),
-        last_progress_time=max((r["time"] for r in reports if r.get("time")), default=None),
-        start_step=newest.get("startStep") if newest else None,
-        first_step_time=max((r["firstStepTime"] for r in reports if r.get("firstStepTime")), default=None),
-        eval_perplexity=next((r["evalPerplexity"] for r in sorted(reports, key=lambda r: -r["step"])
-                              if r.get("evalPerplexity") is not None), None),
-        preflight_seconds=max((r["preflightSeconds"] for r in reports if r.get("preflightSeconds") is not None),
+        last_progress_time=max((r.time for r in reports if r.time), default=None),
+        start_step=newest.start_step if newest else None,
+        first_step_time=max((r.first_step_time for r in reports if r.first_step_time), default=None),
+        eval_perplexity=next((r.eval_perplexity for r in sorted(reports, key=lambda r: -r.step)
+                              if r.eval_perplexity is not None), None),
+        preflight_seconds=max((r.preflight_seconds for r in reports if r.preflight_seconds is not None),
                               default=None),
         preflight_running=any(p.preflight_running and not p.deleting for p in pods),
         # the gang trains when its slowest pod has restored: that pod's time is the phase's
-        restore_seconds=max((r["restoreSeconds"] for r in reports if r.get("restoreSeconds") is not None),
+        restore_seconds=max((r.restore_seconds for r in reports if r.restore_seconds is not None),
                             default=None),
-        restore_source=slowest_source([r.get("restoreSource") for r in reports]))
+        restore_source=slowest_source([r.restore_source for r in reports]))
 
 
 def slowest_source(sources) -> str | None:

@@ -91,11 +91,10 @@ def _clock_checked(pod: PodView, now: float) -> PodView:
         pod = dataclasses.replace(pod, store=dataclasses.replace(pod.store, checkpoint=dataclasses.replace(
             seen, time=None)), progress_errors=[*pod.progress_errors, f"checkpoint.time: {seen.time - now:.0f}s "
                                                 f"ahead of the operator's clock; dropped"])
-    at = pod.progress.get("time") if pod.progress else None
+    at = pod.progress.time if pod.progress else None
     if not isinstance(at, (int, float)) or at <= now + MAX_CLOCK_AHEAD_SECONDS:
         return pod
-    progress = {k: v for k, v in pod.progress.items() if k != "time"}
-    return dataclasses.replace(pod, progress=progress, progress_errors=[
+    return dataclasses.replace(pod, progress=dataclasses.replace(pod.progress, time=None), progress_errors=[
         *pod.progress_errors, f"time: {at - now:.0f}s ahead of the operator's clock; dropped"])
 
 

@@ -133,7 +133,7 @@ def _skipped(p: StorePass, live: list[PodView]) -> None:
     status.current.skippedCheckpoint and in an event, once per attempt and tag."""
     # a report of this attempt's workers (after an in-place restart a pod keeps the last one's)
     skipped = next((x for x in live if x.store.skipped is not None and x.progress is not None
-                    and x.progress.get("attempt") in (None, p.old.attempt)), None)
+                    and x.progress.attempt in (None, p.old.attempt)), None)
     if skipped is None:
         return
     s = skipped.store.skipped

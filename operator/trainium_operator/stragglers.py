@@ -52,21 +52,21 @@ def update(streaks: list[StragglerStreak], pods: list[PodView], spec: TrainingRu
         return [], []
     ft = spec.fault_tolerance
     reporting = {p.name: p for p in pods if p.phase == "Running" and not p.deleting and p.progress
-                 and (p.progress.get("computeSeconds") or 0.0) >= MIN_SECONDS and p.progress.get("time")}
+                 and (p.progress.compute_seconds or 0.0) >= MIN_SECONDS and p.progress.time}
     if reporting:
-        newest = max(p.progress["time"] for p in reporting.values())
+        newest = max(p.progress.time for p in reporting.values())
         fresh = STALE_INTERVALS * max(spec.logging.progress_interval_seconds, 1.0)
-        reporting = {k: p for k, p in reporting.items() if newest - p.progress["time"] <= fresh}
+        reporting = {k: p for k, p in reporting.items() if newest - p.progress.time <= fresh}
     by_pod = {s.pod: s for s in streaks}
     out: list[StragglerStreak] = []
     flagged: list[StragglerStreak] = []
-    every = sorted(p.progress["computeSeconds"] for p in reporting.values())  # once: 128 pods a pass
+    every = sorted(p.progress.compute_seconds for p in reporting.values())  # once: 128 pods a pass
     for name, p in sorted(reporting.items()):
         old = by_pod.get(name, StragglerStreak(pod=name, node=p.node or ""))
-        mine = p.progress["computeSeconds"]
+        mine = p.progress.compute_seconds
         at = bisect_left(every, mine)
         others = every[:at] + every[at + 1:]  # still sorted: median() is linear on it
-        report_time = p.progress["time"]
+        report_time = p.progress.time
         if not others or report_time == old.report_time:
             if old.reports:
                 out.append(old)  # no new report from it (or no one to compare with): unchanged

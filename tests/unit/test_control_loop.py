@@ -4,12 +4,14 @@ start their container. Pure: reconcile over plain objects."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from tests.unit.test_operator_core import RUN, SPEC, _node
 from trainium_api.load import lenient, to_dict
+from trainium_api.progress import ProgressReport
 from trainium_api.status import TrainingRunStatus
 from trainium_operator.judge import find_failure
 from trainium_operator.observe import gang_state, node_view, pod_view
@@ -158,10 +160,10 @@ def test_a_malformed_progress_field_is_dropped_and_named_never_raised(annotation
     view = pod_view({"metadata": {"name": "r-a1-0", "annotations": {"trainium.dev/progress": annotation},
                                   "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": "0"}},
                      "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}})
-    assert (view.progress or {}).get("step") == step
+    assert (view.progress.step if view.progress else None) == step
     assert sorted({e.split(":")[0] for e in view.progress_errors} - {"not JSON", "not a JSON object"}
                   - {e for e in view.progress_errors if e.startswith("longer")}) == sorted(dropped)
-    assert view.progress is None or all(view.progress[d] is None for d in dropped)
+    assert view.progress is None or all(json.loads(view.progress.to_annotation())[d] is None for d in dropped)
     if step is None and not dropped:
         assert view.progress is None and view.progress_errors  # a whole report refused, and why
     others = [pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
@@ -467,7 +469,7 @@ def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = _reporting(1, 3, 99.0)
     for p in pods:
-        p.progress["preflightSeconds"] = 4.5
+        p.progress = replace(p.progress, preflight_seconds=4.5)
     run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 50.0,
                 "current": {"gangRunningTime": 40.0, "lastStep": 2, "lastStepTime": 90.0}})
     r = reconcile_objects(run, pods, nodes, now=100.0)
@@ -536,7 +538,7 @@ def test_an_attempts_checkpoint_restore_is_goodput_s_own_phase():
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     pods = _reporting(1, 3, 99.0)
     for i, p in enumerate(pods):
-        p.progress["restoreSeconds"] = [2.5, 6.0, 3.0, 1.0][i]
+        p.progress = replace(p.progress, restore_seconds=[2.5, 6.0, 3.0, 1.0][i])
     run = _run({"phase": "Running", "attempt": 1, "createdTime": 0.0, "firstProgressTime": 50.0,
                 "current": {"gangRunningTime": 40.0, "lastStep": 2, "lastStepTime": 90.0}})
     r = reconcile_objects(run, pods, nodes, now=100.0)
@@ -557,12 +559,12 @@ def test_restore_and_check_times_rise_to_the_slowest_pod_as_reports_arrive():
     pods = _reporting(1, 3, 99.0)
     for p in pods:
         p.progress = None
-    pods[0].progress = {"step": 3, "time": 99.0, "restoreSeconds": 2.5, "preflightSeconds": 4.0}
+    pods[0].progress = ProgressReport(step=3, time=99.0, restore_seconds=2.5, preflight_seconds=4.0, start_step=None)
     r = reconcile_objects(run, pods, nodes, now=100.0)
     assert (r.after.restore_seconds, r.after.preflight_seconds) == (2.5, 4.0)
     for i, p in enumerate(pods):
-        p.progress = {"step": 3, "time": 99.0, "restoreSeconds": [2.5, 6.0, 3.0, 1.0][i],
-                      "preflightSeconds": [4.0, 4.5, 4.0, 4.0][i]}
+        p.progress = ProgressReport(step=3, time=99.0, restore_seconds=[2.5, 6.0, 3.0, 1.0][i],
+                                    preflight_seconds=[4.0, 4.5, 4.0, 4.0][i], start_step=None)
     r = reconcile_objects(_after(r, run), pods, nodes, now=101.0)
     assert (r.after.current.restore_seconds, r.after.restore_seconds) == (6.0, 6.0)
     assert (r.after.current.preflight_seconds, r.after.preflight_seconds) == (4.5, 4.5)

@@ -3,6 +3,8 @@ the policy's quarantine for it). Pure."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.unit.test_judge import GUARD, NOW, node, pod
@@ -110,9 +112,8 @@ def test_bad_values_are_refused_with_the_field_named():
 def test_stale_tiny_and_absurd_reports_are_not_compared():
     # a pod whose reports stopped long ago is no one's baseline
     views = reports(NOW, {2: 0.5})
-    views[0].progress["time"] = NOW - 3600
-    views[1].progress["time"] = NOW - 3600
-    views[3].progress["time"] = NOW - 3600
+    for i in (0, 1, 3):
+        views[i].progress = replace(views[i].progress, time=NOW - 3600)
     assert stragglers.update([], views, FT, NOW) == ([], [])
     # a tiny value cannot make a ratio of infinity (it would not even be JSON in the status)
     views = reports(NOW, {0: 5e-324, 1: 5e-324, 3: 5e-324, 2: 1e6})
