@@ -76,8 +76,8 @@ class SkippedCheckpoint:
     error: str
 
 
-def _object(cls: type):
-    return _wire(check=lambda value: _checked_object(cls, value))
+def _object(cls: type, name: str | None = None):
+    return _wire(check=lambda value: _checked_object(cls, value), name=name)
 
 
 def _store_error(value) -> tuple[object, str]:
@@ -102,8 +102,7 @@ class StoreReport:
     save_failure: SaveFailure | None = _object(SaveFailure)
     """The newest failed save ``{tag, error, count}`` (count: failed saves since the last one
     that completed; None once one completes)."""
-    skipped: SkippedCheckpoint | None = _wire(check=lambda value: _checked_object(SkippedCheckpoint, value),
-                                              name="skippedCheckpoint")
+    skipped: SkippedCheckpoint | None = _object(SkippedCheckpoint, name="skippedCheckpoint")
     """A complete tag this attempt did not resume from because it was damaged ``{tag, error}``
     (it took the previous one)."""
 
@@ -116,7 +115,7 @@ class StoreReport:
             if "error" in out:
                 out["error"] = _cut(out["error"])
             return out
-        return {wire: obj(getattr(self, name)) for name, wire, _ in _schema(StoreReport)}
+        return {wire: obj(getattr(self, name)) for name, wire, _ in _STORE_SCHEMA}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,7 +194,7 @@ class ProgressReport:
                     errors.append(f"{wire}: {why}")
             return out
         fields = checked(_SCHEMA)
-        report = cls(**fields, store=StoreReport(**checked(_schema(StoreReport))))
+        report = cls(**fields, store=StoreReport(**checked(_STORE_SCHEMA)))
         if data.get("step") is None and report.store == StoreReport():
             errors.insert(0, "step: missing")  # neither progress nor a word on the store
         return report, errors
@@ -212,7 +211,8 @@ def _schema(cls: type) -> tuple[tuple[str, str, dict], ...]:
 
 
 _SCHEMA = _schema(ProgressReport)
-STORE_FIELDS = tuple(wire for _, wire, _ in _schema(StoreReport))  # the store's part of a report
+_STORE_SCHEMA = _schema(StoreReport)
+STORE_FIELDS = tuple(wire for _, wire, _ in _STORE_SCHEMA)  # the store's part of a report
 FIELDS = tuple(wire for _, wire, _ in _SCHEMA) + STORE_FIELDS  # every wire field, in the order written
 
 
