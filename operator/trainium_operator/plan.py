@@ -14,7 +14,6 @@ attempt's pods have the same spec.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 import yaml

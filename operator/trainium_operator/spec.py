@@ -23,9 +23,7 @@ from trainium_api.spec import (
     ENV_SOURCES,
     GROUPS,
     INSTANCE_TYPES,
-    LAYOUTS,
     TRAINER_IDENTITY,
-    TrainerConfig,
     TrainingRunSpec,
 )
 
