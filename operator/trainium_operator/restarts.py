@@ -97,19 +97,21 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
         avoid(p, action.avoid_node, failure.message)
     new.current.restart = action.restart
     after = f" in {action.delay_seconds:.0f}s" if action.delay_seconds else ""
-    RESTART[action.restart](p, failure, action, f"{failure.cause}: {failure.message}", after)
+    # made for every kind, as the status keeps the grace ordered (current.stopGraceSeconds),
+    # a recreate's too; in place and replace send it to the pods that stay
+    order = _stop_order(p, old.attempt + 1)
+    RESTART[action.restart](p, failure, action, order, f"{failure.cause}: {failure.message}", after)
     account(p, now)
 
 
-def _in_place(p: Pass, failure: Failure, action: Action, what: str, after: str) -> None:
+def _in_place(p: Pass, failure: Failure, action: Action, order: Order, what: str, after: str) -> None:
     """Every agent of the gang is told to stop its workers; the pods stay."""
     p.new.restarts_in_place = p.old.restarts_in_place + 1
     p.event(Reason.RESTARTING, f"{what}; restarting the gang in place{after}", warning=True)
-    order = _stop_order(p, p.old.attempt + 1)
     p.effects += [OrderPod(x.name, order) for x in p.gang]
 
 
-def _replace(p: Pass, failure: Failure, action: Action, what: str, after: str) -> None:
+def _replace(p: Pass, failure: Failure, action: Action, order: Order, what: str, after: str) -> None:
     """The failed index's pod is deleted (at once on a node known dead) and a ready spare takes
     its index at once, else a new pod will; the other agents are told to stop their workers."""
     old, new, target = p.old, p.new, p.old.attempt + 1
@@ -118,7 +120,6 @@ def _replace(p: Pass, failure: Failure, action: Action, what: str, after: str) -
     spare = ready_spare(p)
     new.current.replacing = action.replace_index
     new.current.replacement = spare.name if spare else plan.pod_name(p.name, target, action.replace_index)
-    order = _stop_order(p, target)
     if spare is not None:
         new.current.replacement_since = p.now  # it takes the index at once: labelled as the gang's, told to stop (it runs nothing)
         p.effects.append(take_index(spare, order, target, action.replace_index))
@@ -130,14 +131,14 @@ def _replace(p: Pass, failure: Failure, action: Action, what: str, after: str) -
     p.delete([failed], grace=0 if node_gone(p, failed) else None)
 
 
-def _recreate(p: Pass, failure: Failure, action: Action, what: str, after: str) -> None:
+def _recreate(p: Pass, failure: Failure, action: Action, order: Order, what: str, after: str) -> None:
     """The gang's pods are deleted; the next attempt's are created once they are gone."""
     p.event(Reason.RESTARTING, f"{what}; restarting the gang{after}"
             + (f" (recreated: {action.recreated_because})" if p.spec.in_place_on() else ""), warning=True)
     p.delete(p.current)
 
 
-RESTART: dict[str, Callable[[Pass, Failure, Action, str, str], None]] = {
+RESTART: dict[str, Callable[[Pass, Failure, Action, Order, str, str], None]] = {
     "inPlace": _in_place, "replace": _replace, "recreate": _recreate}
 """Each restart kind of the verdict -> what starts it (and TEARDOWN what sees it through)."""
 

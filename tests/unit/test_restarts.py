@@ -58,6 +58,9 @@ def test_the_verdict_applied(name, failed, action, said, stopped, deleted, taint
     p = make_pass({"phase": "Running", "attempt": 1}, [pod(0), pod(1)], spec=SPEC)
     act_on(p, Verdict(failed, action=action), Standing(checkpoint_step=40), gang_state(p.current))
     assert (events(p), orders(p), deletes(p), taints(p)) == (said, stopped, deleted, tainted)
+    # every restart kind keeps the grace it ordered, or would have, in status (found by review:
+    # a recreate's stopGraceSeconds was lost once); a failed run orders nothing
+    assert p.new.current.stop_grace_seconds == (30.0 if action.kind == "restart" else None)
     (record,) = p.new.failures  # written once, whole
     assert (record.cause, record.action, record.restart, record.checkpoint_step) == \
         (failed.cause, action.kind, action.restart, 40)
