@@ -50,7 +50,7 @@ RUN pip install --no-cache-dir --no-deps /src \
     && rm -rf /src \
     && python -c "import torch, torch_xla, torch_neuronx, neuronx_distributed; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"
 ENV PYTHONUNBUFFERED=1 MALLOC_ARENA_MAX=64
-ENTRYPOINT ["python", "-m", "trainer.pod.launch"]
+ENTRYPOINT ["python", "-m", "trainer.launch"]
 
 FROM ${TORCHNEURON_BASE_IMAGE} AS trainer-torchneuron
 # As the trainer target: the base's torch and torch-neuronx are never replaced. Our other
@@ -65,7 +65,7 @@ RUN pip install --no-cache-dir --no-deps /src \
     && rm -rf /src \
     && python -c "import torch, torch_neuronx; assert tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) > (2, 9), torch.__version__; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"
 ENV PYTHONUNBUFFERED=1 MALLOC_ARENA_MAX=64
-ENTRYPOINT ["python", "-m", "trainer.pod.launch"]
+ENTRYPOINT ["python", "-m", "trainer.launch"]
 
 FROM ${PYTHON_IMAGE} AS trainer-cpu
 COPY --from=source /src /src
@@ -74,4 +74,4 @@ RUN pip install --no-cache-dir "/src[trainer]" -c /src/tools/constraints.txt \
     && useradd --uid 65532 --create-home --shell /usr/sbin/nologin trainer
 USER 65532
 ENV PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-ENTRYPOINT ["python", "-m", "trainer.pod.launch"]
+ENTRYPOINT ["python", "-m", "trainer.launch"]

@@ -1,6 +1,6 @@
 """In-place restarts: the pod's agent and the operator talk through two annotations of the pod.
 
-The pod's main process (``python -m trainer.pod.launch --agent ...``, trainer.pod.agent) runs the
+The pod's main process (``python -m trainer.launch --agent ...``, trainer.pod.agent) runs the
 workers (torchrun) as its child and outlives them. It reports on its own pod, in
 :data:`trainium_api.keys.AGENT_REPORT` (written by code in the run's pod: parsed strictly, bounded):
 

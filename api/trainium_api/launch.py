@@ -1,8 +1,15 @@
-"""The pod command's own flags: the operator builds the command line
-(``python -m trainer.pod.launch [FLAGS] [torchrun options] ...``, trainium_operator.plan) and
-trainer.pod.launch takes these flags out before torchrun parses the rest. Defined here so both
-sides read one spelling without the operator importing the trainer.
+"""The pod command's entry points and own flags: the operator builds the command line
+(``python -m trainer.launch [FLAGS] [torchrun options] ...``, trainium_operator.plan) and the
+launcher (trainer.pod.launch) takes these flags out before torchrun parses the rest. Defined here
+so both sides read one spelling without the operator importing the trainer.
 """
+
+# The modules the pod command runs. They are the pod contract: a trainer image built before or
+# after an operator upgrade must answer to the names the operator writes, so these stay the
+# same when the trainer's code moves (trainer/launch.py and trainer/watch.py are only these
+# entry points; the code is trainer.pod.launch and trainer.pod.watch).
+LAUNCH_MODULE = "trainer.launch"
+WATCH_MODULE = "trainer.watch"
 
 # `--neuron-precompile-steps N` (spec.compileCache.precompileSteps): trainer.pod.launch first runs the
 # same command under neuron_parallel_compile for N steps, then the real run.

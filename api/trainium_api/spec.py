@@ -601,7 +601,7 @@ class TrainerConfig:
     training, data, checkpoint, health, logging and init groups. command: your own script (e.g. an
     NxD example or NxD Training's training_orchestrator.py) run unmodified under torchrun with the
     same pod contract; its progress is read from its log and its checkpoints from checkpoint.uri,
-    in its pods (python -m trainer.pod.watch)."""
+    in its pods (python -m trainer.watch)."""
     command: list[str] = field(default_factory=list)
     """With kind command: what torchrun runs in every process, a Python script or -m module,
     then its arguments. $(VAR) references to the pod's environment are expanded

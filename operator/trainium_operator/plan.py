@@ -1,12 +1,12 @@
 """Desired children of a TrainingRun: headless Service, ConfigMap, one Pod per node. Pure.
 
 The pod contract (docs/architecture.md 3.2): pod i of attempt a is ``<run>-a<a>-<i>``, reachable as
-``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.pod.launch`` (torchrun
+``<run>-<i>.<run>`` through the headless Service; it runs ``python -m trainer.launch`` (torchrun
 with the exit-code contract) with ``processesPerNode`` ranks; the rendered trainer config is
 mounted from the ConfigMap; restarts are the operator's job (restartPolicy Never).
 
 A command trainer (spec.trainer.kind command) gets the same contract with the user's script in
-place of ``-m trainer``, under ``python -m trainer.pod.watch``, which reads progress from its log;
+place of ``-m trainer``, under ``python -m trainer.watch``, which reads progress from its log;
 no ConfigMap. The watch lists the run's checkpoint store from the pod (the operator cannot see it)
 and tells an NxDT command which checkpoint to resume from (trainer.pod.store_watch), so every
 attempt's pods have the same spec.
@@ -21,7 +21,7 @@ import yaml
 from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, KIND
 from trainium_api import podenv as E
-from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG
+from trainium_api.launch import AGENT_FLAG, LAUNCH_MODULE, PRECOMPILE_FLAG, PREFLIGHT_FLAG, WATCH_MODULE
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
@@ -195,13 +195,13 @@ def _command(spec: TrainingRunSpec, index: int, master: str) -> list[str]:
     check = ([PREFLIGHT_FLAG, f"{ft.preflight_slow_factor:g},{ft.preflight_timeout_seconds:g},{spec.backend or 'auto'}"]
              if spec.preflight_on() else [])
     agent = [AGENT_FLAG] if spec.in_place_on() else []  # first: the agent runs the rest as its child
-    launch = ["python", "-m", "trainer.pod.launch", *agent, *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
+    launch = ["python", "-m", LAUNCH_MODULE, *agent, *precompile, *check, "--nnodes", str(spec.nodes), "--node_rank", str(index),
               "--nproc_per_node", str(spec.processes_per_node), "--master_addr", master,
               "--master_port", str(MASTER_PORT)]
     if not spec.trainer.is_command:
         return [*launch, "-m", "trainer", "--config", f"{CONFIG_MOUNT}/run.yaml"]
     t = spec.trainer
-    watch = ["python", "-m", "trainer.pod.watch", "--format", t.progress_format,
+    watch = ["python", "-m", WATCH_MODULE, "--format", t.progress_format,
              "--interval", str(spec.run.logging.progress_interval_seconds)]
     if t.progress_regex:
         watch += ["--regex", t.progress_regex]

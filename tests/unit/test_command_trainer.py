@@ -82,9 +82,9 @@ def test_pod_runs_the_script_under_the_watch_which_lists_the_store_from_the_pod(
     c = pod["spec"]["containers"][0]
     cmd = c["command"]
     split = cmd.index("--")
-    assert cmd[:split] == ["python", "-m", "trainer.pod.watch", "--format", "nxdt", "--interval", "2.0",
+    assert cmd[:split] == ["python", "-m", "trainer.watch", "--format", "nxdt", "--interval", "2.0",
                            "--tokens-per-sample", "4096", "--checkpoint-layout", "nxdt"]
-    assert cmd[split + 1:split + 4] == ["python", "-m", "trainer.pod.launch"]
+    assert cmd[split + 1:split + 4] == ["python", "-m", "trainer.launch"]
     assert cmd[cmd.index("--node_rank") + 1] == "1" and cmd[cmd.index("--nproc_per_node") + 1] == "2"
     # the resume override is the watch's (trainer.pod.store_watch), from what the pod lists
     tail = cmd[cmd.index("--master_port") + 2:]

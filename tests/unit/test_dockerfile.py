@@ -50,4 +50,4 @@ def test_neuron_targets_install_the_trainers_dependencies_but_never_torch():
         named = {re.split(r"[<>=\[]", w.strip('"'))[0] for w in installs[1].split() if not w.startswith("-")
                  and "constraints.txt" not in w}
         assert named == wanted, (target, named ^ wanted)
-        assert check in stage and 'ENTRYPOINT ["python", "-m", "trainer.pod.launch"]' in stage
+        assert check in stage and 'ENTRYPOINT ["python", "-m", "trainer.launch"]' in stage

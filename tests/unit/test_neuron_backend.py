@@ -179,7 +179,7 @@ def test_precompile_steps_render_into_the_pod_command_on_neuron_only():
     body = example("llama2-7b.yaml")
     body["compileCache"] = {**body["compileCache"], "precompileSteps": 10}
     cmd = plan.pod(RUN, parse(body), 0, 0, [])["spec"]["containers"][0]["command"]
-    assert cmd[:6] == ["python", "-m", "trainer.pod.launch", AGENT_FLAG, PRECOMPILE_FLAG, "10"]
+    assert cmd[:6] == ["python", "-m", "trainer.launch", AGENT_FLAG, PRECOMPILE_FLAG, "10"]
     argv = cmd[4:]
     assert _pop_precompile(argv) == 10 and argv[:2] == [PREFLIGHT_FLAG, "2,300,neuron"]  # on by default on trn1
     assert _pop_flag(argv, PREFLIGHT_FLAG) == "2,300,neuron" and argv[0] == "--nnodes"  # torchrun never sees either

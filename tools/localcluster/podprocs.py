@@ -101,13 +101,13 @@ def parked_pids(init_pid: int) -> list[int]:
 
 
 def is_agent(pid: int) -> bool:
-    """Whether ``pid`` is a pod's agent (trainer.pod.launch --agent: in-place restarts)."""
-    from trainium_api.launch import AGENT_FLAG
+    """Whether ``pid`` is a pod's agent (trainer.launch --agent: in-place restarts)."""
+    from trainium_api.launch import AGENT_FLAG, LAUNCH_MODULE
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
-    return "trainer.pod.launch" in argv and AGENT_FLAG in argv
+    return LAUNCH_MODULE in argv and AGENT_FLAG in argv
 
 
 def signal_all(init_pid: int, sig: int, spare_agent: bool = False) -> list[int]:
