@@ -10,6 +10,9 @@
               passes that detect it, tear the attempt down and start the next one; counted
               twice: handed alone, and handed alone or in a list of pods
 
+  hand-offs   in the pass that finds the failure, each call reconcile.py makes to another
+              module handing it the failure or what is decided about it
+
 Counted with sys.setprofile on real calls, so the figure follows the code, not a reading.
 """
 from __future__ import annotations
@@ -156,11 +159,56 @@ def failed_pod_walk(depth: int = 2) -> set[str]:
     return seen
 
 
+def hand_offs_from_the_pass() -> list[str]:
+    """In the pass that finds pod 2 failed: each call that reconcile.py makes to another module
+    handing it the failure (or what is decided about it), as "caller -> callee"."""
+    from trainium_operator.observe import pod_view
+    from trainium_operator.reconcile import reconcile_objects
+    from tests.unit.test_operator_core import RUN, _node
+
+    def raw(i: int, failed: bool = False) -> dict:
+        status = ({"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+                  if failed else {"phase": "Running"})
+        return {"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)},
+                             "annotations": {"trainium.dev/progress": '{"step": 50, "time": 990.0}'}},
+                "spec": {"nodeName": f"n{i}"}, "status": status}
+
+    run = copy.deepcopy(RUN)
+    run["status"] = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "runningSince": 100.0,
+                     "conditions": [{"type": "Valid", "status": "True"}]}
+    pods = [pod_view(raw(i, failed=i == 2)) for i in range(4)]
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
+    kinds = ("Failure", "FailureRecord", "Verdict", "Action")
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event != "call" or not _ours(frame) or frame.f_back is None:
+            return
+        caller = frame.f_back.f_globals.get("__name__", "")
+        if caller != "trainium_operator.reconcile" or _ours(frame) == caller:
+            return
+        code = frame.f_code
+        for var in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+            if type(frame.f_locals.get(var)).__name__ in kinds:
+                calls.append(f"{frame.f_back.f_code.co_name} -> {_ours(frame)}.{code.co_name}")
+                break
+
+    sys.setprofile(profile)
+    try:
+        reconcile_objects(run, pods, nodes, 1000.0)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 def main() -> int:
     spec, failed, alone = sorted(spec_walk()), sorted(failed_pod_walk()), sorted(failed_pod_walk(depth=0))
     print(f"spec: {len(spec)} modules: {' '.join(spec)}")
     print(f"failed pod (alone or in a list of pods): {len(failed)} modules: {' '.join(failed)}")
     print(f"failed pod (alone): {len(alone)} modules: {' '.join(alone)}")
+    hand_offs = hand_offs_from_the_pass()
+    print(f"hand-offs of the failure out of reconcile.py in the detecting pass: {len(hand_offs)}: "
+          + "; ".join(hand_offs))
     return 0
 
 
