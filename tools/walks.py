@@ -32,21 +32,13 @@ def _ours(frame) -> str | None:
     return name if name.split(".")[0] in OURS else None
 
 
-def modules_running(fn) -> set[str]:
-    seen: set[str] = set()
-
-    def profile(frame, event, arg):
-        if event == "call":
-            name = _ours(frame)
-            if name:
-                seen.add(name)
-
+def _profiled(fn, profile) -> None:
+    """Run ``fn`` with ``profile`` called on every Python call, and no profile after."""
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
-    return seen
 
 
 def _holds(value, marks: list, depth: int = 2) -> bool:
@@ -81,11 +73,7 @@ def modules_handed(fn, marks: list, grows=lambda value: False, depth: int = 2) -
                 seen.add(name)
                 break
 
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
+    _profiled(fn, profile)
     return seen
 
 
@@ -197,11 +185,7 @@ def hand_offs_from_the_pass() -> list[str]:
                 calls.append(f"{frame.f_back.f_code.co_name} -> {_ours(frame)}.{code.co_name}")
                 break
 
-    sys.setprofile(profile)
-    try:
-        reconcile_objects(run, pods, nodes, 1000.0)
-    finally:
-        sys.setprofile(None)
+    _profiled(lambda: reconcile_objects(run, pods, nodes, 1000.0), profile)
     return calls
 
 

@@ -44,6 +44,7 @@ from .proctable import proc_self as _proc_self
 from .proctable import process_table as _process_table
 from .proctable import status as _status
 from . import warm
+from ..contract import termination
 from ..contract.podenv import PodEnv, child_environ
 from ..contract.progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
@@ -413,11 +414,8 @@ class Agent:
         self.drop_parked()
         path = self.env.termination_log
         text = self.message()
-        if path and text:
-            try:
-                Path(path).write_text(text)
-            except OSError as exc:
-                log(f"could not write the termination message to {path}: {exc}")
+        if text:
+            termination.write(path, text, log)
         Path(self.message_path).unlink(missing_ok=True)
         shutil.rmtree(self.busy_dir, ignore_errors=True)
         return code

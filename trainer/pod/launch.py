@@ -35,6 +35,7 @@ from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PRE
 
 from . import liveness, warm
 from .outputwatch import OutputWatch
+from ..contract import termination
 from ..contract.podenv import PRECOMPILE_ENV, PodEnv, child_environ
 from ..contract.progress import annotate_own_pod
 
@@ -128,17 +129,9 @@ def _hung_rank(hung: liveness.Hung, env: PodEnv) -> None:
     torchrun ends the check, and end the pod if torchrun cannot (a process stuck in the kernel)."""
     reason = f"node {liveness.node_name(env)}: {hung.reason}"
     print(f"trainer.pod.launch: this node failed the pre-flight check: {reason}", file=sys.stderr, flush=True)
-    path = env.termination_log
-    if path:
-        try:
-            with open(path, "w") as f:
-                f.write(verdicts.format_message(reason))
-        except OSError as exc:
-            print(f"trainer.pod.launch: could not write the termination message to {path}: {exc}", file=sys.stderr)
-    try:
+    termination.write(env.termination_log, verdicts.format_message(reason), _warn)
+    with contextlib.suppress(ProcessLookupError):
         os.kill(hung.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _hung_rank_lingers() -> None:
@@ -198,13 +191,11 @@ def report_fault(finding: runtimefaults.Finding | None, path: str | None) -> Non
         return
     print(f"trainer.pod.launch: the Neuron runtime reported {finding.status} ({finding.kind}): {finding.evidence}",
           file=sys.stderr, flush=True)
-    if not path:
-        return
-    try:
-        with open(path, "w") as f:
-            f.write(runtimefaults.format_message(finding))
-    except OSError as exc:
-        print(f"trainer.pod.launch: could not write the termination message to {path}: {exc}", file=sys.stderr)
+    termination.write(path, runtimefaults.format_message(finding), _warn)
+
+
+def _warn(message: str) -> None:
+    print(f"trainer.pod.launch: {message}", file=sys.stderr)
 
 
 def _stop_watch(watch: OutputWatch, forked: bool):

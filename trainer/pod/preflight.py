@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from trainium_api import exitcodes, preflight
 
+from ..contract import termination
 from ..contract.podenv import PodEnv
 from .liveness import Heartbeat, node_name
 
@@ -224,11 +225,7 @@ def check(argv: list[str], beat: Heartbeat, env: PodEnv) -> int:
     if node_rank in named:
         path = env.termination_log
         if local_rank == 0 and path:
-            try:
-                with open(path, "w") as f:
-                    f.write(preflight.format_message(named[node_rank]))
-            except OSError as exc:
-                log(f"could not write the termination message: {exc}")
+            termination.write(path, preflight.format_message(named[node_rank]), log)
         elif path:
             # the first rank to exit makes torchrun stop the others: the node's other ranks give
             # local rank 0 time to write the reason (CI saw it killed mid-write: an empty message)

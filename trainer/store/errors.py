@@ -44,6 +44,7 @@ from typing import Callable, Iterator, TypeVar
 
 from trainium_api import exitcodes, storefaults
 
+from ..contract import termination
 from ..contract.podenv import PodEnv
 
 log = logging.getLogger("trainer.store")
@@ -226,13 +227,7 @@ def _say_in_termination_message(reason: str) -> None:
     (trainium_api.storefaults), so the operator restarts the run under its own cause ``store``
     rather than as a crash that counts toward the no-progress guard."""
     path = PodEnv.from_environ().termination_log  # deep in a read's give-up: read here
-    if not path:
-        return
-    try:
-        with open(path, "w") as fh:
-            fh.write(storefaults.format_message(reason))
-    except OSError as exc:
-        log.warning("could not write the termination message to %s: %s", path, exc)
+    termination.write(path, storefaults.format_message(reason), log.warning)
 
 
 def retry(read: Callable[[], T], what: str, policy: Backoff | None = None, *,
