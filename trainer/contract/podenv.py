@@ -16,6 +16,7 @@ refuse is refused where the backend is chosen, naming the variable, not here).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -93,16 +94,13 @@ class PodEnv:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> PodEnv:
         """This process's environment (or ``environ``), read once."""
         e = os.environ if environ is None else environ
-        local_world = e.get("LOCAL_WORLD_SIZE")
-        group_rank = e.get("GROUP_RANK")
-        preflight_seconds = e.get(names.PREFLIGHT_SECONDS_ENV)
         return cls(
-            rank=int(e.get("RANK", "0")),
-            local_rank=int(e.get("LOCAL_RANK", "0")),
+            rank=_number(e, "RANK", 0),
+            local_rank=_number(e, "LOCAL_RANK", 0),
             has_local_rank="LOCAL_RANK" in e,
-            world_size=int(e.get("WORLD_SIZE", "1")),
-            local_world_size=int(local_world) if local_world is not None else None,
-            group_rank=int(group_rank) if group_rank is not None else None,
+            world_size=_number(e, "WORLD_SIZE", 1),
+            local_world_size=_number(e, "LOCAL_WORLD_SIZE", None),
+            group_rank=_number(e, "GROUP_RANK", None),
             torchelastic_run_id=e.get("TORCHELASTIC_RUN_ID", ""),
             torchelastic_restart_count=e.get("TORCHELASTIC_RESTART_COUNT", "0"),
             node_rank=e.get(names.NODE_RANK, "0"),
@@ -116,7 +114,7 @@ class PodEnv:
             termination_log=e.get(names.TERMINATION_LOG_ENV, ""),
             preflight_devices=e.get(names.PREFLIGHT_DEVICES_ENV, ""),
             preflight_passed=frozenset(n for n in e.get(names.PREFLIGHT_PASSED_ENV, "").split(",") if n),
-            preflight_seconds=float(preflight_seconds) if preflight_seconds else None,
+            preflight_seconds=_number(e, names.PREFLIGHT_SECONDS_ENV, None, float),
             preflight_seconds_file=e.get(names.PREFLIGHT_SECONDS_FILE_ENV, ""),
             preflight_heartbeats=e.get(names.PREFLIGHT_HEARTBEATS_ENV, ""),
             await_start=e.get(names.AWAIT_START_ENV) == "1",
@@ -128,14 +126,14 @@ class PodEnv:
             neuron_cc_flags=e.get(names.NEURON_CC_FLAGS, ""),
             precompile_steps=e.get(PRECOMPILE_ENV),
             lazy_steps=e.get(LAZY_STEPS_ENV) == "1",
-            fault_ckpt_write_delay=float(e.get(FAULT_CKPT_WRITE_DELAY_ENV, "0") or 0),
+            fault_ckpt_write_delay=_number(e, FAULT_CKPT_WRITE_DELAY_ENV, 0.0, float),
             memory_dir=e.get(MEMORY_DIR_ENV, ""),
             store_cache=e.get(STORE_CACHE_ENV, ""),
             nxd_cpu_mode=e.get(NXD_CPU_MODE_ENV, "0"),
             kubernetes_service_host=e.get("KUBERNETES_SERVICE_HOST", ""),
             kubeconfig=e.get("KUBECONFIG", ""),
             omp_num_threads=e.get("OMP_NUM_THREADS"),
-            job_completion_index=int(e.get("JOB_COMPLETION_INDEX", "0")),
+            job_completion_index=_number(e, "JOB_COMPLETION_INDEX", 0),
         )
 
     @property
@@ -160,6 +158,20 @@ class PodEnv:
     def precompiling(self) -> int:
         """The pre-compilation pass's steps; 0 outside it."""
         return int(self.precompile_steps or 0)
+
+
+def _number(environ: Mapping[str, str], name: str, default, kind=int):
+    """``name``'s value as a number; unset or empty: ``default``. A value that is no number is
+    said and ignored, never raised: these names are not the pod contract's, so a run's spec.env
+    may set them, and torchrun sets its own for the workers, where they are read."""
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        print(f"trainer: ignoring {name}={raw[:40]!r}: not a number", file=sys.stderr, flush=True)
+        return default
 
 
 def child_environ(**extra: str) -> dict[str, str]:
