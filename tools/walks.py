@@ -77,6 +77,26 @@ def modules_handed(fn, marks: list, grows=lambda value: False, depth: int = 2) -
     return seen
 
 
+def _raw_pod(i: int, attempt: int = 1, failed: bool = False) -> dict:
+    """Pod ``i`` of ``attempt`` as the API server holds it: at step 50, running, or its trainer
+    exited 1."""
+    from trainium_api import keys
+    status = ({"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+              if failed else {"phase": "Running"})
+    return {"metadata": {"name": f"r-a{attempt}-{i}", "labels": {keys.ATTEMPT: str(attempt), keys.INDEX: str(i)},
+                         "annotations": {keys.PROGRESS: '{"step": 50, "time": 990.0}'}},
+            "spec": {"nodeName": f"n{i}"}, "status": status}
+
+
+def _running_run() -> dict:
+    """Run r (tests.unit.test_operator_core.RUN: 4 nodes) with attempt 1 running."""
+    from tests.unit.test_operator_core import RUN
+    run = copy.deepcopy(RUN)
+    run["status"] = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "runningSince": 100.0,
+                     "conditions": [{"type": "Valid", "status": "True"}]}
+    return run
+
+
 def spec_walk() -> set[str]:
     """A new run's spec, from its raw object to the spec the pass decides on."""
     from trainium_operator import observer
@@ -84,9 +104,7 @@ def spec_walk() -> set[str]:
     from tests.unit.test_operator_core import RUN
     run = copy.deepcopy(RUN)
     marks: list = [run, run["spec"]]
-    cached = getattr(observer, "_parsed_text", None)  # a spec seen before is not parsed again
-    if cached is not None and hasattr(cached, "cache_clear"):
-        cached.cache_clear()
+    observer._parsed_text.cache_clear()  # a spec seen before is not parsed again
 
     def grows(value) -> bool:  # what is parsed from it: the typed spec and its groups, and its
         # raw object as dict or as JSON text (a parse cache keys on the text)
@@ -102,13 +120,10 @@ def failed_pod_walk(depth: int = 2) -> set[str]:
     """Attempt 1 runs on 4 nodes; pod 2's trainer exits 1. Passes until attempt 2 starts."""
     from trainium_operator.observe import pod_view
     from trainium_operator.reconcile import reconcile_objects
-    from tests.unit.test_operator_core import RUN, _node
+    from trainium_api import keys
+    from tests.unit.test_operator_core import _node
 
-    raw_failed = {"metadata": {"name": "r-a1-2", "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": "2"},
-                               "annotations": {"trainium.dev/progress": '{"step": 50, "time": 990.0}'}},
-                  "spec": {"nodeName": "n2"},
-                  "status": {"phase": "Failed", "containerStatuses": [
-                      {"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}}
+    raw_failed = _raw_pod(2, failed=True)
     marks: list = [raw_failed]
 
     def grows(value) -> bool:  # the failure found in the pod and what records it
@@ -120,18 +135,11 @@ def failed_pod_walk(depth: int = 2) -> set[str]:
 
     def walk() -> None:
         def pod(i: int, attempt: int = 1):
-            raw = {"metadata": {"name": f"r-a{attempt}-{i}", "labels": {"trainium.dev/attempt": str(attempt),
-                                                                        "trainium.dev/index": str(i)},
-                                "annotations": {"trainium.dev/progress": '{"step": 50, "time": 990.0}'}},
-                   "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}}
-            return pod_view(raw)
+            return pod_view(_raw_pod(i, attempt))
 
         nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
-        failed = pod_view(raw_failed)
-        run = copy.deepcopy(RUN)
-        run["status"] = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "runningSince": 100.0,
-                         "conditions": [{"type": "Valid", "status": "True"}]}
-        pods = [pod(0), pod(1), failed, pod(3)]
+        run = _running_run()
+        pods = [pod(0), pod(1), pod_view(raw_failed), pod(3)]
         now = 1000.0
         for _ in range(8):  # detect, tear down, start the next attempt
             result = reconcile_objects(run, pods, nodes, now)
@@ -140,8 +148,8 @@ def failed_pod_walk(depth: int = 2) -> set[str]:
             pods = [p for p in pods if p.name not in deleted]
             made = [m for m in result.ensured("Pod") if m["metadata"]["name"] not in {p.name for p in pods}]
             if made and not pods:
-                pods = [pod(int(m["metadata"]["labels"]["trainium.dev/index"]), int(
-                    m["metadata"]["labels"]["trainium.dev/attempt"])) for m in made]
+                pods = [pod(int(m["metadata"]["labels"][keys.INDEX]), int(m["metadata"]["labels"][keys.ATTEMPT]))
+                        for m in made]
                 walked.append("started")
                 break
             now += 5.0
@@ -156,19 +164,10 @@ def hand_offs_from_the_pass() -> list[str]:
     handing it the failure (or what is decided about it), as "caller -> callee"."""
     from trainium_operator.observe import pod_view
     from trainium_operator.reconcile import reconcile_objects
-    from tests.unit.test_operator_core import RUN, _node
+    from tests.unit.test_operator_core import _node
 
-    def raw(i: int, failed: bool = False) -> dict:
-        status = ({"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
-                  if failed else {"phase": "Running"})
-        return {"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)},
-                             "annotations": {"trainium.dev/progress": '{"step": 50, "time": 990.0}'}},
-                "spec": {"nodeName": f"n{i}"}, "status": status}
-
-    run = copy.deepcopy(RUN)
-    run["status"] = {"phase": "Running", "attempt": 1, "createdTime": 0.0, "runningSince": 100.0,
-                     "conditions": [{"type": "Valid", "status": "True"}]}
-    pods = [pod_view(raw(i, failed=i == 2)) for i in range(4)]
+    run = _running_run()
+    pods = [pod_view(_raw_pod(i, failed=i == 2)) for i in range(4)]
     nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     kinds = ("Failure", "FailureRecord", "Verdict", "Action")
     calls: list[str] = []

@@ -33,11 +33,6 @@ class Pools:
         self.calls = ThreadPoolExecutor(max_workers=calls, thread_name_prefix="pod-calls")
         self.rechecks = ThreadPoolExecutor(max_workers=rechecks, thread_name_prefix="child-checks")
 
-    def shutdown(self) -> None:
-        """Stop taking work; what was sent finishes in the background."""
-        self.calls.shutdown(wait=False)
-        self.rechecks.shutdown(wait=False)
-
 
 def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache, pools: Pools,
                      wait: bool = True, may_write=lambda: True) -> str:

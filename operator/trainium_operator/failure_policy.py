@@ -19,6 +19,7 @@ nodes a run leaves out (:class:`NodeLimit`): every rule that needs either asks i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from trainium_api.spec import JOB_CAUSES, TrainingRunSpec
@@ -157,6 +158,13 @@ class Action:
         return self.quarantine_node or self.avoid_node
 
 
+def left_out(quarantined: Iterable[str], avoided: Iterable[str]) -> list[str]:
+    """The nodes a run leaves out: quarantined (tainted), then avoided (its own word); a node in
+    both counts once (toward the quarantine limit too)."""
+    quarantined = list(quarantined)
+    return [*quarantined, *(n for n in avoided if n not in quarantined)]
+
+
 @dataclass(frozen=True)
 class Standing:
     """What the failure policy counts a failure against: the run's earlier failures, the nodes it
@@ -175,8 +183,8 @@ class Standing:
 
     @property
     def excluded(self) -> list[str]:
-        """The nodes the run leaves out (one both quarantined and avoided counts once)."""
-        return [*self.quarantined, *(n for n in self.avoided if n not in self.quarantined)]
+        """The nodes the run leaves out (left_out)."""
+        return left_out(self.quarantined, self.avoided)
 
 
 def replaceable_stragglers(spec: TrainingRunSpec, standing: Standing, found: tuple[StragglerStreak, ...],
@@ -208,7 +216,7 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
         return Action("fail", f"no progress: {streak} restarts without the checkpoint step advancing "
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
     node, avoid = "", ""
-    excluded = [*quarantined, *(n for n in avoided if n not in quarantined)]  # a node in both counts once
+    excluded = left_out(quarantined, avoided)
     if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in excluded:
         if not NodeLimit.of(spec, excluded).room_for(failure.node):
             return Action("fail", f"cluster unhealthy: leaving out {failure.node} would exceed "

@@ -17,7 +17,7 @@ from trainium_api import keys
 from trainium_api.status import TERMINAL, AvoidedNode, QuarantinedMachine, TrainingRunStatus
 
 from .effects import Quarantine
-from .failure_policy import Budget, NodeLimit
+from .failure_policy import Budget, NodeLimit, left_out
 from .judge import device_culprits
 from .observe import NodeView
 from .reasons import Reason
@@ -40,7 +40,7 @@ same machine registering again under the name within that time is quarantined ag
 
 def excluded(status: TrainingRunStatus) -> list[str]:
     """Nodes the run's pods stay off: quarantined (tainted) and avoided (this run's own word)."""
-    return [*status.quarantined_nodes, *(a.node for a in status.avoided_nodes if a.node not in status.quarantined_nodes)]
+    return left_out(status.quarantined_nodes, (a.node for a in status.avoided_nodes))
 
 
 def kept_off(status: TrainingRunStatus) -> list[str]:

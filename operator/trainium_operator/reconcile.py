@@ -92,7 +92,7 @@ def reconcile(snap: Snapshot) -> Result:
     if snap.deleting:
         return Result()  # being deleted: the garbage collector removes the children; do not restart
     old, spec = snap.status, snap.spec
-    new = _working_copy(old)
+    new = working_copy(old)
     if spec is None:
         effects = _invalid_spec(old, new, snap.spec_error, snap.run["metadata"].get("generation"), snap.now)
         return Result(changed_fields(old, new), effects, None, new)
@@ -125,7 +125,7 @@ def reconcile_objects(run: dict, pods: list[PodView], nodes: dict[str, NodeView]
     return reconcile(snapshot(run, pods, nodes, now, **signals))
 
 
-def _working_copy(old: TrainingRunStatus) -> TrainingRunStatus:
+def working_copy(old: TrainingRunStatus) -> TrainingRunStatus:
     """The status this pass edits. The steps replace fields and lists, and change only the
     newest failure record in place, so the records are copied and nothing else is (a deep copy
     of a 50-failure status was a third of a pass)."""

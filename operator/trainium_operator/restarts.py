@@ -28,7 +28,7 @@ from . import goodput, inplace, plan
 from .effects import DeletePod, Ensure, ObserveFailure, OrderPod
 from .failure_policy import Action, Budget, Standing
 from .judge import Verdict
-from .observe import Failure, GangState, PodView, gang_state
+from .observe import GangState, PodView, gang_state
 from .progress_tracking import account, note_resumed, preflight_trusted
 from .quarantine import avoid, excluded, kept_off, late_culprits, quarantine
 from .reasons import Cond, CondReason, Reason
@@ -100,18 +100,18 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
     # made for every kind, as the status keeps the grace ordered (current.stopGraceSeconds),
     # a recreate's too; in place and replace send it to the pods that stay
     order = _stop_order(p, old.attempt + 1)
-    RESTART[action.restart](p, failure, action, order, f"{failure.cause}: {failure.message}", after)
+    RESTART[action.restart](p, action, order, f"{failure.cause}: {failure.message}", after)
     account(p, now)
 
 
-def _in_place(p: Pass, failure: Failure, action: Action, order: Order, what: str, after: str) -> None:
+def _in_place(p: Pass, action: Action, order: Order, what: str, after: str) -> None:
     """Every agent of the gang is told to stop its workers; the pods stay."""
     p.new.restarts_in_place = p.old.restarts_in_place + 1
     p.event(Reason.RESTARTING, f"{what}; restarting the gang in place{after}", warning=True)
     p.effects += [OrderPod(x.name, order) for x in p.gang]
 
 
-def _replace(p: Pass, failure: Failure, action: Action, order: Order, what: str, after: str) -> None:
+def _replace(p: Pass, action: Action, order: Order, what: str, after: str) -> None:
     """The failed index's pod is deleted (at once on a node known dead) and a ready spare takes
     its index at once, else a new pod will; the other agents are told to stop their workers."""
     old, new, target = p.old, p.new, p.old.attempt + 1
@@ -131,14 +131,14 @@ def _replace(p: Pass, failure: Failure, action: Action, order: Order, what: str,
     p.delete([failed], grace=0 if node_gone(p, failed) else None)
 
 
-def _recreate(p: Pass, failure: Failure, action: Action, order: Order, what: str, after: str) -> None:
+def _recreate(p: Pass, action: Action, order: Order, what: str, after: str) -> None:
     """The gang's pods are deleted; the next attempt's are created once they are gone."""
     p.event(Reason.RESTARTING, f"{what}; restarting the gang{after}"
             + (f" (recreated: {action.recreated_because})" if p.spec.in_place_on() else ""), warning=True)
     p.delete(p.current)
 
 
-RESTART: dict[str, Callable[[Pass, Failure, Action, Order, str, str], None]] = {
+RESTART: dict[str, Callable[[Pass, Action, Order, str, str], None]] = {
     "inPlace": _in_place, "replace": _replace, "recreate": _recreate}
 """Each restart kind of the verdict -> what starts it (and TEARDOWN what sees it through)."""
 

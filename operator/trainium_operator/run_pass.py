@@ -57,14 +57,14 @@ class Pass:
     def gang_names(self) -> list[str]:
         return inplace.gang_names(self.old, self.name, self.spec.nodes)
 
-    @property
+    @cached_property  # its inputs (pods, old) do not change during a pass; asked often
     def gang(self) -> list[PodView]:
         """The pods the attempt in force runs in, as they are (an in-place restart keeps the
         pods of an earlier attempt, a replaced index runs in its replacement: inplace.gang_names)."""
         names = set(self.gang_names)
         return [p for p in self.pods if p.name in names]
 
-    @property
+    @cached_property
     def replacement(self) -> list[PodView]:
         """The pod taking the index being replaced (restart replace), while Restarting: a
         spare, or a new pod under the next attempt's name; it waits at the barrier."""

@@ -148,7 +148,8 @@ class Watcher:
         # collector is still deleting them) carry the same labels, and are not this run's
         uid = run["metadata"].get("uid")
         pods: list[PodView] = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
-        left_out = read_status(run["status"]).quarantine_names
+        status = read_status(run["status"])
+        left_out = status.quarantine_names
         wanted = {p.node for p in pods if p.node} | left_out
         now = time.time()
         nodes: dict[str, NodeView] = self.shortfalls.mark(
@@ -157,7 +158,7 @@ class Watcher:
         own = [n for node, n in nodes.items() if node not in left_out]
         disrupted = disruption(self.guard, self.zones(cluster_nodes), own) if own else ""
         return snapshot(run, pods, nodes, now, None, disrupted, self.guard, api_outage=self.health.outage(now),
-                        children_error=self.children.error(namespace, name), host=self.host)
+                        children_error=self.children.error(namespace, name), host=self.host, status=status)
 
     # -- apply -----------------------------------------------------------------------------
 

@@ -3,14 +3,13 @@ table tests: a spec, the status as read, pods and nodes as typed views."""
 
 from __future__ import annotations
 
-import copy
-
 from trainium_api.agent import Report
 from trainium_api.load import lenient
 from trainium_api.status import TrainingRunStatus
 from trainium_operator.disruption_guard import DisruptionGuard
 from trainium_operator.effects import DeletePod, Event, OrderPod, Quarantine
 from trainium_operator.observe import NodeView, PodView
+from trainium_operator.reconcile import working_copy
 from trainium_operator.run_pass import Pass
 from trainium_operator.spec import parse
 
@@ -43,9 +42,7 @@ def pod(index: int, attempt: int = 1, phase: str = "Running", node_name: str | N
 def make_pass(status: dict | None = None, pods: list[PodView] = (), node_views: dict[str, NodeView] | None = None,
               now: float = NOW, spec: dict | None = None, spares: list[PodView] = (), **kw) -> Pass:
     old = lenient(TrainingRunStatus, status or {})
-    new = copy.copy(old)
-    new.current = copy.copy(old.current)
-    new.failures = [copy.copy(f) for f in old.failures]
+    new = working_copy(old)
     run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u-1", "generation": 1}, "spec": spec or SPEC,
            "status": status or {}}
     return Pass(run, parse(spec or SPEC), old, new, list(pods), nodes("n0", "n1") if node_views is None else node_views,

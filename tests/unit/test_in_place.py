@@ -13,11 +13,8 @@ from trainium_operator import inplace
 from trainium_operator.observe import node_view, pod_view
 from trainium_operator.reconcile import reconcile_objects
 
-SPEC = {"image": "img", "nodes": 2, "instanceType": "cpu", "processesPerNode": 2,
-        "model": {"preset": "tiny"}, "parallelism": {"tensor": 2},
-        "training": {"steps": 100, "globalBatchSize": 4, "microBatchSize": 2, "seqLen": 16},
-        "data": {"sources": [{"uri": "/data", "weight": 1.0}], "tokenizer": "/data/tokenizer.json"},
-        "checkpoint": {"uri": "/ckpt", "intervalSteps": 5}}
+from tests.unit.passes import SPEC
+
 NODES = {f"n{i}": node_view({"metadata": {"name": f"n{i}"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
          for i in range(2)}
 

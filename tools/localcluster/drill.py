@@ -35,7 +35,7 @@ FAULTS = ("kill-rank", "node-not-ready", "node-deleted", "neuron-error", "runtim
 # the pods' object-store credentials and endpoints: never passed to the operator (Operator)
 STORE_CREDENTIALS = ("AWS_", "FSSPEC_", "BOTO")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
-WORKERS_STARTED = re.compile(r"trainer\.pod\.agent: attempt \d+: workers started (?:cold |from the warm launcher )?"
+WORKERS_STARTED = re.compile(r"agent: attempt \d+: workers started (?:cold |from the warm launcher )?"
                              r"\(pid \d+\) at ([0-9.]+)")
 
 

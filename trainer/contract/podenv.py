@@ -137,11 +137,6 @@ class PodEnv:
         )
 
     @property
-    def under_torchrun(self) -> bool:
-        """Whether torchrun started this process (it sets LOCAL_WORLD_SIZE for every worker)."""
-        return self.local_world_size is not None
-
-    @property
     def epoch(self) -> tuple[int, int] | None:
         """This gang's (run creation, attempt), for fencing; None outside the operator."""
         if not self.attempt.isdigit():

@@ -76,12 +76,6 @@ def annotate_own_pod(key: str, value: str, after: threading.Thread | None = None
     return thread
 
 
-def attempt_of_env(env: PodEnv | None = None) -> int | None:
-    """The attempt these workers belong to (ATTEMPT: the pod's, or the agent's order after an
-    in-place restart), so that the operator tells this report from an earlier attempt's."""
-    return (env or PodEnv.from_environ()).attempt_number
-
-
 class ProgressReporter:
     """Rate-limited, non-blocking annotation writer. ``report`` never raises."""
 

@@ -43,7 +43,7 @@ from .proctable import demand as _demand_of
 from .proctable import proc_self as _proc_self
 from .proctable import process_table as _process_table
 from .proctable import status as _status
-from . import warm
+from . import LAUNCHER, warm
 from ..contract import termination
 from ..contract.podenv import PodEnv, child_environ
 from ..contract.progress import REQUEST_TIMEOUT_SECONDS, connect_api
@@ -305,7 +305,7 @@ class Agent:
         if self.child is not None:
             self.parked_failures = 0  # it worked: a later failure of warm-up starts the count again
         if self.child is None:
-            self.child = subprocess.Popen([sys.executable, "-m", "trainer.pod.launch", *argv], env=env)
+            self.child = subprocess.Popen([sys.executable, "-m", LAUNCHER, *argv], env=env)
         self.started_at = time.monotonic()
         child = self.child  # the order wait below ends the moment it exits, not at its next poll
         threading.Thread(target=lambda: (child.wait(), self.orders.wake()), name="workers-exit", daemon=True).start()
@@ -325,7 +325,7 @@ class Agent:
             if self.parked_failures >= warm.MAX_PARK_FAILURES:
                 self.warm = False
                 return
-        self.parked = subprocess.Popen([sys.executable, "-m", "trainer.pod.launch", warm.PARK_FLAG],
+        self.parked = subprocess.Popen([sys.executable, "-m", LAUNCHER, warm.PARK_FLAG],
                                        stdin=subprocess.PIPE, env=warm.parked_env())
         log(f"a warm launcher is parked for the next attempt (pid {self.parked.pid})")
 

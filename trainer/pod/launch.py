@@ -33,7 +33,7 @@ from trainium_api import exitcodes, keys, runtimefaults
 from trainium_api import preflight as verdicts
 from trainium_api.launch import AGENT_FLAG, PRECOMPILE_FLAG, PREFLIGHT_FLAG, PREFLIGHT_SECONDS_ENV
 
-from . import liveness, warm
+from . import LAUNCHER, liveness, warm
 from .outputwatch import OutputWatch
 from ..contract import termination
 from ..contract.podenv import PRECOMPILE_ENV, PodEnv, child_environ
@@ -73,7 +73,7 @@ def preflight(args, value: str, env: PodEnv) -> int:
 
     check = copy.deepcopy(args)
     check.module, check.no_python = True, False
-    check.training_script, check.training_script_args = "trainer.pod.preflight", value.split(",")
+    check.training_script, check.training_script_args = liveness.CHECK_MODULE, value.split(",")
     check.max_restarts = 0
     if not getattr(check, "standalone", False):
         check.master_port = int(check.master_port) + 1
@@ -152,7 +152,7 @@ def precompile(argv: list[str], steps: int) -> int:
     print(f"trainer.pod.launch: pre-compiling the graphs of {steps} steps with neuron_parallel_compile",
           file=sys.stderr, flush=True)
     started = time.monotonic()
-    code = subprocess.call([tool, sys.executable, "-m", "trainer.pod.launch", *argv],
+    code = subprocess.call([tool, sys.executable, "-m", LAUNCHER, *argv],
                            env=child_environ(**{PRECOMPILE_ENV: str(steps)}))
     print(f"trainer.pod.launch: pre-compilation exited {code} after {time.monotonic() - started:.0f} s",
           file=sys.stderr, flush=True)
