@@ -75,11 +75,19 @@ class ApiHealth:
             self.on_change(False)
             log.info("the API server is back after %.1fs; every run's hang clock restarts now", took)
 
-    def unwatched(self) -> None:
-        """The probe stopped (this replica stopped leading): the time until it runs again is not
-        an outage of the API, and must not hold a node lost meanwhile."""
+    def unwatched(self, at: float | None = None) -> None:
+        """The probe stopped at ``at`` (this replica stopped leading): the time until it runs
+        again is not an outage of the API, and must not hold a node lost meanwhile. So an outage
+        under way ends there too: the replica kept its memory across the standby, and the first
+        answer of its next term would otherwise stretch that outage over the whole standby."""
+        at = time.time() if at is None else at
         with self._lock:
             self._ready_at = None
+            ongoing = self._began is not None and self._ended is None
+            if ongoing:
+                self._ended = max(at, self._began)
+        if ongoing:
+            self.on_change(False)
 
     def outage(self, now: float) -> tuple[float, float] | None:
         """(began, ended) of the newest outage; ended is ``now`` while it lasts; None if none."""
@@ -107,7 +115,7 @@ class ApiProbe:
 
     def stop(self) -> None:
         self._stop.set()
-        self.health.unwatched()
+        self.health.unwatched(time.time())
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -41,6 +41,28 @@ def test_a_probe_overdue_counts_as_an_outage_from_its_last_answer():
     assert h.outage(202.0) == (100.0, 106.0)
 
 
+def test_an_outage_under_way_when_the_replica_stands_by_ends_there():
+    """Found by review: the operator's memory outlives a leadership term, and an outage still
+    open at the step-down was stretched over the whole standby by the next term's first answer,
+    holding a node lost meanwhile (while another replica led) for the guard's maximum."""
+    told = []
+    h = ApiHealth(stale_after=4.0, on_change=told.append)
+    h.answered(990.0)
+    h.failed(1000.0, "partitioned")
+    h.unwatched(1030.0)  # the lease is lost: the probe stops
+    assert h.outage(4130.0) == (1000.0, 1030.0)  # not (1000.0, 4130.0): the standby is no outage
+    h.answered(4131.0)  # the next term's first answer
+    assert h.outage(4132.0) == (1000.0, 1030.0)
+    assert told == [True, False]
+    # the pass of the new term acts on a node lost at 4000, settled long ago
+    run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
+        "phase": "Running", "attempt": 1, "createdTime": 0.0, "conditions": [{"type": "Valid", "status": "True"}]}}
+    nodes = {f"n{i}": _node(f"n{i}", ready="Unknown" if i == 0 else "True") for i in range(4)}
+    r = reconcile_objects(run, [_pod(i, step=5) for i in range(4)], nodes, now=4200.0,
+                          api_outage=h.outage(4200.0))
+    assert r.status["phase"] == "Restarting", r.status
+
+
 def test_the_probe_thread_reports_refusals_and_answers(caplog):
     """The probe's ready() here is a plain function: the first two calls fail as a refused
     connection does, the rest answer (the probe against a real API server is in the cluster tier)."""
