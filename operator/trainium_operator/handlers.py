@@ -55,7 +55,7 @@ def start_api_probe(memo: kopf.Memo, **_):
 
 def stop_api_probe(memo: kopf.Memo, **_):
     if "watcher" in memo:
-        memo.watcher.stop_probe()
+        memo.watcher.end_term()
 
 
 def run_pods(namespace, labels, body, **_):

@@ -91,6 +91,7 @@ class Metrics:
                         self.checkpoint_save_failures, self.checkpoint_interval, self.hang_timeout_seconds,
                         self.created_time, self.quarantined, self.stragglers, self.restarts_in_place,
                         self.restarts_replaced, self.spares_ready)
+        self._runs: set[tuple[str, str]] = set()  # the runs this operator exports series of
 
     def serve(self, port: int):
         """/metrics on ``port``, from a daemon thread; returns (server, thread) to stop it."""
@@ -103,6 +104,7 @@ class Metrics:
     def observe_run(self, namespace: str, run: str, spec: TrainingRunSpec | None, status: TrainingRunStatus) -> None:
         """Export one run's state (its status after this pass)."""
         labels = (namespace, run)
+        self._runs.add(labels)
         for p in PHASE_NAMES:
             self.phase.labels(*labels, p).set(1 if (status.phase or "Pending") == p else 0)
         for cause in CAUSES:
@@ -150,6 +152,7 @@ class Metrics:
     def forget(self, namespace: str, run: str) -> None:
         """Drop a deleted run's series, so dashboards and alerts do not keep a ghost."""
         labels = (namespace, run)
+        self._runs.discard(labels)
         for gauge, extra in ((self.phase, PHASE_NAMES), (self.restarts, CAUSES), (self.lost, PHASES)):
             for value in extra:
                 with suppress(KeyError):
@@ -160,6 +163,13 @@ class Metrics:
                     self.lost_by_restart.remove(*labels, kind, p)
         for gauge in self._single + (self.reconcile_errors,):
             _set(gauge, labels, None)
+
+    def forget_all(self) -> None:
+        """Drop every run's series: this replica stopped leading, so it no longer follows any
+        run, and what it last exported (a phase, a checkpoint time) would keep alerts firing for
+        runs that have since ended or gone while another replica led."""
+        for namespace, run in list(self._runs):
+            self.forget(namespace, run)
 
 
 def expected_checkpoint_interval(spec: TrainingRunSpec, step_seconds: float | None) -> float | None:

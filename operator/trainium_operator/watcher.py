@@ -125,9 +125,12 @@ class Watcher:
     def start_probe(self) -> None:
         self.probe = ApiProbe(self.kube.ready, self.health).start()
 
-    def stop_probe(self) -> None:
+    def end_term(self) -> None:
+        """This replica stopped leading: the probe stops, and the runs' series go (the next
+        leader exports them; a run may end or go before this replica leads again)."""
         if self.probe is not None:
             self.probe.stop()
+        self.metrics.forget_all()
 
     # -- observe: one pass's inputs --------------------------------------------------------
 

@@ -73,6 +73,19 @@ def test_forget_drops_every_series_of_a_deleted_run():
     M.forget("ml", "never-seen")  # harmless
 
 
+def test_a_term_ends_with_no_run_series_left():
+    """Found by review: a replica that stopped leading kept exporting what it last saw (a run
+    Running, its checkpoint time), and the alerts (max by run over both replicas) fired for runs
+    that ended or went while another replica led."""
+    M.observe_run("ml", "a", spec(), read_status(STATUS))
+    M.observe_run("team", "b", spec(), read_status(STATUS))
+    M.forget_all()
+    assert series("a") == {} and series("b") == {}
+    M.observe_run("ml", "a", spec(), read_status(STATUS))  # the next term exports again
+    assert series("a")
+    M.forget("ml", "a")
+
+
 def test_latency_histograms_exist_for_every_cause_before_any_failure():
     text = generate_latest(M.registry).decode()
     for cause in ("application", "node", "neuron-device", "hang", "eviction", "scheduling"):
