@@ -86,6 +86,9 @@ class Backoff:
             if time.monotonic() - self._unreachable_logged > 60:  # ApiHealth logs the outage itself
                 self._unreachable_logged = time.monotonic()
                 log.warning("%s/%s: reconcile pass failed: %s", namespace, name, exc)
+        elif (wait := throttled(exc)) is not None:  # the API server's flow control: as long as it asks
+            log.warning("%s/%s: the API server throttled the pass (429); retrying in %.0fs", namespace, name, wait)
+            return wait
         else:
             delay = min(MAX_ERROR_BACKOFF, ERROR_BACKOFF * 2 ** self.failures)
             self.failures += 1
@@ -254,6 +257,20 @@ class Watcher:
     def _wake(self, key: tuple[str, str]) -> None:
         if key in self.wake:
             self.wake[key].set()
+
+
+def throttled(exc: BaseException) -> float | None:
+    """Seconds to wait when ``exc`` is the API server's 429 (API Priority and Fairness): its
+    Retry-After, within the plain and the longest backoff; None for any other error. A refusal
+    to go slower, not a bug: the run's backoff does not grow for it."""
+    from kubernetes.client.exceptions import ApiException
+    if not isinstance(exc, ApiException) or exc.status != 429:
+        return None
+    try:
+        asked = float((exc.headers or {}).get("Retry-After", ERROR_BACKOFF))
+    except (TypeError, ValueError):
+        asked = ERROR_BACKOFF
+    return min(MAX_ERROR_BACKOFF, max(ERROR_BACKOFF, asked))
 
 
 def _version(body) -> str | None:

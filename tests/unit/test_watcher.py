@@ -20,3 +20,20 @@ def test_expected_refusals_retry_at_the_plain_backoff_and_unexpected_errors_back
     assert backoff.delay(ValueError("bug")) == MAX_ERROR_BACKOFF
     backoff.passed()
     assert backoff.delay(ValueError("bug")) == ERROR_BACKOFF
+
+
+def throttled(retry_after: str | None) -> ApiException:
+    exc = ApiException(status=429, reason="Too Many Requests")
+    exc.headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return exc
+
+
+def test_throttling_waits_as_asked_and_is_no_failure_in_a_row():
+    """Found by review: a 429 backed off like a bug (doubling to 30 s, logged with a traceback)
+    while a 503 of the same server retried in 2 s."""
+    backoff = Backoff(("ns", "r"))
+    assert [backoff.delay(throttled(None)) for _ in range(4)] == [ERROR_BACKOFF] * 4
+    assert backoff.delay(throttled("5")) == 5.0
+    assert backoff.delay(throttled("600")) == MAX_ERROR_BACKOFF  # within the longest backoff
+    assert backoff.delay(throttled("soon")) == ERROR_BACKOFF
+    assert backoff.delay(ValueError("bug")) == ERROR_BACKOFF  # the 429s were not failures in a row
