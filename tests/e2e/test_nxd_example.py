@@ -68,7 +68,10 @@ def test_aws_nxd_llama_script_killed_mid_run_resumes_through_nxds_loader_with_eq
     body = {"apiVersion": "trainium.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "llama"},
             "spec": {"image": "local", "nodes": 1, "instanceType": "cpu", "processesPerNode": 1,
                      "trainer": {"kind": "command", "progressFormat": "nxd", "workingDir": str(work),
-                                 "command": [ex.script(env), *args(work / "out", "$(CHECKPOINT_URI)")],
+                                 # an out directory per attempt: the script rewrites its metrics file
+                                 # in place (read, truncate, write), so a kill inside that write leaves
+                                 # it empty and the script's next start dies parsing it
+                                 "command": [ex.script(env), *args(work / "out-$(ATTEMPT)", "$(CHECKPOINT_URI)")],
                                  "tokensPerSample": ex.SEQ, "samplesPerStep": ex.BATCH},
                      "checkpoint": {"uri": ckpt}, "logging": {"progressIntervalSeconds": 1},
                      "faultTolerance": {"teardownGraceSeconds": 3},
