@@ -97,6 +97,34 @@ class OneOrList:
 
 
 @dataclass(frozen=True)
+class Aliases:
+    """Older words an enumeration still accepts, each with the word it now stands for. The
+    enumerations use Kubernetes' CamelCase words, none of them a YAML 1.1 boolean: kubectl reads
+    an unquoted ``on`` or ``off`` as true or false, which the API server refuses for a string.
+    The CRD's enum lists the old words too (a stored run keeps validating); the loader, and the
+    group's ``__post_init__`` (canonical_words), turn them into the new ones. ``false`` and
+    ``true``: what a boolean means, where a config file read as YAML 1.1 gives one."""
+    words: tuple[tuple[str, str], ...]
+    false: str | None = None
+    true: str | None = None
+
+    def of(self, value: Any) -> Any:
+        if isinstance(value, bool):
+            meant = self.true if value else self.false
+            return value if meant is None else meant
+        return dict(self.words).get(value, value) if isinstance(value, str) else value
+
+
+def canonical_words(obj: Any) -> None:
+    """Every field of ``obj`` (a dataclass) declared with Aliases set to its current word, so that
+    code compares one spelling however the object was made."""
+    for f in fields_of(type(obj)):
+        aliases = f.mark(Aliases)
+        if aliases is not None:
+            object.__setattr__(obj, f.name, aliases.of(getattr(obj, f.name)))
+
+
+@dataclass(frozen=True)
 class Doc:
     """The field's description when it is computed (from other facts), not a docstring."""
     text: str

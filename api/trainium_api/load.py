@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any, Callable, Mapping, get_args, get_origin
 
-from .fields import ConfigError, FieldInfo, IntOrString, OneOrList, api_fields, camel, literal_values, snake
+from .fields import Aliases, ConfigError, FieldInfo, IntOrString, OneOrList, api_fields, camel, literal_values, snake
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -80,6 +80,12 @@ def _field_converter(info: FieldInfo) -> Callable[[Any, str], Any]:
             return listed(value, where)
     else:
         base = _converter(info.type)
+    aliases = info.mark(Aliases)
+    if aliases is not None:  # an older word (or a YAML 1.1 boolean) for one of the enumeration's
+        current = base
+
+        def base(value: Any, where: str) -> Any:
+            return current(aliases.of(value), where)
     if not checks and not info.optional:
         return base
     optional = info.optional

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, get_args, get_origin
 
-from .fields import Above, FieldInfo, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
+from .fields import Above, Aliases, FieldInfo, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
 
 _TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
@@ -36,6 +36,9 @@ def field_schema(cls: type, f: FieldInfo) -> dict:
         s = {"x-kubernetes-preserve-unknown-fields": True}
     else:
         s = type_schema(f.type)
+    aliases = f.mark(Aliases)
+    if aliases is not None:  # stored runs written with an older word keep validating
+        s["enum"] = [*s["enum"], *(old for old, _ in aliases.words)]
     if f.optional and f.enum is None:
         s["nullable"] = True
     for mark in f.marks:

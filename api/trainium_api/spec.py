@@ -21,10 +21,12 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from .fields import (
     DERIVED,
     Above,
+    Aliases,
     ConfigError,
     Doc,
     IntOrString,
     Key,
+    canonical_words,
     Min,
     MinLen,
     NoServerDefault,
@@ -50,9 +52,14 @@ TrainerKind = Literal["builtin", "command"]
 ProgressFormat = Literal["nxd", "nxdt", "regex"]
 CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
 Unset = Literal[""]
-StragglerPolicy = Literal["off", "report", "replace"]
-PreflightMode = Literal["auto", "on", "off"]
-MemoryTier = Literal["auto", "peers", "off"]
+# Kubernetes' CamelCase words, none a YAML 1.1 boolean (kubectl sends an unquoted on/off as
+# true/false, which the API server refuses); the older lowercase words are still accepted.
+StragglerPolicy = Literal["Disabled", "Report", "Replace"]
+PreflightMode = Literal["Auto", "Enabled", "Disabled"]
+MemoryTier = Literal["Auto", "Peers", "Disabled"]
+STRAGGLER_ALIASES = Aliases((("off", "Disabled"), ("report", "Report"), ("replace", "Replace")), false="Disabled")
+PREFLIGHT_ALIASES = Aliases((("auto", "Auto"), ("on", "Enabled"), ("off", "Disabled")), false="Disabled", true="Enabled")
+MEMORY_ALIASES = Aliases((("auto", "Auto"), ("peers", "Peers"), ("off", "Disabled")), false="Disabled")
 """The empty string: a field that is not set (a builtin trainer has no progress format)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -352,15 +359,18 @@ class CheckpointConfig:
     (faultTolerance.teardownGraceSeconds) must cover a save; if it does not, the tag is never
     completed and the previous checkpoint is used."""
 
-    memory: MemoryTier = "auto"
+    memory: Annotated[MemoryTier, MEMORY_ALIASES] = "Auto"
     """Keep each rank's newest complete checkpoint in its node's memory (/dev/shm), so that a
-    restart in the same pods (in place) restores from memory instead of the store. 'auto': on
+    restart in the same pods (in place) restores from memory instead of the store. Auto: on
     while the node's copies fit in half of the memory free for them (/dev/shm, the node's
-    MemAvailable, the pod's memory limit), decided at every save; 'peers': also a copy of the
+    MemAvailable, the pod's memory limit), decided at every save; Peers: also a copy of the
     previous node's (a ring), so that a rank on a new node (a lost node's pod replaced alone)
-    restores from its peer; 'off': the store only. The store stays the truth: a copy is loaded
+    restores from its peer; Disabled: the store only (the older auto, peers, off are accepted). The store stays the truth: a copy is loaded
     only for the tag the store says is complete, written by the same save (its save id), for
     the same place in the layout, with its digest intact, else that rank reads the store."""
+
+    def __post_init__(self) -> None:
+        canonical_words(self)
 
     def enabled(self) -> bool:
         return bool(self.uri) and (self.interval_steps > 0 or self.interval_minutes > 0)
@@ -454,7 +464,7 @@ class RestartBudget:
     startupTimeoutSeconds (image pull errors, a missing Secret or ConfigMap key, a volume that
     never mounts)."""
     straggler: NonNegative = 3
-    """Restarts after a straggler's node was quarantined (faultTolerance.stragglers replace)."""
+    """Restarts after a straggler's node was quarantined (faultTolerance.stragglers Replace)."""
     preflight: NonNegative = 10
     """Restarts after a node failed the pre-flight check (faultTolerance.preflight)."""
     store: NonNegative = 12
@@ -515,25 +525,26 @@ class FaultToleranceConfig:
     replaces one pod (a lost, quarantined or avoided node, an eviction, a pod that would not
     start) gives its index to a spare at once, and a new spare is created. Needs in-place
     restarts (inPlaceRestarts above 0, our trainer); at most nodes."""
-    stragglers: StragglerPolicy = "report"
+    stragglers: Annotated[StragglerPolicy, STRAGGLER_ALIASES] = "Report"
     """A pod whose compute time per step (the trainer's progress report: the time before the
     step's first collective) is above stragglerFactor x the median of the other pods for
-    stragglerReports consecutive reports is a straggler. report: an event, a metric and
-    status.current.stragglers; replace: also quarantine its node and restart the gang (budget
-    restartBudget.straggler); off: not watched."""
+    stragglerReports consecutive reports is a straggler. Report: an event, a metric and
+    status.current.stragglers; Replace: also quarantine its node and restart the gang (budget
+    restartBudget.straggler); Disabled: not watched (the older report, replace, off are accepted)."""
     straggler_factor: Annotated[float, Above(1)] = 1.5
     """How much slower than the other pods' median a pod's compute time must be (more than 1)."""
     straggler_reports: AtLeastOne = 5
     """Consecutive progress reports above the factor before a pod is called a straggler."""
-    preflight: PreflightMode = "auto"
+    preflight: Annotated[PreflightMode, PREFLIGHT_ALIASES] = "Auto"
     """Before each attempt trains, every pod runs a check with the collectives the trainer
     uses: a timed matmul per rank, a timed all-reduce across the gang and, with 3 nodes or
     more, a timed all-reduce between pairs of nodes (each node in two pairs), and on Neuron the
     device count (neuron-ls) and a node-local collective test (nccom-test). A node that fails,
     or is more than preflightSlowFactor x slower than the median node, is left out and the gang
-    restarts without it (cause preflight) before any graph is loaded. auto: on for Trainium
+    restarts without it (cause preflight) before any graph is loaded. Auto: Enabled for Trainium
     instance types (a bad device or link found after the gang loaded its graphs costs a whole
-    restart there), off elsewhere (a small run restarts in seconds)."""
+    restart there), Disabled elsewhere (a small run restarts in seconds). The older auto, on, off
+    are accepted (quoted: YAML reads a bare on or off as a boolean)."""
     preflight_slow_factor: Annotated[float, Above(1)] = 2.0
     """How much slower than the median node a node may be in the pre-flight check."""
     preflight_timeout_seconds: PositiveNumber = 300.0
@@ -542,6 +553,9 @@ class FaultToleranceConfig:
     """An attempt whose every node passed this run's check within this many minutes skips it
     (a restart onto the same healthy nodes pays nothing); a node that has not is checked with
     the whole gang. 0: check every attempt."""
+
+    def __post_init__(self) -> None:
+        canonical_words(self)
 
     def validate(self) -> None:
         for key, value, most in (("preflightTimeoutSeconds", self.preflight_timeout_seconds, 3600.0),
@@ -759,9 +773,9 @@ class TrainingRunSpec(RunConfig):
         return self.service_account_name is None
 
     def preflight_on(self) -> bool:
-        """faultTolerance.preflight in force: on, or auto on a Trainium instance type."""
+        """faultTolerance.preflight in force: Enabled, or Auto on a Trainium instance type."""
         mode = self.fault_tolerance.preflight
-        return mode == "on" or (mode == "auto" and bool(INSTANCE_TYPES[self.instance_type]["neuron"]))
+        return mode == "Enabled" or (mode == "Auto" and bool(INSTANCE_TYPES[self.instance_type]["neuron"]))
 
     def in_place_on(self) -> bool:
         """In-place restarts in force: our trainer (a command trainer's script is not run under

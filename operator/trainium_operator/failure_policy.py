@@ -189,10 +189,10 @@ class Standing:
 
 def replaceable_stragglers(spec: TrainingRunSpec, standing: Standing, found: tuple[StragglerStreak, ...],
                            now: float) -> tuple[StragglerStreak, ...]:
-    """The flagged stragglers (``found``) the gang may be restarted for: with stragglers replace,
+    """The flagged stragglers (``found``) the gang may be restarted for: with stragglers Replace,
     and only while the node can be left out and the straggler budget has room (else they are
     reported only)."""
-    if not found or spec.fault_tolerance.stragglers != "replace":
+    if not found or spec.fault_tolerance.stragglers != "Replace":
         return ()
     if not straggler_replace_allowed(spec, standing.counters, standing.excluded, now):
         return ()

@@ -26,7 +26,7 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
   startup     a pod placed on a node that has not started its container
               startupTimeoutSeconds after it was placed                  -> startup
   scheduling  pods unscheduled for scheduleTimeoutSeconds                -> scheduling
-  straggler   with faultTolerance.stragglers replace, and nothing above: a pod
+  straggler   with faultTolerance.stragglers Replace, and nothing above: a pod
               flagged by stragglers.update                               -> straggler
 Holds (a signal that is not acted on yet, with why and until when):
   settle      a node Unknown for less than guard.settle_seconds (it may be the first of a
@@ -140,7 +140,7 @@ def _judge(seen: Observed, clocks: Clocks, guards: Guards) -> Verdict:
                                  gang_running_since=clocks.gang_running_time, step_seconds=clocks.step_seconds,
                                  last_step_change=last_change, device_settle=guards.guard.device_settle_seconds,
                                  culprit_wait=guards.guard.culprit_wait_seconds)
-    if failure is None and hold is None and clocks.stragglers and seen.spec.fault_tolerance.stragglers == "replace":
+    if failure is None and hold is None and clocks.stragglers and seen.spec.fault_tolerance.stragglers == "Replace":
         s = max(clocks.stragglers, key=lambda x: x.ratio or 0.0)  # the slowest: a TP partner waits on it
         failure = Failure("straggler", f"pod {s.pod} on node {s.node} is a straggler: its compute time per step was "
                           f"{s.ratio:g}x the other pods' median in {s.reports} reports in a row", node=s.node,

@@ -32,8 +32,8 @@ STALE_INTERVALS = 3
 
 def watchable(spec: TrainingRunSpec) -> str:
     """Why this run's compute times cannot be compared across pods ("" when they can)."""
-    if spec.fault_tolerance.stragglers == "off":
-        return "faultTolerance.stragglers is off"
+    if spec.fault_tolerance.stragglers == "Disabled":
+        return "faultTolerance.stragglers is Disabled"
     if spec.trainer.is_command:
         return "a command trainer reports no compute time"
     par = spec.parallelism  # the spec's own group (spec.run would build a RunConfig every pass)

@@ -11,7 +11,7 @@ from typing import get_args, get_origin
 import pytest
 import yaml
 
-from trainium_api.fields import Above, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
+from trainium_api.fields import Above, Aliases, IntOrString, Min, MinLen, NoServerDefault, OneOrList, Positive, api_fields
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import TrainingRunStatus
 from trainium_operator import crd
@@ -42,8 +42,9 @@ def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
             assert prop.get("x-kubernetes-int-or-string") is True, at
             continue
         tp = f.type
-        if f.enum is not None:
-            assert prop == {**prop, "type": "string", "enum": list(f.enum)}, at
+        if f.enum is not None:  # the current words, then the older ones still accepted
+            older = [old for old, _ in f.mark(Aliases).words] if f.mark(Aliases) else []
+            assert prop == {**prop, "type": "string", "enum": [*f.enum, *older]}, at
         elif dataclasses.is_dataclass(tp):
             assert prop["type"] == "object", at
             _check(tp, prop, at, seen)

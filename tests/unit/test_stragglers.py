@@ -123,7 +123,7 @@ def test_stale_tiny_and_absurd_reports_are_not_compared():
 
 @pytest.mark.parametrize("patch, why", [
     ({"parallelism": {"tensor": 8, "pipeline": 2, "sequenceParallel": True}}, "pipeline"),
-    ({"faultTolerance": {"stragglers": "off"}}, "off"),
+    ({"faultTolerance": {"stragglers": "off"}}, "is Disabled"),
 ])
 def test_layouts_that_wait_on_other_pods_are_not_watched(patch, why):
     spec = parse({**SPEC, **patch})

@@ -366,7 +366,7 @@ class Drill:
         if kind == "neuron-error":
             faults.neuron_error(self.core, node)
             return node
-        if kind == "straggler":  # the run needs faultTolerance.stragglers: replace to act on it
+        if kind == "straggler":  # the run needs faultTolerance.stragglers: Replace to act on it
             self.slowed = faults.SlowPod(self.cluster.pods_dir, self.ns, pname, share=0.35)
             return node
         if kind == "runtime-fault":

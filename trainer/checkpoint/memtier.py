@@ -21,7 +21,7 @@ coordinates) and with its digest intact; otherwise the peer's copy, checked the 
 the store. A copy is deleted before its replacement is written, so a torn write leaves none
 (its manifest comes last). Peers form a ring over the nodes: node n keeps node n-1's copies.
 
-'auto' decides at every save, on every rank, and the ranks agree (a MIN all-reduce): on while
+Auto decides at every save, on every rank, and the ranks agree (a MIN all-reduce): on while
 this node's copies (own and peer, each rank's state x ranks on the node) fit in half of what
 is free for them (the memory volume's free space and the node's MemAvailable, counting what the
 tier already holds as free).
@@ -45,6 +45,7 @@ import torch.distributed as dist
 import xxhash
 
 from trainium_api.checkpoints import RESTORE_SOURCES
+from trainium_api.spec import MEMORY_ALIASES
 
 from ..contract.podenv import MEMORY_DIR_ENV, PodEnv
 from ..model.parallel import ParallelState, RankGrid, all_agree
@@ -144,9 +145,10 @@ class MemoryTier:
     def __init__(self, mode: str, uri: str, ps: ParallelState, group=None, root: Path | None = None,
                  env: PodEnv | None = None):
         env = env or PodEnv.from_environ()
+        mode = MEMORY_ALIASES.of(mode)  # Auto, Peers or Disabled, however the caller spelled it
         base = root if root is not None else root_dir(env)
         self.ps, self.group = ps, group
-        self.on = mode != "off" and bool(uri) and base is not None
+        self.on = mode != "Disabled" and bool(uri) and base is not None
         self.base = base / run_key(uri, env) if self.on else None
         self.fits: bool | None = None  # the last save's decision (logged when it changes)
         # every rank makes the tier's calls, or none does
@@ -166,7 +168,7 @@ class MemoryTier:
         # the previous node's
         self.next_rank = ((self.node + 1) % self.nnodes) * self.local_world + local
         self.prev_rank = ((self.node - 1) % self.nnodes) * self.local_world + local
-        self.peers = mode == "peers" and self.nnodes > 1
+        self.peers = mode == "Peers" and self.nnodes > 1
 
     def own_dir(self) -> Path:
         return self.base / "own" / f"rank_{self.ps.rank}"
