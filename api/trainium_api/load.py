@@ -166,16 +166,26 @@ def _scalar(tp: type, value: Any, where: str) -> Any:
     return tp(value)
 
 
-def to_dict(obj: Any, drop_none: bool = False) -> Any:
+def to_dict(obj: Any, drop_none: bool = False, older_words: bool = False) -> Any:
     """Dataclass -> camelCase dict (the YAML/CRD form); derived fields are left out, and with
-    ``drop_none`` so are fields that are not set (None)."""
+    ``drop_none`` so are fields that are not set (None). ``older_words``: an enumeration with
+    Aliases is written with its older word, which every release reads (the trainer image a run
+    names may predate the current words)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.key: to_dict(getattr(obj, f.name), drop_none) for f in api_fields(type(obj))
-                if not (drop_none and getattr(obj, f.name) is None)}
+        out = {}
+        for f in api_fields(type(obj)):
+            value = getattr(obj, f.name)
+            if drop_none and value is None:
+                continue
+            aliases = f.mark(Aliases) if older_words else None
+            if aliases is not None:
+                value = next((old for old, new in aliases.words if new == value), value)
+            out[f.key] = to_dict(value, drop_none, older_words)
+        return out
     if isinstance(obj, list):
-        return [to_dict(x, drop_none) for x in obj]
+        return [to_dict(x, drop_none, older_words) for x in obj]
     if isinstance(obj, dict):
-        return {k: to_dict(v, drop_none) for k, v in obj.items()}
+        return {k: to_dict(v, drop_none, older_words) for k, v in obj.items()}
     return obj
 
 

@@ -92,7 +92,7 @@ def rendered_config(spec: TrainingRunSpec) -> str:
     hit = _RENDERED.get(id(spec))
     if hit is not None and hit[0] is spec:
         return hit[1]
-    cfg = to_dict(spec.run)
+    cfg = to_dict(spec.run, older_words=True)  # a trainer image older than the CamelCase words reads them
     cfg["checkpoint"]["resume"] = "auto"  # first start and every restart run the same pod spec
     cfg["logging"]["metricsPort"] = cfg["logging"]["metricsPort"] or METRICS_PORT
     text = yaml.safe_dump(cfg, sort_keys=False)

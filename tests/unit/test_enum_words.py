@@ -82,3 +82,12 @@ def test_objects_made_in_code_with_an_older_word_hold_the_current_one():
     assert FaultToleranceConfig(stragglers="replace", preflight="on").stragglers == "Replace"
     assert FaultToleranceConfig(preflight="on").preflight == "Enabled"
     assert CheckpointConfig(memory="off").memory == "Disabled"
+
+
+def test_the_rendered_trainer_config_uses_the_words_every_trainer_release_reads():
+    # a run's image may hold a trainer older than the CamelCase words: its run.yaml says peers
+    from trainium_operator.plan import rendered_config
+    spec = parse({**SPEC, "checkpoint": {**SPEC["checkpoint"], "memory": "Peers"}})
+    cfg = yaml.safe_load(rendered_config(spec))
+    assert cfg["checkpoint"]["memory"] == "peers"
+    assert build(RunConfig, cfg).checkpoint.memory == "Peers"  # and this release reads it back
