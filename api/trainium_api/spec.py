@@ -583,7 +583,9 @@ class CompileCacheConfig:
     path: str = "/var/tmp/neuron-compile-cache"
     """Where the trainer container sees the Neuron persistent compile cache. On the node it is a
     directory the operator chooses (its hostAccess configuration: one per namespace by default),
-    never one the run names. Never a shared file system: it chokes at scale."""
+    never one the run names. Never a shared file system: it chokes at scale. An absolute path a
+    container can mount a volume at: not /, nothing in /proc, /sys or /dev, and not at, in or
+    above the operator's mounts (/etc/trainium)."""
     precompile_steps: NonNegative = 0
     """Before each attempt trains, run neuron_parallel_compile over this many steps: it extracts
     every graph without executing it and compiles them all in parallel into the cache (0: off;

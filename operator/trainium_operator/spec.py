@@ -8,6 +8,7 @@ ConfigError naming the field, e.g. ``spec.parallelism.tensor: 3 does not divide 
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any, Mapping
 
@@ -93,8 +94,38 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
                           "operator's per-run trainer identities (another run's would reach its pods); leave the "
                           "field unset for this run's own")
     _check_env(s.env)
+    check_mount_path(s.compile_cache.path, "spec.compileCache.path")
     _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path)
     return s
+
+
+KERNEL_DIRS = ("/proc", "/sys", "/dev")
+"""The container runtime's own mounts: a volume over them breaks the container or is refused."""
+
+
+def check_mount_path(path: str, where: str, reserved: tuple[str, ...] = CONTRACT_MOUNTS,
+                     taken: tuple[str, ...] = ()) -> None:
+    """Raises ConfigError naming ``where`` unless ``path`` is a directory a container can mount a
+    volume at: absolute, without '..', not the root (it would hide the image), not in the
+    kernel's directories, neither at, inside nor above one of the operator's ``reserved`` mounts
+    (one would hide the other), and not one of the ``taken`` paths (a nested mount is fine)."""
+    if not path.startswith("/"):
+        raise ConfigError(where, f"must be an absolute path, got {path!r}")
+    if ".." in path.split("/"):
+        raise ConfigError(where, f"must not contain '..', got {path!r}")
+    norm = posixpath.normpath(path)
+    if norm in ("/", "//"):
+        raise ConfigError(where, "must not be / (a volume there would hide the container's whole file system)")
+    for d in KERNEL_DIRS:
+        if norm == d or norm.startswith(d + "/"):
+            raise ConfigError(where, f"{path} is in {d}, the container runtime's own; choose a directory of "
+                                     f"the image's (e.g. /var/tmp/...)")
+    for r in reserved:
+        if norm == r or norm.startswith(r + "/") or r.startswith(norm + "/"):
+            raise ConfigError(where, f"{path} " + ("is" if norm == r else "overlaps") + f" the operator's mount {r}")
+    for t in taken:
+        if norm == posixpath.normpath(t):
+            raise ConfigError(where, f"{path} is the operator's (compileCache.path)")
 
 
 S3_URI = re.compile(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?")
@@ -146,19 +177,16 @@ def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str) -> 
         if len(vol) != 2:
             raise ConfigError(where, "needs exactly one volume source next to its name (e.g. persistentVolumeClaim)")
         names.add(name)
-    reserved = (*CONTRACT_MOUNTS, cache_path)
     paths: set[str] = set()
     for i, mount in enumerate(mounts):
         where = f"spec.volumeMounts[{i}]"
         if mount["name"] not in names:
             raise ConfigError(f"{where}.name", "must name one of spec.volumes")
         path = mount["mountPath"]
-        if not path.startswith("/"):
-            raise ConfigError(f"{where}.mountPath", "must be an absolute path")
-        if path.rstrip("/") in reserved or path in paths:
-            raise ConfigError(f"{where}.mountPath", f"{path} is " + ("the operator's" if path.rstrip("/") in reserved
-                                                                     else "mounted twice"))
-        paths.add(path)
+        check_mount_path(path, f"{where}.mountPath", taken=(cache_path,))
+        if posixpath.normpath(path) in paths:
+            raise ConfigError(f"{where}.mountPath", f"{path} is mounted twice")
+        paths.add(posixpath.normpath(path))
 
 
 def _check_env(raw: list[dict]) -> None:

@@ -25,16 +25,42 @@ def _volume(pod: dict, name: str) -> dict:
                                          ("run", "/var/tmp/trainium-compile-cache/ns/r"),
                                          ("shared", "/var/tmp/trainium-compile-cache")])
 def test_the_compile_cache_lives_where_the_operator_says(scope, path):
-    """The run names only where its container sees the cache; compileCache.path "/" would
-    have been the node's root, now it is a mount point inside the container."""
-    s = parse({**SPEC, "compileCache": {"path": "/"}})
+    """The run names only where its container sees the cache; compileCache.path "/var/lib"
+    would have been the node's /var/lib, it is a mount point inside the container."""
+    s = parse({**SPEC, "compileCache": {"path": "/var/lib"}})
     pod = plan.pod(RUN, s, 1, 0, [], host=HostAccess(compile_cache_scope=scope))
     assert _volume(pod, "compile-cache") == {"name": "compile-cache",
                                              "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
     mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "compile-cache")
-    assert mount["mountPath"] == "/"
+    assert mount["mountPath"] == "/var/lib"
     no_host = plan.pod(RUN, s, 1, 0, [], host=HostAccess(compile_cache_root=""))
     assert _volume(no_host, "compile-cache") == {"name": "compile-cache", "emptyDir": {}}
+
+
+@pytest.mark.parametrize("path, words", [
+    ("/", "must not be /"), ("cache", "must be an absolute path"), ("/var/../etc", "must not contain '..'"),
+    ("/proc/cache", "in /proc"), ("/sys", "in /sys"), ("/dev/shm", "in /dev"), ("/etc/trainium", "is the operator's"),
+    ("/etc/trainium/cache", "overlaps the operator's mount /etc/trainium"),
+    ("/etc", "overlaps the operator's mount /etc/trainium"),
+])
+def test_a_compile_cache_path_no_container_can_mount_is_refused(path, words):
+    with pytest.raises(ConfigError) as err:
+        parse({**SPEC, "compileCache": {"path": path}})
+    assert err.value.field == "spec.compileCache.path" and words in err.value.message, err.value
+
+
+@pytest.mark.parametrize("path, words", [
+    ("/", "must not be /"), ("/dev/shm", "in /dev"), ("/etc/trainium/x", "overlaps"),
+    ("/var/tmp/neuron-compile-cache/", "is the operator's (compileCache.path)"),
+])
+def test_a_volume_mount_no_container_can_take_is_refused(path, words):
+    spec = {**SPEC, "volumes": [{"name": "data", "emptyDir": {}}],
+            "volumeMounts": [{"name": "data", "mountPath": path}]}
+    with pytest.raises(ConfigError) as err:
+        parse(spec)
+    assert err.value.field == "spec.volumeMounts[0].mountPath" and words in err.value.message, err.value
+    # a volume above the compile cache (it is mounted inside it) is fine, as before
+    parse({**spec, "volumeMounts": [{"name": "data", "mountPath": "/var/tmp"}]})
 
 
 def test_the_trainer_container_is_locked_down():
