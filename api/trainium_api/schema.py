@@ -119,8 +119,8 @@ def _whole_numbers_only(schema: dict) -> None:
             _whole_numbers_only(sub)
 
 
-IMMUTABLE = ("is immutable while the run exists (only {mutable} may change; delete and re-create the run "
-             "to change it)")
+IMMUTABLE = ("is immutable while the run exists (only {mutable} may change, and {suspended} while the run is "
+             "suspended; delete and re-create the run to change it)")
 
 
 def spec_schema() -> dict:
@@ -128,10 +128,17 @@ def spec_schema() -> dict:
     out = schema_for(TrainingRunSpec)
     _whole_numbers_only(out)
     mutable = {f.key for f in api_fields(TrainingRunSpec) if f.name in TrainingRunSpec.MUTABLE}
-    why = IMMUTABLE.format(mutable=" and ".join(sorted(mutable)))
+    suspended = {f.key for f in api_fields(TrainingRunSpec) if f.name in TrainingRunSpec.MUTABLE_WHILE_SUSPENDED}
+    why = IMMUTABLE.format(mutable=" and ".join(sorted(mutable)), suspended=" and ".join(sorted(suspended)))
     transitions = []
+    was_suspended = "(has(oldSelf.suspend) && oldSelf.suspend)"
+    for key in sorted(suspended):  # checked one level up: the rule needs oldSelf.suspend
+        transitions.append({"rule": f"{was_suspended} || (has(self.{key}) == has(oldSelf.{key}) && "
+                                    f"(!has(self.{key}) || self.{key} == oldSelf.{key}))",
+                            "message": f"spec.{key} may change only while the run is suspended (spec.suspend: "
+                                       "true): a running gang cannot follow it", "fieldPath": f".{key}"})
     for f in api_fields(TrainingRunSpec):
-        if f.key in mutable:
+        if f.key in mutable or f.key in suspended:
             continue
         # CEL transition rules: evaluated on updates, where the field is in both versions ...
         out["properties"][f.key].setdefault("x-kubernetes-validations", []).append(

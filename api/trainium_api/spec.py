@@ -705,6 +705,62 @@ class VolumeMount:
     sub_path: str | None = None
 
 
+POD_RESOURCES = ("cpu", "memory", "ephemeral-storage", "hugepages-*")
+"""What spec.podTemplate.spec.resources (and an init container's) may request: the Neuron devices
+and EFA interfaces are the instance type's, set by the operator."""
+SECURITY_CONTEXT_KEYS = ("runAsUser", "runAsGroup", "runAsNonRoot", "readOnlyRootFilesystem",
+                         "allowPrivilegeEscalation")
+"""What an init container's securityContext may say (allowPrivilegeEscalation only false); the
+operator adds what the trainer container has: every capability dropped, RuntimeDefault seccomp."""
+INIT_CONTAINER_KEYS = ("name", "image", "imagePullPolicy", "command", "args", "workingDir", "env", "envFrom",
+                       "ports", "resources", "volumeMounts", "restartPolicy", "securityContext", "startupProbe",
+                       "readinessProbe", "livenessProbe", "lifecycle", "terminationMessagePolicy")
+"""The Container fields an init container (or sidecar) of spec.podTemplate may have."""
+
+
+@dataclass
+class PodTemplateMetadata:
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels of every pod of the run (e.g. a team's cost label). Not trainium.dev/*, the
+    operator's. The run's own kueue.x-k8s.io/* labels reach its pods too."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Annotations of every pod of the run (not trainium.dev/*, the operator's)."""
+
+
+@dataclass
+class PodTemplateSpec:
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels the pods need, with the operator's (the instance type on Trainium), e.g. a
+    Karpenter NodePool's karpenter.sh/nodepool or a capacity block's label."""
+    tolerations: list[dict] = field(default_factory=list)
+    """Kubernetes Tolerations, after the operator's (aws.amazon.com/neuron on Trainium)."""
+    affinity: dict = field(default_factory=dict)
+    """A Kubernetes Affinity merged with the operator's: each required node selector term also
+    keeps the pods off the nodes the run leaves out, pod anti-affinity terms are added to the
+    one-pod-per-node rule, preferred terms and pod affinity are taken as given."""
+    priority_class_name: str = ""
+    """The pods' PriorityClass (a higher one may preempt others' pods, and be preempted by a
+    higher one: an eviction, which the run survives as one)."""
+    scheduler_name: str = ""
+    """The pods' scheduler (default: the cluster's default scheduler)."""
+    resources: dict = field(default_factory=dict)
+    """The trainer container's requests and limits of cpu, memory, ephemeral-storage and
+    hugepages-<size>, with the instance type's Neuron devices and EFA interfaces (the operator's)."""
+    init_containers: list[dict] = field(default_factory=list)
+    """Kubernetes Containers run before the trainer, or beside it for the pod's life with
+    restartPolicy: Always (a sidecar, Kubernetes 1.29 and later), with the Container fields
+    listed in the docs, the trainer's lock-down (no privilege escalation, every capability
+    dropped, RuntimeDefault seccomp) and mounts of the pod's own volumes."""
+
+
+@dataclass
+class PodTemplate:
+    """What the platform sets on every pod of the run. Mutable while the run is suspended (as a
+    Job's template is, for a queue that places it): the next gang takes it."""
+    metadata: PodTemplateMetadata = field(default_factory=PodTemplateMetadata)
+    spec: PodTemplateSpec = field(default_factory=PodTemplateSpec)
+
+
 @dataclass(kw_only=True)
 class TrainingRunSpec(RunConfig):
     """A TrainingRun's spec: the trainer's run configuration (model ... init, backend) plus
@@ -713,6 +769,8 @@ class TrainingRunSpec(RunConfig):
     """The fields a live run's spec may change (the API server refuses edits of the others):
     what the operator itself reads each pass. Every other field shapes the pods, the data and
     the checkpoints, which a running gang cannot follow."""
+    MUTABLE_WHILE_SUSPENDED: ClassVar[tuple[str, ...]] = ("pod_template",)
+    """Fields an edit may change when the run it edits is suspended (no gang to follow them)."""
 
     image: Annotated[str, MinLen(1)]
     """The trainer container image."""
@@ -747,6 +805,7 @@ class TrainingRunSpec(RunConfig):
         "operator's.")] = field(default_factory=list)
     volume_mounts: list[VolumeMount] = field(default_factory=list)
     """Where the trainer container mounts spec.volumes."""
+    pod_template: PodTemplate = field(default_factory=PodTemplate)
     layout: Layout | None = field(default=None, metadata=DERIVED)
     """Our trainer's parallel layout (derived); None with a command trainer (its layout is its own)."""
 

@@ -95,9 +95,10 @@ class HostAccess:
             self.compile_cache_scope]
         return {"hostPath": {"path": path, "type": "DirectoryOrCreate"}}
 
-    def check_volumes(self, volumes: list[dict], mounts: list[dict]) -> None:
+    def check_volumes(self, volumes: list[dict], mounts: list[dict], init_containers: list[dict] = ()) -> None:
         """Refuse a hostPath in spec.volumes outside the allowed prefixes, naming the field; a
-        hostPath that is allowed must be mounted read-only."""
+        hostPath that is allowed must be mounted read-only, by the trainer and by every init
+        container of spec.podTemplate."""
         host = set()
         for i, vol in enumerate(volumes):
             kind = next((k for k in vol if k != "name"), "")
@@ -124,9 +125,12 @@ class HostAccess:
                 raise ConfigError(f"spec.volumes[{i}].hostPath.type", f"{source['type']} is not allowed: a read-only "
                                   "mount does not stop connecting to a socket or writing to a device")
             host.add(vol["name"])
-        for i, mount in enumerate(mounts):
+        every = [(f"spec.volumeMounts[{i}]", m) for i, m in enumerate(mounts)]
+        every += [(f"spec.podTemplate.spec.initContainers[{i}].volumeMounts[{j}]", m)
+                  for i, c in enumerate(init_containers) for j, m in enumerate(c.get("volumeMounts") or [])]
+        for where, mount in every:
             if mount.get("name") in host and not mount.get("readOnly"):
-                raise ConfigError(f"spec.volumeMounts[{i}].readOnly",
+                raise ConfigError(f"{where}.readOnly",
                                   "must be true: a hostPath volume is mounted read-only (a tenant writing there "
                                   "could plant a symlink another run's mount follows)")
 

@@ -153,7 +153,7 @@ def _checked(body, host: HostAccess | None) -> TrainingRunSpec | ConfigError:
     try:
         spec = parse(body)
         if host is not None:
-            host.check_volumes(spec.volumes, spec.volume_mounts)
+            host.check_volumes(spec.volumes, spec.volume_mounts, spec.pod_template.spec.init_containers)
         return spec
     except ConfigError as err:
         return err

@@ -26,6 +26,7 @@ from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
 
+from . import pod_template
 from .hostaccess import HostAccess
 
 MASTER_PORT = 29500
@@ -291,9 +292,10 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if itype["neuron"]:
         spec_body["nodeSelector"] = {"node.kubernetes.io/instance-type": spec.instance_type}
         spec_body["tolerations"] = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
-                         "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
-                         "annotations": {keys.INSTANCE_TYPE: spec.instance_type},
-                         "ownerReferences": [owner_reference(run)]},
-            "spec": spec_body}
+    return pod_template.apply({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
+                     "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
+                     "annotations": {keys.INSTANCE_TYPE: spec.instance_type},
+                     "ownerReferences": [owner_reference(run)]},
+        "spec": spec_body}, spec.pod_template, run["metadata"].get("labels") or {})

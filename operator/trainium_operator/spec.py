@@ -16,12 +16,12 @@ from trainium_api.fields import ConfigError, api_fields
 from trainium_api.layout import derive_layout
 from trainium_api.load import build
 from trainium_api.presets import apply_preset, finish
+
+from . import pod_template
+from .containers import check_env, check_mount_path
 from trainium_api.spec import (
     COMMAND_TRAINER_FIELDS,
-    CONTRACT_ENV,
-    CONTRACT_MOUNTS,
     CONTRACT_VOLUMES,
-    ENV_SOURCES,
     GROUPS,
     INSTANCE_TYPES,
     TRAINER_IDENTITY,
@@ -93,39 +93,17 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
         raise ConfigError("spec.serviceAccountName", f"{s.service_account_name}: names {TRAINER_IDENTITY}-* are the "
                           "operator's per-run trainer identities (another run's would reach its pods); leave the "
                           "field unset for this run's own")
-    _check_env(s.env)
+    check_env(s.env)
     check_mount_path(s.compile_cache.path, "spec.compileCache.path")
     _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path)
+    pod_template.check(s.pod_template, s.instance_type if neuron_type else None, pod_volume_names(s))
     return s
 
 
-KERNEL_DIRS = ("/proc", "/sys", "/dev")
-"""The container runtime's own mounts: a volume over them breaks the container or is refused."""
-
-
-def check_mount_path(path: str, where: str, reserved: tuple[str, ...] = CONTRACT_MOUNTS,
-                     taken: tuple[str, ...] = ()) -> None:
-    """Raises ConfigError naming ``where`` unless ``path`` is a directory a container can mount a
-    volume at: absolute, without '..', not the root (it would hide the image), not in the
-    kernel's directories, neither at, inside nor above one of the operator's ``reserved`` mounts
-    (one would hide the other), and not one of the ``taken`` paths (a nested mount is fine)."""
-    if not path.startswith("/"):
-        raise ConfigError(where, f"must be an absolute path, got {path!r}")
-    if ".." in path.split("/"):
-        raise ConfigError(where, f"must not contain '..', got {path!r}")
-    norm = posixpath.normpath(path)
-    if norm in ("/", "//"):
-        raise ConfigError(where, "must not be / (a volume there would hide the container's whole file system)")
-    for d in KERNEL_DIRS:
-        if norm == d or norm.startswith(d + "/"):
-            raise ConfigError(where, f"{path} is in {d}, the container runtime's own; choose a directory of "
-                                     f"the image's (e.g. /var/tmp/...)")
-    for r in reserved:
-        if norm == r or norm.startswith(r + "/") or r.startswith(norm + "/"):
-            raise ConfigError(where, f"{path} " + ("is" if norm == r else "overlaps") + f" the operator's mount {r}")
-    for t in taken:
-        if norm == posixpath.normpath(t):
-            raise ConfigError(where, f"{path} is the operator's (compileCache.path)")
+def pod_volume_names(s: TrainingRunSpec) -> set[str]:
+    """The volumes of the run's pods (plan.pod): the operator's and spec.volumes."""
+    ours = {v for v in CONTRACT_VOLUMES if v != "config" or not s.trainer.is_command}
+    return ours | {v["name"] for v in s.volumes}
 
 
 S3_URI = re.compile(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?")
@@ -159,8 +137,6 @@ def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:
                                      else "configure the script in trainer.command"))
 
 
-_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-
 
 def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str) -> None:
     """spec.volumes (each a Kubernetes Volume with a name and one source, passed through) and
@@ -187,31 +163,3 @@ def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str) -> 
         if posixpath.normpath(path) in paths:
             raise ConfigError(f"{where}.mountPath", f"{path} is mounted twice")
         paths.add(posixpath.normpath(path))
-
-
-def _check_env(raw: list[dict]) -> None:
-    """spec.env: Kubernetes EnvVars with a value or a valueFrom (secretKeyRef, configMapKeyRef:
-    name and key; fieldRef: fieldPath), names unique and none of the contract's."""
-    seen: set[str] = set()
-    for i, item in enumerate(raw):
-        where = f"spec.env[{i}]"
-        if not _ENV_NAME.fullmatch(item["name"]):
-            raise ConfigError(f"{where}.name", "must be a valid environment variable name")
-        name = item["name"]
-        if name in CONTRACT_ENV:
-            raise ConfigError(f"{where}.name", f"{name} is set by the operator (the pod contract) and cannot be overridden")
-        if name in seen:
-            raise ConfigError(f"{where}.name", f"{name} is listed twice")
-        seen.add(name)
-        if (item.get("value") is None) == (item.get("valueFrom") is None):
-            raise ConfigError(where, "needs exactly one of value or valueFrom")
-        if item.get("valueFrom") is not None:
-            vf = item["valueFrom"]
-            kinds = sorted(vf) if isinstance(vf, Mapping) else []
-            if len(kinds) != 1 or kinds[0] not in ENV_SOURCES:
-                raise ConfigError(f"{where}.valueFrom", f"must have exactly one of {', '.join(ENV_SOURCES)}")
-            ref = vf[kinds[0]]
-            needed = ("fieldPath",) if kinds[0] == "fieldRef" else ("name", "key")
-            for key in needed:
-                if not isinstance(ref, Mapping) or not isinstance(ref.get(key), str) or not ref[key]:
-                    raise ConfigError(f"{where}.valueFrom.{kinds[0]}.{key}", "is required")

@@ -58,6 +58,8 @@ def _check(cls: type, schema: dict, where: str, seen: list[str]) -> None:
             (item,) = get_args(tp)
             if dataclasses.is_dataclass(item):
                 _check(item, prop["items"], f"{at}[]", seen)
+            elif item is dict:  # Kubernetes objects passed through (tolerations, init containers)
+                assert prop["items"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, at
             else:
                 assert prop["items"]["type"] == JSON_TYPES[item], at
         elif get_origin(tp) is dict:

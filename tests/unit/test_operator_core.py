@@ -563,8 +563,8 @@ def test_user_env_follows_the_contract_which_it_cannot_override():
     assert env[-2:] == extra
     contract = {e["name"] for e in env[:-2]} - set(plan.NEURON_ENV) - {"NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS"}
     # the reserved list is exactly what the plan sets (some only with the pre-flight check)
-    from trainium_api.spec import CONDITIONAL_ENV
-    assert contract == set(spec_mod.CONTRACT_ENV) - set(CONDITIONAL_ENV)
+    from trainium_api.spec import CONDITIONAL_ENV, CONTRACT_ENV
+    assert contract == set(CONTRACT_ENV) - set(CONDITIONAL_ENV)
 
 
 def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():

@@ -1,0 +1,247 @@
+"""spec.podTemplate: what a platform team sets on every pod of a run (labels, annotations, node
+selection, priority, scheduler, resources, init containers and sidecars), checked and merged
+with the operator's own pod. Pure; no API calls.
+
+The checks keep the run inside tenant isolation (docs/security.md): nothing here can name a
+host path, raise a privilege, take the operator's labels or annotations (a forged progress
+annotation, another run's label) or request the Neuron devices and EFA interfaces the instance
+type owns. Each refusal is a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any, Mapping
+
+from kubernetes.utils.quantity import parse_quantity
+
+from trainium_api import keys
+from trainium_api.fields import ConfigError
+from trainium_api.spec import INIT_CONTAINER_KEYS, POD_RESOURCES, SECURITY_CONTEXT_KEYS, PodTemplate
+
+from .containers import check_env, check_mount_path
+
+WHERE = "spec.podTemplate"
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+"""The run's labels under this prefix (its queue, its priority class) reach its pods."""
+TRAINER_CONTAINER = "trainer"
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}")
+_LABEL_VALUE = re.compile(rf"({_NAME})?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check(template: PodTemplate, neuron_instance_type: str | None, volume_names: set[str]) -> None:
+    """Refuse what a run's pods may not carry, naming the field. ``neuron_instance_type``: the
+    instance type whose node selector the operator sets (None off Trainium); ``volume_names``:
+    the pod's volumes (the operator's and spec.volumes), which init containers may mount."""
+    meta, spec = template.metadata, template.spec
+    _check_map(meta.labels, f"{WHERE}.metadata.labels", values=True, ours=(keys.PREFIX, KUEUE_PREFIX))
+    _check_map(meta.annotations, f"{WHERE}.metadata.annotations", values=False, ours=(keys.PREFIX,))
+    _check_map(spec.node_selector, f"{WHERE}.spec.nodeSelector", values=True)
+    itype_key = "node.kubernetes.io/instance-type"
+    if neuron_instance_type and spec.node_selector.get(itype_key, neuron_instance_type) != neuron_instance_type:
+        raise ConfigError(f"{WHERE}.spec.nodeSelector.{itype_key}", f"is the operator's: spec.instanceType "
+                          f"{neuron_instance_type} (got {spec.node_selector[itype_key]!r})")
+    for i, toleration in enumerate(spec.tolerations):
+        if set(toleration) - {"key", "operator", "value", "effect", "tolerationSeconds"}:
+            raise ConfigError(f"{WHERE}.spec.tolerations[{i}]", f"unknown field "
+                              f"{sorted(set(toleration) - {'key', 'operator', 'value', 'effect', 'tolerationSeconds'})[0]}")
+    _check_affinity(spec.affinity)
+    for key, value in (("priorityClassName", spec.priority_class_name), ("schedulerName", spec.scheduler_name)):
+        if value and not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ConfigError(f"{WHERE}.spec.{key}", f"{value!r} is not an object name (lowercase letters, digits, "
+                                                    "'-' and '.')")
+    check_resources(spec.resources, f"{WHERE}.spec.resources")
+    names = {TRAINER_CONTAINER}
+    for i, container in enumerate(spec.init_containers):
+        _check_init_container(container, f"{WHERE}.spec.initContainers[{i}]", names, volume_names)
+
+
+def _check_map(items: Mapping[str, Any], where: str, values: bool, ours: tuple[str, ...] = ()) -> None:
+    for key, value in items.items():
+        if not _LABEL_KEY.fullmatch(key) or len(key.partition("/")[0] if "/" in key else "") > 253:
+            raise ConfigError(f"{where}.{key}", "is not a Kubernetes label or annotation key (prefix/name, the "
+                                                "name at most 63 letters, digits, '-', '_', '.')")
+        taken = next((prefix for prefix in ours if key.startswith(prefix)), None)
+        if taken:
+            raise ConfigError(f"{where}.{key}", f"{keys.PREFIX}* is the operator's" if taken == keys.PREFIX
+                              else f"{KUEUE_PREFIX}* comes from the run's own labels (label the TrainingRun)")
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}.{key}", f"must be a string, got {value!r}")
+        if values and not _LABEL_VALUE.fullmatch(value):
+            raise ConfigError(f"{where}.{key}", f"{value!r} is not a label value (at most 63 letters, digits, "
+                                                "'-', '_', '.', starting and ending alphanumeric)")
+
+
+def _check_affinity(affinity: Mapping[str, Any]) -> None:
+    where = f"{WHERE}.spec.affinity"
+    unknown = set(affinity) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown field (known: nodeAffinity, podAffinity, "
+                                                           "podAntiAffinity)")
+    for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+        part = affinity.get(kind)
+        if part is None:
+            continue
+        if not isinstance(part, Mapping):
+            raise ConfigError(f"{where}.{kind}", "must be an object")
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+        if not isinstance(terms, list) or not terms or not all(isinstance(t, Mapping) for t in terms):
+            raise ConfigError(f"{where}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+                              "must be a non-empty list of node selector terms")
+
+
+def check_resources(resources: Mapping[str, Any], where: str) -> None:
+    """requests and limits of cpu, memory, ephemeral-storage and hugepages-<size> only, each a
+    quantity, a request no more than its limit, hugepages with a limit (Kubernetes' rules, so
+    the pods are never refused at creation)."""
+    if set(resources) - {"requests", "limits"}:
+        raise ConfigError(f"{where}.{sorted(set(resources) - {'requests', 'limits'})[0]}",
+                          "unknown field (known: requests, limits)")
+    parsed: dict[str, dict[str, Decimal]] = {}
+    for part in ("requests", "limits"):
+        given = resources.get(part) or {}
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"{where}.{part}", "must be an object of resource name: quantity")
+        parsed[part] = {}
+        for name, value in given.items():
+            if not (name in POD_RESOURCES or (name.startswith("hugepages-") and len(name) > len("hugepages-"))):
+                raise ConfigError(f"{where}.{part}.{name}", f"is not one a run may request (allowed: "
+                                  f"{', '.join(POD_RESOURCES)}); the Neuron devices and EFA interfaces are the "
+                                  "instance type's")
+            try:
+                amount = parse_quantity(value) if not isinstance(value, bool) else None
+            except ValueError:
+                amount = None
+            if amount is None or amount < 0:
+                raise ConfigError(f"{where}.{part}.{name}", f"must be a quantity (e.g. 8, 500m, 64Gi), got {value!r}")
+            parsed[part][name] = amount
+    for name, amount in parsed["requests"].items():
+        limit = parsed["limits"].get(name)
+        if name.startswith("hugepages-") and limit is None:
+            raise ConfigError(f"{where}.limits.{name}", "is required: hugepages need a limit")
+        if limit is not None and amount > limit:
+            raise ConfigError(f"{where}.requests.{name}", f"is more than its limit ({resources['limits'][name]})")
+        if name.startswith("hugepages-") and limit is not None and amount != limit:
+            raise ConfigError(f"{where}.requests.{name}", "must equal its limit (hugepages are not overcommitted)")
+
+
+def _check_init_container(c: Any, where: str, names: set[str], volume_names: set[str]) -> None:
+    if not isinstance(c, Mapping):
+        raise ConfigError(where, "must be a Kubernetes Container")
+    unknown = sorted(set(c) - set(INIT_CONTAINER_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"is not allowed here (allowed: {', '.join(INIT_CONTAINER_KEYS)})")
+    name = c.get("name")
+    if not isinstance(name, str) or not _DNS_LABEL.fullmatch(name):
+        raise ConfigError(f"{where}.name", "is required: a DNS label (lowercase letters, digits, '-')")
+    if name in names:
+        raise ConfigError(f"{where}.name", f"{name} is " + ("the trainer's" if name == TRAINER_CONTAINER
+                                                            else "used twice"))
+    names.add(name)
+    if not isinstance(c.get("image"), str) or not c["image"]:
+        raise ConfigError(f"{where}.image", "is required")
+    if c.get("restartPolicy") not in (None, "Always"):
+        raise ConfigError(f"{where}.restartPolicy", "may only be Always (a sidecar that runs beside the trainer)")
+    for listed in ("command", "args"):
+        if listed in c and not (isinstance(c[listed], list) and all(isinstance(a, str) for a in c[listed])):
+            raise ConfigError(f"{where}.{listed}", "must be a list of strings")
+    if "env" in c:
+        if not isinstance(c["env"], list) or not all(isinstance(e, Mapping) and isinstance(e.get("name"), str)
+                                                     for e in c["env"]):
+            raise ConfigError(f"{where}.env", "must be a list of {name, value | valueFrom}")
+        check_env(c["env"], f"{where}.env", contract=False)
+    sc = c.get("securityContext") or {}
+    if not isinstance(sc, Mapping):
+        raise ConfigError(f"{where}.securityContext", "must be an object")
+    for key in sc:
+        if key not in SECURITY_CONTEXT_KEYS:
+            raise ConfigError(f"{where}.securityContext.{key}", f"is the operator's (allowed: "
+                              f"{', '.join(SECURITY_CONTEXT_KEYS)}): init containers are locked down as the trainer is")
+    if sc.get("allowPrivilegeEscalation") not in (None, False):
+        raise ConfigError(f"{where}.securityContext.allowPrivilegeEscalation", "may only be false")
+    if "resources" in c:
+        if not isinstance(c["resources"], Mapping):
+            raise ConfigError(f"{where}.resources", "must be an object")
+        check_resources(c["resources"], f"{where}.resources")
+    mounts = c.get("volumeMounts") or []
+    if not isinstance(mounts, list):
+        raise ConfigError(f"{where}.volumeMounts", "must be a list")
+    for j, m in enumerate(mounts):
+        at = f"{where}.volumeMounts[{j}]"
+        if not isinstance(m, Mapping) or set(m) - {"name", "mountPath", "readOnly", "subPath"}:
+            raise ConfigError(at, "must be {name, mountPath, readOnly, subPath}")
+        if m.get("name") not in volume_names:
+            raise ConfigError(f"{at}.name", f"must name one of the pod's volumes ({', '.join(sorted(volume_names))})")
+        if not isinstance(m.get("mountPath"), str):
+            raise ConfigError(f"{at}.mountPath", "is required")
+        check_mount_path(m["mountPath"], f"{at}.mountPath", reserved=())
+
+
+def init_container_security(c: Mapping[str, Any]) -> dict:
+    """The trainer's lock-down under what the container may say of itself (its user, a
+    read-only root)."""
+    return {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
+            "capabilities": {"drop": ["ALL"]},
+            **{k: v for k, v in (c.get("securityContext") or {}).items() if k != "allowPrivilegeEscalation"}}
+
+
+def apply(pod: dict, template: PodTemplate, run_labels: Mapping[str, str]) -> dict:
+    """``pod`` (the operator's, its node exclusion in its affinity) with the template merged in:
+    the operator's labels, annotations, node selector and anti-affinity win or stay; the
+    template's are added."""
+    meta, body = pod["metadata"], pod["spec"]
+    t = template.spec
+    kueue = {k: v for k, v in (run_labels or {}).items() if k.startswith(KUEUE_PREFIX)}
+    meta["labels"] = {**template.metadata.labels, **kueue, **meta["labels"]}
+    meta["annotations"] = {**template.metadata.annotations, **meta.get("annotations", {})}
+    if t.node_selector:
+        body["nodeSelector"] = {**t.node_selector, **body.get("nodeSelector", {})}
+    if t.tolerations:
+        body["tolerations"] = [*body.get("tolerations", []), *(dict(x) for x in t.tolerations)]
+    if t.affinity:
+        body["affinity"] = merge_affinity(body["affinity"], t.affinity)
+    if t.priority_class_name:
+        body["priorityClassName"] = t.priority_class_name
+    if t.scheduler_name:
+        body["schedulerName"] = t.scheduler_name
+    if t.resources:
+        trainer = body["containers"][0]
+        ours = trainer.get("resources") or {}
+        trainer["resources"] = {part: {**(t.resources.get(part) or {}), **(ours.get(part) or {})}
+                                for part in ("requests", "limits") if (t.resources.get(part) or ours.get(part))}
+    if t.init_containers:
+        body["initContainers"] = [{**c, "securityContext": init_container_security(c)} for c in t.init_containers]
+    return pod
+
+
+def merge_affinity(ours: dict, theirs: Mapping[str, Any]) -> dict:
+    """One Affinity from the operator's (one pod per node; the nodes the run leaves out) and the
+    template's. Node selector terms are ORed, so the operator's exclusion is ANDed into each of
+    the template's required terms; required pod anti-affinity terms are all kept."""
+    out = {k: v for k, v in theirs.items() if k not in ("nodeAffinity", "podAntiAffinity")}
+    node = dict(theirs.get("nodeAffinity") or {})
+    exclusion = [e for term in (((ours.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+                                 or {}).get("nodeSelectorTerms") or []) for e in term.get("matchExpressions") or []]
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required:
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [
+            {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *exclusion]}
+            for term in required["nodeSelectorTerms"]]}
+    elif exclusion:
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = ours["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]
+    if node:
+        out["nodeAffinity"] = node
+    anti = dict(theirs.get("podAntiAffinity") or {})
+    anti["requiredDuringSchedulingIgnoredDuringExecution"] = [
+        *ours["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
+        *(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or [])]
+    out["podAntiAffinity"] = anti
+    return out
