@@ -28,8 +28,8 @@ def check_mount_path(path: str, where: str, reserved: tuple[str, ...] = CONTRACT
         raise ConfigError(where, f"must be an absolute path, got {path!r}")
     if ".." in path.split("/"):
         raise ConfigError(where, f"must not contain '..', got {path!r}")
-    norm = posixpath.normpath(path)
-    if norm in ("/", "//"):
+    norm = posixpath.normpath("/" + path.lstrip("/"))  # normpath keeps a leading //; the runtime does not
+    if norm == "/":
         raise ConfigError(where, "must not be / (a volume there would hide the container's whole file system)")
     for d in KERNEL_DIRS:
         if norm == d or norm.startswith(d + "/"):
@@ -39,7 +39,7 @@ def check_mount_path(path: str, where: str, reserved: tuple[str, ...] = CONTRACT
         if norm == r or norm.startswith(r + "/") or r.startswith(norm + "/"):
             raise ConfigError(where, f"{path} " + ("is" if norm == r else "overlaps") + f" the operator's mount {r}")
     for t in taken:
-        if norm == posixpath.normpath(t):
+        if norm == posixpath.normpath("/" + t.lstrip("/")):
             raise ConfigError(where, f"{path} is the operator's (compileCache.path)")
 
 

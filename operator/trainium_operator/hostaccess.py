@@ -125,6 +125,12 @@ class HostAccess:
                 raise ConfigError(f"spec.volumes[{i}].hostPath.type", f"{source['type']} is not allowed: a read-only "
                                   "mount does not stop connecting to a socket or writing to a device")
             host.add(vol["name"])
+        self.check_read_only(volumes, mounts, init_containers)
+
+    @staticmethod
+    def check_read_only(volumes: list[dict], mounts: list[dict], init_containers: list[dict] = ()) -> None:
+        """Every mount of a hostPath volume is read-only, the trainer's and the init containers'."""
+        host = {vol["name"] for vol in volumes if "hostPath" in vol}
         every = [(f"spec.volumeMounts[{i}]", m) for i, m in enumerate(mounts)]
         every += [(f"spec.podTemplate.spec.initContainers[{i}].volumeMounts[{j}]", m)
                   for i, c in enumerate(init_containers) for j, m in enumerate(c.get("volumeMounts") or [])]

@@ -26,6 +26,17 @@ WHERE = "spec.podTemplate"
 KUEUE_PREFIX = "kueue.x-k8s.io/"
 """The run's labels under this prefix (its queue, its priority class) reach its pods."""
 TRAINER_CONTAINER = "trainer"
+NODE_ANNOTATIONS = ("container.apparmor.security.beta.kubernetes.io/", "seccomp.security.alpha.kubernetes.io/",
+                    "k8s.v1.cni.cncf.io/")
+"""Annotations that loosen a container's confinement or attach the pod to another network: the
+operator's lock-down and the cluster's, not a run's."""
+TAINTS_NOT_TOLERATED = (keys.PREFIX, "node.kubernetes.io/unschedulable", "aws.amazon.com/neuron")
+"""Taints a run may not tolerate: the operator's quarantine, a cordon, the Neuron nodes (the
+instance type's, tolerated by the operator where it places the run on them)."""
+TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
+EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+MESSAGE_POLICIES = ("File", "FallbackToLogsOnError")
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}")
@@ -40,21 +51,22 @@ def check(template: PodTemplate, neuron_instance_type: str | None, volume_names:
     the pod's volumes (the operator's and spec.volumes), which init containers may mount."""
     meta, spec = template.metadata, template.spec
     _check_map(meta.labels, f"{WHERE}.metadata.labels", values=True, ours=(keys.PREFIX, KUEUE_PREFIX))
-    _check_map(meta.annotations, f"{WHERE}.metadata.annotations", values=False, ours=(keys.PREFIX,))
+    _check_map(meta.annotations, f"{WHERE}.metadata.annotations", values=False, ours=(keys.PREFIX, *NODE_ANNOTATIONS))
     _check_map(spec.node_selector, f"{WHERE}.spec.nodeSelector", values=True)
     itype_key = "node.kubernetes.io/instance-type"
     if neuron_instance_type and spec.node_selector.get(itype_key, neuron_instance_type) != neuron_instance_type:
         raise ConfigError(f"{WHERE}.spec.nodeSelector.{itype_key}", f"is the operator's: spec.instanceType "
                           f"{neuron_instance_type} (got {spec.node_selector[itype_key]!r})")
     for i, toleration in enumerate(spec.tolerations):
-        if set(toleration) - {"key", "operator", "value", "effect", "tolerationSeconds"}:
-            raise ConfigError(f"{WHERE}.spec.tolerations[{i}]", f"unknown field "
-                              f"{sorted(set(toleration) - {'key', 'operator', 'value', 'effect', 'tolerationSeconds'})[0]}")
+        _check_toleration(toleration, f"{WHERE}.spec.tolerations[{i}]")
     _check_affinity(spec.affinity)
     for key, value in (("priorityClassName", spec.priority_class_name), ("schedulerName", spec.scheduler_name)):
         if value and not _DNS_SUBDOMAIN.fullmatch(value):
             raise ConfigError(f"{WHERE}.spec.{key}", f"{value!r} is not an object name (lowercase letters, digits, "
                                                     "'-' and '.')")
+    if spec.priority_class_name.startswith("system-"):
+        raise ConfigError(f"{WHERE}.spec.priorityClassName", f"{spec.priority_class_name} is the cluster's own (it "
+                          "would preempt the cluster's add-ons); name one of the platform's PriorityClasses")
     check_resources(spec.resources, f"{WHERE}.spec.resources")
     names = {TRAINER_CONTAINER}
     for i, container in enumerate(spec.init_containers):
@@ -77,6 +89,41 @@ def _check_map(items: Mapping[str, Any], where: str, values: bool, ours: tuple[s
                                                 "'-', '_', '.', starting and ending alphanumeric)")
 
 
+def _check_toleration(t: Any, where: str) -> None:
+    """A Toleration the API server takes, and none that defeats a quarantine, a cordon or the
+    Neuron nodes' taint."""
+    if not isinstance(t, Mapping):
+        raise ConfigError(where, "must be a Kubernetes Toleration")
+    unknown = sorted(set(t) - set(TOLERATION_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(TOLERATION_KEYS)})")
+    key, op, effect = t.get("key", ""), t.get("operator", "Equal"), t.get("effect", "")
+    if not isinstance(key, str) or (key and not _LABEL_KEY.fullmatch(key)):
+        raise ConfigError(f"{where}.key", "must be a taint key")
+    if op not in ("Exists", "Equal"):
+        raise ConfigError(f"{where}.operator", "must be Exists or Equal")
+    if not key:
+        raise ConfigError(f"{where}.key", "is required: a toleration without a key tolerates every taint (a "
+                                          "quarantine, a cordon)")
+    if any(key == k or (k.endswith("/") and key.startswith(k)) for k in TAINTS_NOT_TOLERATED):
+        raise ConfigError(f"{where}.key", f"{key} is the operator's or the node's to decide")
+    if effect not in EFFECTS:
+        raise ConfigError(f"{where}.effect", f"must be one of {', '.join(e for e in EFFECTS if e)}")
+    value = t.get("value", "")
+    if not isinstance(value, str) or (op == "Exists" and value):
+        raise ConfigError(f"{where}.value", "must be a string, and empty with operator Exists")
+    if "tolerationSeconds" in t:
+        seconds = t["tolerationSeconds"]
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or effect != "NoExecute":
+            raise ConfigError(f"{where}.tolerationSeconds", "must be an integer, with effect NoExecute")
+
+
+def _terms(value: Any, where: str) -> list:
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ConfigError(where, "must be a list of objects")
+    return value
+
+
 def _check_affinity(affinity: Mapping[str, Any]) -> None:
     where = f"{WHERE}.spec.affinity"
     unknown = set(affinity) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
@@ -91,10 +138,28 @@ def _check_affinity(affinity: Mapping[str, Any]) -> None:
             raise ConfigError(f"{where}.{kind}", "must be an object")
     required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is not None:
+        at = f"{where}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
         terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
-        if not isinstance(terms, list) or not terms or not all(isinstance(t, Mapping) for t in terms):
-            raise ConfigError(f"{where}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
-                              "must be a non-empty list of node selector terms")
+        if not isinstance(terms, list) or not terms:
+            raise ConfigError(at, "must be a non-empty list of node selector terms")
+        for i, term in enumerate(_terms(terms, at)):
+            for part in ("matchExpressions", "matchFields"):
+                if part in term:
+                    _terms(term[part], f"{at}[{i}].{part}")
+    for kind in ("podAffinity", "podAntiAffinity"):
+        for timing in ("requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution"):
+            at = f"{where}.{kind}.{timing}"
+            listed = (affinity.get(kind) or {}).get(timing)
+            if listed is None:
+                continue
+            for i, term in enumerate(_terms(listed, at)):
+                inner = term.get("podAffinityTerm", term) if timing.startswith("preferred") else term
+                if not isinstance(inner, Mapping):
+                    raise ConfigError(f"{at}[{i}]", "must be a pod affinity term")
+                for reach in ("namespaces", "namespaceSelector"):
+                    if reach in inner:  # a required anti-affinity is symmetric: it would keep other tenants' pods away
+                        raise ConfigError(f"{at}[{i}].{reach}", "is not allowed: a run's pod affinity is about its "
+                                                                 "own namespace's pods")
 
 
 def check_resources(resources: Mapping[str, Any], where: str) -> None:
@@ -149,6 +214,21 @@ def _check_init_container(c: Any, where: str, names: set[str], volume_names: set
         raise ConfigError(f"{where}.image", "is required")
     if c.get("restartPolicy") not in (None, "Always"):
         raise ConfigError(f"{where}.restartPolicy", "may only be Always (a sidecar that runs beside the trainer)")
+    for key, allowed in (("imagePullPolicy", PULL_POLICIES), ("terminationMessagePolicy", MESSAGE_POLICIES)):
+        if key in c and c[key] not in allowed:
+            raise ConfigError(f"{where}.{key}", f"must be one of {', '.join(allowed)}")
+    for key in ("startupProbe", "readinessProbe", "livenessProbe", "lifecycle"):
+        if key not in c:
+            continue
+        if c.get("restartPolicy") != "Always":
+            raise ConfigError(f"{where}.{key}", "needs restartPolicy: Always (only a sidecar has probes and hooks)")
+        _check_handlers(c[key], f"{where}.{key}")
+    ports = c.get("ports", [])
+    for j, port in enumerate(_terms(ports, f"{where}.ports")):
+        for reach in ("hostPort", "hostIP"):
+            if reach in port:
+                raise ConfigError(f"{where}.ports[{j}].{reach}", "is not allowed: a run's container takes no port of "
+                                                                 "its node")
     for listed in ("command", "args"):
         if listed in c and not (isinstance(c[listed], list) and all(isinstance(a, str) for a in c[listed])):
             raise ConfigError(f"{where}.{listed}", "must be a list of strings")
@@ -177,11 +257,23 @@ def _check_init_container(c: Any, where: str, names: set[str], volume_names: set
         at = f"{where}.volumeMounts[{j}]"
         if not isinstance(m, Mapping) or set(m) - {"name", "mountPath", "readOnly", "subPath"}:
             raise ConfigError(at, "must be {name, mountPath, readOnly, subPath}")
-        if m.get("name") not in volume_names:
+        if not isinstance(m.get("name"), str) or m["name"] not in volume_names:
             raise ConfigError(f"{at}.name", f"must name one of the pod's volumes ({', '.join(sorted(volume_names))})")
         if not isinstance(m.get("mountPath"), str):
             raise ConfigError(f"{at}.mountPath", "is required")
         check_mount_path(m["mountPath"], f"{at}.mountPath", reserved=())
+
+
+def _check_handlers(value: Any, where: str) -> None:
+    """A probe or lifecycle hook reaches only its own pod: no httpGet or tcpSocket host (the
+    kubelet would connect from the node, to the node's metadata service or its neighbours)."""
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if key == "host" and where.rsplit(".", 1)[-1] in ("httpGet", "tcpSocket"):
+                raise ConfigError(f"{where}.host", "is not allowed: a probe or hook reaches its own pod only")
+            _check_handlers(inner, f"{where}.{key}")
+    elif not isinstance(value, (str, int, float, bool, list, type(None))):
+        raise ConfigError(where, "must be a Kubernetes probe or lifecycle handler")
 
 
 def init_container_security(c: Mapping[str, Any]) -> dict:

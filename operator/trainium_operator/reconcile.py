@@ -164,7 +164,7 @@ def _observe(p: Pass) -> None:
     if p.refused is not None:
         _refused_edit(p, p.refused)
     else:
-        new.fault_tolerance_in_force = to_dict(spec.fault_tolerance)
+        new.fault_tolerance_in_force = to_dict(spec.fault_tolerance, older_words=True)  # an older operator reads it back
         if not any(c.type == Cond.VALID and c.status == "True" for c in p.old.conditions):
             shape = (f"data parallel {spec.layout.data}" if spec.layout is not None else
                      f"command trainer, progress format {spec.trainer.progress_format}, checkpoint layout "

@@ -20,6 +20,7 @@ from trainium_api.presets import apply_preset, finish
 from . import pod_template
 from .containers import check_env, check_mount_path
 from trainium_api.spec import (
+    CONTRACT_MOUNTS,
     COMMAND_TRAINER_FIELDS,
     CONTRACT_VOLUMES,
     GROUPS,
@@ -38,8 +39,11 @@ def _prefix(err: ConfigError) -> ConfigError:
     return ConfigError(path, err.message)
 
 
-def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
-    """Parse and validate a TrainingRun spec (its camelCase dict). Raises ConfigError."""
+def parse(spec: Mapping[str, Any] | None, accepted_before: bool = False) -> TrainingRunSpec:
+    """Parse and validate a TrainingRun spec (its camelCase dict). Raises ConfigError.
+    ``accepted_before``: a run the operator accepted before (observer.spec_in_force supervises it
+    with the spec it has): the mount-path rules newer than it are not applied, so that an
+    upgrade never leaves a training run unsupervised for a path it was started with."""
     if not isinstance(spec, Mapping):
         raise ConfigError("spec", "must be an object")
     try:
@@ -94,8 +98,9 @@ def parse(spec: Mapping[str, Any] | None) -> TrainingRunSpec:
                           "operator's per-run trainer identities (another run's would reach its pods); leave the "
                           "field unset for this run's own")
     check_env(s.env)
-    check_mount_path(s.compile_cache.path, "spec.compileCache.path")
-    _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path)
+    if not accepted_before:
+        check_mount_path(s.compile_cache.path, "spec.compileCache.path")
+    _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path, strict_paths=not accepted_before)
     pod_template.check(s.pod_template, s.instance_type if neuron_type else None, pod_volume_names(s))
     return s
 
@@ -138,7 +143,7 @@ def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:
 
 
 
-def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str) -> None:
+def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str, strict_paths: bool = True) -> None:
     """spec.volumes (each a Kubernetes Volume with a name and one source, passed through) and
     spec.volumeMounts (name, mountPath, optional readOnly, subPath) of the trainer container."""
     names: set[str] = set()
@@ -159,7 +164,10 @@ def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str) -> 
         if mount["name"] not in names:
             raise ConfigError(f"{where}.name", "must name one of spec.volumes")
         path = mount["mountPath"]
-        check_mount_path(path, f"{where}.mountPath", taken=(cache_path,))
+        if strict_paths:
+            check_mount_path(path, f"{where}.mountPath", taken=(cache_path,))
+        elif not path.startswith("/") or path.rstrip("/") in (*CONTRACT_MOUNTS, cache_path):
+            raise ConfigError(f"{where}.mountPath", f"{path} is not absolute, or is the operator's")
         if posixpath.normpath(path) in paths:
             raise ConfigError(f"{where}.mountPath", f"{path} is mounted twice")
         paths.add(posixpath.normpath(path))

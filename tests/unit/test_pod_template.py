@@ -136,7 +136,58 @@ REFUSED = [
     ("a label key Kubernetes refuses", "metadata.labels", {"-bad": "x"}, "metadata.labels.-bad"),
     ("another instance type", "spec.nodeSelector", {"node.kubernetes.io/instance-type": "trn2.48xlarge"},
      "spec.nodeSelector.node.kubernetes.io/instance-type"),
-    ("an unknown toleration field", "spec.tolerations", [{"key": "k", "hostPath": "/"}], "spec.tolerations[0]"),
+    ("an unknown toleration field", "spec.tolerations", [{"key": "k", "hostPath": "/"}],
+     "spec.tolerations[0].hostPath"),
+    ("a toleration of every taint", "spec.tolerations", [{"operator": "Exists"}], "spec.tolerations[0].key"),
+    ("tolerating the quarantine", "spec.tolerations", [{"key": "trainium.dev/quarantined", "operator": "Exists"}],
+     "spec.tolerations[0].key"),
+    ("tolerating a cordon", "spec.tolerations", [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}],
+     "spec.tolerations[0].key"),
+    ("tolerating the Neuron nodes", "spec.tolerations", [{"key": "aws.amazon.com/neuron", "operator": "Exists"}],
+     "spec.tolerations[0].key"),
+    ("a toleration the API server refuses", "spec.tolerations",
+     [{"key": "k", "operator": "Exists", "value": "v"}], "spec.tolerations[0].value"),
+    ("tolerationSeconds without NoExecute", "spec.tolerations",
+     [{"key": "k", "operator": "Exists", "tolerationSeconds": 5}], "spec.tolerations[0].tolerationSeconds"),
+    ("an unconfined AppArmor annotation", "metadata.annotations",
+     {"container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"},
+     "metadata.annotations.container.apparmor.security.beta.kubernetes.io/trainer"),
+    ("another namespace's network", "metadata.annotations", {"k8s.v1.cni.cncf.io/networks": "other/net"},
+     "metadata.annotations.k8s.v1.cni.cncf.io/networks"),
+    ("the cluster's own priority", "spec.priorityClassName", "system-node-critical", "spec.priorityClassName"),
+    ("anti-affinity reaching every namespace", "spec.affinity", {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}, "namespaceSelector": {},
+                                                            "topologyKey": "topology.kubernetes.io/zone"}]}},
+     "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector"),
+    ("preferred affinity reaching other namespaces", "spec.affinity", {"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {
+            "namespaces": ["other"], "topologyKey": "kubernetes.io/hostname"}}]}},
+     "spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].namespaces"),
+    ("match expressions that are no list", "spec.affinity", {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": 1}]}}},
+     "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+     ".matchExpressions"),
+    ("anti-affinity terms that are no list", "spec.affinity",
+     {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": 1}},
+     "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"),
+    ("a port of the node", "spec.initContainers.0",
+     {"name": "x", "image": "i", "ports": [{"containerPort": 9100, "hostPort": 9100}]},
+     "spec.initContainers[0].ports[0].hostPort"),
+    ("a probe aimed at the metadata service", "spec.initContainers.0",
+     {"name": "x", "image": "i", "restartPolicy": "Always",
+      "livenessProbe": {"httpGet": {"host": "169.254.169.254", "path": "/latest/meta-data", "port": 80}}},
+     "spec.initContainers[0].livenessProbe.httpGet.host"),
+    ("a probe on a plain init container", "spec.initContainers.0",
+     {"name": "x", "image": "i", "readinessProbe": {"exec": {"command": ["true"]}}},
+     "spec.initContainers[0].readinessProbe"),
+    ("a pull policy that is none", "spec.initContainers.0",
+     {"name": "x", "image": "i", "imagePullPolicy": "Sometimes"}, "spec.initContainers[0].imagePullPolicy"),
+    ("a mount naming no string", "spec.initContainers.0",
+     {"name": "x", "image": "i", "volumeMounts": [{"name": [], "mountPath": "/x"}]},
+     "spec.initContainers[0].volumeMounts[0].name"),
+    ("a mount over /proc written with //", "spec.initContainers.0",
+     {"name": "x", "image": "i", "volumeMounts": [{"name": "dshm", "mountPath": "//proc/x"}]},
+     "spec.initContainers[0].volumeMounts[0].mountPath"),
     ("an unknown affinity kind", "spec.affinity", {"nodeAntiAffinity": {}}, "spec.affinity.nodeAntiAffinity"),
     ("empty required node terms", "spec.affinity",
      {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
@@ -203,3 +254,37 @@ def test_the_crd_lets_the_template_change_only_while_the_run_is_suspended():
     rule = rules[".podTemplate"]
     assert rule["rule"].startswith("(has(oldSelf.suspend) && oldSelf.suspend) || ")
     assert "self == oldSelf" not in str(spec_schema()["properties"]["podTemplate"].get("x-kubernetes-validations"))
+
+
+def test_a_refused_template_of_a_suspended_run_makes_no_pod():
+    """A run accepted before may change its template while suspended; one the operator refuses
+    (here: a writable mount of an allowed host path in a sidecar) is never used, whatever else
+    the fallback to the spec in force keeps supervising."""
+    from trainium_api.status import TrainingRunStatus
+    from trainium_operator.observer import spec_in_force
+    host = HostAccess(volume_prefixes=("/mnt/datasets",))
+    body = {**SPEC, "suspend": True, "volumes": [{"name": "d", "hostPath": {"path": "/mnt/datasets/c4"}}],
+            "volumeMounts": [{"name": "d", "mountPath": "/d", "readOnly": True}]}
+    accepted = TrainingRunStatus(fault_tolerance_in_force={})
+    run = {**RUN, "spec": body}
+    assert spec_in_force(run, accepted, host)[1] is None
+    writable = {"spec": {"initContainers": [{"name": "x", "image": "i",
+                                             "volumeMounts": [{"name": "d", "mountPath": "/d"}]}]}}
+    spec, err = spec_in_force({**RUN, "spec": {**body, "podTemplate": writable}}, accepted, host)
+    assert spec is None and err.field == "spec.podTemplate.spec.initContainers[0].volumeMounts[0].readOnly"
+    # a host prefix the operator narrowed since keeps the run supervised, but not with that template
+    narrowed = HostAccess(volume_prefixes=("/mnt/other",))
+    spec, err = spec_in_force({**RUN, "spec": {**body, "podTemplate": writable}}, accepted, narrowed)
+    assert spec is None and err.field == "spec.volumes[0].hostPath.path"
+    spec, err = spec_in_force(run, accepted, narrowed)
+    assert spec is not None and err.field == "spec.volumes[0].hostPath.path"
+
+
+def test_a_run_started_with_a_path_the_new_rules_refuse_stays_supervised():
+    from trainium_api.status import TrainingRunStatus
+    from trainium_operator.observer import spec_in_force
+    body = {**SPEC, "compileCache": {"path": "/dev/shm/neuron-cache"}}
+    spec, err = spec_in_force({**RUN, "spec": body}, TrainingRunStatus(fault_tolerance_in_force={}), HostAccess())
+    assert err.field == "spec.compileCache.path" and spec is not None and spec.compile_cache.path == "/dev/shm/neuron-cache"
+    spec, err = spec_in_force({**RUN, "spec": body}, TrainingRunStatus(), HostAccess())  # a new run: refused
+    assert spec is None and err.field == "spec.compileCache.path"
