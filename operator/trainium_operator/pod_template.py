@@ -33,6 +33,9 @@ operator's lock-down and the cluster's, not a run's."""
 TAINTS_NOT_TOLERATED = (keys.PREFIX, "node.kubernetes.io/unschedulable", "aws.amazon.com/neuron")
 """Taints a run may not tolerate: the operator's quarantine, a cordon, the Neuron nodes (the
 instance type's, tolerated by the operator where it places the run on them)."""
+ANNOTATIONS_MOST = 128 * 1024
+"""The template's annotations, at most half of the API server's 256 KiB per object: the
+trainer's progress report and the operator's own share the rest."""
 TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -52,6 +55,9 @@ def check(template: PodTemplate, neuron_instance_type: str | None, volume_names:
     meta, spec = template.metadata, template.spec
     _check_map(meta.labels, f"{WHERE}.metadata.labels", values=True, ours=(keys.PREFIX, KUEUE_PREFIX))
     _check_map(meta.annotations, f"{WHERE}.metadata.annotations", values=False, ours=(keys.PREFIX, *NODE_ANNOTATIONS))
+    if sum(len(k) + len(v) for k, v in meta.annotations.items()) > ANNOTATIONS_MOST:
+        raise ConfigError(f"{WHERE}.metadata.annotations", f"total more than {ANNOTATIONS_MOST // 1024} KiB (the API "
+                          "server's limit, shared with the operator's and the trainer's)")
     _check_map(spec.node_selector, f"{WHERE}.spec.nodeSelector", values=True)
     itype_key = "node.kubernetes.io/instance-type"
     if neuron_instance_type and spec.node_selector.get(itype_key, neuron_instance_type) != neuron_instance_type:
@@ -187,6 +193,9 @@ def check_resources(resources: Mapping[str, Any], where: str) -> None:
             if amount is None or amount < 0:
                 raise ConfigError(f"{where}.{part}.{name}", f"must be a quantity (e.g. 8, 500m, 64Gi), got {value!r}")
             parsed[part][name] = amount
+    huge = any(n.startswith("hugepages-") for part in parsed.values() for n in part)
+    if huge and not any(n in ("cpu", "memory") for part in parsed.values() for n in part):
+        raise ConfigError(f"{where}.requests", "needs cpu or memory with hugepages (Kubernetes' rule)")
     for name, amount in parsed["requests"].items():
         limit = parsed["limits"].get(name)
         if name.startswith("hugepages-") and limit is None:
