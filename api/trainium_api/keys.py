@@ -12,6 +12,7 @@ RUN = PREFIX + "run"
 ATTEMPT = PREFIX + "attempt"
 INDEX = PREFIX + "index"
 SPARE = PREFIX + "spare"  # "true" on a standby pod until it takes an index
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"  # Karpenter's (GA): no consolidation or drift of the pod's node
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainium-operator"}
 PART_OF = {"app.kubernetes.io/part-of": "trainium-operator"}
 

@@ -549,6 +549,11 @@ class FaultToleranceConfig:
     """How much slower than the median node a node may be in the pre-flight check."""
     preflight_timeout_seconds: PositiveNumber = 300.0
     """The pre-flight check's time budget (its collectives time out after it)."""
+    do_not_disrupt: bool = True
+    """Annotate the run's pods karpenter.sh/do-not-disrupt: "true", so that Karpenter does not
+    consolidate or drift-replace the nodes a gang trains on (a node moved under a gang restarts
+    all of it). Karpenter still expires and repairs nodes, and a NodePool's terminationGracePeriod
+    overrides it for drift. An edit reaches the pods made after it."""
     preflight_skip_minutes: NonNegativeNumber = 60.0
     """An attempt whose every node passed this run's check within this many minutes skips it
     (a restart onto the same healthy nodes pays nothing); a node that has not is checked with

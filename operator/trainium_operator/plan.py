@@ -296,6 +296,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
                      "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
-                     "annotations": {keys.INSTANCE_TYPE: spec.instance_type},
+                     "annotations": {keys.INSTANCE_TYPE: spec.instance_type,
+                                     **({keys.DO_NOT_DISRUPT: "true"} if spec.fault_tolerance.do_not_disrupt else {})},
                      "ownerReferences": [owner_reference(run)]},
         "spec": spec_body}, spec.pod_template, run["metadata"].get("labels") or {})

@@ -61,6 +61,7 @@ def test_a_template_shapes_the_pods_the_api_server_and_scheduler_take(local_clus
     for p in pods:
         assert p.metadata.labels["team"] == "pretrain" and p.metadata.labels["kueue.x-k8s.io/queue-name"] == "team-a"
         assert p.spec.priority_class_name == priority_class and p.spec.priority == 100000  # resolved by the API server
+        assert p.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"  # faultTolerance.doNotDisrupt
         trainer = p.spec.containers[0]
         assert trainer.resources.requests["cpu"] == "8" and trainer.resources.limits["aws.amazon.com/neuron"] == "16"
         (shipper,) = p.spec.init_containers

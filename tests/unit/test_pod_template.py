@@ -72,7 +72,8 @@ def test_the_template_is_merged_and_the_operators_rules_hold():
     assert meta["labels"]["team"] == "pretrain" and meta["labels"]["trainium.dev/run"] == "r"
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"  # the run's Kueue labels reach its pods
     assert "unrelated" not in meta["labels"]
-    assert meta["annotations"] == {"example.com/owner": "alice@example.com", "trainium.dev/instance-type": "trn1.32xlarge"}
+    assert meta["annotations"] == {"example.com/owner": "alice@example.com", "trainium.dev/instance-type": "trn1.32xlarge",
+                                   "karpenter.sh/do-not-disrupt": "true"}
     assert body["nodeSelector"] == {"karpenter.sh/nodepool": "trn1-reserved",
                                     "node.kubernetes.io/instance-type": "trn1.32xlarge"}
     assert [t["key"] for t in body["tolerations"]] == ["aws.amazon.com/neuron", "capacity-block"]
@@ -291,3 +292,11 @@ def test_a_run_started_with_a_path_the_new_rules_refuse_stays_supervised():
     assert err.field == "spec.compileCache.path" and spec is not None and spec.compile_cache.path == "/dev/shm/neuron-cache"
     spec, err = spec_in_force({**RUN, "spec": body}, TrainingRunStatus(), HostAccess())  # a new run: refused
     assert spec is None and err.field == "spec.compileCache.path"
+
+
+def test_karpenter_leaves_the_gangs_nodes_alone_unless_told_otherwise():
+    assert plan.pod(RUN, parse(SPEC), 1, 0, [])["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    spec = parse({**SPEC, "faultTolerance": {"doNotDisrupt": False}})
+    assert "karpenter.sh/do-not-disrupt" not in plan.pod(RUN, spec, 1, 0, [])["metadata"]["annotations"]
+    spare = plan.spare_pod(RUN, parse({**SPEC, "faultTolerance": {"spares": 1}}), 1, 1, [])
+    assert spare["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"  # a spare holds its node too
