@@ -4,6 +4,9 @@ The judge finds the failure (judge.find_failure); this module is its second half
 list of rules that yields the action the judge's verdict carries (judge.Verdict.action):
 
   fatal        a fatal exit                                            -> fail
+  capacity     the gang was not placed whole                            -> release it, place it
+               again after a backoff (doubling per wait in a row, with a per-run jitter so that
+               runs racing for one pool do not retry in step); no budget is spent
   budget       restarts of this cause within the window spent           -> fail
   no progress  K job-caused restarts in a row, checkpoint not advancing  -> fail
   node limit   leaving out the failure's node would pass the limit      -> fail
@@ -19,6 +22,7 @@ nodes a run leaves out (:class:`NodeLimit`): every rule that needs either asks i
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -180,6 +184,10 @@ class Standing:
     attempt: int = 0
     lost_nodes: frozenset[str] = frozenset()
     """The gang's nodes that are gone, NotReady or unreachable."""
+    capacity_waits: int = 0
+    """Capacity waits in a row just before this failure (trailing scheduling records)."""
+    run_key: str = ""
+    """The run's identity (its uid), the seed of its capacity backoff's jitter."""
 
     @property
     def excluded(self) -> list[str]:
@@ -199,13 +207,33 @@ def replaceable_stragglers(spec: TrainingRunSpec, standing: Standing, found: tup
     return tuple(s for s in found if s.node not in standing.excluded)
 
 
+CAPACITY_BACKOFF_SECONDS = 5.0
+"""The first capacity wait's backoff; it doubles with each wait in a row, up to maxBackoffSeconds."""
+
+
+def capacity_backoff(spec: TrainingRunSpec, waits: int, run_key: str) -> float:
+    """Seconds before a gang not placed whole is placed again: doubling with the waits in a row,
+    capped by maxBackoffSeconds, times a jitter in [0.5, 1.5) of the run and the wait, so that
+    two runs racing for one pool release it and come back at different times (the first back
+    takes it whole)."""
+    base = min(spec.fault_tolerance.max_backoff_seconds, CAPACITY_BACKOFF_SECONDS * 2 ** min(waits, 20))
+    jitter = int(hashlib.sha256(f"{run_key}/{waits}".encode()).hexdigest()[:8], 16) / 16 ** 8
+    return round(base * (0.5 + jitter), 1)
+
+
 def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],
-           checkpoint_step: int | None, now: float, avoided: list[str] = (), trust_pod_reports: bool = False) -> Action:
+           checkpoint_step: int | None, now: float, avoided: list[str] = (), trust_pod_reports: bool = False,
+           capacity_waits: int = 0, run_key: str = "") -> Action:
     """Fail or restart, and the node left out. ``counters``: the run's earlier failures, counted
     (status.failureCounters); ``quarantined``, ``avoided``: nodes this run already keeps out."""
     ft, budget = spec.fault_tolerance, Budget(spec)
     if failure.fatal:
         return Action("fail", f"fatal error, not retried: {failure.message}")
+    if failure.capacity:
+        delay = capacity_backoff(spec, capacity_waits, run_key)
+        return Action("restart", f"{failure.message}; the gang is released and placed again in {delay:.0f}s "
+                      "(a gang is placed whole or not at all; not counted against the restart budget)",
+                      delay_seconds=delay)
     if not budget.allows(counters, failure.cause, now):
         spent = budget.spent(counters, failure.cause, now)
         return Action("fail", f"restart budget for {failure.cause} exhausted ({spent} restarts in "
@@ -287,5 +315,5 @@ def restart_kind(action: Action, failure: Failure, spec: TrainingRunSpec, standi
 def act(failure: Failure, spec: TrainingRunSpec, standing: Standing, now: float, trust_pod_reports: bool) -> Action:
     """The whole action for ``failure``: :func:`decide`, then the restart's kind."""
     action = decide(failure, spec, standing.counters, list(standing.quarantined), standing.checkpoint_step, now,
-                    list(standing.avoided), trust_pod_reports)
+                    list(standing.avoided), trust_pod_reports, standing.capacity_waits, standing.run_key)
     return restart_kind(action, failure, spec, standing) if action.kind == "restart" else action

@@ -26,6 +26,7 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
   startup     a pod placed on a node that has not started its container
               startupTimeoutSeconds after it was placed                  -> startup
   scheduling  pods unscheduled for scheduleTimeoutSeconds                -> scheduling
+              (the scheduler found no room: capacity, released and tried again, no budget)
   straggler   with faultTolerance.stragglers Replace, and nothing above: a pod
               flagged by stragglers.update                               -> straggler
 Holds (a signal that is not acted on yet, with why and until when):
@@ -270,9 +271,10 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
                        since=stuck.scheduled + ft.startup_timeout_seconds), hold
     pending = [p for p in gang.pods if not p.node and p.created]
     if pending and now - min(p.created for p in pending) > ft.schedule_timeout_seconds:
-        why = next((p.unschedulable for p in pending if p.unschedulable), "not scheduled")
-        return Failure("scheduling", f"{len(pending)} pod(s) unscheduled for "
-                       f"{ft.schedule_timeout_seconds:.0f}s: {why}"), hold
+        why = next((p.unschedulable for p in pending if p.unschedulable), "")
+        # the scheduler found no room: a gang is placed whole or not at all (released, tried again)
+        return Failure("scheduling", f"{len(pending)} of {spec.nodes} pod(s) unscheduled for "
+                       f"{ft.schedule_timeout_seconds:.0f}s: {why or 'not scheduled'}", capacity=bool(why)), hold
     return None, hold
 
 

@@ -191,6 +191,10 @@ class Failure:
     pod_reported: bool = False
     """The evidence is the run's own pods' words (a termination message, a progress report),
     which the run's author controls: it may keep this run off the node, not taint it for all."""
+    capacity: bool = False
+    """The gang was not placed whole (the scheduler found no room for some of its pods): it is
+    released and placed again after a backoff, never counted against a budget (gang admission:
+    failure_policy.decide)."""
 
 
 @dataclass

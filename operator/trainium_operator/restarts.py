@@ -44,7 +44,19 @@ def standing(p: Pass) -> Standing:
     return Standing(counters=Budget(p.spec).counters(p.old.failure_counters, p.new.failures),
                     quarantined=tuple(p.new.quarantined_nodes), avoided=tuple(a.node for a in p.new.avoided_nodes),
                     checkpoint_step=step, in_place_streak=inplace.next_streak(p.old, step), pods=tuple(p.gang),
-                    attempt=p.old.attempt, lost_nodes=frozenset(x.node for x in p.gang if x.node and node_lost(p, x)))
+                    attempt=p.old.attempt, lost_nodes=frozenset(x.node for x in p.gang if x.node and node_lost(p, x)),
+                    capacity_waits=capacity_waits(p.new.failures), run_key=p.run["metadata"].get("uid") or p.name)
+
+
+def capacity_waits(history) -> int:
+    """Scheduling restarts in a row at the end of the run's failure records (a gang that was not
+    placed whole, released and placed again)."""
+    waits = 0
+    for record in reversed(history):
+        if record.cause != "scheduling" or record.action != "restart":
+            break
+        waits += 1
+    return waits
 
 
 def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
@@ -66,7 +78,10 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
         step=gang.step, checkpoint_step=seen.checkpoint_step, step_seconds=old.step_seconds, restart=action.restart)
     timeline = history + [record]
     new.failure_count = record.id
-    new.failure_counters = Budget(p.spec).count(seen.counters, failure.cause, now, seen.checkpoint_step)
+    # a gang not placed whole spends no budget (failure_policy: capacity); the counters are
+    # written all the same, so that they are never counted again from the records
+    new.failure_counters = seen.counters if failure.capacity else \
+        Budget(p.spec).count(seen.counters, failure.cause, now, seen.checkpoint_step)
     if len(timeline) > MAX_FAILURES_KEPT:  # older failures leave the status; their lost time does not
         dropped, timeline = timeline[:-MAX_FAILURES_KEPT], timeline[-MAX_FAILURES_KEPT:]
         new.goodput_archive = goodput.archive(

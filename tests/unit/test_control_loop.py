@@ -636,3 +636,38 @@ def test_an_attempt_first_seen_failed_still_ends_the_restart_before_it():
     r = reconcile_objects(_run(status), pods, nodes, now=151.0)
     first = r.after.failures[0]
     assert len(r.after.failures) == 2 and (first.resumed_time, first.resumed_steps, first.resumed_step) == (80.0, 1, 60)
+
+
+def test_a_gang_not_placed_whole_is_released_and_placed_again_without_spending_a_budget():
+    """Gang admission without a queue: part of the gang placed, the rest Unschedulable (another
+    run holds the rest of the pool) past scheduleTimeoutSeconds: every pod is released (a
+    recreate), the next gang is made after a jittered backoff, and no budget, streak or
+    no-progress count moves, however often it happens."""
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": "0/3 nodes are available: 1 node(s) didn't match pod anti-affinity rules"}
+
+    def gang(attempt: int, created: float) -> list:
+        return [pod_view({"metadata": {"name": f"r-a{attempt}-{i}", "creationTimestamp": created,
+                                       "labels": {"trainium.dev/attempt": str(attempt), "trainium.dev/index": str(i)}},
+                          "spec": {"nodeName": f"n{i}"} if i < 2 else {},
+                          "status": {"phase": "Running" if i < 2 else "Pending",
+                                     "conditions": [] if i < 2 else [unschedulable]}}) for i in range(4)]
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "current": {"startTime": 0.0}},
+               faultTolerance={"scheduleTimeoutSeconds": 60, "restartBudget": {"scheduling": 1}})
+    now, attempt, nodes = 62.0, 1, {f"n{i}": _node(f"n{i}") for i in range(3)}
+    for wait in range(3):  # three times in a row: more than the scheduling budget of 1
+        r = reconcile_objects(run, gang(attempt, now - 61.5), nodes, now=now)
+        failure = r.after.failures[-1]
+        assert r.after.phase == "Restarting", (wait, r.after.message)
+        assert failure.cause == "scheduling" and failure.restart == "recreate" and failure.action == "restart"
+        assert "2 of 4 pod(s) unscheduled" in failure.message and "placed whole or not at all" in r.after.message
+        assert not (r.after.failure_counters.recent.get("scheduling") if r.after.failure_counters else None)
+        delay = r.after.current.restart_not_before - now
+        assert 0.5 * 5 * 2 ** wait <= delay < 1.5 * 5 * 2 ** wait, (wait, delay)
+        assert {e.name for e in r.effects if e.kind == "delete_pod"} >= {f"r-a{attempt}-{i}" for i in range(4)}
+        run = _after(r, run)
+        # the gang's pods gone, the backoff over: the next attempt's gang is made whole
+        r = reconcile_objects(run, [], nodes, now=now + delay + 1)
+        run, attempt, now = _after(r, run), r.after.attempt, now + delay + 62.0
+        assert r.after.phase == "Starting" and len(r.ensured("Pod")) == 4, r.after.message
+    assert r.after.restarts == {"scheduling": 3}

@@ -144,3 +144,35 @@ STRAGGLERS = [
 def test_the_straggler_budget(name, ft, standing, acted):
     spec = parse(spec_with(**{**FT, **ft, "restartBudget": {**FT["restartBudget"], **ft.get("restartBudget", {})}}))
     assert len(replaceable_stragglers(spec, standing, (straggler(),), NOW)) == acted
+
+
+CAPACITY = Failure("scheduling", "1 of 2 pod(s) unscheduled for 600s: 0/3 nodes are available", capacity=True)
+
+
+def test_a_gang_not_placed_whole_is_released_and_placed_again_without_spending_a_budget():
+    spec = parse(spec_with(**FT))
+    spent = recent("scheduling", 10, 20, 30, 40)  # the scheduling budget (3) spent, and streaks
+    action = decide(CAPACITY, spec, FailureCounters(recent=spent.recent, streak=5, streak_checkpoint_step=None),
+                    [], None, NOW, run_key="uid-a")
+    assert action.kind == "restart" and "placed whole or not at all" in action.reason
+    assert 2.5 <= action.delay_seconds < 7.5 and action.quarantine_node == action.avoid_node == ""
+    # a recreate: the whole gang is released (its pods hold no node while it waits)
+    standing = Standing(counters=spent, attempt=1, run_key="uid-a")
+    assert act(CAPACITY, spec, standing, NOW, False).restart == "recreate"
+
+
+def test_the_capacity_backoff_doubles_to_the_cap_and_runs_racing_do_not_retry_in_step():
+    from trainium_operator.failure_policy import capacity_backoff
+    spec = parse(spec_with(**FT))
+    delays = [capacity_backoff(spec, waits, "uid-a") for waits in range(8)]
+    for waits, delay in enumerate(delays):  # 5 s doubling, capped at maxBackoffSeconds, x [0.5, 1.5)
+        base = min(300.0, 5.0 * 2 ** waits)
+        assert 0.5 * base <= delay < 1.5 * base, (waits, delay)
+    runs = {capacity_backoff(spec, 3, f"uid-{i}") for i in range(20)}
+    assert len(runs) >= 15 and max(runs) - min(runs) > 10  # two runs seldom come back together
+
+
+def test_a_failure_that_is_not_capacity_still_spends_the_scheduling_budget():
+    spec = parse(spec_with(**FT))
+    pods_not_created = Failure("scheduling", "2 pod(s) not created 700s after the attempt started: quota")
+    assert decide(pods_not_created, spec, recent("scheduling", 10, 20, 30), [], None, NOW).kind == "fail"
