@@ -130,3 +130,42 @@ def test_a_recipe_written_as_a_user_would_is_taken(local_cluster, custom, namesp
     assert res.returncode != 0 and "spec.faultTolerance.preflight" in res.stderr, res.stderr
     stored = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "camel")["spec"]
     assert stored["faultTolerance"]["preflight"] == "Enabled" and yaml.safe_dump(stored)
+
+
+def test_two_runs_racing_for_one_pool_one_trains_and_neither_fails(core_api, custom, namespace, operator):
+    """No queue: a pool of three nodes, two runs of two nodes each created together. Each may
+    hold part of the pool at first; a gang not placed whole is released and placed again after
+    a jittered backoff, so one run trains while the other waits and says why, neither spends a
+    budget, and the waiting one trains once the pool is free."""
+    names = sorted(n.metadata.name for n in core_api.list_node().items if n.metadata.name.startswith("op-"))[:3]
+    for n in names:
+        core_api.patch_node(n, {"metadata": {"labels": {"pool": "race"}}})
+    try:
+        for run in ("race-a", "race-b"):
+            body = manifest(run, nodes=2, scheduleTimeoutSeconds=3, restartBudget={"scheduling": 1})
+            body["spec"]["podTemplate"] = {"spec": {"nodeSelector": {"pool": "race"}}}
+            create(custom, namespace, body)
+
+        def one_trains():
+            running = [r for r in ("race-a", "race-b")
+                       if len([p for p in gang(core_api, namespace, r) if p.status.phase == "Running"]) == 2]
+            return running[0] if len(running) == 1 else None
+        winner, waited = wait_until(one_trains, timeout=120, what="one run's gang placed whole")
+        loser = "race-b" if winner == "race-a" else "race-a"
+        # the other waits, says why, and spends nothing
+        st, _ = wait_until(lambda: (s := status(custom, namespace, loser)).get("failures") and s, timeout=60,
+                           what="the other run's wait")
+        print(f"\n{winner} trains {waited:.1f}s after both were created; {loser}: {st.get('message')}")
+        assert st["phase"] in ("Starting", "Restarting"), st
+        assert all(f["cause"] == "scheduling" for f in st["failures"])
+        assert not (st.get("failureCounters") or {}).get("recent", {}).get("scheduling"), st.get("failureCounters")
+        for run in (winner, loser):
+            assert status(custom, namespace, run)["phase"] != "Failed"
+        # the winner finishes (here: deleted); the waiting one then trains
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, winner)
+        wait_until(lambda: len([p for p in gang(core_api, namespace, loser) if p.status.phase == "Running"]) == 2,
+                   timeout=120, what=f"{loser} placed once the pool is free")
+        assert status(custom, namespace, loser)["phase"] != "Failed"
+    finally:
+        for n in names:
+            core_api.patch_node(n, {"metadata": {"labels": {"pool": None}}})
