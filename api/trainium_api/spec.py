@@ -500,7 +500,9 @@ class FaultToleranceConfig:
     """Time from gang Running to the first progress report (compilation and loading); also the
     longest a pod placed on a node may wait to start its container (cause startup)."""
     schedule_timeout_seconds: PositiveNumber = 600.0
-    """Time for the whole gang to be scheduled before it counts as a scheduling failure."""
+    """Time for the whole gang to be scheduled. A gang not placed whole by then is released and
+    placed again after a backoff, without spending a budget (a gang is placed whole or not at
+    all); pods the API server would not create by then are a scheduling failure."""
     quarantine: bool = True
     """Taint and label a node whose failure caused a restart, so no attempt lands there again."""
     max_quarantined_nodes: NonNegative = 0
