@@ -361,6 +361,10 @@ class TrainingRunStatus(_Written):
     spares_requested_time: float | None = None
     """When the newest spare was created: until it is seen (or SPARE_SETTLE_SECONDS pass), no
     other is (the pass after a create may not see the new pod yet)."""
+    spares_refused: int = 0
+    """Spare creations the API server refused in a row (a quota, an admission webhook)."""
+    spares_retry_time: float | None = None
+    """After a refused spare, when the next may be created (a backoff doubling per refusal)."""
     quarantined_nodes: list[str] = field(default_factory=list)
     quarantine_pending: list[str] = field(default_factory=list)
     """Quarantined nodes not yet seen with the taint: the taint is ordered again every pass until

@@ -6,7 +6,8 @@ list of rules that yields the action the judge's verdict carries (judge.Verdict.
   fatal        a fatal exit                                            -> fail
   capacity     the gang was not placed whole                            -> release it, place it
                again after a backoff (doubling per wait in a row, with a per-run jitter so that
-               runs racing for one pool do not retry in step); no budget is spent
+               runs racing for one pool do not retry in step); no budget is spent. Only when
+               the scheduler says the nodes are taken (judge.CONTENTION)
   budget       restarts of this cause within the window spent           -> fail
   no progress  K job-caused restarts in a row, checkpoint not advancing  -> fail
   node limit   leaving out the failure's node would pass the limit      -> fail
@@ -207,8 +208,10 @@ def replaceable_stragglers(spec: TrainingRunSpec, standing: Standing, found: tup
     return tuple(s for s in found if s.node not in standing.excluded)
 
 
-CAPACITY_BACKOFF_SECONDS = 5.0
-"""The first capacity wait's backoff; it doubles with each wait in a row, up to maxBackoffSeconds."""
+CAPACITY_BACKOFF_SECONDS = 10.0
+"""The first capacity wait's backoff; it doubles with each wait in a row, up to maxBackoffSeconds
+(at least CAPACITY_BACKOFF_MIN_CAP: without a jitter, racing runs retry in step)."""
+CAPACITY_BACKOFF_MIN_CAP = 60.0
 
 
 def capacity_backoff(spec: TrainingRunSpec, waits: int, run_key: str) -> float:
@@ -216,9 +219,9 @@ def capacity_backoff(spec: TrainingRunSpec, waits: int, run_key: str) -> float:
     capped by maxBackoffSeconds, times a jitter in [0.5, 1.5) of the run and the wait, so that
     two runs racing for one pool release it and come back at different times (the first back
     takes it whole)."""
-    base = min(spec.fault_tolerance.max_backoff_seconds, CAPACITY_BACKOFF_SECONDS * 2 ** min(waits, 20))
+    cap = max(spec.fault_tolerance.max_backoff_seconds, CAPACITY_BACKOFF_MIN_CAP)
     jitter = int(hashlib.sha256(f"{run_key}/{waits}".encode()).hexdigest()[:8], 16) / 16 ** 8
-    return round(base * (0.5 + jitter), 1)
+    return round(min(cap, CAPACITY_BACKOFF_SECONDS * 2 ** min(waits, 20) * (0.5 + jitter)), 1)
 
 
 def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],

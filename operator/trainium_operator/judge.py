@@ -55,6 +55,11 @@ from .failure_policy import Action, Standing, act, replaceable_stragglers
 from .observe import EVICTION_REASONS, Failure, GangState, NodeView, PodView, not_started, succeeded
 
 
+CONTENTION = ("Insufficient ", "Too many pods")
+"""The scheduler's words for nodes that would fit the pod but are taken (kube-scheduler's
+NodeResourcesFit and pod-count reasons): a wait for capacity, not a spec no node matches."""
+
+
 @dataclass(frozen=True)
 class Hold:
     """A failure signal not acted on yet."""
@@ -272,9 +277,13 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     pending = [p for p in gang.pods if not p.node and p.created]
     if pending and now - min(p.created for p in pending) > ft.schedule_timeout_seconds:
         why = next((p.unschedulable for p in pending if p.unschedulable), "")
-        # the scheduler found no room: a gang is placed whole or not at all (released, tried again)
+        # the scheduler found no room (others hold it): a gang is placed whole or not at all,
+        # released and tried again. Not when nothing would ever place it (a selector or a taint
+        # no node matches, a claim that never binds: those spend the budget), nor while a placed
+        # pod has not started (the startup rule names that)
+        capacity = any(word in why for word in CONTENTION) and not not_started(gang.pods)
         return Failure("scheduling", f"{len(pending)} of {spec.nodes} pod(s) unscheduled for "
-                       f"{ft.schedule_timeout_seconds:.0f}s: {why or 'not scheduled'}", capacity=bool(why)), hold
+                       f"{ft.schedule_timeout_seconds:.0f}s: {why or 'not scheduled'}", capacity=capacity), hold
     return None, hold
 
 

@@ -36,6 +36,7 @@ class Reason:
     STRAGGLER = "Straggler"
     SPARE_LOST = "SpareLost"
     SPARE_REPLACED = "SpareReplaced"
+    SPARES_REFUSED = "SparesRefused"
     # the nodes
     NODE_QUARANTINED = "NodeQuarantined"
     NODE_QUARANTINE_SKIPPED = "NodeQuarantineSkipped"

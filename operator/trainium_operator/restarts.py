@@ -45,17 +45,19 @@ def standing(p: Pass) -> Standing:
                     quarantined=tuple(p.new.quarantined_nodes), avoided=tuple(a.node for a in p.new.avoided_nodes),
                     checkpoint_step=step, in_place_streak=inplace.next_streak(p.old, step), pods=tuple(p.gang),
                     attempt=p.old.attempt, lost_nodes=frozenset(x.node for x in p.gang if x.node and node_lost(p, x)),
-                    capacity_waits=capacity_waits(p.new.failures), run_key=p.run["metadata"].get("uid") or p.name)
+                    capacity_waits=capacity_waits(p.new.failures, p.old.attempt),
+                    run_key=p.run["metadata"].get("uid") or p.name)
 
 
-def capacity_waits(history) -> int:
-    """Scheduling restarts in a row at the end of the run's failure records (a gang that was not
-    placed whole, released and placed again)."""
-    waits = 0
+def capacity_waits(history, attempt: int) -> int:
+    """Scheduling restarts of the attempts just before ``attempt``, one after the other (gangs
+    not placed whole, released and placed again); a gang that trained, or a resume, in between
+    ends the count."""
+    waits, expected = 0, attempt - 1
     for record in reversed(history):
-        if record.cause != "scheduling" or record.action != "restart":
+        if record.cause != "scheduling" or record.action != "restart" or record.attempt != expected:
             break
-        waits += 1
+        waits, expected = waits + 1, expected - 1
     return waits
 
 

@@ -28,6 +28,10 @@ SPARES_MAX_SERIAL = 99_999  # a spare's hostname <run>-s<n> stays a DNS label (p
 
 SPARE_SETTLE_SECONDS = 10.0
 """How long a created spare may be missing from the pod cache before another is created."""
+SPARE_RETRY_SECONDS = 10.0
+"""After the API server refused a spare (a quota, a webhook): the wait before the next, doubling
+with each refusal in a row, up to SPARE_RETRY_MAX_SECONDS."""
+SPARE_RETRY_MAX_SECONDS = 300.0
 
 
 def keep_spares(p: Pass) -> list[str]:
@@ -67,7 +71,12 @@ def keep_spares(p: Pass) -> list[str]:
     if ready_names != p.old.spares:
         p.new.spares = ready_names
     newest = plan.spare_name(p.name, p.old.spares_created)
-    unseen = p.old.spares_created and newest not in {x.name for x in p.pods + p.spares} and \
+    seen = newest in {x.name for x in p.pods + p.spares}
+    if seen and p.old.spares_refused:
+        p.new.spares_refused, p.new.spares_retry_time = 0, None
+    elif not seen and p.old.spares_created and _refused(p, newest):
+        return []  # backing off: the gang trains without it meanwhile
+    unseen = p.old.spares_created and not seen and \
         p.now - (p.old.spares_requested_time or 0.0) < SPARE_SETTLE_SECONDS
     if len(keep) >= want or unseen or p.old.spares_created >= SPARES_MAX_SERIAL:
         return []
@@ -76,6 +85,26 @@ def keep_spares(p: Pass) -> list[str]:
     obj = plan.spare_pod(p.run, p.spec, max(1, p.new.attempt), p.new.spares_created, kept_off(p.new), p.host)
     p.effects.append(Ensure(obj))
     return [obj["metadata"]["name"]]
+
+
+def _refused(p: Pass, newest: str) -> bool:
+    """Whether the newest spare's create was refused (the applier's words for it in
+    children_error) and its backoff is not over: the refusal is counted once (an event the first
+    time in a row), and the next spare waits SPARE_RETRY_SECONDS, doubling per refusal."""
+    old, retry = p.old, p.old.spares_retry_time
+    counted = retry is not None and retry >= (old.spares_requested_time or 0.0)
+    if not counted:
+        if f"cannot create Pod {newest}:" not in (p.children_error or ""):
+            return False
+        refusals = old.spares_refused + 1
+        p.new.spares_refused = refusals
+        retry = p.new.spares_retry_time = p.now + min(SPARE_RETRY_MAX_SECONDS, SPARE_RETRY_SECONDS * 2 ** (refusals - 1))
+        if refusals == 1:
+            why = p.children_error.split(f"cannot create Pod {newest}:", 1)[1].split(";")[0].strip()
+            p.event(Reason.SPARES_REFUSED, f"spare {newest} was not created ({why[:300]}); the gang trains without "
+                    f"it, and a spare is tried again after a backoff (up to {SPARE_RETRY_MAX_SECONDS:.0f}s)",
+                    warning=True)
+    return p.now < retry
 
 
 def _gang_placed(p: Pass) -> bool:

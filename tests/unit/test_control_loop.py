@@ -644,7 +644,8 @@ def test_a_gang_not_placed_whole_is_released_and_placed_again_without_spending_a
     recreate), the next gang is made after a jittered backoff, and no budget, streak or
     no-progress count moves, however often it happens."""
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                     "message": "0/3 nodes are available: 1 node(s) didn't match pod anti-affinity rules"}
+                     "message": "0/3 nodes are available: 1 Insufficient aws.amazon.com/neuron, 2 node(s) didn't "
+                                "match pod anti-affinity rules"}
 
     def gang(attempt: int, created: float) -> list:
         return [pod_view({"metadata": {"name": f"r-a{attempt}-{i}", "creationTimestamp": created,
@@ -663,7 +664,7 @@ def test_a_gang_not_placed_whole_is_released_and_placed_again_without_spending_a
         assert "2 of 4 pod(s) unscheduled" in failure.message and "placed whole or not at all" in r.after.message
         assert not (r.after.failure_counters.recent.get("scheduling") if r.after.failure_counters else None)
         delay = r.after.current.restart_not_before - now
-        assert 0.5 * 5 * 2 ** wait <= delay < 1.5 * 5 * 2 ** wait, (wait, delay)
+        assert 0.5 * 10 * 2 ** wait <= delay < 1.5 * 10 * 2 ** wait, (wait, delay)
         assert {e.name for e in r.effects if e.kind == "delete_pod"} >= {f"r-a{attempt}-{i}" for i in range(4)}
         run = _after(r, run)
         # the gang's pods gone, the backoff over: the next attempt's gang is made whole
@@ -671,3 +672,27 @@ def test_a_gang_not_placed_whole_is_released_and_placed_again_without_spending_a
         run, attempt, now = _after(r, run), r.after.attempt, now + delay + 62.0
         assert r.after.phase == "Starting" and len(r.ensured("Pod")) == 4, r.after.message
     assert r.after.restarts == {"scheduling": 3}
+
+
+@pytest.mark.parametrize("why, placed_but_not_started", [
+    ("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector", False),
+    ("0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: other}", False),
+    ("0/3 nodes are available: 3 Insufficient aws.amazon.com/neuron", True),
+])
+def test_a_gang_nothing_would_place_spends_the_scheduling_budget(why, placed_but_not_started):
+    """Not a wait for capacity: a selector or a taint no node matches would never be placed, and a
+    placed pod that has not started is the startup rule's; both spend restartBudget.scheduling."""
+    pending = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+    started = {"state": {"running": {}}} if not placed_but_not_started else \
+        {"state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    pods = [pod_view({"metadata": {"name": f"r-a1-{i}", "creationTimestamp": 1.0,
+                                   "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)}},
+                      "spec": {"nodeName": f"n{i}"} if i < 2 else {},
+                      "status": {"phase": "Pending" if i >= 2 or placed_but_not_started else "Running",
+                                 "containerStatuses": [started] if i < 2 else [],
+                                 "conditions": [] if i < 2 else [pending]}}) for i in range(4)]
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "current": {"startTime": 0.0}},
+               faultTolerance={"scheduleTimeoutSeconds": 60})
+    r = reconcile_objects(run, pods, {f"n{i}": _node(f"n{i}") for i in range(3)}, now=62.0)
+    assert r.after.failures[-1].cause == "scheduling" and "placed whole" not in r.after.message
+    assert r.after.failure_counters.recent["scheduling"] == [62.0]  # the budget is spent

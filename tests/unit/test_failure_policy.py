@@ -155,7 +155,7 @@ def test_a_gang_not_placed_whole_is_released_and_placed_again_without_spending_a
     action = decide(CAPACITY, spec, FailureCounters(recent=spent.recent, streak=5, streak_checkpoint_step=None),
                     [], None, NOW, run_key="uid-a")
     assert action.kind == "restart" and "placed whole or not at all" in action.reason
-    assert 2.5 <= action.delay_seconds < 7.5 and action.quarantine_node == action.avoid_node == ""
+    assert 5 <= action.delay_seconds < 15 and action.quarantine_node == action.avoid_node == ""
     # a recreate: the whole gang is released (its pods hold no node while it waits)
     standing = Standing(counters=spent, attempt=1, run_key="uid-a")
     assert act(CAPACITY, spec, standing, NOW, False).restart == "recreate"
@@ -165,9 +165,11 @@ def test_the_capacity_backoff_doubles_to_the_cap_and_runs_racing_do_not_retry_in
     from trainium_operator.failure_policy import capacity_backoff
     spec = parse(spec_with(**FT))
     delays = [capacity_backoff(spec, waits, "uid-a") for waits in range(8)]
-    for waits, delay in enumerate(delays):  # 5 s doubling, capped at maxBackoffSeconds, x [0.5, 1.5)
-        base = min(300.0, 5.0 * 2 ** waits)
-        assert 0.5 * base <= delay < 1.5 * base, (waits, delay)
+    for waits, delay in enumerate(delays):  # 10 s doubling, x [0.5, 1.5), capped at maxBackoffSeconds
+        assert min(300.0, 5.0 * 2 ** waits) <= delay <= min(300.0, 15.0 * 2 ** waits), (waits, delay)
+    # no backoff asked for (maxBackoffSeconds 0): still a jittered one, or racing runs retry in step
+    no_backoff = parse(spec_with(**{**FT, "maxBackoffSeconds": 0}))
+    assert 5 <= capacity_backoff(no_backoff, 0, "uid-a") < 15
     runs = {capacity_backoff(spec, 3, f"uid-{i}") for i in range(20)}
     assert len(runs) >= 15 and max(runs) - min(runs) > 10  # two runs seldom come back together
 

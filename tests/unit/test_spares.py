@@ -62,3 +62,35 @@ def test_the_spare_that_takes_an_index(name, spares, taken):
                   spec=spec_with(inPlaceRestarts=2, spares=2), spares=spares)
     found = ready_spare(p)
     assert (found.name if found else None) == taken
+
+
+QUOTA = 'cannot create Pod r-spare-1: pods "r-spare-1" is forbidden: exceeded quota: trn, requested: aws.amazon.com/neuron=16'
+
+
+def test_a_spare_the_api_server_refuses_backs_off_and_says_so_once():
+    """A quota (or a webhook) refuses the spare: the gang trains on without it; the next spare
+    waits 10 s, then 20, 40, ... up to 300 s, and the refusal is an event the first time only."""
+    spec = spec_with(inPlaceRestarts=2, spares=1, teardownGraceSeconds=30)
+    status = {"phase": "Running", "attempt": 1, "sparesCreated": 1, "sparesRequestedTime": NOW - 15}
+    now, said, delays = NOW, [], []
+    for refusal in range(1, 7):
+        p = make_pass(status, GANG, NODES, now=now, spec=spec, children_error=QUOTA.replace("spare-1", f"spare-{refusal}"))
+        assert keep_spares(p) == [], refusal  # counted, backing off
+        said += events(p)
+        assert p.new.spares_refused == refusal
+        delays.append(p.new.spares_retry_time - now)
+        status = {**status, "sparesRefused": p.new.spares_refused, "sparesRetryTime": p.new.spares_retry_time}
+        # within the backoff: nothing, however often the pass runs
+        p = make_pass(status, GANG, NODES, now=now + delays[-1] - 1, spec=spec, children_error=QUOTA)
+        assert keep_spares(p) == [] and not events(p)
+        # after it: the next spare is asked for
+        now += delays[-1] + 1
+        p = make_pass(status, GANG, NODES, now=now, spec=spec, children_error=QUOTA)
+        assert keep_spares(p) == [f"r-spare-{refusal + 1}"]
+        status = {**status, "sparesCreated": refusal + 1, "sparesRequestedTime": now}
+        now += 15  # the create refused again: the next pass sees the applier's words
+    assert said == [Reason.SPARES_REFUSED] and delays == [10.0, 20.0, 40.0, 80.0, 160.0, 300.0]
+    # a spare that is created resets the count
+    p = make_pass(status, GANG, NODES, now=now, spec=spec, spares=[spare(7)])
+    keep_spares(p)
+    assert p.new.spares_refused == 0 and p.new.spares_retry_time is None
