@@ -114,6 +114,10 @@ class Aliases:
             return value if meant is None else meant
         return dict(self.words).get(value, value) if isinstance(value, str) else value
 
+    def older(self, value: Any) -> Any:
+        """The older word for ``value`` (every release reads it), or ``value`` itself."""
+        return next((old for old, new in self.words if new == value), value)
+
 
 def canonical_words(obj: Any) -> None:
     """Every field of ``obj`` (a dataclass) declared with Aliases set to its current word, so that

@@ -179,7 +179,7 @@ def to_dict(obj: Any, drop_none: bool = False, older_words: bool = False) -> Any
                 continue
             aliases = f.mark(Aliases) if older_words else None
             if aliases is not None:
-                value = next((old for old, new in aliases.words if new == value), value)
+                value = aliases.older(value)
             out[f.key] = to_dict(value, drop_none, older_words)
         return out
     if isinstance(obj, list):

@@ -52,6 +52,7 @@ TrainerKind = Literal["builtin", "command"]
 ProgressFormat = Literal["nxd", "nxdt", "regex"]
 CheckpointLayout = Literal["trainer", "nxd", "nxdt"]
 Unset = Literal[""]
+"""The empty string: a field that is not set (a builtin trainer has no progress format)."""
 # Kubernetes' CamelCase words, none a YAML 1.1 boolean (kubectl sends an unquoted on/off as
 # true/false, which the API server refuses); the older lowercase words are still accepted.
 StragglerPolicy = Literal["Disabled", "Report", "Replace"]
@@ -60,7 +61,6 @@ MemoryTier = Literal["Auto", "Peers", "Disabled"]
 STRAGGLER_ALIASES = Aliases((("off", "Disabled"), ("report", "Report"), ("replace", "Replace")), false="Disabled")
 PREFLIGHT_ALIASES = Aliases((("auto", "Auto"), ("on", "Enabled"), ("off", "Disabled")), false="Disabled", true="Enabled")
 MEMORY_ALIASES = Aliases((("auto", "Auto"), ("peers", "Peers"), ("off", "Disabled")), false="Disabled")
-"""The empty string: a field that is not set (a builtin trainer has no progress format)."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 BACKENDS: tuple[str, ...] = get_args(Backend)

@@ -12,6 +12,17 @@ from trainium_api.fields import ConfigError
 from trainium_api.spec import CONTRACT_ENV, CONTRACT_MOUNTS, ENV_SOURCES
 
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A container's or a volume's name (RFC 1123 label)."""
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes object name (RFC 1123 subdomain), as a ServiceAccount's or a PriorityClass's must be."""
+
+
+def locked_down(*added: str) -> dict:
+    """Every container's securityContext: no privilege escalation, the runtime's default seccomp
+    profile, every capability dropped but ``added``."""
+    return {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
+            "capabilities": {"drop": ["ALL"], **({"add": list(added)} if added else {})}}
 
 
 KERNEL_DIRS = ("/proc", "/sys", "/dev")

@@ -45,6 +45,11 @@ IN_PLACE_CAUSES = ("application", "hang", "store")  # (a store outage leaves the
 REPLACE_CAUSES = ("node", "neuron-device", "preflight", "straggler", "eviction", "startup")
 
 
+def doubling(base: float, times: int, cap: float) -> float:
+    """``base`` doubled ``times`` times, at most ``cap`` (the exponent bounded: no overflow)."""
+    return min(cap, base * 2 ** min(max(times, 0), 30))
+
+
 @dataclass(frozen=True)
 class Budget:
     """faultTolerance's restart budgets: so many restarts per cause within one window
@@ -72,7 +77,7 @@ class Budget:
     def backoff(self, counters: FailureCounters, now: float) -> float:
         ft = self.spec.fault_tolerance
         failures = sum(len(ts) for ts in self.recent(counters, now).values())
-        return min(ft.max_backoff_seconds, ft.backoff_seconds * (2 ** min(failures, 30))) if ft.backoff_seconds else 0.0
+        return doubling(ft.backoff_seconds, failures, ft.max_backoff_seconds) if ft.backoff_seconds else 0.0
 
     def counters(self, kept: FailureCounters | None, history: list[FailureRecord]) -> FailureCounters:
         """The run's counters: status.failureCounters, or counted from the kept failure records
@@ -221,7 +226,7 @@ def capacity_backoff(spec: TrainingRunSpec, waits: int, run_key: str) -> float:
     takes it whole)."""
     cap = max(spec.fault_tolerance.max_backoff_seconds, CAPACITY_BACKOFF_MIN_CAP)
     jitter = int(hashlib.sha256(f"{run_key}/{waits}".encode()).hexdigest()[:8], 16) / 16 ** 8
-    return round(min(cap, CAPACITY_BACKOFF_SECONDS * 2 ** min(waits, 20) * (0.5 + jitter)), 1)
+    return round(doubling(CAPACITY_BACKOFF_SECONDS * (0.5 + jitter), waits, cap), 1)
 
 
 def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],

@@ -99,7 +99,6 @@ class HostAccess:
         """Refuse a hostPath in spec.volumes outside the allowed prefixes, naming the field; a
         hostPath that is allowed must be mounted read-only, by the trainer and by every init
         container of spec.podTemplate."""
-        host = set()
         for i, vol in enumerate(volumes):
             kind = next((k for k in vol if k != "name"), "")
             if kind not in VOLUME_SOURCES and kind != "hostPath":
@@ -124,7 +123,6 @@ class HostAccess:
             if isinstance(source, dict) and source.get("type") in ("Socket", "CharDevice", "BlockDevice"):
                 raise ConfigError(f"spec.volumes[{i}].hostPath.type", f"{source['type']} is not allowed: a read-only "
                                   "mount does not stop connecting to a socket or writing to a device")
-            host.add(vol["name"])
         self.check_read_only(volumes, mounts, init_containers)
 
     @staticmethod

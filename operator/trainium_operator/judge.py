@@ -268,7 +268,8 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
             if now - since > limit:
                 return Failure("hang", f"no step progress for {now - since:.0f}s (timeout {limit:.0f}s) at step "
                                f"{gang.step}"), hold
-    stuck = next((p for p in not_started(gang.pods) if now - p.scheduled > ft.startup_timeout_seconds), None)
+    waiting_to_start = not_started(gang.pods)
+    stuck = next((p for p in waiting_to_start if now - p.scheduled > ft.startup_timeout_seconds), None)
     if stuck:  # one pod that never starts holds every other node of the gang: act on it
         return Failure("startup", f"pod {stuck.name} on node {stuck.node} has not started "
                        f"{now - stuck.scheduled:.0f}s after it was placed: {stuck.waiting or 'no reason given'}",
@@ -281,7 +282,7 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         # released and tried again. Not when nothing would ever place it (a selector or a taint
         # no node matches, a claim that never binds: those spend the budget), nor while a placed
         # pod has not started (the startup rule names that)
-        capacity = any(word in why for word in CONTENTION) and not not_started(gang.pods)
+        capacity = any(word in why for word in CONTENTION) and not waiting_to_start
         return Failure("scheduling", f"{len(pending)} of {spec.nodes} pod(s) unscheduled for "
                        f"{ft.schedule_timeout_seconds:.0f}s: {why or 'not scheduled'}", capacity=capacity), hold
     return None, hold

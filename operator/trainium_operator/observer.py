@@ -119,17 +119,13 @@ def spec_in_force(run: dict, status: TrainingRunStatus,
     except ConfigError as err:
         if status.fault_tolerance_in_force is None or not isinstance(run.get("spec"), dict):
             return None, err
-        if err.field.startswith("spec.podTemplate"):
-            return None, err  # it may change while the run is suspended: no pod is made from a refused one
         try:
             # a run already accepted keeps being supervised (Valid=False names the field), its
             # volumes as they were: the API server lets none of them change, and a run whose host
-            # access the operator's configuration narrowed later must not be left unsupervised
-            spec = _parsed({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}, None)
-            # ... but its pod template may have changed while it was suspended: an allowed host
-            # path stays read-only in its init containers whatever else was refused
-            HostAccess.check_read_only(spec.volumes, [], spec.pod_template.spec.init_containers)
-            return spec, err
+            # access the operator's configuration narrowed later must not be left unsupervised.
+            # Its pod template may have changed while it was suspended: that is checked in full
+            # (_checked), so no pod is made from a refused one
+            return _parsed({**run["spec"], "faultTolerance": status.fault_tolerance_in_force}, None), err
         except ConfigError:
             return None, err
 
@@ -160,6 +156,8 @@ def _checked(body, host: HostAccess | None) -> TrainingRunSpec | ConfigError:
         spec = parse(body, accepted_before=host is None)
         if host is not None:
             host.check_volumes(spec.volumes, spec.volume_mounts, spec.pod_template.spec.init_containers)
+        else:  # a run accepted before: its volumes' prefixes as they were, but a host path stays read-only
+            HostAccess.check_read_only(spec.volumes, [], spec.pod_template.spec.init_containers)
         return spec
     except ConfigError as err:
         return err

@@ -27,6 +27,7 @@ from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
 
 from . import pod_template
+from .containers import locked_down
 from .hostaccess import HostAccess
 
 MASTER_PORT = 29500
@@ -216,9 +217,7 @@ def _command(spec: TrainingRunSpec, index: int, master: str) -> list[str]:
 def container_security(itype: dict) -> dict:
     """The trainer container's: no privilege escalation, the runtime's default seccomp profile,
     every capability dropped but IPC_LOCK where EFA is (libfabric pins its buffers in memory)."""
-    efa = bool(itype["resources"].get("vpc.amazonaws.com/efa"))
-    return {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
-            "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if efa else {})}}
+    return locked_down("IPC_LOCK") if itype["resources"].get("vpc.amazonaws.com/efa") else locked_down()
 
 
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],

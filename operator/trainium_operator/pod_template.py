@@ -20,7 +20,7 @@ from trainium_api import keys
 from trainium_api.fields import ConfigError
 from trainium_api.spec import INIT_CONTAINER_KEYS, POD_RESOURCES, SECURITY_CONTEXT_KEYS, PodTemplate
 
-from .containers import check_env, check_mount_path
+from .containers import DNS_LABEL, DNS_SUBDOMAIN, check_env, check_mount_path, locked_down
 
 WHERE = "spec.podTemplate"
 KUEUE_PREFIX = "kueue.x-k8s.io/"
@@ -44,8 +44,6 @@ MESSAGE_POLICIES = ("File", "FallbackToLogsOnError")
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}")
 _LABEL_VALUE = re.compile(rf"({_NAME})?")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def check(template: PodTemplate, neuron_instance_type: str | None, volume_names: set[str]) -> None:
@@ -67,7 +65,7 @@ def check(template: PodTemplate, neuron_instance_type: str | None, volume_names:
         _check_toleration(toleration, f"{WHERE}.spec.tolerations[{i}]")
     _check_affinity(spec.affinity)
     for key, value in (("priorityClassName", spec.priority_class_name), ("schedulerName", spec.scheduler_name)):
-        if value and not _DNS_SUBDOMAIN.fullmatch(value):
+        if value and not DNS_SUBDOMAIN.fullmatch(value):
             raise ConfigError(f"{WHERE}.spec.{key}", f"{value!r} is not an object name (lowercase letters, digits, "
                                                     "'-' and '.')")
     if spec.priority_class_name.startswith("system-"):
@@ -213,7 +211,7 @@ def _check_init_container(c: Any, where: str, names: set[str], volume_names: set
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}", f"is not allowed here (allowed: {', '.join(INIT_CONTAINER_KEYS)})")
     name = c.get("name")
-    if not isinstance(name, str) or not _DNS_LABEL.fullmatch(name):
+    if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
         raise ConfigError(f"{where}.name", "is required: a DNS label (lowercase letters, digits, '-')")
     if name in names:
         raise ConfigError(f"{where}.name", f"{name} is " + ("the trainer's" if name == TRAINER_CONTAINER
@@ -288,8 +286,7 @@ def _check_handlers(value: Any, where: str) -> None:
 def init_container_security(c: Mapping[str, Any]) -> dict:
     """The trainer's lock-down under what the container may say of itself (its user, a
     read-only root)."""
-    return {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
-            "capabilities": {"drop": ["ALL"]},
+    return {**locked_down(),
             **{k: v for k, v in (c.get("securityContext") or {}).items() if k != "allowPrivilegeEscalation"}}
 
 

@@ -14,6 +14,7 @@ from trainium_api.agent import Order
 
 from . import plan
 from .effects import DeletePod, Ensure, OrderPod
+from .failure_policy import doubling
 from .observe import PodView
 from .quarantine import excluded, kept_off
 from .reasons import Reason
@@ -98,7 +99,7 @@ def _refused(p: Pass, newest: str) -> bool:
             return False
         refusals = old.spares_refused + 1
         p.new.spares_refused = refusals
-        retry = p.new.spares_retry_time = p.now + min(SPARE_RETRY_MAX_SECONDS, SPARE_RETRY_SECONDS * 2 ** (refusals - 1))
+        retry = p.new.spares_retry_time = p.now + doubling(SPARE_RETRY_SECONDS, refusals - 1, SPARE_RETRY_MAX_SECONDS)
         if refusals == 1:
             why = p.children_error.split(f"cannot create Pod {newest}:", 1)[1].split(";")[0].strip()
             p.event(Reason.SPARES_REFUSED, f"spare {newest} was not created ({why[:300]}); the gang trains without "

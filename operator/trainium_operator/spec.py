@@ -18,7 +18,7 @@ from trainium_api.load import build
 from trainium_api.presets import apply_preset, finish
 
 from . import pod_template
-from .containers import check_env, check_mount_path
+from .containers import DNS_SUBDOMAIN, check_env, check_mount_path
 from trainium_api.spec import (
     CONTRACT_MOUNTS,
     COMMAND_TRAINER_FIELDS,
@@ -30,8 +30,6 @@ from trainium_api.spec import (
 )
 
 
-DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-"""A Kubernetes object name (RFC 1123 subdomain), as a ServiceAccount's must be."""
 
 
 def _prefix(err: ConfigError) -> ConfigError:
