@@ -55,6 +55,9 @@ from .failure_policy import Action, Standing, act, replaceable_stragglers
 from .observe import EVICTION_REASONS, Failure, GangState, NodeView, PodView, not_started, succeeded
 
 
+STARTING = ("ContainerCreating", "PodInitializing")
+"""A placed pod's waiting reasons on its way to start (an image pulled, init containers running),
+as opposed to one stuck (ErrImagePull, CreateContainerConfigError, ...: the startup rule's)."""
 CONTENTION = ("Insufficient ", "Too many pods")
 """The scheduler's words for nodes that would fit the pod but are taken (kube-scheduler's
 NodeResourcesFit and pod-count reasons): a wait for capacity, not a spec no node matches."""
@@ -281,8 +284,9 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         # the scheduler found no room (others hold it): a gang is placed whole or not at all,
         # released and tried again. Not when nothing would ever place it (a selector or a taint
         # no node matches, a claim that never binds: those spend the budget), nor while a placed
-        # pod has not started (the startup rule names that)
-        capacity = any(word in why for word in CONTENTION) and not waiting_to_start
+        # pod is stuck before its start (the startup rule names that)
+        capacity = any(word in why for word in CONTENTION) and not any(
+            p.waiting and not p.waiting.startswith(STARTING) for p in waiting_to_start)
         return Failure("scheduling", f"{len(pending)} of {spec.nodes} pod(s) unscheduled for "
                        f"{ft.schedule_timeout_seconds:.0f}s: {why or 'not scheduled'}", capacity=capacity), hold
     return None, hold

@@ -696,3 +696,23 @@ def test_a_gang_nothing_would_place_spends_the_scheduling_budget(why, placed_but
     r = reconcile_objects(run, pods, {f"n{i}": _node(f"n{i}") for i in range(3)}, now=62.0)
     assert r.after.failures[-1].cause == "scheduling" and "placed whole" not in r.after.message
     assert r.after.failure_counters.recent["scheduling"] == [62.0]  # the budget is spent
+
+
+def test_a_placed_pod_on_its_way_to_start_does_not_turn_a_wait_for_capacity_into_a_failure():
+    """Two pods placed and still starting (init containers running: PodInitializing), two
+    Insufficient: the usual race for a pool, a capacity wait, not the scheduling budget."""
+    pending = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+               "message": "0/3 nodes are available: 3 Insufficient aws.amazon.com/neuron"}
+    initializing = {"state": {"waiting": {"reason": "PodInitializing"}}}
+    pods = [pod_view({"metadata": {"name": f"r-a1-{i}", "creationTimestamp": 1.0,
+                                   "labels": {"trainium.dev/attempt": "1", "trainium.dev/index": str(i)}},
+                      "spec": {"nodeName": f"n{i}"} if i < 2 else {},
+                      "status": {"phase": "Pending", "containerStatuses": [initializing] if i < 2 else [],
+                                 "conditions": [{"type": "PodScheduled", "status": "True",
+                                                 "lastTransitionTime": 2.0}] if i < 2 else [pending]}})
+            for i in range(4)]
+    run = _run({"phase": "Starting", "attempt": 1, "createdTime": 0.0, "current": {"startTime": 0.0}},
+               faultTolerance={"scheduleTimeoutSeconds": 60})
+    r = reconcile_objects(run, pods, {f"n{i}": _node(f"n{i}") for i in range(3)}, now=62.0)
+    assert "placed whole or not at all" in r.after.message
+    assert not (r.after.failure_counters.recent.get("scheduling") if r.after.failure_counters else None)
