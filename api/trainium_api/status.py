@@ -14,9 +14,14 @@ from typing import ClassVar, Literal, get_args
 from .checkpoints import RESTORE_SOURCES
 from .spec import Cause
 
-Phase = Literal["Starting", "Preflight", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Queued", "Starting", "Preflight", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+"""Queued: Kueue holds the run (metadata.labels kueue.x-k8s.io/queue-name): not admitted yet, or
+evicted or preempted and waiting to be admitted again (status.queue says which, and why)."""
 PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL: tuple[str, ...] = ("Succeeded", "Failed")
+HELD: tuple[str, ...] = ("Suspended", "Queued")
+"""No gang runs by decision (the user's spec.suspend, or Kueue's): time held leaves goodput's wall time."""
+QueueState = Literal["Queued", "Admitted", "Evicted", "Preempted", "Finished"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 FailureAction = Literal["restart", "fail"]
 RestartKind = Literal["inPlace", "replace", "recreate"]
@@ -296,6 +301,30 @@ class Suspension(_Written):
 
 
 @dataclass
+class QueueStatus(_Written):
+    """The run's place in Kueue (a run labelled kueue.x-k8s.io/queue-name): its Workload, and
+    what Kueue last said of it."""
+    workload: str = ""
+    """The Workload's name (kueue.x-k8s.io, in the run's namespace, owned by the run)."""
+    state: QueueState = "Queued"
+    """Queued: waiting for quota; Admitted: the gang may run; Evicted or Preempted: Kueue took
+    the quota back, the gang stopped at a save and waits to be admitted again; Finished: the
+    quota is freed."""
+    reason: str = ""
+    """Kueue's reason (its condition's): e.g. Pending, QuotaReserved, Preempted, PodsReadyTimeout."""
+    message: str = ""
+    """Kueue's message, e.g. why the quota does not fit."""
+    cluster_queue: str = ""
+    """The ClusterQueue that admitted it (while admitted)."""
+    since: float | None = None
+    """When the state began."""
+    evictions: int = 0
+    """Times Kueue evicted or preempted the run (each a graceful stop, not a failure)."""
+    deactivated: bool = False
+    """The run deactivated its Workload (spec.suspend): it activates it again on resume."""
+
+
+@dataclass
 class FailureCounters(_Written):
     """What the failure policy counts, over every failure of the run (status.failures keeps
     only the newest MAX_FAILURES_KEPT records): restart budgets, backoff, the no-progress guard."""
@@ -383,6 +412,9 @@ class TrainingRunStatus(_Written):
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0
     suspension: Suspension | None = None
+    """Time held (spec.suspend, or Kueue's queue: see HELD), which leaves goodput's wall time."""
+    queue: QueueStatus | None = None
+    """Kueue's admission of the run (None: the run is not queued with Kueue)."""
     failure_counters: FailureCounters | None = None
     """Running counts of every failure for the failure policy (None: an older operator's
     status; counted from status.failures then)."""

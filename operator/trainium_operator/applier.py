@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainium_api.agent import order_payload
 
-from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine
+from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine, PatchWorkload
 from .kube import Kube
 from .metrics import Metrics
 
@@ -247,6 +247,14 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
             case ObserveRecovery(record):
                 if metrics is not None:
                     metrics.observe_recovery(record)
+            case PatchWorkload(workload_name, patch, status):
+                try:
+                    kube.patch_workload(ns, workload_name, patch, status)
+                except Exception as exc:  # noqa: BLE001 - level-based: the next pass patches again
+                    if isinstance(exc, NotLeading) or api_unreachable(exc, connection_only=True):
+                        raise
+                    log.info("%s/%s: patching Workload %s failed (again next pass): %s", ns, name, workload_name,
+                             _reason(exc))
             case _:
                 raise TypeError(f"unknown effect {eff!r}")
     if pod_calls:

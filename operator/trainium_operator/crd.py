@@ -19,7 +19,7 @@ from trainium_api.schema import root_rules, spec_schema, status_schema
 
 
 def crd() -> dict:
-    cols = [("Phase", "string", ".status.phase"), ("Step", "integer", ".status.step"),
+    cols = [("Phase", "string", ".status.phase"), ("Queue", "string", ".status.queue.state"), ("Step", "integer", ".status.step"),
             ("Restarts", "integer", ".status.restartCount"), ("Checkpoint", "integer", ".status.lastCheckpoint.step"),
             ("Goodput", "number", ".status.goodput.effectiveRatio"), ("DP", "integer", ".status.dataParallel"),
             ("Age", "date", ".metadata.creationTimestamp")]

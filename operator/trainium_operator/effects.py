@@ -71,4 +71,15 @@ class ObserveRecovery:
     kind: ClassVar[str] = "observe_recovery"
 
 
-Effect = Union[Ensure, DeletePod, OrderPod, Quarantine, Event, ObserveFailure, ObserveRecovery]
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A JSON merge patch of the run's Kueue Workload ``name`` (workload.py builds ``patch``); of
+    its status subresource with ``status``. One that carries a resourceVersion is refused once
+    the Workload changed (the next pass patches again, from a fresh read)."""
+    name: str
+    patch: dict
+    status: bool = True
+    kind: ClassVar[str] = "patch_workload"
+
+
+Effect = Union[Ensure, DeletePod, OrderPod, Quarantine, Event, ObserveFailure, ObserveRecovery, PatchWorkload]

@@ -17,6 +17,7 @@ import kopf
 
 from trainium_api import API_GROUP, API_VERSION, PLURAL, keys
 
+from . import workload
 from .observe import node_view, pod_view
 from .reconcile import reconcile
 from .watcher import Options, Watcher
@@ -32,6 +33,13 @@ def build_registry(options: Options) -> kopf.OperatorRegistry:
     kopf.on.cleanup(id="api_probe", registry=registry)(stop_api_probe)
     kopf.index("pods", id="run_pods", labels={keys.RUN: kopf.PRESENT}, registry=registry)(run_pods)
     kopf.index("nodes", id="cluster_nodes", registry=registry)(cluster_nodes)
+    # Kueue's (when installed): the runs' Workloads and the flavors they are admitted to
+    kopf.index(workload.GROUP, workload.VERSION, workload.WORKLOADS, id="run_workloads",
+               labels={keys.RUN: kopf.PRESENT}, registry=registry)(run_workloads)
+    kopf.index(workload.GROUP, workload.VERSION, workload.FLAVORS, id="kueue_flavors",
+               registry=registry)(kueue_flavors)
+    kopf.on.event(workload.GROUP, workload.VERSION, workload.WORKLOADS, id="wake_on_workload_change",
+                  labels={keys.RUN: kopf.PRESENT}, registry=registry)(wake_on_workload_change)
     kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=5.0,
                 registry=registry)(reconcile_loop)
     kopf.on.event("pods", id="wake_on_pod_change", labels={keys.RUN: kopf.PRESENT},
@@ -66,14 +74,22 @@ def cluster_nodes(name, body, **_):
     return {name: node_view(dict(body))}
 
 
+def run_workloads(namespace, labels, body, **_):
+    return {(namespace, labels[keys.RUN]): workload.view(dict(body))}
+
+
+def kueue_flavors(name, body, **_):
+    return {name: workload.flavor_view(dict(body))}
+
+
 async def reconcile_loop(stopped, body, name, namespace, run_pods: kopf.Index, cluster_nodes: kopf.Index,
-                         memo: kopf.Memo, **_):
+                         run_workloads: kopf.Index, kueue_flavors: kopf.Index, memo: kopf.Memo, **_):
     """The run's passes (Watcher.loop: every second, at once when woken, backing off after errors)."""
     watcher: Watcher = memo.watcher
 
     def one_pass() -> bool:
         with watcher.timed(namespace, name):
-            snap = watcher.snapshot(body, namespace, name, run_pods, cluster_nodes)
+            snap = watcher.snapshot(body, namespace, name, run_pods, cluster_nodes, run_workloads, kueue_flavors)
             return watcher.apply(snap, reconcile(snap))
     await watcher.loop(stopped, body, (namespace, name), one_pass)
 
@@ -84,6 +100,10 @@ async def wake_on_pod_change(event, namespace, labels, name, body, memo: kopf.Me
 
 async def wake_on_node_change(event, name, body, run_pods: kopf.Index, memo: kopf.Memo, **_):
     memo.watcher.node_changed(event.get("type") == "DELETED", name, body, run_pods)
+
+
+async def wake_on_workload_change(namespace, labels, memo: kopf.Memo, **_):
+    memo.watcher.wake_run(namespace, labels[keys.RUN])
 
 
 def forget_deleted(event, namespace, name, memo: kopf.Memo, **_):

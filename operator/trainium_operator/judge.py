@@ -157,9 +157,21 @@ def _judge(seen: Observed, clocks: Clocks, guards: Guards) -> Verdict:
     return _hold(seen, clocks, guards, failure, hold)
 
 
+ADMISSION_DENIALS = ("denied request", "denied the request", "violates PodSecurity")
+"""The API server's words when an admission policy refuses an object (a ValidatingAdmissionPolicy,
+an admission webhook, Pod Security admission): the same pod is refused every time. Not a
+ResourceQuota's "exceeded quota", which frees up, nor a webhook that could not be called."""
+
+
 def _unborn(seen: Observed, clocks: Clocks) -> Failure | None:
-    """Pods the API server would not create (a quota, a webhook): a scheduling failure once the
-    attempt has waited scheduleTimeoutSeconds for them."""
+    """Pods the API server would not create: refused by an admission policy, a fatal failure at
+    once, with the policy's words (a namespace that requires Kueue's queue label, PodSecurity);
+    otherwise (a quota, a webhook that is down) a scheduling failure once the attempt has waited
+    scheduleTimeoutSeconds for them."""
+    refusal = next((part.strip() for part in seen.children_error.split("; ")
+                    if part.startswith("cannot create Pod") and any(w in part for w in ADMISSION_DENIALS)), "")
+    if refusal:
+        return Failure("scheduling", f"an admission policy refuses the run's pods: {refusal}", fatal=True)
     waited = seen.now - (clocks.attempt_start_time if clocks.attempt_start_time is not None else seen.now)
     if waited <= seen.spec.fault_tolerance.schedule_timeout_seconds:
         return None

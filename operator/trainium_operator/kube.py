@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, PLURAL
 
+from . import workload
 from .observe import controller_uid
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ class Kube:
         create = {"Service": self.core.create_namespaced_service, "ConfigMap": self.core.create_namespaced_config_map,
                   "Pod": self.core.create_namespaced_pod, "ServiceAccount": self.core.create_namespaced_service_account,
                   "Role": self.rbac.create_namespaced_role,
-                  "RoleBinding": self.rbac.create_namespaced_role_binding}[kind]
+                  "RoleBinding": self.rbac.create_namespaced_role_binding,
+                  "Workload": self._create_workload}[kind]
         try:
             create(ns, obj, **T)
             return
@@ -60,7 +62,8 @@ class Kube:
             return
         read = {"Service": self.core.read_namespaced_service, "ConfigMap": self.core.read_namespaced_config_map,
                 "Pod": self.core.read_namespaced_pod, "ServiceAccount": self.core.read_namespaced_service_account,
-                "Role": self.rbac.read_namespaced_role, "RoleBinding": self.rbac.read_namespaced_role_binding}[kind]
+                "Role": self.rbac.read_namespaced_role, "RoleBinding": self.rbac.read_namespaced_role_binding,
+                "Workload": self._read_workload}[kind]
         found = self.core.api_client.sanitize_for_serialization(read(name, ns, **T))
         found_owner = controller_uid(found)
         if found_owner != owner:
@@ -78,6 +81,27 @@ class Kube:
             # fenced by the resourceVersion read: a 409 (someone wrote it since) retries next pass
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found["metadata"]["resourceVersion"]}}
             self.rbac.replace_namespaced_role(name, ns, body, **T)
+
+    def _create_workload(self, namespace: str, obj: dict, **kw) -> dict:
+        """Kueue needs spec.priority with spec.priorityClassRef (its job integrations fill it in
+        from the class, as here)."""
+        ref = obj["spec"].get("priorityClassRef")
+        if ref and "priority" not in obj["spec"]:
+            cls = self.custom.get_cluster_custom_object(workload.GROUP, "v1beta2", "workloadpriorityclasses",
+                                                        ref["name"], **T)
+            obj = {**obj, "spec": {**obj["spec"], "priority": int(cls.get("value", 0))}}
+        return self.custom.create_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
+                                                          workload.WORKLOADS, obj, **kw)
+
+    def _read_workload(self, name: str, namespace: str, **kw) -> dict:
+        return self.custom.get_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
+                                                       workload.WORKLOADS, name, **kw)
+
+    def patch_workload(self, namespace: str, name: str, patch: dict, status: bool) -> None:
+        """A JSON merge patch of the run's Workload (or its status)."""
+        call = (self.custom.patch_namespaced_custom_object_status if status
+                else self.custom.patch_namespaced_custom_object)
+        call(workload.GROUP, workload.VERSION, namespace, workload.WORKLOADS, name, patch, **T)
 
     def ensure_cluster_policy(self, obj: dict) -> None:
         """Create a cluster-scoped admission policy object if missing, and replace one whose

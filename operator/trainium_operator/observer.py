@@ -24,6 +24,8 @@ from .observe import NodeView, PodView
 from . import store
 from .disruption_guard import DisruptionGuard
 from .spec import parse
+from .workload import FlavorView, WorkloadView
+from . import queueing
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class Snapshot:
     """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
     host: HostAccess = HostAccess()
     """What the run's pods may take from their nodes (the operator's configuration)."""
+    workload: WorkloadView | None = None
+    """The run's Kueue Workload (a run labelled kueue.x-k8s.io/queue-name), as seen; None while
+    there is none of this run's."""
 
     @property
     def deleting(self) -> bool:
@@ -66,7 +71,8 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
              checkpoint: dict | CheckpointRef | None = None, disruption: str = "",
              guard: DisruptionGuard = DisruptionGuard(), api_outage: tuple[float, float] | None = None,
              children_error: str = "", host: HostAccess = HostAccess(),
-             status: TrainingRunStatus | None = None) -> Snapshot:
+             status: TrainingRunStatus | None = None, workload: WorkloadView | None = None,
+             flavors: dict[str, FlavorView] | None = None) -> Snapshot:
     """``status``: the run's status read already (read_status of run["status"]); parsing a
     status that keeps 50 failures takes milliseconds, every pass."""
     status = read_status(run.get("status")) if status is None else status
@@ -76,8 +82,12 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     pods = [_clock_checked(p, now) for p in pods]
     if checkpoint is None and spec is not None:  # the pods read the store; the operator cannot
         checkpoint = store.newest_reported([p for p in pods if not p.spare], spec)
+    if workload is not None and workload.owner != run["metadata"].get("uid"):
+        workload = None  # an earlier run's of the same name, on its way out
+    if spec is not None and workload is not None and workload.admitted:
+        spec = queueing.admitted_spec(spec, workload, flavors or {})
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
-                    children_error, host)
+                    children_error, host, workload)
 
 
 MAX_CLOCK_AHEAD_SECONDS = 300.0

@@ -30,6 +30,12 @@ class Reason:
     IN_PLACE_GIVEN_UP = "InPlaceRestartGivenUp"
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
+    # Kueue's admission (queueing)
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    POLICY_REFUSED = "PodsRefused"
     # the pods
     POD_NOT_STARTING = "PodNotStarting"
     MALFORMED_PROGRESS = "MalformedProgress"

@@ -45,9 +45,9 @@ from typing import Callable
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import TrainingRunSpec
-from trainium_api.status import MAX_FAILURES_KEPT, TERMINAL, Disruption, TrainingRunStatus
+from trainium_api.status import HELD, MAX_FAILURES_KEPT, TERMINAL, Disruption, TrainingRunStatus
 
-from . import admission, inplace, plan, store
+from . import admission, inplace, plan, queueing, store
 from .effects import DeletePod, Effect, Ensure, Event
 from .judge import Clocks, Guards, Observed, judge
 from .observe import GangState, NodeView, PodView, gang_state
@@ -102,7 +102,7 @@ def reconcile(snap: Snapshot) -> Result:
     spares = [x for x in snap.pods if x.spare and plan.is_spare_name(name, x.name) and x.owner == uid]
     p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
              snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
-             spares=spares)
+             spares=spares, workload=snap.workload)
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
@@ -111,6 +111,7 @@ def reconcile(snap: Snapshot) -> Result:
     if old.phase not in TERMINAL:
         _children(p)
     _phase_step(p)(p)
+    queueing.own(p)
     created_spares = keep_spares(p)
     if old.phase not in TERMINAL:  # after the step: the attempt it may have started is the one allowed
         also = ([p.new.current.replacement] if p.new.phase == "Restarting" and p.new.current.replacement else [])
@@ -207,9 +208,9 @@ def _phase_step(p: Pass) -> Callable[[Pass], None]:
     phase = p.old.phase
     if phase in TERMINAL:
         return _finished
-    if p.spec.suspend:
+    if p.spec.suspend or queueing.holds(p):
         return suspend
-    if phase == "Suspended":
+    if phase in HELD:
         return resume
     if p.old.attempt == 0:
         return create

@@ -18,6 +18,7 @@ from .disruption_guard import DisruptionGuard
 from .effects import DeletePod, Effect, Event
 from .hostaccess import HostAccess
 from .observe import NodeView, PodView
+from .workload import WorkloadView
 
 
 NEWER_ATTEMPT_GRACE_SECONDS = 60.0
@@ -48,6 +49,8 @@ class Pass:
     host: HostAccess = HostAccess()
     spares: list[PodView] = field(default_factory=list)
     """Standby pods (faultTolerance.spares) that have not taken an index: not the gang's."""
+    workload: WorkloadView | None = None
+    """The run's Kueue Workload as last seen (queueing.py; None: none, or not the run's)."""
 
     @property
     def name(self) -> str:

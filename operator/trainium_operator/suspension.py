@@ -1,4 +1,4 @@
-"""Suspension: spec.suspend stops the gang, clearing it starts a new attempt. Pure.
+"""Suspension: spec.suspend, or Kueue's queue, stops the gang; the end of it starts a new attempt. Pure.
 
 The gang is stopped gracefully (the trainer saves on SIGTERM) and the time suspended leaves
 goodput's wall time (status.suspension); a failure whose restart the suspension interrupts ends
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainium_api.status import Suspension
+from trainium_api.status import HELD, Suspension
 
+from . import queueing
 from .observe import gang_state
 from .progress_tracking import account, track_progress
 from .reasons import Reason
@@ -22,13 +23,17 @@ from .run_pass import Pass, stop
 
 def suspend(p: Pass) -> None:
     """Stop the gang gracefully (the trainer saves on SIGTERM); the time suspended leaves
-    goodput's wall time. A failure whose restart the suspension interrupts ends here."""
+    goodput's wall time. A failure whose restart the suspension interrupts ends here. Held by
+    the user (spec.suspend) the run is Suspended; by Kueue (queueing.holds) it is Queued."""
     stop(p, p.current + p.replacement, suspended_since(p))
     if p.current:  # the stopping gang finishes its step (and a checkpoint) before it exits
         track_progress(p, gang_state(p.current))
-    if p.old.phase != "Suspended":
-        p.new.phase = "Suspended"
-        p.event(Reason.SUSPENDED, "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
+    phase = "Queued" if not p.spec.suspend and queueing.holds(p) else "Suspended"
+    if p.old.phase != phase:
+        p.new.phase = phase
+        if phase == "Suspended":
+            p.event(Reason.SUSPENDED, "spec.suspend is true: the gang was stopped; it resumes from the newest checkpoint")
+    if p.old.phase not in HELD:
         if p.old.attempt:  # a run created suspended has no clock running yet
             was = p.old.suspension or Suspension()
             p.new.suspension = replace(was, since=p.now, resumed_time=None, restart_seconds=was.restart_seconds + (
@@ -60,10 +65,11 @@ def resume(p: Pass) -> None:
         else:
             p.new.suspension = replace(was, since=None, resumed_time=p.now, seconds=round(was.seconds + paused, 3),
                                        step=p.old.step)
-        start_attempt(p, p.old.attempt + 1, Reason.RESUMED, "spec.suspend cleared")
+        start_attempt(p, p.old.attempt + 1, Reason.RESUMED,
+                      "admitted by Kueue" if p.old.phase == "Queued" else "spec.suspend cleared")
 
 
 def suspended_since(p: Pass) -> float:
     """When the run's suspension began (now, in the pass that suspends it)."""
     was = p.old.suspension
-    return was.since if p.old.phase == "Suspended" and was and was.since is not None else p.now
+    return was.since if p.old.phase in HELD and was and was.since is not None else p.now

@@ -145,9 +145,11 @@ class Watcher:
             self._zones = (time.monotonic(), value)
         return value
 
-    def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping) -> Snapshot:
+    def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping,
+                 run_workloads: Mapping | None = None, kueue_flavors: Mapping | None = None) -> Snapshot:
         """What one pass of the run sees: the run as kopf holds it now, its pods and nodes from
-        kopf's indices, the disruption and outage signals, the applier's last refusal."""
+        kopf's indices, its Kueue Workload and the flavors, the disruption and outage signals,
+        the applier's last refusal."""
         run = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
                "status": dict(body.get("status") or {})}
         # a run deleted and created again under the same name: the old run's pods (the garbage
@@ -163,8 +165,12 @@ class Watcher:
         # a node this run quarantined is lost on purpose: it must not open or hold a disruption
         own = [n for node, n in nodes.items() if node not in left_out]
         disrupted = disruption(self.guard, self.zones(cluster_nodes), own) if own else ""
+        # the run's Workload (one per run; an earlier run's of the same name is dropped by its owner uid)
+        workloads = [w for w in (run_workloads or {}).get((namespace, name), []) if w.owner == uid]
+        flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
         return snapshot(run, pods, nodes, now, None, disrupted, self.guard, api_outage=self.health.outage(now),
-                        children_error=self.children.error(namespace, name), host=self.host, status=status)
+                        children_error=self.children.error(namespace, name), host=self.host, status=status,
+                        workload=workloads[0] if workloads else None, flavors=flavors)
 
     # -- apply -----------------------------------------------------------------------------
 
@@ -235,6 +241,10 @@ class Watcher:
             if shape is None:
                 self.pod_shapes.pop((namespace, name), None)
             self._wake((namespace, run))
+
+    def wake_run(self, namespace: str, run: str) -> None:
+        """Wakes the run's loop (its Workload changed: Kueue admitted or evicted it)."""
+        self._wake((namespace, run))
 
     def node_changed(self, deleted: bool, name: str, body, run_pods: Mapping) -> None:
         """Wakes the loops of runs with pods on a node whose health changed (Ready,

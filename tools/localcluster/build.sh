@@ -15,6 +15,8 @@ HELM_VERSION=v3.19.0
 # The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), so the chart's
 # monitoring objects are validated by the API server; taken from the Go module's example/ folder.
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
+# Kueue's controller (the queueing tests run it against the local API server) and its CRDs
+KUEUE_VERSION=v0.17.0
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${TRN_CLUSTER_CACHE:-$HOME/.cache/trainium-operator/cluster}
@@ -92,7 +94,28 @@ build_podnet() {
   stamp libpodnet.so "$sum"
 }
 
+# Kueue: built from its Go module (the module cache's copy, as `go mod download` leaves it), with
+# its CRDs copied beside; a version stamp on both. Slow cold (a large module): it runs beside the
+# other builds.
+build_kueue() {
+  local out=$cache/kueue-crds dir
+  if fresh kueue "$KUEUE_VERSION" && [ "$(cat "$out/.version" 2>/dev/null)" = "$KUEUE_VERSION" ]; then
+    log "kueue $KUEUE_VERSION: cached"; return
+  fi
+  log "kueue $KUEUE_VERSION: building (cold: several minutes)"
+  dir=$(cd "$(mktemp -d)" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  (cd "$dir" && GOFLAGS="-mod=mod -trimpath" go build -ldflags "-s -w" -o "$bin/kueue" ./cmd/kueue)
+  rm -rf "$out" && mkdir -p "$out"
+  cp "$dir"/config/components/crd/bases/*.yaml "$out/"
+  echo "$KUEUE_VERSION" > "$out/.version"
+  stamp kueue "$KUEUE_VERSION"
+  log "kueue $KUEUE_VERSION: built"
+}
+
 start=$(date +%s)
+build_kueue &
+kueue_build=$!
 build_podnet
 build_etcd
 build_kubernetes
@@ -103,4 +126,5 @@ build_go_install kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" \
 build_go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 fetch_monitoring_crds
+wait "$kueue_build" || { echo "tools/localcluster/build.sh: building Kueue failed (output above)" >&2; exit 1; }
 log "all binaries ready in $bin ($(( $(date +%s) - start ))s)"

@@ -224,6 +224,11 @@ def pod_fail(core, namespace: str, pod: str, exit_code: int = 1, reason: str = "
                         f"{POD_FAIL_LABEL}/message": message}}})
 
 
+def pod_succeed(core, namespace: str, pod: str) -> None:
+    """The pod's trainer finishes: exit 0, phase Succeeded."""
+    pod_fail(core, namespace, pod, exit_code=0, reason="Completed", message="")
+
+
 def evict_pod(core, namespace: str, pod: str) -> None:
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
     core.create_namespaced_pod_eviction(pod, namespace, body)
