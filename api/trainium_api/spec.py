@@ -554,8 +554,12 @@ class FaultToleranceConfig:
     do_not_disrupt: bool = True
     """Annotate the run's pods karpenter.sh/do-not-disrupt: "true", so that Karpenter does not
     consolidate or drift-replace the nodes a gang trains on (a node moved under a gang restarts
-    all of it). Karpenter still expires and repairs nodes, and a NodePool's terminationGracePeriod
-    overrides it for drift. An edit reaches the pods made after it."""
+    all of it), and give the run a PodDisruptionBudget that lets no eviction take a pod of the
+    gang: a drain (kubectl drain, a node group upgrade) cordons the node and waits, the
+    operator sees the cordon and moves the gang off it once, at a save, without spending the
+    restart budget, and the drain then goes on. Karpenter still expires and repairs nodes, and
+    a NodePool's terminationGracePeriod overrides it for drift. An edit reaches the pods made
+    after it."""
     preflight_skip_minutes: NonNegativeNumber = 60.0
     """An attempt whose every node passed this run's check within this many minutes skips it
     (a restart onto the same healthy nodes pays nothing); a node that has not is checked with

@@ -8,6 +8,9 @@ list of rules that yields the action the judge's verdict carries (judge.Verdict.
                again after a backoff (doubling per wait in a row, with a per-run jitter so that
                runs racing for one pool do not retry in step); no budget is spent. Only when
                the scheduler says the nodes are taken (judge.CONTENTION)
+  voluntary    the cluster moves the gang (a drain, an eviction through the
+               API, the scheduler's preemption)                         -> restart at once, no
+               budget spent, the node not blamed
   budget       restarts of this cause within the window spent           -> fail
   no progress  K job-caused restarts in a row, checkpoint not advancing  -> fail
   node limit   leaving out the failure's node would pass the limit      -> fail
@@ -125,7 +128,8 @@ def counters_from(history: list[FailureRecord], window_seconds: float) -> Failur
     """Counters from the kept failure records (a status written before the counters existed)."""
     counters = FailureCounters()
     for h in history:
-        counters = count(counters, h.cause, h.time, h.checkpoint_step, window_seconds)
+        if h.exempt is None:
+            counters = count(counters, h.cause, h.time, h.checkpoint_step, window_seconds)
     return counters
 
 
@@ -242,6 +246,8 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
         return Action("restart", f"{failure.message}; the gang is released and placed again in {delay:.0f}s "
                       "(a gang is placed whole or not at all; not counted against the restart budget)",
                       delay_seconds=delay)
+    if failure.voluntary:
+        return Action("restart", f"{failure.message} (not counted against the restart budget)")
     if not budget.allows(counters, failure.cause, now):
         spent = budget.spent(counters, failure.cause, now)
         return Action("fail", f"restart budget for {failure.cause} exhausted ({spent} restarts in "

@@ -21,6 +21,10 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
   exit        a pod failed (evicted: its own reason wins); a pod that
               only lost a peer is blamed last                           -> application | eviction
   vanished    a pod deleted or missing                                    -> eviction
+  drain       a pod's node cordoned or tainted for a drain (the run's
+              PodDisruptionBudget holds the drain's eviction meanwhile)   -> eviction, voluntary
+              (an eviction through the API, or the scheduler's preemption,
+              found by the exit rule, is voluntary too: no budget is spent)
   hang        no first step startupTimeoutSeconds after the gang ran, or
               no step change for the hang timeout                        -> hang
   startup     a pod placed on a node that has not started its container
@@ -52,7 +56,8 @@ from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
 
 from .disruption_guard import DISRUPTION_CAUSES, DisruptionGuard
 from .failure_policy import Action, Standing, act, replaceable_stragglers
-from .observe import EVICTION_REASONS, Failure, GangState, NodeView, PodView, not_started, succeeded
+from .observe import (EVICTION_REASONS, VOLUNTARY_REASONS, Failure, GangState, NodeView, PodView, draining,
+                      not_started, succeeded)
 
 
 STARTING = ("ContainerCreating", "PodInitializing")
@@ -261,14 +266,22 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         cause = "eviction" if p.reason in EVICTION_REASONS else "store" if store else "application"
         note = ("; the runtime asks only for a new process: the node is kept"
                 if p.runtime_fault and p.runtime_fault.kind == "restart" else "")
+        voluntary = p.reason in VOLUNTARY_REASONS
+        note += "; a voluntary disruption: the gang moves, no budget is spent" if voluntary else ""
         return Failure(cause, f"pod {p.name} failed: exit {p.exit_code} {p.reason} {p.message}".strip() + note,
-                       node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished), hold
+                       node=p.node or "", pod=p.name, exit_code=p.exit_code, since=p.finished,
+                       voluntary=voluntary), hold
     deleting = [p for p in gang.pods if p.deleting]
     if deleting or len(gang.pods) < expected_pods:
         who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
         node = deleting[0].node or "" if deleting else ""
         return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
                        pod=deleting[0].name if deleting else ""), hold
+    moving = next((p for p in gang.pods if p.node and p.node in nodes and draining(nodes[p.node])), None)
+    if moving is not None:  # before the drain can evict it: the gang moves once, at a save
+        return Failure("eviction", f"node {moving.node} of pod {moving.name} is being drained (cordoned): the "
+                       "gang moves off it, stopping at a save (a voluntary disruption: no budget is spent)",
+                       node=moving.node, pod=moving.name, voluntary=True), hold
     # ranks that finished (exit 0) while others still run count with the running: a rank hung
     # in its last save or barrier must not hold the run forever
     if gang_running_since is not None and gang.running and gang.running + gang.succeeded == expected_pods:

@@ -35,6 +35,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api_client)
         self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.admission = client.AdmissionregistrationV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
 
     # -- children -------------------------------------------------------------------------
 
@@ -50,6 +51,7 @@ class Kube:
                   "Pod": self.core.create_namespaced_pod, "ServiceAccount": self.core.create_namespaced_service_account,
                   "Role": self.rbac.create_namespaced_role,
                   "RoleBinding": self.rbac.create_namespaced_role_binding,
+                  "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
                   "Workload": self._create_workload}[kind]
         try:
             create(ns, obj, **T)
@@ -63,6 +65,7 @@ class Kube:
         read = {"Service": self.core.read_namespaced_service, "ConfigMap": self.core.read_namespaced_config_map,
                 "Pod": self.core.read_namespaced_pod, "ServiceAccount": self.core.read_namespaced_service_account,
                 "Role": self.rbac.read_namespaced_role, "RoleBinding": self.rbac.read_namespaced_role_binding,
+                "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
                 "Workload": self._read_workload}[kind]
         found = self.core.api_client.sanitize_for_serialization(read(name, ns, **T))
         found_owner = controller_uid(found)

@@ -28,6 +28,18 @@ EVICTION_REASONS = ("Evicted", "Preempting", "Terminated", "NodeShutdown", "Node
                     "TerminationByKubelet")
 
 
+# DisruptionTarget reasons of a pod the cluster moved on purpose (an eviction through the API: a
+# drain, Karpenter; the scheduler's preemption for a higher priority): no fault of the run's
+VOLUNTARY_REASONS = ("EvictionByEvictionAPI", "PreemptionByScheduler")
+# A node on its way out: cordoned (spec.unschedulable: kubectl drain, a node group upgrade) or
+# tainted by Karpenter before it drains the node
+DRAIN_TAINTS = frozenset({"karpenter.sh/disrupted", "karpenter.sh/disruption"})
+
+
+def draining(node: "NodeView") -> bool:
+    return node.unschedulable or bool(DRAIN_TAINTS & node.taints)
+
+
 def waiting_reason(pod: "PodView") -> str:
     """The kubelet's reason why ``pod``'s container waits ("" when it does not)."""
     return pod.waiting.split(":")[0]
@@ -191,6 +203,9 @@ class Failure:
     pod_reported: bool = False
     """The evidence is the run's own pods' words (a termination message, a progress report),
     which the run's author controls: it may keep this run off the node, not taint it for all."""
+    voluntary: bool = False
+    """The cluster moves the gang on purpose (a drain, an eviction through the API, a preemption
+    by the scheduler): a graceful move, never counted against a budget (failure_policy.decide)."""
     capacity: bool = False
     """The gang was not placed whole (the scheduler found no room for some of its pods): it is
     released and placed again after a backoff, never counted against a budget (gang admission:

@@ -114,6 +114,20 @@ def service(run: dict) -> dict:
                                {"name": "metrics", "port": METRICS_PORT}]}}
 
 
+def disruption_budget(run: dict) -> dict:
+    """A PodDisruptionBudget that lets no eviction take a pod of the gang (faultTolerance.doNotDisrupt):
+    a drain cordons the node and waits; the operator sees the cordon and moves the gang off it
+    at a save (judge: drain), and the drain goes on. Spares are not covered (a drain takes them
+    at once), nor pods that are not Ready (AlwaysAllow: a broken pod never blocks a drain)."""
+    name = run["metadata"]["name"]
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "labels": {keys.RUN: name, **keys.MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "spec": {"maxUnavailable": 0, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                     "selector": {"matchLabels": {keys.RUN: name},
+                                  "matchExpressions": [{"key": keys.SPARE, "operator": "NotIn", "values": ["true"]}]}}}
+
+
 def trainer_identity_objects(run: dict, spec: TrainingRunSpec, annotations: dict[str, str] | None = None) -> list[dict]:
     """The trainer's identity for the run's life: its own ServiceAccount (unless the spec names
     one), with ``annotations`` (the operator's, e.g. an IAM role), and the RoleBinding of the

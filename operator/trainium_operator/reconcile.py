@@ -184,7 +184,8 @@ def _observe(p: Pass) -> None:
 
 def _children(p: Pass) -> None:
     """Every pass of a live run, suspended included: the children its pods need (the headless
-    Service, the ConfigMap, the trainer's ServiceAccount and RBAC, the admission policy), so a
+    Service, the ConfigMap, the trainer's ServiceAccount and RBAC, the admission policy, the
+    PodDisruptionBudget), so a
     create that failed, or a child someone deleted, is made again. The handler's applier
     creates what is missing; the effects come before any pod's. (The trainer's Role is ensured
     after the phase step: it names the pods of the attempt that step may start.)"""
@@ -194,6 +195,8 @@ def _children(p: Pass) -> None:
     if spec.own_trainer_identity:
         p.effects += [Ensure(o) for o in admission.trainer_policy()]
     p.effects.append(Ensure(plan.service(p.run)))
+    if spec.fault_tolerance.do_not_disrupt:
+        p.effects.append(Ensure(plan.disruption_budget(p.run)))
     if not spec.trainer.is_command:
         p.effects.append(Ensure(plan.config_map(p.run, spec)))
     before, error = was(p, Cond.CHILDREN_CREATED), p.children_error

@@ -77,12 +77,14 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
         # the newest step end this pass saw: status.lastProgressTime is the previous pass's,
         # stale when the failure is found in the pass that first sees the gang's last steps
         last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
-        step=gang.step, checkpoint_step=seen.checkpoint_step, step_seconds=old.step_seconds, restart=action.restart)
+        step=gang.step, checkpoint_step=seen.checkpoint_step, step_seconds=old.step_seconds, restart=action.restart,
+        exempt="capacity" if failure.capacity else "voluntary" if failure.voluntary else None)
     timeline = history + [record]
     new.failure_count = record.id
-    # a gang not placed whole spends no budget (failure_policy: capacity); the counters are
-    # written all the same, so that they are never counted again from the records
-    new.failure_counters = seen.counters if failure.capacity else \
+    # a gang not placed whole, or moved by the cluster, spends no budget (failure_policy:
+    # capacity, voluntary); the counters are written all the same, so that they are never
+    # counted again from the records
+    new.failure_counters = seen.counters if failure.capacity or failure.voluntary else \
         Budget(p.spec).count(seen.counters, failure.cause, now, seen.checkpoint_step)
     if len(timeline) > MAX_FAILURES_KEPT:  # older failures leave the status; their lost time does not
         dropped, timeline = timeline[:-MAX_FAILURES_KEPT], timeline[-MAX_FAILURES_KEPT:]

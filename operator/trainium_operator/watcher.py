@@ -32,7 +32,7 @@ from .applier import ChildCache, ChildError, NotLeading, Pools, api_unreachable,
 from .hostaccess import HostAccess
 from .kube import Kube
 from .metrics import Metrics
-from .observe import NodeView, PodView, node_view, pod_view
+from .observe import NodeView, PodView, draining, node_view, pod_view
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
 from .disruption_guard import DisruptionGuard, disruption, zone_health
 
@@ -248,9 +248,10 @@ class Watcher:
 
     def node_changed(self, deleted: bool, name: str, body, run_pods: Mapping) -> None:
         """Wakes the loops of runs with pods on a node whose health changed (Ready,
-        NeuronHealth, Neuron devices, deleted); not on the kubelet's periodic heartbeats."""
+        NeuronHealth, Neuron devices, a drain begun, deleted); not on the kubelet's periodic
+        heartbeats."""
         view = node_view(dict(body))
-        shape = None if deleted else (view.ready, view.neuron_error, view.neuron_allocatable)
+        shape = None if deleted else (view.ready, view.neuron_error, view.neuron_allocatable, draining(view))
         if self.node_shapes.get(name, shape) == shape:
             self.node_shapes[name] = shape
             return

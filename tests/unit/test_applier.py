@@ -130,7 +130,7 @@ def test_children_are_asked_for_at_most_every_recheck_interval_and_shared_ones_o
     apply(kube, other, reconcile_objects(other, [], {}, now=1.0), children)
     asked = {k for k, _ in kube.calls} - {"status", "Pod", "event"}
     # each run's own children, its trainer identity included; the cluster's policy once for both runs
-    assert asked == {"Service", "ConfigMap", "ServiceAccount", "RoleBinding", "Role"}
+    assert asked == {"Service", "ConfigMap", "ServiceAccount", "RoleBinding", "Role", "PodDisruptionBudget"}
     # a new attempt's trainer Role (it names other pods) is due at once; the same one is not
     role = next(e.obj for e in result.effects if e.kind == "ensure" and e.obj["kind"] == "Role")
     newer = {**role, "rules": [{**role["rules"][0], "resourceNames": ["r-a2-0"]}]}

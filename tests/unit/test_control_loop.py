@@ -19,7 +19,7 @@ from trainium_operator.reconcile import reconcile_objects
 from trainium_operator.spec import parse
 
 CHILDREN = {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-            "Service", "ConfigMap"}
+            "Service", "ConfigMap", "PodDisruptionBudget"}
 
 
 def _kinds(result) -> set[str]:
