@@ -114,16 +114,18 @@ def service(run: dict) -> dict:
                                {"name": "metrics", "port": METRICS_PORT}]}}
 
 
-def disruption_budget(run: dict) -> dict:
+def disruption_budget(run: dict, spec: TrainingRunSpec) -> dict:
     """A PodDisruptionBudget that lets no eviction take a pod of the gang (faultTolerance.doNotDisrupt):
     a drain cordons the node and waits; the operator sees the cordon and moves the gang off it
     at a save (judge: drain), and the drain goes on. Spares are not covered (a drain takes them
-    at once), nor pods that are not Ready (AlwaysAllow: a broken pod never blocks a drain)."""
+    at once), nor pods that are not Ready (AlwaysAllow: a broken pod never blocks a drain).
+    minAvailable, the whole gang, as an integer: the one form the disruption controller takes
+    for pods of a controller without a scale subresource (a TrainingRun)."""
     name = run["metadata"]["name"]
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": name, "labels": {keys.RUN: name, **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
-            "spec": {"maxUnavailable": 0, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            "spec": {"minAvailable": spec.nodes, "unhealthyPodEvictionPolicy": "AlwaysAllow",
                      "selector": {"matchLabels": {keys.RUN: name},
                                   "matchExpressions": [{"key": keys.SPARE, "operator": "NotIn", "values": ["true"]}]}}}
 

@@ -196,7 +196,7 @@ def _children(p: Pass) -> None:
         p.effects += [Ensure(o) for o in admission.trainer_policy()]
     p.effects.append(Ensure(plan.service(p.run)))
     if spec.fault_tolerance.do_not_disrupt:
-        p.effects.append(Ensure(plan.disruption_budget(p.run)))
+        p.effects.append(Ensure(plan.disruption_budget(p.run, spec)))
     if not spec.trainer.is_command:
         p.effects.append(Ensure(plan.config_map(p.run, spec)))
     before, error = was(p, Cond.CHILDREN_CREATED), p.children_error
