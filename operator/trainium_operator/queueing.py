@@ -187,7 +187,8 @@ def _report(p: Pass, w: WorkloadView | None) -> None:
     q.workload = workload.name(p.name)
     if was is None or was.state != state:
         q.since = p.now
-        if state in ("Evicted", "Preempted") and not reason.startswith("Deactivated"):
+        evicted = ("Evicted", "Preempted")
+        if state in evicted and (was is None or was.state not in evicted) and not reason.startswith("Deactivated"):
             q.evictions += 1
         ours = reason == "Inactive" or reason.startswith("Deactivated")  # spec.suspend: the run's own doing
         if state != "Finished" and not ours:

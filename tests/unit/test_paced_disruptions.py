@@ -1,0 +1,75 @@
+"""Paced disruptions (issue 43): a drain's cordon, an eviction through the API and the scheduler's
+preemption are voluntary: the gang moves once, at a save, and no restart budget is spent; the
+run's PodDisruptionBudget holds a drain's eviction meanwhile (tables over whole passes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_operator_core import RUN, SPEC
+from trainium_api.progress import ProgressReport
+from trainium_operator import plan
+from trainium_operator.observe import NodeView, PodView, draining
+from trainium_operator.reconcile import reconcile_objects
+from trainium_operator.spec import parse
+
+NOW = 1000.0
+RUNNING = {"phase": "Running", "attempt": 1, "createdTime": NOW - 100, "firstProgressTime": NOW - 90, "step": 5,
+           "lastProgressTime": NOW - 1, "current": {"startTime": NOW - 95, "gangRunningTime": NOW - 92},
+           "conditions": [{"type": "Valid", "status": "True"}]}
+
+
+def node(name: str, unschedulable: bool = False, taints: tuple[str, ...] = ()) -> NodeView:
+    return NodeView(name, "True", set(taints), neuron_allocatable=16, neuron_capacity=16, unschedulable=unschedulable)
+
+
+def gang(**first) -> list[PodView]:
+    return [PodView(f"r-a1-{i}", 1, i, first.get("phase", "Running") if i == 0 else "Running", f"n{i}", False,
+                    progress=ProgressReport(step=5, time=NOW - 1),
+                    **({k: v for k, v in first.items() if k != "phase"} if i == 0 else {})) for i in range(4)]
+
+
+MOVES = [
+    # name, node n0 as seen, pod 0 as seen -> a voluntary move?
+    ("cordoned by kubectl drain", node("n0", unschedulable=True), {}, True),
+    ("tainted by Karpenter before its drain", node("n0", taints=("karpenter.sh/disrupted",)), {}, True),
+    ("evicted through the API (no budget held it)", node("n0"),
+     {"phase": "Failed", "exit_code": 143, "reason": "EvictionByEvictionAPI"}, True),
+    ("preempted by the scheduler", node("n0"), {"phase": "Failed", "exit_code": 143, "reason": "PreemptionByScheduler"},
+     True),
+    ("evicted by the kubelet for node pressure: counted", node("n0"),
+     {"phase": "Failed", "exit_code": 137, "reason": "Evicted"}, False),
+    ("the operator's own quarantine taint is no drain", node("n0", taints=("trainium.dev/quarantined",)), {}, None),
+]
+
+
+@pytest.mark.parametrize("name,n0,first,voluntary", MOVES, ids=[m[0] for m in MOVES])
+def test_a_voluntary_disruption_moves_the_gang_without_spending_budget(name, n0, first, voluntary):
+    nodes = {"n0": n0, **{f"n{i}": node(f"n{i}") for i in range(1, 4)}}
+    r = reconcile_objects({**RUN, "status": RUNNING}, gang(**first), nodes, now=NOW)
+    if voluntary is None:
+        assert not r.after.failures
+        return
+    (record,) = r.after.failures
+    assert r.after.phase == "Restarting" and record.cause == "eviction"
+    assert (record.exempt == "voluntary") == voluntary
+    counted = sum(len(v) for v in (r.after.failure_counters.recent if r.after.failure_counters else {}).values())
+    assert counted == (0 if voluntary else 1)
+    assert not r.after.quarantined_nodes  # a drained node is not blamed
+    if voluntary:
+        assert r.after.current.restart_not_before == NOW  # no backoff
+
+
+def test_draining():
+    assert draining(node("a", unschedulable=True)) and draining(node("a", taints=("karpenter.sh/disrupted",)))
+    assert not draining(node("a")) and not draining(node("a", taints=("aws.amazon.com/neuron",)))
+
+
+def test_the_disruption_budget_holds_the_whole_gang_and_not_the_spares():
+    pdb = plan.disruption_budget(RUN, parse(SPEC))
+    assert pdb["spec"]["minAvailable"] == 4 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["selector"]["matchExpressions"] == [{"key": "trainium.dev/spare", "operator": "NotIn",
+                                                            "values": ["true"]}]
+    off = reconcile_objects({**RUN, "spec": {**SPEC, "faultTolerance": {"doNotDisrupt": False}}, "status": RUNNING},
+                            gang(), {f"n{i}": node(f"n{i}") for i in range(4)}, now=NOW)
+    assert not off.ensured("PodDisruptionBudget")
