@@ -31,6 +31,10 @@ OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in traini
     ("rbac.authorization.k8s.io", "roles", {"get", "create", "update"}),
     ("rbac.authorization.k8s.io", "rolebindings", {"get", "create"}),
     ("", "events", {"create"}),  # Kube.event
+    ("policy", "poddisruptionbudgets", {"get", "create"}),  # Kube.ensure: the run's budget (doNotDisrupt)
+    # a queued run's Workload: the kopf index and wake-up, Kube.ensure, Kube.patch_workload
+    ("kueue.x-k8s.io", "workloads", {"get", "list", "watch", "create", "patch"}),
+    ("kueue.x-k8s.io", "workloads/status", {"patch"}),
 ]
 CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kube.quarantine reads + patches
                  ("", "namespaces", {"list", "watch"}),  # kopf observes namespaces and CRDs
@@ -38,7 +42,9 @@ CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kub
                  # the trainer admission policy (admission.py), created where it is missing and
                  # replaced where its digest is not this release's
                  ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"get", "create", "update"}),
-                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"get", "create", "update"})]
+                 ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"get", "create", "update"}),
+                 ("kueue.x-k8s.io", "resourceflavors", {"list", "watch"}),  # the kopf index of flavors
+                 ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"})]  # Kube._create_workload: the priority
 
 
 def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
