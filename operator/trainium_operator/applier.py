@@ -67,8 +67,11 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
         if isinstance(exc, NotLeading) or api_unreachable(exc, connection_only=True):
             return exc  # no answer at all: the API server is away (ApiHealth's to report)
         # anything the server answered, a 5xx included (a webhook that fails), is the run's
-        errors.append(f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
+        message = f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}"
+        (errors if obj["kind"] not in NOT_NEEDED_BY_PODS else optional).append(message)
         return None
+
+    optional: list[str] = []  # said in the status, but no pod waits for them
 
     if not wait:
         if due and children.begin(run):
@@ -81,7 +84,7 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
                         except Exception as exc:  # noqa: BLE001 - recorded, or the API server is away
                             if failed(obj, exc, errors) is not None:
                                 return  # nothing learnt: the next due check tries again
-                    children.set_error(run, "; ".join(errors))
+                    children.set_error(run, "; ".join(errors + optional))
                 finally:
                     children.end(run)
             pools.rechecks.submit(recheck)
@@ -95,8 +98,14 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
                 away = failed(obj, exc, errors) or away
     if away is not None:
         raise away
-    children.set_error(run, "; ".join(errors))
+    children.set_error(run, "; ".join(errors + optional))
     return "; ".join(errors)
+
+
+NOT_NEEDED_BY_PODS = ("PodDisruptionBudget", "Workload")
+"""Children the pods do not need to start: one refused (a policy that forbids a budget of the
+whole gang, Kueue's webhook down) is said in ChildrenCreated and tried again, and no pod waits
+for it (a queued run's pods are made only once its Workload is admitted, so it exists)."""
 
 
 def _reason(exc: BaseException) -> str:

@@ -166,18 +166,25 @@ ADMISSION_DENIALS = ("denied request", "denied the request", "violates PodSecuri
 """The API server's words when an admission policy refuses an object (a ValidatingAdmissionPolicy,
 an admission webhook, Pod Security admission): the same pod is refused every time. Not a
 ResourceQuota's "exceeded quota", which frees up, nor a webhook that could not be called."""
+ADMISSION_DENIAL_SECONDS = 20.0
+"""How long the gang's pods must have been refused so since the attempt began before the run
+fails (the pass re-creates them every second or so): a webhook that denies once for a passing
+reason (a registry's 429 in an image check, a cache that has not seen the trainer's new
+ServiceAccount) lets them through within it."""
 
 
 def _unborn(seen: Observed, clocks: Clocks) -> Failure | None:
-    """Pods the API server would not create: refused by an admission policy, a fatal failure at
-    once, with the policy's words (a namespace that requires Kueue's queue label, PodSecurity);
+    """Pods the API server would not create: refused by an admission policy still after
+    ADMISSION_DENIAL_SECONDS, a fatal failure, with the policy's words (a namespace that
+    requires Kueue's queue label, PodSecurity);
     otherwise (a quota, a webhook that is down) a scheduling failure once the attempt has waited
     scheduleTimeoutSeconds for them."""
-    refusal = next((part.strip() for part in seen.children_error.split("; ")
-                    if part.startswith("cannot create Pod") and any(w in part for w in ADMISSION_DENIALS)), "")
-    if refusal:
-        return Failure("scheduling", f"an admission policy refuses the run's pods: {refusal}", fatal=True)
     waited = seen.now - (clocks.attempt_start_time if clocks.attempt_start_time is not None else seen.now)
+    refusal = next((part.strip() for part in seen.children_error.split("; ")
+                    if part.startswith("cannot create Pod ") and "-spare-" not in part.split(":", 1)[0]
+                    and any(w in part for w in ADMISSION_DENIALS)), "")
+    if refusal and waited >= ADMISSION_DENIAL_SECONDS:
+        return Failure("scheduling", f"an admission policy refuses the run's pods: {refusal}", fatal=True)
     if waited <= seen.spec.fault_tolerance.schedule_timeout_seconds:
         return None
     return Failure("scheduling", f"{seen.spec.nodes - seen.gang.size} pod(s) not created {waited:.0f}s after the "
@@ -277,7 +284,8 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         node = deleting[0].node or "" if deleting else ""
         return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
                        pod=deleting[0].name if deleting else ""), hold
-    moving = next((p for p in gang.pods if p.node and p.node in nodes and draining(nodes[p.node])), None)
+    moving = next((p for p in gang.pods if p.node and p.node in nodes and draining(nodes[p.node])
+                   and p.phase != "Succeeded"), None)  # (a rank done with its work holds nothing)
     if moving is not None:  # before the drain can evict it: the gang moves once, at a save
         return Failure("eviction", f"node {moving.node} of pod {moving.name} is being drained (cordoned): the "
                        "gang moves off it, stopping at a save (a voluntary disruption: no budget is spent)",

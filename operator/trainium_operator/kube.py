@@ -25,6 +25,10 @@ T = {"_request_timeout": WRITE_TIMEOUT_SECONDS}
 POLICY_REPLACE_TRIES = 3
 
 
+READ_FIRST = ("Workload", "PodDisruptionBudget")
+"""Children read before they are created (Kube._exists_ours)."""
+
+
 class NotOurs(RuntimeError):
     """A child's name is taken by an object another owner controls."""
 
@@ -47,6 +51,8 @@ class Kube:
         the CRD refuses such edits, and rewriting it would change what a live run's next restart
         reads), except the trainer's Role, whose rules follow the attempt (plan.trainer_role)."""
         kind, ns, name = obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
+        if kind in READ_FIRST and self._exists_ours(kind, obj):
+            return
         create = {"Service": self.core.create_namespaced_service, "ConfigMap": self.core.create_namespaced_config_map,
                   "Pod": self.core.create_namespaced_pod, "ServiceAccount": self.core.create_namespaced_service_account,
                   "Role": self.rbac.create_namespaced_role,
@@ -84,6 +90,24 @@ class Kube:
             # fenced by the resourceVersion read: a 409 (someone wrote it since) retries next pass
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": found["metadata"]["resourceVersion"]}}
             self.rbac.replace_namespaced_role(name, ns, body, **T)
+
+    def _exists_ours(self, kind: str, obj: dict) -> bool:
+        """Whether ``obj`` exists as ours (a GET first: a create passes admission webhooks
+        before the API server sees that the name is taken, so a re-check of one that exists
+        would fail while Kueue's webhook is down). Raises NotOurs for another owner's."""
+        ns, name = obj["metadata"].get("namespace"), obj["metadata"]["name"]
+        read = {"Workload": self._read_workload,
+                "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget}[kind]
+        try:
+            found = self.core.api_client.sanitize_for_serialization(read(name, ns, **T))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        if controller_uid(found) != controller_uid(obj):
+            raise NotOurs(f"{kind} {name} exists and belongs to another object (controlled by "
+                          f"{controller_uid(found) or 'none'}): an earlier run of this name, or someone else's")
+        return True
 
     def _create_workload(self, namespace: str, obj: dict, **kw) -> dict:
         """Kueue needs spec.priority with spec.priorityClassRef (its job integrations fill it in

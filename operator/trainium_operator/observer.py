@@ -56,6 +56,8 @@ class Snapshot:
     workload: WorkloadView | None = None
     """The run's Kueue Workload (a run labelled kueue.x-k8s.io/queue-name), as seen; None while
     there is none of this run's."""
+    flavors: dict[str, FlavorView] = dataclasses.field(default_factory=dict)
+    """Kueue's ResourceFlavors by name (read only for a run with a Workload)."""
 
     @property
     def deleting(self) -> bool:
@@ -87,7 +89,7 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     if spec is not None and workload is not None and workload.admitted:
         spec = queueing.admitted_spec(spec, workload, flavors or {})
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
-                    children_error, host, workload)
+                    children_error, host, workload, dict(flavors or {}))
 
 
 MAX_CLOCK_AHEAD_SECONDS = 300.0

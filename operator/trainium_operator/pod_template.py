@@ -30,9 +30,11 @@ NODE_ANNOTATIONS = ("container.apparmor.security.beta.kubernetes.io/", "seccomp.
                     "k8s.v1.cni.cncf.io/")
 """Annotations that loosen a container's confinement or attach the pod to another network: the
 operator's lock-down and the cluster's, not a run's."""
-TAINTS_NOT_TOLERATED = (keys.PREFIX, "node.kubernetes.io/unschedulable", "aws.amazon.com/neuron")
-"""Taints a run may not tolerate: the operator's quarantine, a cordon, the Neuron nodes (the
-instance type's, tolerated by the operator where it places the run on them)."""
+TAINTS_NOT_TOLERATED = (keys.PREFIX, "node.kubernetes.io/unschedulable", "aws.amazon.com/neuron",
+                        "karpenter.sh/disrupted", "karpenter.sh/disruption")
+"""Taints a run may not tolerate: the operator's quarantine, a cordon and Karpenter's drain (a
+gang moved off a draining node would land back on it), the Neuron nodes (the instance type's,
+tolerated by the operator where it places the run on them)."""
 ANNOTATIONS_MOST = 128 * 1024
 """The template's annotations, at most half of the API server's 256 KiB per object: the
 trainer's progress report and the operator's own share the rest."""

@@ -25,7 +25,7 @@ import dataclasses
 from datetime import datetime, timezone
 
 from trainium_api.spec import TrainingRunSpec
-from trainium_api.status import TERMINAL, QueueStatus
+from trainium_api.status import HELD, TERMINAL, QueueStatus
 
 from . import plan, workload
 from .effects import Ensure, PatchWorkload
@@ -34,17 +34,27 @@ from .run_pass import Pass
 from .workload import (ADMITTED, EVICTED, FINISHED, GANG, PODS_READY, PREEMPTED, QUOTA_RESERVED, FlavorView,
                        WorkloadView)
 
-RUNNING_PHASES = ("Running",)
+READY_PHASES = ("Starting", "Preflight", "Running")
 
 
-def managed(run: dict) -> bool:
-    return bool(workload.queue_name(run))
+def managed(p: Pass) -> bool:
+    """Queued with Kueue: labelled so, or once was (the label read when the run was first
+    queued stays in force: a label removed from a live run does not take it out of Kueue's
+    accounting, its Workload keeps the queue it was made with)."""
+    return bool(workload.queue_name(p.run)) or p.old.queue is not None
 
 
 def holds(p: Pass) -> bool:
     """Kueue does not let the gang run now: the run's Workload is not made yet, waits for quota
-    or admission checks, or was evicted."""
-    return managed(p.run) and not (p.workload is not None and p.workload.admitted)
+    or admission checks, was evicted, or is admitted to a ResourceFlavor not seen yet (its
+    node labels are not known: the pods would land anywhere)."""
+    return managed(p) and not (p.workload is not None and p.workload.admitted and not missing_flavors(p))
+
+
+def missing_flavors(p: Pass) -> list[str]:
+    """The admitted flavors the operator has not seen (kopf's index of ResourceFlavors)."""
+    w = p.workload
+    return [] if w is None else [f for f in w.flavors.get(GANG, ()) if f not in p.flavors]
 
 
 def admitted_spec(spec: TrainingRunSpec, w: WorkloadView, flavors: dict[str, FlavorView]) -> TrainingRunSpec:
@@ -76,7 +86,7 @@ def admitted_spec(spec: TrainingRunSpec, w: WorkloadView, flavors: dict[str, Fla
 def own(p: Pass) -> None:
     """Every pass of a queued run, after the phase step: the Workload, status.queue, and the
     owner's writes to the Workload."""
-    if not managed(p.run):
+    if not managed(p):
         return
     w = p.workload
     terminal = p.new.phase in TERMINAL
@@ -95,9 +105,11 @@ def own(p: Pass) -> None:
                                    p.new.message or p.new.phase, gen, now)
             p.effects.append(PatchWorkload(w.name, workload.status_patch(w, [c])))
         return
-    if w.true(EVICTED) and w.has_admission and not p.pods:
+    if w.true(EVICTED) and w.has_admission and p.old.phase in HELD and not p.pods and not p.spares:
         # the gang is gone: hand the quota back, as jobframework does for an evicted Workload
-        # whose job is no longer active (UnsetQuotaReservationWithCondition, SetRequeuedCondition)
+        # whose job is no longer active (UnsetQuotaReservationWithCondition, SetRequeuedCondition).
+        # Only from a pass that read the run held: pods created by the pass before (not in the
+        # pod index yet, maybe) were stopped by the one that read the eviction
         p.effects.append(PatchWorkload(w.name, workload.status_patch(w, _requeue(w, gen, now), clear_admission=True)))
         return
     _active(p, w)
@@ -124,21 +136,26 @@ def _active(p: Pass, w: WorkloadView) -> None:
     Workload again, when the run deactivated it (Kueue deactivates one itself, e.g. after its
     requeuing limit, and that one stays so)."""
     q = p.new.queue
-    if p.spec.suspend and w.active:
-        p.effects.append(PatchWorkload(w.name, workload.active_patch(False), status=False))
+    if p.spec.suspend:
+        if w.active:
+            p.effects.append(PatchWorkload(w.name, workload.active_patch(False), status=False))
         q.deactivated = True
-    elif not p.spec.suspend and not w.active and q.deactivated:
+    elif not w.active and q.deactivated:
         p.effects.append(PatchWorkload(w.name, workload.active_patch(True), status=False))
-    elif not p.spec.suspend and w.active and q.deactivated:
+    elif w.active and q.deactivated:
         q.deactivated = False
 
 
 def _pods_ready(p: Pass, w: WorkloadView, gen: int | None, now: str) -> None:
-    """jobframework's generatePodsReadyCondition, with the gang for the job: True while the
-    whole gang runs (Started, or Recovered after a restart), else False (WaitForStart before
-    the first time, WaitForRecovery after it); written when it changes."""
+    """jobframework's generatePodsReadyCondition, with the gang for the job: True while every
+    pod of the gang runs, from its start (the pre-flight check, the graph's compile and the
+    restore take longer than Kueue's default timeout) to its end (Started, or Recovered after a
+    restart), else False (WaitForStart before the first time, WaitForRecovery after it, a
+    restart in place included); written when it changes."""
     before = workload.was(w, PODS_READY)
-    ready = w.admitted and p.new.phase in RUNNING_PHASES
+    gang = [x for x in p.current if not x.deleting]
+    ready = (w.admitted and p.new.phase in READY_PHASES and len(gang) == p.spec.nodes
+             and all(x.phase == "Running" for x in gang))
     if ready:
         recovering = before is not None and before.get("reason") in (workload.WAIT_FOR_RECOVERY, workload.RECOVERED)
         reason = workload.RECOVERED if recovering else workload.STARTED
@@ -169,6 +186,7 @@ def state_of(w: WorkloadView | None) -> tuple[str, str, str]:
         return "Evicted", c.reason, c.message
     if w.admitted:
         return "Admitted", "Admitted", f"admitted by ClusterQueue {w.cluster_queue}"
+    # (admitted to a flavor not seen yet: Admitted, and holds() keeps the gang back a pass or two)
     if not w.active:
         return "Queued", "Inactive", "the Workload is inactive (spec.active is false)"
     reserved = w.conditions.get(QUOTA_RESERVED)
@@ -182,15 +200,19 @@ def state_of(w: WorkloadView | None) -> tuple[str, str, str]:
 
 def _report(p: Pass, w: WorkloadView | None) -> None:
     state, reason, message = state_of(w)
+    if state == "Admitted" and missing_flavors(p):
+        state, reason = "Queued", "FlavorNotSeen"
+        message = f"admitted to ResourceFlavor {', '.join(missing_flavors(p))}, not seen yet: waiting for it"
     was = p.old.queue
     q = dataclasses.replace(was) if was is not None else QueueStatus()
     q.workload = workload.name(p.name)
     if was is None or was.state != state:
         q.since = p.now
         evicted = ("Evicted", "Preempted")
-        if state in evicted and (was is None or was.state not in evicted) and not reason.startswith("Deactivated"):
+        if state in evicted and (was is None or was.state not in evicted) and not (p.spec.suspend or q.deactivated):
             q.evictions += 1
-        ours = reason == "Inactive" or reason.startswith("Deactivated")  # spec.suspend: the run's own doing
+        # the run's own deactivation (spec.suspend), not Kueue's: no event
+        ours = (p.spec.suspend or q.deactivated) and (reason == "Inactive" or reason.startswith("Deactivated"))
         if state != "Finished" and not ours:
             p.event({"Queued": Reason.QUEUED, "Admitted": Reason.ADMITTED, "Evicted": Reason.EVICTED,
                      "Preempted": Reason.PREEMPTED}[state], f"Kueue: {reason}: {message}" if message else reason)

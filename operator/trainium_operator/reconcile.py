@@ -102,7 +102,7 @@ def reconcile(snap: Snapshot) -> Result:
     spares = [x for x in snap.pods if x.spare and plan.is_spare_name(name, x.name) and x.owner == uid]
     p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
              snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
-             spares=spares, workload=snap.workload)
+             spares=spares, workload=snap.workload, flavors=snap.flavors)
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing

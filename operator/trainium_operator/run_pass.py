@@ -18,7 +18,7 @@ from .disruption_guard import DisruptionGuard
 from .effects import DeletePod, Effect, Event
 from .hostaccess import HostAccess
 from .observe import NodeView, PodView
-from .workload import WorkloadView
+from .workload import FlavorView, WorkloadView
 
 
 NEWER_ATTEMPT_GRACE_SECONDS = 60.0
@@ -51,6 +51,8 @@ class Pass:
     """Standby pods (faultTolerance.spares) that have not taken an index: not the gang's."""
     workload: WorkloadView | None = None
     """The run's Kueue Workload as last seen (queueing.py; None: none, or not the run's)."""
+    flavors: dict[str, FlavorView] = field(default_factory=dict)
+    """Kueue's ResourceFlavors by name, as last seen."""
 
     @property
     def name(self) -> str:

@@ -32,7 +32,7 @@ PODS_READY, FINISHED, REQUEUED = "PodsReady", "Finished", "Requeued"
 WAIT_FOR_START, STARTED, RECOVERED, WAIT_FOR_RECOVERY = "WaitForStart", "Started", "Recovered", "WaitForRecovery"
 # Finished reasons, and the reason for giving the quota back after an eviction (jobframework's)
 SUCCEEDED, FAILED, PENDING = "Succeeded", "Failed", "Pending"
-GANG, SPARES = "trainer", "spares"  # the pod sets: the gang's pods, and the warm spares
+GANG = "trainer"  # the pod set: the gang's pods and its warm spares
 
 
 def name(run_name: str) -> str:
@@ -45,9 +45,9 @@ def queue_name(run: dict) -> str:
 
 
 def build(run: dict, spec: TrainingRunSpec, template_pod: dict) -> dict:
-    """The Workload for ``run``: one pod set of ``spec.nodes`` pods and, with warm spares,
-    one of the spares, each with ``template_pod``'s (plan.pod's) containers, scheduling
-    fields and priority class: what Kueue counts against quota and matches flavors to."""
+    """The Workload for ``run``: one pod set of ``spec.nodes`` pods and the warm spares, with
+    ``template_pod``'s (plan.pod's) containers, scheduling fields and priority class: what
+    Kueue counts against quota and matches flavors to."""
     meta = run["metadata"]
     body = template_pod["spec"]
     template = {"metadata": {"labels": {k: v for k, v in (template_pod["metadata"].get("labels") or {}).items()
@@ -62,12 +62,12 @@ def build(run: dict, spec: TrainingRunSpec, template_pod: dict) -> dict:
     node_affinity = (body.get("affinity") or {}).get("nodeAffinity")
     if node_affinity:  # the template's (the pod here leaves no node out)
         template["spec"]["affinity"] = {"nodeAffinity": node_affinity}
-    pod_sets = [{"name": GANG, "count": spec.nodes, "template": template}]
+    # the warm spares in the gang's pod set: one flavor for all (a spare takes a gang pod's place)
     spares = spec.fault_tolerance.spares if spec.in_place_on() else 0
-    if spares:
-        pod_sets.append({"name": SPARES, "count": spares, "template": template})
+    pod_sets = [{"name": GANG, "count": spec.nodes + spares, "template": template}]
     labels = {keys.RUN: meta["name"], JOB_UID_LABEL: meta.get("uid", ""), **keys.MANAGED_BY}
-    spec_body: dict = {"queueName": queue_name(run), "podSets": pod_sets, "active": not spec.suspend}
+    # made active: a run suspended deactivates it (queueing._active), and so knows to activate it again
+    spec_body: dict = {"queueName": queue_name(run), "podSets": pod_sets, "active": True}
     priority = (meta.get("labels") or {}).get(PRIORITY_LABEL)
     if priority:
         spec_body["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority}

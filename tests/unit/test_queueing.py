@@ -102,13 +102,15 @@ def test_an_unlabelled_run_has_no_workload_and_starts_at_once():
     assert not r.ensured("Workload") and r.after.queue is None and len(pods_of(r)) == 4
 
 
-def test_a_priority_class_label_names_the_workload_priority_class_and_spares_get_a_pod_set():
+def test_a_priority_class_label_names_the_workload_priority_class_and_spares_share_the_gangs_pod_set():
     r = reconcile_objects(run(labels={**QUEUED_LABELS, workload.PRIORITY_LABEL: "high"},
                               faultTolerance={"spares": 1}), [], {}, now=NOW)
     (made,) = r.ensured("Workload")
     assert made["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
                                                 "name": "high"}
-    assert [(s["name"], s["count"]) for s in made["spec"]["podSets"]] == [("trainer", 4), ("spares", 1)]
+    # one pod set, so one flavor for the gang and its spares (a spare takes a gang pod's place)
+    assert [(s["name"], s["count"]) for s in made["spec"]["podSets"]] == [("trainer", 5)]
+    assert made["spec"]["active"] is True
 
 
 # -- admitted --------------------------------------------------------------------------------
@@ -142,6 +144,7 @@ def test_admission_checks_pod_set_updates_reach_the_pods():
 PODS_READY = [
     # name, phase, PodsReady as Kueue last had it, -> PodsReady written (status, reason) or None
     ("the gang runs: Started", "Running", None, ("True", "Started")),
+    ("every pod runs before the first step (compile, restore): Started", "Starting", None, ("True", "Started")),
     ("already said", "Running", cond("PodsReady", "True", "Started"), None),
     ("a restart after it ran: WaitForRecovery", "Restarting", cond("PodsReady", "True", "Started"),
      ("False", "WaitForRecovery")),
@@ -159,8 +162,11 @@ def test_pods_ready_follows_the_gang(name, phase, before, written):
     if phase == "Restarting":
         status.update(attempt=2, current={"startTime": NOW - 5, "teardownStartTime": NOW - 5,
                                           "restartNotBefore": NOW + 100, "restart": "recreate"})
+    if phase == "Starting":
+        status.update(current={"startTime": NOW - 5}, step=None, lastProgressTime=None)
     w = wl(*ADMITTED, *([before] if before else []), admitted_to="cq")
-    pods = running(progress=ProgressReport(step=5, time=NOW - 1)) if phase == "Running" else []
+    pods = (running(progress=ProgressReport(step=5, time=NOW - 1)) if phase == "Running" else
+            running() if phase == "Starting" else [])
     r = reconcile_objects(run(status), pods, {f"n{i}": _node(f"n{i}") for i in range(4)}, now=NOW, workload=w,
                           flavors=FLAVORS)
     got = [conditions_in(x)["PodsReady"] for x in patches(r)]
@@ -246,11 +252,39 @@ def test_suspend_deactivates_the_workload_and_resume_activates_it_again():
     assert r.after.phase == "Queued" and not [e for e in r.effects if e.kind == "event" and e.reason == "Evicted"]
 
 
+def test_a_run_created_suspended_activates_its_workload_when_resumed():
+    first = reconcile_objects(run(suspend=True), [], {}, now=NOW, workload=None)
+    assert first.after.phase == "Suspended"
+    assert first.ensured("Workload")[0]["spec"]["active"] is True  # made active, deactivated next
+    r = reconcile_objects(run({**first.status, "phase": "Suspended"}, suspend=True), [], {}, now=NOW + 1,
+                          workload=wl())
+    assert [x.patch for x in patches(r) if not x.status] == [{"spec": {"active": False}}]
+    resumed = reconcile_objects(run({**first.status, **r.status, "phase": "Suspended"}), [], {}, now=NOW + 2,
+                                workload=wl(cond("Evicted", "True", "Deactivated"), active=False))
+    assert [x.patch for x in patches(resumed) if not x.status] == [{"spec": {"active": True}}]
+
+
+def test_admitted_to_a_flavor_not_seen_yet_the_run_waits_for_it():
+    r = reconcile_objects(run({"phase": "Queued"}), [], {}, now=NOW, workload=wl(*ADMITTED, admitted_to="cq",
+                                                                                 flavor="unseen"), flavors=FLAVORS)
+    assert r.after.phase == "Queued" and not pods_of(r)
+    assert (r.after.queue.state, r.after.queue.reason) == ("Queued", "FlavorNotSeen")
+
+
+def test_a_queue_label_removed_from_a_live_run_does_not_take_it_out_of_kueue():
+    status = {"phase": "Queued", "queue": {"workload": "trainingrun-r", "state": "Queued", "reason": "Pending"}}
+    r = reconcile_objects(run(status, labels={}), [], {}, now=NOW,
+                          workload=wl(cond("QuotaReserved", "False", "Pending", "no quota")))
+    assert r.after.phase == "Queued" and not pods_of(r)
+
+
 def test_a_workload_kueue_deactivated_itself_stays_so():
-    status = {"phase": "Queued", "attempt": 1, "queue": {"workload": "trainingrun-r", "state": "Evicted"}}
+    status = {"phase": "Queued", "attempt": 1, "queue": {"workload": "trainingrun-r", "state": "Queued"}}
     r = reconcile_objects(run(status), [], {}, now=NOW,
                           workload=wl(cond("Evicted", "True", "DeactivatedDueToRequeuingLimitExceeded"), active=False))
     assert not [x for x in patches(r) if not x.status] and r.after.phase == "Queued"
+    # said: the state users most need to hear about
+    assert [e.reason for e in r.effects if e.kind == "event"] == ["Evicted"]
 
 
 def test_events_are_sent_when_the_state_changes_not_every_pass():
@@ -287,6 +321,8 @@ REFUSALS = [
     ('cannot create Pod r-a1-0: Internal error occurred: failed calling webhook "v.example.com": connection refused',
      False),
     ('cannot create Service r: admission webhook "v.example.com" denied the request: no', False),
+    ('cannot create PodDisruptionBudget r: admission webhook "v.example.com" denied the request: no', False),
+    ('cannot create Pod r-spare-1: admission webhook "v.example.com" denied the request: no', False),
 ]
 
 
@@ -294,7 +330,8 @@ REFUSALS = [
 def test_pods_an_admission_policy_refuses_fail_the_run_at_once(error, fatal):
     spec = parse(SPEC)
     seen = Observed(spec, gang_state([]), {}, NOW, gang_complete=False, children_error=error)
-    failure = _unborn(seen, Clocks(attempt_start_time=NOW - 1))
+    assert _unborn(seen, Clocks(attempt_start_time=NOW - 1)) is None  # a passing denial gets its chance
+    failure = _unborn(seen, Clocks(attempt_start_time=NOW - 25))
     assert (failure is not None and failure.fatal) == fatal
     if fatal:
         assert error.split(": ", 1)[1] in failure.message
