@@ -26,7 +26,7 @@ from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
 from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
 
-from . import pod_template
+from . import pod_template, workload
 from .containers import locked_down
 from .hostaccess import HostAccess
 
@@ -307,11 +307,11 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if itype["neuron"]:
         spec_body["nodeSelector"] = {"node.kubernetes.io/instance-type": spec.instance_type}
         spec_body["tolerations"] = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
-    return pod_template.apply({
+    return workload.gate(pod_template.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
                      "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
                      "annotations": {keys.INSTANCE_TYPE: spec.instance_type,
                                      **({keys.DO_NOT_DISRUPT: "true"} if spec.fault_tolerance.do_not_disrupt else {})},
                      "ownerReferences": [owner_reference(run)]},
-        "spec": spec_body}, spec.pod_template, run["metadata"].get("labels") or {})
+        "spec": spec_body}, spec.pod_template, run["metadata"].get("labels") or {}))

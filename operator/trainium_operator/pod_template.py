@@ -21,6 +21,7 @@ from trainium_api.fields import ConfigError
 from trainium_api.spec import INIT_CONTAINER_KEYS, POD_RESOURCES, SECURITY_CONTEXT_KEYS, PodTemplate
 
 from .containers import DNS_LABEL, DNS_SUBDOMAIN, check_env, check_mount_path, locked_down
+from .workload import TOPOLOGY_REQUESTS, UNCONSTRAINED
 
 WHERE = "spec.podTemplate"
 KUEUE_PREFIX = "kueue.x-k8s.io/"
@@ -55,6 +56,7 @@ def check(template: PodTemplate, neuron_instance_type: str | None, volume_names:
     meta, spec = template.metadata, template.spec
     _check_map(meta.labels, f"{WHERE}.metadata.labels", values=True, ours=(keys.PREFIX, KUEUE_PREFIX))
     _check_map(meta.annotations, f"{WHERE}.metadata.annotations", values=False, ours=(keys.PREFIX, *NODE_ANNOTATIONS))
+    _check_kueue_annotations(meta.annotations, f"{WHERE}.metadata.annotations")
     if sum(len(k) + len(v) for k, v in meta.annotations.items()) > ANNOTATIONS_MOST:
         raise ConfigError(f"{WHERE}.metadata.annotations", f"total more than {ANNOTATIONS_MOST // 1024} KiB (the API "
                           "server's limit, shared with the operator's and the trainer's)")
@@ -77,6 +79,24 @@ def check(template: PodTemplate, neuron_instance_type: str | None, volume_names:
     names = {TRAINER_CONTAINER}
     for i, container in enumerate(spec.init_containers):
         _check_init_container(container, f"{WHERE}.spec.initContainers[{i}]", names, volume_names)
+
+
+def _check_kueue_annotations(annotations: Mapping[str, Any], where: str) -> None:
+    """Of Kueue's annotations the template may carry one topology request (the others, e.g.
+    the Workload a pod belongs to, are the operator's to set)."""
+    asked = [k for k in annotations if k.startswith(KUEUE_PREFIX)]
+    for key in asked:
+        if key not in TOPOLOGY_REQUESTS:
+            raise ConfigError(f"{where}.{key}", f"of {KUEUE_PREFIX}* a template takes only a topology request: "
+                              f"{', '.join(TOPOLOGY_REQUESTS)}")
+        value = annotations[key]
+        if key == UNCONSTRAINED and value != "true":
+            raise ConfigError(f"{where}.{key}", 'must be "true"')
+        if key != UNCONSTRAINED and (not isinstance(value, str) or not _LABEL_KEY.fullmatch(value) or len(value) > 63):
+            raise ConfigError(f"{where}.{key}", "must name a topology level: a node label key of at most 63 "
+                                                "characters, e.g. topology.k8s.aws/network-node-layer-3")
+    if len(asked) > 1:
+        raise ConfigError(f"{where}.{asked[1]}", f"one topology request only (with {asked[0]})")
 
 
 def _check_map(items: Mapping[str, Any], where: str, values: bool, ours: tuple[str, ...] = ()) -> None:

@@ -77,6 +77,10 @@ def admitted_spec(spec: TrainingRunSpec, w: WorkloadView, flavors: dict[str, Fla
         selector.update(u.get("nodeSelector") or {})
         tolerations += [dict(x) for x in u.get("tolerations") or [] if x not in tolerations]
     labels[workload.PODSET_LABEL] = GANG
+    if GANG in w.topology:  # Kueue places each pod in the assigned domains: its gate, its Workload
+        annotations[workload.WORKLOAD_ANNOTATION] = w.name
+        if not any(k in annotations for k in workload.TOPOLOGY_REQUESTS):
+            annotations[workload.UNCONSTRAINED] = "true"  # (a flavor with a topology, no request)
     template = dataclasses.replace(
         t, metadata=dataclasses.replace(t.metadata, labels=labels, annotations=annotations),
         spec=dataclasses.replace(t.spec, node_selector=selector, tolerations=tolerations))

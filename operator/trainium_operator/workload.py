@@ -33,6 +33,15 @@ WAIT_FOR_START, STARTED, RECOVERED, WAIT_FOR_RECOVERY = "WaitForStart", "Started
 # Finished reasons, and the reason for giving the quota back after an eviction (jobframework's)
 SUCCEEDED, FAILED, PENDING = "Succeeded", "Failed", "Pending"
 GANG = "trainer"  # the pod set: the gang's pods and its warm spares
+# topology-aware scheduling (apis/kueue/v1beta2/topology_types.go): the pod set's request, as
+# a Job's template asks for it; the gate Kueue's topology ungater lifts, naming each pod's
+# domain; the annotation by which it finds the pods' Workload
+TOPOLOGY_REQUESTS = {"kueue.x-k8s.io/podset-required-topology": "required",
+                     "kueue.x-k8s.io/podset-preferred-topology": "preferred",
+                     "kueue.x-k8s.io/podset-unconstrained-topology": "unconstrained"}
+UNCONSTRAINED = "kueue.x-k8s.io/podset-unconstrained-topology"
+TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
 
 
 def name(run_name: str) -> str:
@@ -65,6 +74,9 @@ def build(run: dict, spec: TrainingRunSpec, template_pod: dict) -> dict:
     # the warm spares in the gang's pod set: one flavor for all (a spare takes a gang pod's place)
     spares = spec.fault_tolerance.spares if spec.in_place_on() else 0
     pod_sets = [{"name": GANG, "count": spec.nodes + spares, "template": template}]
+    request = topology_request(spec)
+    if request:
+        pod_sets[0]["topologyRequest"] = request
     labels = {keys.RUN: meta["name"], JOB_UID_LABEL: meta.get("uid", ""), **keys.MANAGED_BY}
     # made active: a run suspended deactivates it (queueing._active), and so knows to activate it again
     spec_body: dict = {"queueName": queue_name(run), "podSets": pod_sets, "active": True}
@@ -78,6 +90,19 @@ def build(run: dict, spec: TrainingRunSpec, template_pod: dict) -> dict:
                                               "uid": meta.get("uid", ""), "controller": True,
                                               "blockOwnerDeletion": True}]},
             "spec": spec_body}
+
+
+def topology_request(spec: TrainingRunSpec) -> dict:
+    """The pod set's topologyRequest from the pod template's Kueue topology annotation (as
+    jobframework reads a Job's): required or preferred, a node label naming a level of the
+    ClusterQueue's Topology (on EKS topology.k8s.aws/network-node-layer-N); {} when none.
+    No podIndexLabel: the spares share the pod set and take no index, so Kueue assigns the
+    pods to the domains greedily."""
+    for key, kind in TOPOLOGY_REQUESTS.items():
+        value = spec.pod_template.metadata.annotations.get(key)
+        if value is not None:
+            return {kind: True} if kind == "unconstrained" else {kind: value}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -102,6 +127,8 @@ class WorkloadView:
     """Pod set -> the admission checks' podSetUpdates for it (labels, annotations, nodeSelector,
     tolerations)."""
     has_admission: bool = False
+    topology: frozenset = frozenset()
+    """The pod sets admitted with a topology assignment (their pods wait at Kueue's gate)."""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     """The object as read: an owner's write of Kueue's admission fields starts from it."""
 
@@ -122,6 +149,8 @@ def view(obj: dict) -> WorkloadView:
     admission = status.get("admission") or {}
     flavors = {a.get("name", ""): tuple(sorted(set((a.get("flavors") or {}).values())))
                for a in admission.get("podSetAssignments") or []}
+    topology = frozenset(a.get("name", "") for a in admission.get("podSetAssignments") or []
+                         if a.get("topologyAssignment") or a.get("delayedTopologyRequest"))
     updates: dict[str, list[dict]] = {}
     for check in status.get("admissionChecks") or []:
         if check.get("state") == "Ready":
@@ -129,13 +158,24 @@ def view(obj: dict) -> WorkloadView:
                 updates.setdefault(u.get("name", ""), []).append(u)
     return WorkloadView(meta.get("name", ""), owner, spec.get("active", True) is not False, conditions,
                         admission.get("clusterQueue") or "", flavors, {k: tuple(v) for k, v in updates.items()},
-                        bool(admission), obj)
+                        bool(admission), topology, obj)
 
 
 @dataclass(frozen=True)
 class FlavorView:
     node_labels: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict, ...] = ()
+
+
+def gate(pod: dict) -> dict:
+    """``pod`` with Kueue's topology gate when its Workload was admitted with a topology
+    assignment (queueing.admitted_spec names the Workload on it): Kueue's topology ungater
+    lifts the gate and puts the domain's node selector on the pod (podset.FromAssignment)."""
+    if WORKLOAD_ANNOTATION in (pod["metadata"].get("annotations") or {}):
+        gates = pod["spec"].setdefault("schedulingGates", [])
+        if {"name": TOPOLOGY_GATE} not in gates:
+            gates.append({"name": TOPOLOGY_GATE})
+    return pod
 
 
 def flavor_view(obj: dict) -> FlavorView:

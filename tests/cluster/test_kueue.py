@@ -107,7 +107,14 @@ def queued_manifest(name: str, priority: str | None = None, nodes: int = 2) -> d
 
 
 def workload(custom, ns, run) -> dict:
-    return custom.get_namespaced_custom_object(KQ, KV, ns, "workloads", f"trainingrun-{run}")
+    """The run's Workload ({} while the operator has not made it yet)."""
+    from kubernetes.client.exceptions import ApiException
+    try:
+        return custom.get_namespaced_custom_object(KQ, KV, ns, "workloads", f"trainingrun-{run}")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return {}
 
 
 def condition(obj: dict, kind: str) -> dict:
@@ -235,10 +242,62 @@ def test_the_workload_is_the_runs_and_goes_with_it(core_api, custom, namespace, 
     assert requests["aws.amazon.com/neuron"] == "16", json.dumps(spec)
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
 
-    def gone():
+    wait_until(lambda: not workload(custom, namespace, "gone"), timeout=60,
+               what="the Workload garbage-collected with its run")
+
+
+LAYER_1, LAYER_3 = "topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-3"
+
+
+@pytest.fixture
+def topology(custom, core_api, kueue, namespace):
+    """EKS's network topology labels on the four pool nodes (one layer-1 block, two layer-3
+    blocks of two nodes each), a Kueue Topology of those levels and the hostname, a flavor of
+    the pool with it, and a ClusterQueue of that flavor fitting three nodes."""
+    nodes = kueue["nodes"]
+    for i, n in enumerate(nodes):
+        core_api.patch_node(n, {"metadata": {"labels": {LAYER_1: "nn-1", LAYER_3: f"nn-3-{i // 2}"}}})
+    objs = [("topologies", {"apiVersion": f"{KQ}/{KV}", "kind": "Topology", "metadata": {"name": "eks-network"},
+                            "spec": {"levels": [{"nodeLabel": LAYER_1}, {"nodeLabel": LAYER_3},
+                                                {"nodeLabel": "kubernetes.io/hostname"}]}}),
+            ("resourceflavors", {"apiVersion": f"{KQ}/{KV}", "kind": "ResourceFlavor",
+                                 "metadata": {"name": "trn1-topology"},
+                                 "spec": {"nodeLabels": {POOL: "kueue"}, "topologyName": "eks-network"}})]
+    for plural, body in objs:
         try:
-            workload(custom, namespace, "gone")
-            return False
-        except Exception as exc:  # noqa: BLE001
-            return getattr(exc, "status", None) == 404
-    wait_until(gone, timeout=60, what="the Workload garbage-collected with its run")
+            custom.create_cluster_custom_object(KQ, KV, plural, body)
+        except Exception as exc:  # noqa: BLE001 - shared, made by an earlier test
+            if getattr(exc, "status", None) != 409:
+                raise
+    cq = f"tas-{namespace}"[:63]
+    custom.create_cluster_custom_object(KQ, KV, "clusterqueues", {
+        "apiVersion": f"{KQ}/{KV}", "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "resourceGroups": [{"coveredResources": ["aws.amazon.com/neuron", "vpc.amazonaws.com/efa"], "flavors": [
+                {"name": "trn1-topology", "resources": [{"name": "aws.amazon.com/neuron", "nominalQuota": 48},
+                                                        {"name": "vpc.amazonaws.com/efa", "nominalQuota": 24}]}]}]}})
+    custom.create_namespaced_custom_object(KQ, KV, namespace, "localqueues", {
+        "apiVersion": f"{KQ}/{KV}", "kind": "LocalQueue", "metadata": {"name": "team", "namespace": namespace},
+        "spec": {"clusterQueue": cq}})
+    yield nodes
+    custom.delete_cluster_custom_object(KQ, KV, "clusterqueues", cq)
+    for n in nodes:
+        core_api.patch_node(n, {"metadata": {"labels": {LAYER_1: None, LAYER_3: None}}})
+
+
+def test_a_gang_that_requires_a_network_block_is_placed_in_one_by_kueue(core_api, custom, namespace, operator,
+                                                                        topology):
+    body = queued_manifest("compact")
+    body["spec"]["podTemplate"] = {"metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": LAYER_3}}}
+    create(custom, namespace, body)
+    wl, _ = wait_until(lambda: (lambda w: w if (w.get("status") or {}).get("admission") else None)(
+        workload(custom, namespace, "compact")), timeout=60, what="the Workload admitted with a topology assignment")
+    assert wl["spec"]["podSets"][0]["topologyRequest"] == {"required": LAYER_3}
+    assert wl["status"]["admission"]["podSetAssignments"][0].get("topologyAssignment"), wl["status"]
+    wait_running_gang(core_api, custom, namespace, "compact", 1, nodes=2, timeout=60)
+    pods = gang(core_api, namespace, "compact", 1)
+    blocks = {core_api.read_node(p.spec.node_name).metadata.labels[LAYER_3] for p in pods}
+    assert len(blocks) == 1, blocks  # both pods in one layer-3 block
+    for p in pods:
+        assert not p.spec.scheduling_gates  # Kueue's topology ungater lifted its gate
+        assert p.metadata.annotations["kueue.x-k8s.io/workload"] == "trainingrun-compact"
