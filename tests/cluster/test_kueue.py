@@ -255,6 +255,10 @@ def topology(custom, core_api, kueue, namespace):
     blocks of two nodes each), a Kueue Topology of those levels and the hostname, a flavor of
     the pool with it, and a ClusterQueue of that flavor fitting three nodes."""
     nodes = kueue["nodes"]
+    # Kueue counts the pods on a flavor's nodes; it looks at a workload it could not fit again
+    # when a queue changes, not when a pod goes: earlier tests' gangs leave the pool first
+    wait_until(lambda: not [p for p in core_api.list_pod_for_all_namespaces().items if p.spec.node_name in nodes],
+               timeout=90, what="the pool empty of earlier tests' pods")
     for i, n in enumerate(nodes):
         core_api.patch_node(n, {"metadata": {"labels": {LAYER_1: "nn-1", LAYER_3: f"nn-3-{i // 2}"}}})
     objs = [("topologies", {"apiVersion": f"{KQ}/{KV}", "kind": "Topology", "metadata": {"name": "eks-network"},
@@ -290,8 +294,18 @@ def test_a_gang_that_requires_a_network_block_is_placed_in_one_by_kueue(core_api
     body = queued_manifest("compact")
     body["spec"]["podTemplate"] = {"metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": LAYER_3}}}
     create(custom, namespace, body)
-    wl, _ = wait_until(lambda: (lambda w: w if (w.get("status") or {}).get("admission") else None)(
-        workload(custom, namespace, "compact")), timeout=60, what="the Workload admitted with a topology assignment")
+    seen: list = [{}]
+
+    def admitted():
+        seen[0] = workload(custom, namespace, "compact")
+        return seen[0] if (seen[0].get("status") or {}).get("admission") else None
+    try:
+        wl, _ = wait_until(admitted, timeout=90, what="the Workload admitted with a topology assignment")
+    except AssertionError:
+        pods = [(p.metadata.namespace, p.metadata.name, p.spec.node_name)
+                for p in core_api.list_pod_for_all_namespaces().items if p.spec.node_name in topology]
+        raise AssertionError(f"not admitted: {(seen[0].get('status') or {}).get('conditions')}; pods on the pool: "
+                             f"{pods}")
     assert wl["spec"]["podSets"][0]["topologyRequest"] == {"required": LAYER_3}
     assert wl["status"]["admission"]["podSetAssignments"][0].get("topologyAssignment"), wl["status"]
     wait_running_gang(core_api, custom, namespace, "compact", 1, nodes=2, timeout=60)
