@@ -111,12 +111,15 @@ class Kube:
 
     def _create_workload(self, namespace: str, obj: dict, **kw) -> dict:
         """Kueue needs spec.priority with spec.priorityClassRef (its job integrations fill it in
-        from the class, as here)."""
+        from the class, a WorkloadPriorityClass or the pods' PriorityClass, as here)."""
         ref = obj["spec"].get("priorityClassRef")
         if ref and "priority" not in obj["spec"]:
-            cls = self.custom.get_cluster_custom_object(workload.GROUP, "v1beta2", "workloadpriorityclasses",
-                                                        ref["name"], **T)
-            obj = {**obj, "spec": {**obj["spec"], "priority": int(cls.get("value", 0))}}
+            if ref["kind"] == "PriorityClass":
+                value = client.SchedulingV1Api(self.core.api_client).read_priority_class(ref["name"], **T).value
+            else:
+                value = self.custom.get_cluster_custom_object(workload.GROUP, workload.VERSION,
+                                                              "workloadpriorityclasses", ref["name"], **T).get("value")
+            obj = {**obj, "spec": {**obj["spec"], "priority": int(value or 0)}}
         return self.custom.create_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
                                                           workload.WORKLOADS, obj, **kw)
 

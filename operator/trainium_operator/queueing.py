@@ -94,12 +94,19 @@ def own(p: Pass) -> None:
         return
     w = p.workload
     terminal = p.new.phase in TERMINAL
+    built = None
     if not terminal:
         template = plan.pod(p.run, p.spec, 0, 0, [], p.host)
-        p.effects.append(Ensure(workload.build(p.run, p.spec, template)))
+        built = workload.build(p.run, p.spec, template)
+        p.effects.append(Ensure(built))
     _report(p, w)
     if w is None:
         return
+    if built is not None and not w.true(QUOTA_RESERVED) and w.digest != built["metadata"]["annotations"][
+            workload.DIGEST_ANNOTATION]:
+        # the run changed while it holds no quota (its pod template, edited while suspended):
+        # the Workload asks for what the next gang will be
+        p.effects.append(PatchWorkload(w.name, workload.pod_sets_patch(built), status=False))
     now = _rfc3339(p.now)
     gen = (w.raw.get("metadata") or {}).get("generation")
     if terminal:

@@ -80,16 +80,41 @@ def build(run: dict, spec: TrainingRunSpec, template_pod: dict) -> dict:
     labels = {keys.RUN: meta["name"], JOB_UID_LABEL: meta.get("uid", ""), **keys.MANAGED_BY}
     # made active: a run suspended deactivates it (queueing._active), and so knows to activate it again
     spec_body: dict = {"queueName": queue_name(run), "podSets": pod_sets, "active": True}
+    # the priority as jobframework takes it: the run's WorkloadPriorityClass label, else the
+    # pods' PriorityClass (Kube._create_workload reads the class's value into spec.priority)
     priority = (meta.get("labels") or {}).get(PRIORITY_LABEL)
     if priority:
         spec_body["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority}
+    elif body.get("priorityClassName"):
+        spec_body["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass",
+                                         "name": body["priorityClassName"]}
+    labels_digest = digest(pod_sets)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload",
             "metadata": {"name": name(meta["name"]), "namespace": meta["namespace"], "labels": labels,
+                         "annotations": {DIGEST_ANNOTATION: labels_digest},
                          "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}",
                                               "kind": KIND, "name": meta["name"],
                                               "uid": meta.get("uid", ""), "controller": True,
                                               "blockOwnerDeletion": True}]},
             "spec": spec_body}
+
+
+DIGEST_ANNOTATION = keys.PREFIX + "workload-digest"
+"""Of the pod sets the Workload was made (or last updated) with: a run edited while it holds no
+quota (its pod template, while suspended) updates them (queueing.own)."""
+
+
+def digest(pod_sets: list[dict]) -> str:
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps(pod_sets, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pod_sets_patch(built: dict) -> dict:
+    """A merge patch that gives the Workload ``built``'s pod sets (Kueue's CRD refuses it while
+    the Workload holds quota)."""
+    return {"metadata": {"annotations": {DIGEST_ANNOTATION: built["metadata"]["annotations"][DIGEST_ANNOTATION]}},
+            "spec": {"podSets": built["spec"]["podSets"]}}
 
 
 def topology_request(spec: TrainingRunSpec) -> dict:
@@ -127,6 +152,8 @@ class WorkloadView:
     """Pod set -> the admission checks' podSetUpdates for it (labels, annotations, nodeSelector,
     tolerations)."""
     has_admission: bool = False
+    digest: str = ""
+    """Of the pod sets it was made with (DIGEST_ANNOTATION)."""
     topology: frozenset = frozenset()
     """The pod sets admitted with a topology assignment (their pods wait at Kueue's gate)."""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
@@ -158,7 +185,7 @@ def view(obj: dict) -> WorkloadView:
                 updates.setdefault(u.get("name", ""), []).append(u)
     return WorkloadView(meta.get("name", ""), owner, spec.get("active", True) is not False, conditions,
                         admission.get("clusterQueue") or "", flavors, {k: tuple(v) for k, v in updates.items()},
-                        bool(admission), topology, obj)
+                        bool(admission), (meta.get("annotations") or {}).get(DIGEST_ANNOTATION, ""), topology, obj)
 
 
 @dataclass(frozen=True)

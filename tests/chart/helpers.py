@@ -44,7 +44,8 @@ CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kub
                  ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"get", "create", "update"}),
                  ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"get", "create", "update"}),
                  ("kueue.x-k8s.io", "resourceflavors", {"list", "watch"}),  # the kopf index of flavors
-                 ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"})]  # Kube._create_workload: the priority
+                 # Kube._create_workload: the priority of the class the Workload names
+                 ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"}), ("scheduling.k8s.io", "priorityclasses", {"get"})]
 
 
 def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

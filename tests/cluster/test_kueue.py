@@ -315,3 +315,21 @@ def test_a_gang_that_requires_a_network_block_is_placed_in_one_by_kueue(core_api
     for p in pods:
         assert not p.spec.scheduling_gates  # Kueue's topology ungater lifted its gate
         assert p.metadata.annotations["kueue.x-k8s.io/workload"] == "trainingrun-compact"
+
+
+def test_a_template_edited_while_suspended_reaches_the_workload_and_suspend_frees_the_quota(
+        local_cluster, core_api, custom, namespace, operator, queue):
+    body = queued_manifest("edited")
+    create(custom, namespace, body)
+    wait_running_gang(core_api, custom, namespace, "edited", 1, nodes=2, timeout=60)
+    local_cluster.kubectl("patch", "trainingrun", "edited", "-n", namespace, "--type=merge",
+                          "-p", '{"spec":{"suspend":true}}')
+    wl, _ = wait_until(lambda: (lambda w: w if w and w["spec"].get("active") is False
+                                and "admission" not in (w.get("status") or {}) else None)(
+        workload(custom, namespace, "edited")), timeout=60, what="the Workload deactivated, its quota freed")
+    local_cluster.kubectl("patch", "trainingrun", "edited", "-n", namespace, "--type=merge",
+                          "-p", '{"spec":{"podTemplate":{"spec":{"nodeSelector":{"team":"pretrain"}}}}}')
+    wait_until(lambda: workload(custom, namespace, "edited")["spec"]["podSets"][0]["template"]["spec"]
+               .get("nodeSelector", {}).get("team") == "pretrain", timeout=30,
+               what="the Workload's pod set updated (the API server and Kueue's CRD took it)")
+    assert status(custom, namespace, "edited")["phase"] == "Suspended"

@@ -63,6 +63,11 @@ def patches(result) -> list[PatchWorkload]:
     return [e for e in result.effects if isinstance(e, PatchWorkload)]
 
 
+def active_patches(result) -> list[dict]:
+    """The spec.active patches (not the pod sets' updates)."""
+    return [x.patch for x in patches(result) if not x.status and "active" in x.patch.get("spec", {})]
+
+
 def conditions_in(patch: PatchWorkload) -> dict[str, dict]:
     return {c["type"]: c for c in patch.patch["status"]["conditions"]}
 
@@ -114,6 +119,28 @@ def test_a_priority_class_label_names_the_workload_priority_class_and_spares_sha
 
 
 # -- admitted --------------------------------------------------------------------------------
+
+def test_without_the_label_the_pods_priority_class_is_the_workloads():
+    r = reconcile_objects(run(podTemplate={"spec": {"priorityClassName": "training-high"}}), [], {}, now=NOW)
+    (made,) = r.ensured("Workload")
+    assert made["spec"]["priorityClassRef"] == {"group": "scheduling.k8s.io", "kind": "PriorityClass",
+                                                "name": "training-high"}
+
+
+def test_a_template_edited_while_the_run_holds_no_quota_reaches_the_workloads_pod_sets():
+    status = {"phase": "Suspended", "queue": {"workload": "trainingrun-r", "state": "Queued", "deactivated": True}}
+    edited = run(status, suspend=True, podTemplate={"spec": {"resources": {"requests": {"cpu": "8"}}}})
+    w = wl(cond("QuotaReserved", "False", "Pending"), active=False)  # its digest: the old pod sets'
+    (patch,) = [x for x in patches(reconcile_objects(edited, [], {}, now=NOW, workload=w)) if "podSets" in
+                x.patch.get("spec", {})]
+    requests = patch.patch["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["cpu"] == "8" and patch.patch["metadata"]["annotations"][workload.DIGEST_ANNOTATION]
+    held = wl(*ADMITTED, admitted_to="cq")  # with quota reserved, Kueue's CRD refuses it: not asked
+    r = reconcile_objects(run({"phase": "Running", "attempt": 1}, podTemplate={"spec": {"resources": {
+        "requests": {"cpu": "8"}}}}), running(), {f"n{i}": _node(f"n{i}") for i in range(4)}, now=NOW, workload=held,
+        flavors=FLAVORS)
+    assert not [x for x in patches(r) if "podSets" in x.patch.get("spec", {})]
+
 
 def test_admitted_the_gang_starts_with_the_flavors_node_labels_and_tolerations():
     r = reconcile_objects(run({"phase": "Queued"}), [], {}, now=NOW,
@@ -244,11 +271,11 @@ def test_suspend_deactivates_the_workload_and_resume_activates_it_again():
               "queue": {"workload": "trainingrun-r", "state": "Admitted"}}
     r = reconcile_objects(run(status, suspend=True), running(), {}, now=NOW, workload=wl(*ADMITTED, admitted_to="cq"))
     assert r.after.phase == "Suspended" and r.after.queue.deactivated
-    assert [x.patch for x in patches(r) if not x.status] == [{"spec": {"active": False}}]
+    assert active_patches(r) == [{"spec": {"active": False}}]
     inactive = wl(cond("Evicted", "True", "Deactivated", "The workload is deactivated"), active=False)
     back = {**status, "phase": "Suspended", "queue": {**status["queue"], "deactivated": True}}
     r = reconcile_objects(run(back), [], {}, now=NOW, workload=inactive)
-    assert [x.patch for x in patches(r) if not x.status] == [{"spec": {"active": True}}]
+    assert active_patches(r) == [{"spec": {"active": True}}]
     assert r.after.phase == "Queued" and not [e for e in r.effects if e.kind == "event" and e.reason == "Evicted"]
 
 
@@ -258,10 +285,10 @@ def test_a_run_created_suspended_activates_its_workload_when_resumed():
     assert first.ensured("Workload")[0]["spec"]["active"] is True  # made active, deactivated next
     r = reconcile_objects(run({**first.status, "phase": "Suspended"}, suspend=True), [], {}, now=NOW + 1,
                           workload=wl())
-    assert [x.patch for x in patches(r) if not x.status] == [{"spec": {"active": False}}]
+    assert active_patches(r) == [{"spec": {"active": False}}]
     resumed = reconcile_objects(run({**first.status, **r.status, "phase": "Suspended"}), [], {}, now=NOW + 2,
                                 workload=wl(cond("Evicted", "True", "Deactivated"), active=False))
-    assert [x.patch for x in patches(resumed) if not x.status] == [{"spec": {"active": True}}]
+    assert active_patches(resumed) == [{"spec": {"active": True}}]
 
 
 def test_admitted_to_a_flavor_not_seen_yet_the_run_waits_for_it():
@@ -282,7 +309,7 @@ def test_a_workload_kueue_deactivated_itself_stays_so():
     status = {"phase": "Queued", "attempt": 1, "queue": {"workload": "trainingrun-r", "state": "Queued"}}
     r = reconcile_objects(run(status), [], {}, now=NOW,
                           workload=wl(cond("Evicted", "True", "DeactivatedDueToRequeuingLimitExceeded"), active=False))
-    assert not [x for x in patches(r) if not x.status] and r.after.phase == "Queued"
+    assert not active_patches(r) and r.after.phase == "Queued"
     # said: the state users most need to hear about
     assert [e.reason for e in r.effects if e.kind == "event"] == ["Evicted"]
 
