@@ -68,7 +68,17 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
             return exc  # no answer at all: the API server is away (ApiHealth's to report)
         # anything the server answered, a 5xx included (a webhook that fails), is the run's
         message = f"cannot create {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}"
-        (errors if obj["kind"] not in NOT_NEEDED_BY_PODS else optional).append(message)
+        if obj["kind"] == "Workload" and getattr(exc, "status", None) == 404:
+            message += (" (the kueue.x-k8s.io/v1beta2 Workload API is not served: install Kueue v0.15 or later, or "
+                        "take the kueue.x-k8s.io/queue-name label off the run)")
+        if obj["kind"] in NOT_NEEDED_BY_PODS:
+            optional.append(message)
+            # tried again after the re-check interval, not every pass (a policy that refuses a
+            # budget would refuse it for the run's whole life)
+            children.done(run, obj if obj["kind"].startswith("ValidatingAdmissionPolicy") else
+                          {**obj, "metadata": {**obj["metadata"], "namespace": run[0]}})
+        else:
+            errors.append(message)
         return None
 
     optional: list[str] = []  # said in the status, but no pod waits for them
@@ -100,6 +110,12 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
         raise away
     children.set_error(run, "; ".join(errors + optional))
     return "; ".join(errors)
+
+
+def _optional_errors(children: ChildCache, run: tuple[str, str]) -> list[str]:
+    """The refusals of children no pod waits for, as last recorded (kept beside a pod's)."""
+    return [e for e in children.error(*run).split("; ") if e and e.split(" ", 3)[2:3] and
+            e.split(" ")[2] in NOT_NEEDED_BY_PODS]
 
 
 NOT_NEEDED_BY_PODS = ("PodDisruptionBudget", "Workload")
@@ -152,6 +168,7 @@ class ChildCache:
         self._lock = threading.Lock()  # passes of different runs run on different threads
         self._at: dict[tuple, float] = {}
         self._errors: dict[tuple[str, str], str] = {}
+        self._since: dict[tuple[str, str], float] = {}
         self._busy: set[tuple[str, str]] = set()  # runs whose children a background re-check has in hand
 
     def due(self, run: tuple[str, str], obj: dict) -> bool:
@@ -179,16 +196,25 @@ class ChildCache:
         with self._lock:
             return self._errors.get((namespace, name), "")
 
+    def error_since(self, namespace: str, name: str) -> float | None:
+        """Since when (epoch seconds) the run's creates have been refused without a break."""
+        with self._lock:
+            return self._since.get((namespace, name))
+
     def set_error(self, run: tuple[str, str], message: str) -> None:
         with self._lock:
             if message:
+                if run not in self._errors:
+                    self._since[run] = time.time()
                 self._errors[run] = message
             else:
                 self._errors.pop(run, None)
+                self._since.pop(run, None)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._errors.pop((namespace, name), None)
+            self._since.pop((namespace, name), None)
             for key in [k for k in self._at if k[:2] == (namespace, name)]:
                 del self._at[key]
 
@@ -284,7 +310,7 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
         if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed
             refused = [refused[0] + (f" (and {len(refused) - 1} more pods)" if len(refused) > 1 else "")]
             missing = "; ".join([missing, *refused] if missing else refused)
-            children.set_error((ns, name), missing)
+            children.set_error((ns, name), "; ".join([missing, *_optional_errors(children, (ns, name))]))
     if missing:
         raise ChildError(missing)
     return merged

@@ -117,6 +117,8 @@ class Observed:
     gang_complete: bool = True
     """False while the attempt's pods are still being created (some never were yet)."""
     children_error: str = ""
+    children_error_since: float | None = None
+    """Since when the API server has refused the same way (the applier's ChildCache)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ ADMISSION_DENIALS = ("denied request", "denied the request", "violates PodSecuri
 an admission webhook, Pod Security admission): the same pod is refused every time. Not a
 ResourceQuota's "exceeded quota", which frees up, nor a webhook that could not be called."""
 ADMISSION_DENIAL_SECONDS = 20.0
-"""How long the gang's pods must have been refused so since the attempt began before the run
+"""How long the gang's pods must have been refused so, from the first refusal in a row, before the run
 fails (the pass re-creates them every second or so): a webhook that denies once for a passing
 reason (a registry's 429 in an image check, a cache that has not seen the trainer's new
 ServiceAccount) lets them through within it."""
@@ -180,10 +182,11 @@ def _unborn(seen: Observed, clocks: Clocks) -> Failure | None:
     otherwise (a quota, a webhook that is down) a scheduling failure once the attempt has waited
     scheduleTimeoutSeconds for them."""
     waited = seen.now - (clocks.attempt_start_time if clocks.attempt_start_time is not None else seen.now)
+    refused_for = seen.now - (seen.children_error_since if seen.children_error_since is not None else seen.now)
     refusal = next((part.strip() for part in seen.children_error.split("; ")
                     if part.startswith("cannot create Pod ") and "-spare-" not in part.split(":", 1)[0]
                     and any(w in part for w in ADMISSION_DENIALS)), "")
-    if refusal and waited >= ADMISSION_DENIAL_SECONDS:
+    if refusal and refused_for >= ADMISSION_DENIAL_SECONDS:
         return Failure("scheduling", f"an admission policy refuses the run's pods: {refusal}", fatal=True)
     if waited <= seen.spec.fault_tolerance.schedule_timeout_seconds:
         return None
@@ -282,10 +285,16 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     if deleting or len(gang.pods) < expected_pods:
         who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
         node = deleting[0].node or "" if deleting else ""
-        return Failure("eviction", f"{who} deleted or evicted from outside the operator", node=node,
-                       pod=deleting[0].name if deleting else ""), hold
+        # an eviction through the API or the scheduler's preemption marks the pod (DisruptionTarget)
+        # before its graceful delete: voluntary, as when it is seen Failed
+        voluntary = bool(deleting) and deleting[0].reason in VOLUNTARY_REASONS
+        return Failure("eviction", f"{who} deleted or evicted from outside the operator"
+                       + (f" ({deleting[0].reason}: a voluntary disruption, no budget is spent)" if voluntary else ""),
+                       node=node, pod=deleting[0].name if deleting else "", voluntary=voluntary), hold
+    # with the run's disruption budget only (doNotDisrupt): without it a drain evicts the pod
+    # itself (voluntary, above), and a node merely cordoned leaves the gang where it is
     moving = next((p for p in gang.pods if p.node and p.node in nodes and draining(nodes[p.node])
-                   and p.phase != "Succeeded"), None)  # (a rank done with its work holds nothing)
+                   and p.phase != "Succeeded"), None) if ft.do_not_disrupt else None  # (a rank done holds nothing)
     if moving is not None:  # before the drain can evict it: the gang moves once, at a save
         return Failure("eviction", f"node {moving.node} of pod {moving.name} is being drained (cordoned): the "
                        "gang moves off it, stopping at a save (a voluntary disruption: no budget is spent)",

@@ -51,6 +51,8 @@ class Snapshot:
     """(lost, back) of the operator's last loss of the API server (back = now while it lasts)."""
     children_error: str = ""
     """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
+    children_error_since: float | None = None
+    """Since when creates have been refused without a break."""
     host: HostAccess = HostAccess()
     """What the run's pods may take from their nodes (the operator's configuration)."""
     workload: WorkloadView | None = None
@@ -74,7 +76,7 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
              guard: DisruptionGuard = DisruptionGuard(), api_outage: tuple[float, float] | None = None,
              children_error: str = "", host: HostAccess = HostAccess(),
              status: TrainingRunStatus | None = None, workload: WorkloadView | None = None,
-             flavors: dict[str, FlavorView] | None = None) -> Snapshot:
+             flavors: dict[str, FlavorView] | None = None, children_error_since: float | None = None) -> Snapshot:
     """``status``: the run's status read already (read_status of run["status"]); parsing a
     status that keeps 50 failures takes milliseconds, every pass."""
     status = read_status(run.get("status")) if status is None else status
@@ -89,7 +91,7 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     if spec is not None and workload is not None and workload.admitted:
         spec = queueing.admitted_spec(spec, workload, flavors or {})
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
-                    children_error, host, workload, dict(flavors or {}))
+                    children_error, children_error_since, host, workload, dict(flavors or {}))
 
 
 MAX_CLOCK_AHEAD_SECONDS = 300.0

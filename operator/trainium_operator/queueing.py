@@ -35,13 +35,18 @@ from .workload import (ADMITTED, EVICTED, FINISHED, GANG, PODS_READY, PREEMPTED,
                        WorkloadView)
 
 READY_PHASES = ("Starting", "Preflight", "Running")
+MESSAGE_MAX = 1024  # of Kueue's message in status.queue (Kueue's may be 32 KiB)
 
 
 def managed(p: Pass) -> bool:
-    """Queued with Kueue: labelled so, or once was (the label read when the run was first
-    queued stays in force: a label removed from a live run does not take it out of Kueue's
-    accounting, its Workload keeps the queue it was made with)."""
-    return bool(workload.queue_name(p.run)) or p.old.queue is not None
+    """Queued with Kueue: labelled so before its first gang (or while held), or once was. The
+    label read when the run was first queued stays in force: one removed from a live run does
+    not take it out of Kueue's accounting (its Workload keeps the queue it was made with), and
+    one added to a run that trains (or present when an operator without Kueue admission was
+    upgraded) takes effect at its next suspension, not by stopping its gang."""
+    if p.old.queue is not None:
+        return True
+    return bool(workload.queue_name(p.run)) and (p.old.attempt == 0 or p.old.phase in HELD)
 
 
 def holds(p: Pass) -> bool:
@@ -211,6 +216,9 @@ def state_of(w: WorkloadView | None) -> tuple[str, str, str]:
 
 def _report(p: Pass, w: WorkloadView | None) -> None:
     state, reason, message = state_of(w)
+    refused = next((e for e in p.children_error.split("; ") if e.startswith("cannot create Workload ")), "")
+    if w is None and refused:
+        reason, message = "WorkloadNotCreated", refused
     if state == "Admitted" and missing_flavors(p):
         state, reason = "Queued", "FlavorNotSeen"
         message = f"admitted to ResourceFlavor {', '.join(missing_flavors(p))}, not seen yet: waiting for it"
@@ -227,7 +235,7 @@ def _report(p: Pass, w: WorkloadView | None) -> None:
         if state != "Finished" and not ours:
             p.event({"Queued": Reason.QUEUED, "Admitted": Reason.ADMITTED, "Evicted": Reason.EVICTED,
                      "Preempted": Reason.PREEMPTED}[state], f"Kueue: {reason}: {message}" if message else reason)
-    q.state, q.reason, q.message = state, reason, message
+    q.state, q.reason, q.message = state, reason, message[:MESSAGE_MAX]
     q.cluster_queue = w.cluster_queue if w is not None else ""
     p.new.queue = q
 

@@ -28,7 +28,7 @@ from . import goodput, inplace, plan
 from .effects import DeletePod, Ensure, ObserveFailure, OrderPod
 from .failure_policy import Action, Budget, Standing
 from .judge import Verdict
-from .observe import GangState, PodView, gang_state
+from .observe import GangState, PodView, draining, gang_state
 from .progress_tracking import account, note_resumed, preflight_trusted
 from .quarantine import avoid, excluded, kept_off, late_culprits, quarantine
 from .reasons import Cond, CondReason, Reason
@@ -44,7 +44,8 @@ def standing(p: Pass) -> Standing:
     return Standing(counters=Budget(p.spec).counters(p.old.failure_counters, p.new.failures),
                     quarantined=tuple(p.new.quarantined_nodes), avoided=tuple(a.node for a in p.new.avoided_nodes),
                     checkpoint_step=step, in_place_streak=inplace.next_streak(p.old, step), pods=tuple(p.gang),
-                    attempt=p.old.attempt, lost_nodes=frozenset(x.node for x in p.gang if x.node and node_lost(p, x)),
+                    attempt=p.old.attempt, lost_nodes=frozenset(x.node for x in p.gang if x.node and (
+                        node_lost(p, x) or (x.node in p.nodes and draining(p.nodes[x.node])))),
                     capacity_waits=capacity_waits(p.new.failures, p.old.attempt),
                     run_key=p.run["metadata"].get("uid") or p.name)
 

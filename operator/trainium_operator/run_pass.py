@@ -45,6 +45,8 @@ class Pass:
     """An edit of the live run the operator's rules refuse: it goes on with the spec in force."""
     children_error: str = ""
     """Why the applier could not create a child or a pod in the last pass ("" when it could)."""
+    children_error_since: float | None = None
+    """Since when creates have been refused without a break."""
     effects: list[Effect] = field(default_factory=list)
     host: HostAccess = HostAccess()
     spares: list[PodView] = field(default_factory=list)

@@ -15,7 +15,7 @@ from trainium_api.agent import Order
 from . import plan
 from .effects import DeletePod, Ensure, OrderPod
 from .failure_policy import doubling
-from .observe import PodView
+from .observe import PodView, draining
 from .quarantine import excluded, kept_off
 from .reasons import Reason
 from .run_pass import Pass, node_lost, overdue
@@ -119,9 +119,10 @@ def _gang_placed(p: Pass) -> bool:
 
 
 def _usable_spare(p: Pass, spare: PodView) -> bool:
-    """Placed on a node that answers and that the run may use, its container running."""
+    """Placed on a node that answers, is not being drained and that the run may use, its
+    container running."""
     return (not spare.deleting and spare.phase == "Running" and bool(spare.node) and not node_lost(p, spare)
-            and spare.node not in excluded(p.new))
+            and not (spare.node in p.nodes and draining(p.nodes[spare.node])) and spare.node not in excluded(p.new))
 
 
 def ready_spare(p: Pass, but: str = "") -> PodView | None:

@@ -33,6 +33,7 @@ from .hostaccess import HostAccess
 from .kube import Kube
 from .metrics import Metrics
 from .observe import NodeView, PodView, draining, node_view, pod_view
+from .workload import name as workload_name
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
 from .disruption_guard import DisruptionGuard, disruption, zone_health
 
@@ -166,10 +167,12 @@ class Watcher:
         own = [n for node, n in nodes.items() if node not in left_out]
         disrupted = disruption(self.guard, self.zones(cluster_nodes), own) if own else ""
         # the run's Workload (one per run; an earlier run's of the same name is dropped by its owner uid)
-        workloads = [w for w in (run_workloads or {}).get((namespace, name), []) if w.owner == uid]
+        workloads = [w for w in (run_workloads or {}).get((namespace, name), [])
+                     if w.owner == uid and w.name == workload_name(name)]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
         return snapshot(run, pods, nodes, now, None, disrupted, self.guard, api_outage=self.health.outage(now),
-                        children_error=self.children.error(namespace, name), host=self.host, status=status,
+                        children_error=self.children.error(namespace, name),
+                        children_error_since=self.children.error_since(namespace, name), host=self.host, status=status,
                         workload=workloads[0] if workloads else None, flavors=flavors)
 
     # -- apply -----------------------------------------------------------------------------

@@ -395,11 +395,36 @@ def test_hang_is_detected_and_restarted(core_api, custom, namespace, operator):
 
 
 def test_eviction_restarts(core_api, custom, namespace, operator):
+    """The run's disruption budget refuses an eviction (doNotDisrupt, the default: a drain waits
+    for the operator to move the gang, tests/cluster/test_disruptions.py); without it the
+    eviction goes through and the gang restarts, spending no budget (a voluntary disruption)."""
+    from kubernetes.client.exceptions import ApiException
+
     from localcluster import faults
-    start_and_run(core_api, custom, namespace, "evict", nodes=2)
+    start_and_run(core_api, custom, namespace, "held", nodes=2)
+    wait_until(lambda: any(p.metadata.name == "held" for p in client_policy(core_api).list_namespaced_pod_disruption_budget(
+        namespace).items), what="the run's disruption budget")
+    victim = gang(core_api, namespace, "held", 1)[1].metadata.name
+    refused = None
+    for _ in range(50):  # until the disruption controller has counted the gang
+        try:
+            faults.evict_pod(core_api, namespace, victim)
+        except ApiException as exc:
+            refused = exc
+            if exc.status == 429:
+                break
+        time.sleep(0.2)
+    assert refused is not None and refused.status == 429, refused
+    start_and_run(core_api, custom, namespace, "evict", nodes=2, doNotDisrupt=False)
     victim = gang(core_api, namespace, "evict", 1)[1].metadata.name
-    fail_and_measure(core_api, custom, namespace, "evict", lambda: faults.evict_pod(core_api, namespace, victim),
-                     "eviction", nodes=2)
+    rec, _, _ = fail_and_measure(core_api, custom, namespace, "evict",
+                                 lambda: faults.evict_pod(core_api, namespace, victim), "eviction", nodes=2)
+    assert rec["exempt"] == "voluntary", rec
+
+
+def client_policy(core_api):
+    from kubernetes import client
+    return client.PolicyV1Api(core_api.api_client)
 
 
 def test_restart_budget_exhaustion_fails_with_reason(core_api, custom, namespace, operator):

@@ -46,7 +46,8 @@ def priority_class(local_cluster):
 def test_a_template_shapes_the_pods_the_api_server_and_scheduler_take(local_cluster, core_api, custom, namespace,
                                                                       reserved_pool, priority_class):
     body = manifest("templated", nodes=2)
-    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    # a Kueue label reaches the pods (the queue-name label would queue the run: tests/cluster/test_kueue.py)
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "research"}
     body["spec"]["podTemplate"] = {
         "metadata": {"labels": {"team": "pretrain"}, "annotations": {"example.com/owner": "alice"}},
         "spec": {"nodeSelector": {POOL: "reserved"}, "priorityClassName": priority_class,
@@ -59,7 +60,7 @@ def test_a_template_shapes_the_pods_the_api_server_and_scheduler_take(local_clus
     pods = gang(core_api, namespace, "templated", 1)
     assert sorted(p.spec.node_name for p in pods) == reserved_pool  # the pool's nodes, one pod each
     for p in pods:
-        assert p.metadata.labels["team"] == "pretrain" and p.metadata.labels["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert p.metadata.labels["team"] == "pretrain" and p.metadata.labels["kueue.x-k8s.io/priority-class"] == "research"
         assert p.spec.priority_class_name == priority_class and p.spec.priority == 100000  # resolved by the API server
         assert p.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"  # faultTolerance.doNotDisrupt
         trainer = p.spec.containers[0]

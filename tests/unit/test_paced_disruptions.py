@@ -24,9 +24,10 @@ def node(name: str, unschedulable: bool = False, taints: tuple[str, ...] = ()) -
 
 
 def gang(**first) -> list[PodView]:
-    return [PodView(f"r-a1-{i}", 1, i, first.get("phase", "Running") if i == 0 else "Running", f"n{i}", False,
-                    progress=ProgressReport(step=5, time=NOW - 1),
-                    **({k: v for k, v in first.items() if k != "phase"} if i == 0 else {})) for i in range(4)]
+    return [PodView(f"r-a1-{i}", 1, i, first.get("phase", "Running") if i == 0 else "Running", f"n{i}",
+                    bool(first.get("deleting")) if i == 0 else False, progress=ProgressReport(step=5, time=NOW - 1),
+                    **({k: v for k, v in first.items() if k not in ("phase", "deleting")} if i == 0 else {}))
+            for i in range(4)]
 
 
 MOVES = [
@@ -37,6 +38,11 @@ MOVES = [
      {"phase": "Failed", "exit_code": 143, "reason": "EvictionByEvictionAPI"}, True),
     ("preempted by the scheduler", node("n0"), {"phase": "Failed", "exit_code": 143, "reason": "PreemptionByScheduler"},
      True),
+    ("evicted through the API, seen before it ends (its DisruptionTarget)", node("n0"),
+     {"deleting": True, "reason": "EvictionByEvictionAPI"}, True),
+    ("preempted by the scheduler, seen before it ends", node("n0"),
+     {"deleting": True, "reason": "PreemptionByScheduler"}, True),
+    ("deleted by someone: counted", node("n0"), {"deleting": True}, False),
     ("evicted by the kubelet for node pressure: counted", node("n0"),
      {"phase": "Failed", "exit_code": 137, "reason": "Evicted"}, False),
     ("the operator's own quarantine taint is no drain", node("n0", taints=("trainium.dev/quarantined",)), {}, None),
@@ -58,6 +64,13 @@ def test_a_voluntary_disruption_moves_the_gang_without_spending_budget(name, n0,
     assert not r.after.quarantined_nodes  # a drained node is not blamed
     if voluntary:
         assert r.after.current.restart_not_before == NOW  # no backoff
+
+
+def test_a_node_merely_cordoned_leaves_a_run_without_a_budget_where_it_is():
+    nodes = {"n0": node("n0", unschedulable=True), **{f"n{i}": node(f"n{i}") for i in range(1, 4)}}
+    r = reconcile_objects({**RUN, "spec": {**SPEC, "faultTolerance": {"doNotDisrupt": False}}, "status": RUNNING},
+                          gang(), nodes, now=NOW)
+    assert not r.after.failures and r.after.phase == "Running"
 
 
 def test_draining():

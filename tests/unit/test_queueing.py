@@ -185,7 +185,7 @@ PODS_READY = [
 def test_pods_ready_follows_the_gang(name, phase, before, written):
     status = {"phase": phase, "attempt": 1, "createdTime": NOW - 100, "current": {"startTime": NOW - 90,
                                                                                   "gangRunningTime": NOW - 80},
-              "lastProgressTime": NOW - 1, "step": 5}
+              "lastProgressTime": NOW - 1, "step": 5, "queue": {"workload": "trainingrun-r", "state": "Admitted"}}
     if phase == "Restarting":
         status.update(attempt=2, current={"startTime": NOW - 5, "teardownStartTime": NOW - 5,
                                           "restartNotBefore": NOW + 100, "restart": "recreate"})
@@ -256,7 +256,8 @@ def test_admitted_again_the_next_attempt_resumes_from_the_newest_save():
 # -- the end, and spec.suspend ---------------------------------------------------------------
 
 def test_a_finished_run_marks_its_workload_finished_once():
-    status = {"phase": "Succeeded", "attempt": 1, "message": "all 4 pods finished at step 100"}
+    status = {"phase": "Succeeded", "attempt": 1, "message": "all 4 pods finished at step 100",
+              "queue": {"workload": "trainingrun-r", "state": "Admitted"}}
     r = reconcile_objects(run(status), [], {}, now=NOW, workload=wl(*ADMITTED, admitted_to="cq"))
     (done,) = patches(r)
     assert (conditions_in(done)["Finished"]["status"], conditions_in(done)["Finished"]["reason"]) == ("True", "Succeeded")
@@ -296,6 +297,13 @@ def test_admitted_to_a_flavor_not_seen_yet_the_run_waits_for_it():
                                                                                  flavor="unseen"), flavors=FLAVORS)
     assert r.after.phase == "Queued" and not pods_of(r)
     assert (r.after.queue.state, r.after.queue.reason) == ("Queued", "FlavorNotSeen")
+
+
+def test_a_queue_label_added_to_a_training_run_waits_for_its_next_suspension():
+    status = {"phase": "Running", "attempt": 1, "createdTime": NOW - 100, "current": {"startTime": NOW - 90}}
+    r = reconcile_objects(run(status), running(), {f"n{i}": _node(f"n{i}") for i in range(4)}, now=NOW)
+    assert r.after.phase == "Running" and not r.ensured("Workload") and not [
+        e for e in r.effects if isinstance(e, DeletePod)]
 
 
 def test_a_queue_label_removed_from_a_live_run_does_not_take_it_out_of_kueue():
@@ -356,9 +364,13 @@ REFUSALS = [
 @pytest.mark.parametrize("error,fatal", REFUSALS)
 def test_pods_an_admission_policy_refuses_fail_the_run_at_once(error, fatal):
     spec = parse(SPEC)
-    seen = Observed(spec, gang_state([]), {}, NOW, gang_complete=False, children_error=error)
-    assert _unborn(seen, Clocks(attempt_start_time=NOW - 1)) is None  # a passing denial gets its chance
-    failure = _unborn(seen, Clocks(attempt_start_time=NOW - 25))
+
+    def seen(refused_since: float) -> Observed:
+        return Observed(spec, gang_state([]), {}, NOW, gang_complete=False, children_error=error,
+                        children_error_since=refused_since)
+    clocks = Clocks(attempt_start_time=NOW - 60)  # the attempt older than the refusal: the refusal's own clock counts
+    assert _unborn(seen(NOW - 1), clocks) is None  # a passing denial gets its chance
+    failure = _unborn(seen(NOW - 25), clocks)
     assert (failure is not None and failure.fatal) == fatal
     if fatal:
         assert error.split(": ", 1)[1] in failure.message
