@@ -35,14 +35,17 @@ class Pools:
 
 
 def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], children: ChildCache, pools: Pools,
-                     wait: bool = True, may_write=lambda: True) -> str:
+                     wait: bool = True, may_write=lambda: True) -> tuple[str, list[str]]:
     """Create the children that are due a check (see ChildCache); every one is tried (a quota on
     Services must not stop the RBAC). With ``wait`` (the pass is about to create pods, which
     need them) the checks run concurrently and the pass waits: returns why some could not be
     created, "" if all were, and raises when the API server did not answer at all. Without, a
     periodic re-check runs in the background, one per run at a time, and the pass goes on (at
     1,024 pods a pass that waited for a run's seven checks every 30 s was the slowest pass by
-    far); what it finds is in ``children.error`` for the next pass's status."""
+    far); what it finds is in ``children.error`` for the next pass's status. With ``wait``,
+    returns why the children the pods need could not be created ("" if they were) and the
+    refusals of those they do not need, and the caller records them with the pods' (one
+    record per pass: ChildCache times an unbroken run of refusals)."""
     due = []
     for obj in objs:
         if obj["kind"].startswith("ValidatingAdmissionPolicy"):
@@ -98,7 +101,7 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
                 finally:
                     children.end(run)
             pools.rechecks.submit(recheck)
-        return ""
+        return "", []
     errors, away = [], None
     for wave in waves:
         for obj, future in [(obj, pools.calls.submit(one, obj, target)) for obj, target in wave]:
@@ -108,14 +111,7 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
                 away = failed(obj, exc, errors) or away
     if away is not None:
         raise away
-    children.set_error(run, "; ".join(errors + optional))
-    return "; ".join(errors)
-
-
-def _optional_errors(children: ChildCache, run: tuple[str, str]) -> list[str]:
-    """The refusals of children no pod waits for, as last recorded (kept beside a pod's)."""
-    return [e for e in children.error(*run).split("; ") if e and e.split(" ", 3)[2:3] and
-            e.split(" ")[2] in NOT_NEEDED_BY_PODS]
+    return "; ".join(errors), optional
 
 
 NOT_NEEDED_BY_PODS = ("PodDisruptionBudget", "Workload")
@@ -252,9 +248,9 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
         kube.patch_status(ns, name, changed, run["metadata"].get("resourceVersion"))
     fence(may_write)
     creating = any(isinstance(e, Ensure) and e.obj["kind"] == "Pod" for e in result.effects)
-    missing = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
-                                                  if isinstance(e, Ensure) and e.obj["kind"] != "Pod"], children,
-                               pools, wait=creating, may_write=may_write)
+    missing, optional = _ensure_children(kube, (ns, name), [e.obj for e in result.effects
+                                                            if isinstance(e, Ensure) and e.obj["kind"] != "Pod"],
+                                         children, pools, wait=creating, may_write=may_write)
     fence(may_write)
     pod_calls = []  # pod creations and deletions are independent: send them concurrently
     for eff in result.effects:
@@ -310,7 +306,8 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
         if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed
             refused = [refused[0] + (f" (and {len(refused) - 1} more pods)" if len(refused) > 1 else "")]
             missing = "; ".join([missing, *refused] if missing else refused)
-            children.set_error((ns, name), "; ".join([missing, *_optional_errors(children, (ns, name))]))
+    if creating:  # one record for the pass: the children's refusals and the pods'
+        children.set_error((ns, name), "; ".join(x for x in [missing, *optional] if x))
     if missing:
         raise ChildError(missing)
     return merged

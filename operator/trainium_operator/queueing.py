@@ -211,7 +211,7 @@ def state_of(w: WorkloadView | None) -> tuple[str, str, str]:
                                           f"admission checks"
     if reserved is not None:
         return "Queued", reserved.reason or "Pending", reserved.message
-    return "Queued", "Pending", "waiting for Kueue"
+    return "Queued", "Waiting", "waiting for Kueue to consider the Workload"
 
 
 def _report(p: Pass, w: WorkloadView | None) -> None:

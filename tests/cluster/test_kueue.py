@@ -147,8 +147,9 @@ def test_a_run_waits_for_quota_says_why_spends_nothing_and_starts_when_the_first
     assert st["queue"]["state"] == "Admitted" and st["queue"]["clusterQueue"] == queue
 
     create(custom, namespace, queued_manifest("second"))
-    second, _ = wait_until(lambda: (lambda s: s if (s.get("queue") or {}).get("reason") == "Pending" else None)(
+    second, _ = wait_until(lambda: (lambda s: s if "insufficient" in (s.get("queue") or {}).get("message", "") else None)(
         status(custom, namespace, "second")), timeout=30, what="second Queued with Kueue's reason")
+    assert second["queue"]["reason"] == "Pending"
     assert second["phase"] == "Queued" and second["queue"]["state"] == "Queued", second
     assert "insufficient" in second["queue"]["message"], second["queue"]  # Kueue's own words
     time.sleep(3)  # it stays so: no pod, no attempt, no failure
