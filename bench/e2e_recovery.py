@@ -59,7 +59,7 @@ def one_run(cluster, operator, work: Path, data, name: str, args, fault: str | N
     if mode == "cold":
         from trainium_api.agent import WARM_ENV
         body["spec"]["env"] = [*body["spec"].get("env", []), {"name": WARM_ENV, "value": "0"}]
-    d = drill.Drill(cluster, name, body)
+    d = drill.Drill(cluster, name, drill.fitted(body, fault))
     d.create()
     out: dict = {"fault": fault or "none (peer)"}
     if fault:

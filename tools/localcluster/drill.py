@@ -58,6 +58,16 @@ def manifest(name: str, data: dict[str, str], workdir: Path, prepared: bool = Tr
     return body
 
 
+def fitted(body: dict, fault: str | None) -> dict:
+    """``body`` made ready for ``fault``. An eviction through the API needs a run without a
+    disruption budget (faultTolerance.doNotDisrupt false): the budget of a run that has one
+    refuses every eviction of its gang (a drain waits and the operator moves the gang:
+    tests/cluster/test_disruptions.py)."""
+    if fault == "evict":
+        body["spec"]["faultTolerance"] = {**(body["spec"].get("faultTolerance") or {}), "doNotDisrupt": False}
+    return body
+
+
 class Operator:
     """``python -m trainium_operator`` as a subprocess (it can be SIGKILLed and started again).
 
