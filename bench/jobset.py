@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import free_port, stop_process
+from localcluster.certs import self_signed  # noqa: E402  (bench.common puts tools/ on the path)
 
 VERSION = "v0.12.0"
 MODULE = "sigs.k8s.io/jobset"
@@ -68,36 +69,13 @@ def crd_path() -> Path:
     return module_dir() / "config" / "components" / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"
 
 
-def _self_signed(cert_dir: Path) -> None:
-    """tls.crt / tls.key for the webhook server (nothing connects to it)."""
-    from datetime import datetime, timedelta, timezone
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "jobset-webhook-service")])
-    now = datetime.now(timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (cert_dir / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.TraditionalOpenSSL,
-                                                         serialization.NoEncryption()))
-
-
 class Controller:
     """The JobSet controller as a subprocess against ``kubeconfig``."""
 
     def __init__(self, kubeconfig: Path, workdir: Path):
         self.workdir = workdir
         cert_dir = workdir / "certs"
-        _self_signed(cert_dir)
+        self_signed(cert_dir, "jobset-webhook-service")
         config = workdir / "jobset-config.yaml"
         config.write_text(json.dumps({  # JSON is YAML
             "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",

@@ -64,6 +64,7 @@ def queue(local_cluster, custom, namespace, kueue):
     """A ResourceFlavor of the pool, a ClusterQueue whose quota fits two trn1 nodes (preempting
     lower priorities within it), a LocalQueue "team" in the test's namespace, and a low and a
     high WorkloadPriorityClass."""
+    from localcluster import kueue as kueue_harness
     cq = f"cq-{namespace}"[:63]
     objs = [
         (None, "resourceflavors", {"apiVersion": f"{KQ}/{KV}", "kind": "ResourceFlavor", "metadata": {"name": "trn1-pool"},
@@ -82,15 +83,7 @@ def queue(local_cluster, custom, namespace, kueue):
                                     "metadata": {"name": "team", "namespace": namespace},
                                     "spec": {"clusterQueue": cq}}),
     ]
-    for ns, plural, body in objs:
-        try:
-            if ns:
-                custom.create_namespaced_custom_object(KQ, KV, ns, plural, body)
-            else:
-                custom.create_cluster_custom_object(KQ, KV, plural, body)
-        except Exception as exc:  # noqa: BLE001 - the shared flavor and classes exist after the first test
-            if getattr(exc, "status", None) != 409:
-                raise
+    kueue_harness.create_all(custom, objs)
 
     def active():
         got = custom.get_cluster_custom_object(KQ, KV, "clusterqueues", cq)

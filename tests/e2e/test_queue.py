@@ -63,15 +63,11 @@ def queued(name: str, priority: str, tiny_data, workdir) -> dict:
 
 def test_a_preempted_run_saves_waits_and_resumes_bitwise(e2e, kueue, tiny_data, tmp_path):
     from kubernetes import client
+
+    from localcluster import kueue as harness
     custom = client.CustomObjectsApi(e2e.cluster.api_client())
     ns = e2e.namespace("preempt")
-    for where, plural, body in queue_objects(ns):
-        try:
-            (custom.create_namespaced_custom_object(KQ, KV, where, plural, body) if where else
-             custom.create_cluster_custom_object(KQ, KV, plural, body))
-        except client.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
+    harness.create_all(custom, queue_objects(ns))
     low = Drill(e2e.cluster, ns, queued("low", "e2e-low", tiny_data, tmp_path))
     low.create()
     low.wait_step(PREEMPT_AT, 300)

@@ -25,35 +25,15 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from localcluster.certs import self_signed
 
 CACHE = Path(os.environ.get("TRN_CLUSTER_CACHE", Path.home() / ".cache" / "trainium-operator" / "cluster"))
 BINARY = CACHE / "bin" / "kueue"
 CRDS = CACHE / "kueue-crds"
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # cmd/kueue/main.go: fixed
 TRAINING_RUN = "TrainingRun.v1alpha1.trainium.dev"
-
-
-def self_signed(cert_dir: Path, common_name: str) -> None:
-    """tls.crt / tls.key in ``cert_dir`` (a server nothing here connects to over TLS)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.now(timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=7))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (cert_dir / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.TraditionalOpenSSL,
-                                                         serialization.NoEncryption()))
 
 
 def _free_port() -> int:
@@ -71,6 +51,22 @@ def install_crds(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
     kubectl("wait", "--for=condition=Established", "--timeout=60s",
             *[f"crd/{f.stem.split('_', 1)[1]}.kueue.x-k8s.io" for f in sorted(CRDS.glob("*.yaml"))])
+
+
+def create_all(custom, objs: list[tuple[str | None, str, dict]]) -> None:
+    """Create Kueue objects, (namespace or None for a cluster-scoped one, plural, body) each; one
+    that exists already (a flavor or class an earlier test made) is left as it is."""
+    from kubernetes.client.exceptions import ApiException
+    group, version = "kueue.x-k8s.io", "v1beta2"
+    for ns, plural, body in objs:
+        try:
+            if ns:
+                custom.create_namespaced_custom_object(group, version, ns, plural, body)
+            else:
+                custom.create_cluster_custom_object(group, version, plural, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
 
 class Kueue:
