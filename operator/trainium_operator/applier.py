@@ -114,6 +114,15 @@ def _ensure_children(kube: Kube, run: tuple[str, str], objs: list[dict], childre
     return "; ".join(errors), optional
 
 
+def _kind_of(message: str) -> tuple:
+    """What a recorded refusal is about: the kinds refused ("cannot create <Kind> ..."), and
+    whether an admission policy denied one (a quota's refusal turning into a policy's denial
+    starts the denial's clock)."""
+    from .judge import ADMISSION_DENIALS
+    kinds = tuple(part.split(" ", 3)[2] for part in message.split("; ") if part.startswith("cannot create "))
+    return kinds, any(w in message for w in ADMISSION_DENIALS)
+
+
 NOT_NEEDED_BY_PODS = ("PodDisruptionBudget", "Workload")
 """Children the pods do not need to start: one refused (a policy that forbids a budget of the
 whole gang, Kueue's webhook down) is said in ChildrenCreated and tried again, and no pod waits
@@ -200,7 +209,9 @@ class ChildCache:
     def set_error(self, run: tuple[str, str], message: str) -> None:
         with self._lock:
             if message:
-                if run not in self._errors:
+                # an unbroken run of the same kind of refusal (a pod's, or a child's): another
+                # kind starts the clock again (judge: an admission policy's refusal of pods)
+                if run not in self._errors or _kind_of(self._errors[run]) != _kind_of(message):
                     self._since[run] = time.time()
                 self._errors[run] = message
             else:

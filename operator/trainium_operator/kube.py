@@ -29,6 +29,10 @@ READ_FIRST = ("Workload", "PodDisruptionBudget")
 """Children read before they are created (Kube._exists_ours)."""
 
 
+class PriorityClassMissing(RuntimeError):
+    """The priority class a queued run names (its label, or its pods') is not there."""
+
+
 class NotOurs(RuntimeError):
     """A child's name is taken by an object another owner controls."""
 
@@ -114,11 +118,16 @@ class Kube:
         from the class, a WorkloadPriorityClass or the pods' PriorityClass, as here)."""
         ref = obj["spec"].get("priorityClassRef")
         if ref and "priority" not in obj["spec"]:
-            if ref["kind"] == "PriorityClass":
-                value = client.SchedulingV1Api(self.core.api_client).read_priority_class(ref["name"], **T).value
-            else:
-                value = self.custom.get_cluster_custom_object(workload.GROUP, workload.VERSION,
-                                                              "workloadpriorityclasses", ref["name"], **T).get("value")
+            try:
+                if ref["kind"] == "PriorityClass":
+                    value = client.SchedulingV1Api(self.core.api_client).read_priority_class(ref["name"], **T).value
+                else:
+                    value = self.custom.get_cluster_custom_object(workload.GROUP, workload.VERSION,
+                                                                  "workloadpriorityclasses", ref["name"], **T).get("value")
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise PriorityClassMissing(f"the {ref['kind']} {ref['name']} the run names does not exist") from exc
+                raise
             obj = {**obj, "spec": {**obj["spec"], "priority": int(value or 0)}}
         return self.custom.create_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
                                                           workload.WORKLOADS, obj, **kw)

@@ -166,3 +166,20 @@ def test_a_pass_creating_no_pod_rechecks_children_in_the_background():
         threading.Event().wait(0.05)
     assert "exceeded quota: services" in children.error("ns", "r")
     assert [k for k, _ in kube.calls].count("Service") == 1
+
+
+def test_the_refusal_clock_restarts_when_a_quota_refusal_turns_into_a_policys_denial():
+    """judge fails a run whose pods an admission policy denied for 20 s in a row: a quota's
+    refusal before it must not count toward those 20 s (found by the SRE review)."""
+    import time as _time
+    c, r = ChildCache(), ("ns", "r")
+    c.set_error(r, 'cannot create Pod r-a1-0: pods "r-a1-0" is forbidden: exceeded quota: q')
+    quota_since = c.error_since(*r)
+    _time.sleep(0.01)
+    c.set_error(r, 'cannot create Pod r-a1-0: admission webhook "w" denied the request: no')
+    denied_since = c.error_since(*r)
+    assert denied_since > quota_since
+    c.set_error(r, 'cannot create Pod r-a1-1: admission webhook "w" denied the request: no')
+    assert c.error_since(*r) == denied_since  # the same denial, again: the clock runs on
+    c.set_error(r, "")
+    assert c.error_since(*r) is None
