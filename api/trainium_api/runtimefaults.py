@@ -24,10 +24,16 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-FaultKind = Literal["device", "restart", "peer"]
-KINDS: tuple[FaultKind, ...] = ("device", "restart", "peer")
+FaultKind = Literal["device", "network", "repairable", "restart", "peer"]
+KINDS: tuple[FaultKind, ...] = ("device", "network", "repairable", "restart", "peer")
 """In order of precedence: a rank whose output shows a device fault is the culprit, even if it
-also printed that its peers went away."""
+also printed that its peers went away. ``device``: the node's Neuron hardware is faulty (left
+out); ``network``: the node's network path to its peers failed (left out, as a node fault);
+``repairable``: an error the runtime says a driver reload or a reboot repairs (the node is kept
+once, then left out: failure_policy); ``restart``: the runtime asks only for a new process;
+``peer``: this rank lost a peer."""
+NODE_KINDS: tuple[FaultKind, ...] = ("device", "network", "repairable")
+"""Findings that name their pod's node as the fault (the culprit, over pods that lost a peer)."""
 
 # Where the kubelet reads a container's termination message (the default terminationMessagePath;
 # the operator writes it into the pod spec too, so both ends name one path). At most 4096 bytes
@@ -55,9 +61,9 @@ def _sig(status: str, kind: FaultKind, pattern: str, what: str) -> Signature:
 # Order matters only within a kind: the first signature that matches a line names its status.
 SIGNATURES: tuple[Signature, ...] = (
     # -- the runtime's printed lines (nrt-troubleshoot.rst, "Hardware errors") ------------------
-    _sig("NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", "device",
+    _sig("NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", "repairable",
          r"Uncorrectable HBM memory error is detected.*reload the neuron driver or reboot",
-         "repairable uncorrectable HBM error: the node needs a driver reload or a reboot"),
+         "repairable uncorrectable HBM error (1205): a driver reload or a reboot repairs it"),
     _sig("NRT_EXEC_HW_ERR_HBM_UE", "device", r"Uncorrectable HBM memory error is detected",
          "uncorrectable HBM error: the instance is to be replaced"),
     _sig("NRT_EXEC_HW_ERR_NC_UE", "device", r"\[NC \d+\] Uncorrectable memory error is detected",
@@ -70,8 +76,11 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("NRT_HW_ERROR", "device", r"NEURON_HW_ERR=[A-Z_]+", "the driver reported a hardware error"),
     # -- the status names, as frameworks print them when a runtime call fails ------------------
     *(_sig(status, kind, rf"\b{status}\b", what) for status, kind, what in (
-        ("NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", "device", "repairable uncorrectable HBM error"),
-        ("NRT_EXEC_HW_ERR_HBM_UE", "device", "uncorrectable HBM error"),
+        ("NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", "repairable", "repairable uncorrectable HBM error (1205)"),
+        # nrt_status.h 1201: "an unrepairable uncorrectable error"
+        ("NRT_EXEC_HW_ERR_HBM_UE", "device", "unrepairable uncorrectable HBM error (1201)"),
+        # nrt_status.h 1206: "EFA network proxy operation failed" (the node's path to its peers)
+        ("NRT_NETWORK_PROXY_FAILURE", "network", "the EFA network proxy failed (1206)"),
         ("NRT_EXEC_HW_ERR_NC_UE", "device", "uncorrectable NeuronCore error"),
         ("NRT_EXEC_HW_ERR_DMA_ABORT", "device", "a DMA engine aborted"),
         ("NRT_EXEC_UNIT_UNRECOVERABLE", "device", "an execution unit is unrecoverable"),
@@ -88,6 +97,7 @@ SIGNATURES: tuple[Signature, ...] = (
          "a peer closed its connection"),
 )
 STATUSES = frozenset(s.status for s in SIGNATURES)
+REPAIRABLE_STATUSES = frozenset(s.status for s in SIGNATURES if s.kind == "repairable")
 _ANY = re.compile("|".join(f"(?:{s.pattern.pattern})" for s in SIGNATURES))
 """One pass over a line that matches none (nearly every line) instead of one per signature."""
 

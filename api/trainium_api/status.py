@@ -163,6 +163,8 @@ class FailureRecord(_Written):
     """Steps the new attempt had trained at its first report."""
     restart: RestartKind | None = None
     """How the gang was restarted (recreate also when an in-place restart was given up)."""
+    runtime_status: str | None = None
+    """The Neuron runtime's status the failed pod reported (NRT_..., trainium_api.runtimefaults)."""
     exempt: Literal["capacity", "voluntary"] | None = None
     """Why the restart spent no budget (None: it did): capacity, the gang was not placed whole;
     voluntary, the cluster moved it on purpose (a drain, an eviction through the API, a

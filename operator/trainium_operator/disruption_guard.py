@@ -46,6 +46,16 @@ class DisruptionGuard:
     kubelet renews every 10 s against a 40-50 s grace period), and the API probe sees blips of
     a few seconds on a busy operator: those must not hold a node that is really lost."""
 
+    mass_threshold: float = 0.2
+    """Share of the cluster's nodes that turned NotReady, or of its Neuron nodes that lost
+    Neuron devices, within mass_window_seconds (and at least min_nodes of them) at which it
+    counts as a mass event: a device-plugin rollout or a container runtime restart across the
+    fleet, not a fault of each node (mass_events). Lower than threshold: such a rollout takes
+    nodes a batch at a time, and nodes recovered within the window still count."""
+    mass_window_seconds: float = 120.0
+    """How far back a node's turn to NotReady or to missing Neuron devices counts for a mass
+    event. A node bad for longer (broken, awaiting repair) does not: it turned bad long ago."""
+
     device_settle_seconds: float = 30.0
     """Allocatable Neuron devices below capacity for less than this is not yet a device
     failure: the Neuron device plugin restarting (an upgrade, a crash) unregisters the devices
@@ -63,11 +73,12 @@ class DisruptionGuard:
     still be timing out in the runtime. Then the first failed pod is blamed as before."""
 
     def validate(self) -> None:
-        if not 0 < self.threshold <= 1:
-            raise ValueError(f"disruption threshold must be in (0, 1], got {self.threshold}")
+        for name in ("threshold", "mass_threshold"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"disruption {name.replace('_', ' ')} must be in (0, 1], got {getattr(self, name)}")
         if self.min_nodes < 1 or min(self.max_hold_seconds, self.settle_seconds, self.outage_grace_seconds,
                                          self.outage_min_seconds, self.device_settle_seconds,
-                                         self.culprit_wait_seconds) < 0:
+                                         self.culprit_wait_seconds, self.mass_window_seconds) < 0:
             raise ValueError("disruption min nodes must be at least 1, and its seconds not negative")
 
 

@@ -198,6 +198,8 @@ class Standing:
     """Capacity waits in a row just before this failure (trailing scheduling records)."""
     run_key: str = ""
     """The run's identity (its uid), the seed of its capacity backoff's jitter."""
+    repaired: frozenset[str] = frozenset()
+    """Nodes kept after a repairable fault within the budget window (restarts.repaired_nodes)."""
 
     @property
     def excluded(self) -> list[str]:
@@ -235,7 +237,7 @@ def capacity_backoff(spec: TrainingRunSpec, waits: int, run_key: str) -> float:
 
 def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, quarantined: list[str],
            checkpoint_step: int | None, now: float, avoided: list[str] = (), trust_pod_reports: bool = False,
-           capacity_waits: int = 0, run_key: str = "") -> Action:
+           capacity_waits: int = 0, run_key: str = "", repaired: Iterable[str] = ()) -> Action:
     """Fail or restart, and the node left out. ``counters``: the run's earlier failures, counted
     (status.failureCounters); ``quarantined``, ``avoided``: nodes this run already keeps out."""
     ft, budget = spec.fault_tolerance, Budget(spec)
@@ -259,6 +261,9 @@ def decide(failure: Failure, spec: TrainingRunSpec, counters: FailureCounters, q
                       f"(last checkpoint {checkpoint_step}): {failure.message}")
     node, avoid = "", ""
     excluded = left_out(quarantined, avoided)
+    if failure.repairable and failure.node not in repaired:  # once: a new process may well do (1205)
+        return Action("restart", f"{failure.message}; the runtime calls it repairable: the node is kept once "
+                      f"within {ft.budget_window_minutes:g} min", delay_seconds=budget.backoff(counters, now))
     if ft.quarantine and failure.node and failure.cause in QUARANTINE_CAUSES and failure.node not in excluded:
         if not NodeLimit.of(spec, excluded).room_for(failure.node):
             return Action("fail", f"cluster unhealthy: leaving out {failure.node} would exceed "
@@ -273,7 +278,7 @@ def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: i
     """Why this failure's restart cannot be in place ("" when it can)."""
     if not spec.in_place_on():
         return "in-place restarts are off"
-    if failure.cause not in IN_PLACE_CAUSES:
+    if failure.cause not in IN_PLACE_CAUSES and not (failure.repairable and not quarantine):
         return f"a {failure.cause} failure needs other pods"
     if quarantine:
         return "the failure's node is left out"
@@ -329,5 +334,6 @@ def restart_kind(action: Action, failure: Failure, spec: TrainingRunSpec, standi
 def act(failure: Failure, spec: TrainingRunSpec, standing: Standing, now: float, trust_pod_reports: bool) -> Action:
     """The whole action for ``failure``: :func:`decide`, then the restart's kind."""
     action = decide(failure, spec, standing.counters, list(standing.quarantined), standing.checkpoint_step, now,
-                    list(standing.avoided), trust_pod_reports, standing.capacity_waits, standing.run_key)
+                    list(standing.avoided), trust_pod_reports, standing.capacity_waits, standing.run_key,
+                    standing.repaired)
     return restart_kind(action, failure, spec, standing) if action.kind == "restart" else action

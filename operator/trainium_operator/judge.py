@@ -11,8 +11,12 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
 
   unborn      pods that could not be created by scheduleTimeoutSeconds   -> scheduling
   fatal       a pod exited with a fatal code (no retry)                  -> application, fatal
-  node        a pod's node deleted, NotReady or Unknown                  -> node
-  device      NeuronHealth error; allocatable below capacity for longer
+  node        a pod's node deleted, NotReady or Unknown; or the EKS node
+              monitoring agent's KernelReady, ContainerRuntimeReady,
+              NetworkingReady or StorageReady False                      -> node
+  device      a Neuron hardware condition (NeuronHealth True from the Neuron
+              node problem detector, AcceleratedHardwareReady False from the
+              EKS node monitoring agent: nodesignals); allocatable below capacity for longer
               than guard.device_settle_seconds (a device-plugin restart
               re-registers its devices within seconds)                   -> neuron-device
   runtime     a failed pod's termination message says the Neuron runtime
@@ -35,11 +39,15 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
               flagged by stragglers.update                               -> straggler
 Holds (a signal that is not acted on yet, with why and until when):
   settle      a node Unknown for less than guard.settle_seconds (it may be the first of a
-              disruption); a Neuron device shortfall for less than guard.device_settle_seconds
+              disruption); a node NotReady as long, while the gang shows no loss (it may be the
+              first of a mass event: a container runtime restart); a Neuron device shortfall for
+              less than guard.device_settle_seconds
   outage      a node that went Unknown around an API outage (its lease could not be renewed)
   culprit     every failed pod only lost a peer while others still run: wait
               guard.culprit_wait_seconds for the one that names the fault
-  disruption  lost nodes and hangs while a mass disruption lasts (guard.max_hold_seconds)
+  disruption  lost nodes and hangs while a mass disruption lasts (guard.max_hold_seconds);
+              NotReady nodes and missing Neuron devices too while a mass event lasts (many
+              nodes turned so within guard.mass_window_seconds: mass_events)
 The hang clock restarts at the end of a disruption and of an API outage (progress could not
 reach us meanwhile).
 """
@@ -48,7 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from trainium_api import exitcodes
+from trainium_api import exitcodes, runtimefaults
 from trainium_api.exitcodes import PREFLIGHT as PREFLIGHT_EXIT
 from trainium_api.exitcodes import is_fatal as is_fatal_exit
 from trainium_api.spec import TrainingRunSpec
@@ -233,24 +241,30 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         if n is None:
             return Failure("node", f"node {p.node} of pod {p.name} was deleted", node=p.node, pod=p.name), None
         if n.neuron_error:
-            return Failure("neuron-device", f"node {p.node}: NeuronHealth {n.neuron_error}", node=p.node, pod=p.name,
+            return Failure("neuron-device", f"node {p.node}: {n.neuron_error}", node=p.node, pod=p.name,
                            since=n.changed), None
         if n.neuron_short:
             since = n.neuron_short_since if n.neuron_short_since is not None else now
             if now - since >= device_settle:
                 return Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron "
-                               f"devices allocatable", node=p.node, pod=p.name, since=since), None
+                               f"devices allocatable", node=p.node, pod=p.name, since=since, fleet_symptom=True), None
             hold = hold or Hold(f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron devices "
                                 "allocatable, settling (a device-plugin restart)", since + device_settle)
+        if n.node_error:  # the EKS node monitoring agent: a kernel, runtime or network fault
+            return Failure("node", f"node {p.node}: {n.node_error}", node=p.node, pod=p.name, since=n.changed), hold
         if n.ready != "True":
             kind = "unreachable" if n.ready == "Unknown" else "NotReady"
-            return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed), hold
+            return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed,
+                           fleet_symptom=n.ready == "False"), hold
     failed = [p for p in gang.pods if p.phase == "Failed" and not succeeded(p)]
     culprit = next(iter(device_culprits(failed)), None)
     if culprit:  # the node whose rank the runtime named, not the first pod that noticed
-        return Failure("neuron-device", f"pod {culprit.name} on node {culprit.node} failed: exit {culprit.exit_code}; "
-                       f"{culprit.message}", node=culprit.node or "", pod=culprit.name, exit_code=culprit.exit_code,
-                       since=culprit.finished, pod_reported=True), hold
+        kind = culprit.runtime_fault.kind
+        return Failure("node" if kind == "network" else "neuron-device",
+                       f"pod {culprit.name} on node {culprit.node} failed: exit {culprit.exit_code}; {culprit.message}",
+                       node=culprit.node or "", pod=culprit.name, exit_code=culprit.exit_code, since=culprit.finished,
+                       pod_reported=True, runtime_status=culprit.runtime_fault.status,
+                       repairable=kind == "repairable"), hold
     # 76 counts as the check's verdict only while the check can run: preflight in force, the
     # attempt not training yet, the reason in the message (a training worker's 76 is a crash)
     checked = next((p for p in failed if p.exit_code == PREFLIGHT_EXIT and p.preflight_failure
@@ -334,12 +348,19 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     return None, hold
 
 
+def gang_hurt(gang: GangState, expected_pods: int) -> bool:
+    """The gang shows a loss: a pod failed (its workers exited), is being deleted, or is missing."""
+    return len(gang.pods) < expected_pods or any(
+        p.deleting or (p.phase == "Failed" and not succeeded(p)) for p in gang.pods)
+
+
 def device_culprits(pods: list[PodView]) -> list[PodView]:
-    """Failed pods whose termination message carries the Neuron runtime's report of a hardware
-    fault (trainium_api.runtimefaults): their nodes are the fault. Also read in teardown, for a
-    culprit whose runtime timed out after its peers' failure was acted on."""
+    """Failed pods whose termination message carries the Neuron runtime's report of a fault of
+    their node (trainium_api.runtimefaults.NODE_KINDS: its hardware, its network path, a
+    repairable memory error). Also read in teardown, for a culprit whose runtime timed out after
+    its peers' failure was acted on."""
     return [p for p in pods if p.phase == "Failed" and p.node and p.runtime_fault is not None
-            and p.runtime_fault.kind == "device"]
+            and p.runtime_fault.kind in runtimefaults.NODE_KINDS]
 
 
 def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | None,
@@ -351,7 +372,14 @@ def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | Non
     Unknown from the outage's start to guard.outage_grace_seconds after its end)."""
     guard, now, api_outage, disruption = guards.guard, seen.now, guards.api_outage, guards.disruption
     lost = seen.nodes.get(failure.node) if failure and failure.cause == "node" else None
-    if lost is not None and lost.ready == "Unknown" and failure.since:
+    if lost is not None and failure.fleet_symptom and failure.since and now - failure.since < guard.settle_seconds \
+            and not gang_hurt(seen.gang, seen.spec.nodes):
+        # a kubelet that says NotReady is alive: its containers may well run on (a container
+        # runtime restart, which a fleet-wide push does to many nodes within seconds). While the
+        # gang shows no loss, wait for the mass event to show; a node whose ranks died is acted on
+        failure, hold = None, Hold(f"node {lost.name} NotReady for {now - failure.since:.0f}s while the gang's pods "
+                                   "run on: it may be the first of a mass event", failure.since + guard.settle_seconds)
+    elif lost is not None and lost.ready == "Unknown" and not lost.node_error and failure.since:
         if now - failure.since < guard.settle_seconds:
             failure, hold = None, Hold(f"node {lost.name} Unknown for {now - failure.since:.0f}s: it may be the "
                                        "first of a disruption", failure.since + guard.settle_seconds)
@@ -365,8 +393,9 @@ def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | Non
         # nodes come back one by one: the disruption lasts until every node it took is back
         # (a node lost after its wave is a failure of its own)
         wave_end = held.since + guard.settle_seconds
-        behind = [n for n in seen.nodes.values() if n.ready != "True" and (n.changed or 0.0) <= wave_end
-                  and n.name not in clocks.quarantined]  # a quarantined node is not coming back
+        behind = [n for n in seen.nodes.values() if n.name not in clocks.quarantined  # (not coming back)
+                  and ((n.ready != "True" and (n.changed or 0.0) <= wave_end)
+                       or (n.neuron_short and (n.neuron_short_since or 0.0) <= wave_end))]
         if behind:
             disruption = f"{held.message}; {len(behind)} of the run's nodes not back yet"
     if not disruption:
@@ -378,7 +407,8 @@ def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | Non
             return Verdict(None, Hold("the disruption just ended: the hang clock restarts"), None)
         return Verdict(failure, hold, None)
     in_force = held or Disruption(since=now, message=disruption)
-    if failure and failure.cause in DISRUPTION_CAUSES and now - in_force.since < guard.max_hold_seconds:
+    if failure and (failure.cause in DISRUPTION_CAUSES or failure.fleet_symptom) \
+            and now - in_force.since < guard.max_hold_seconds:
         return Verdict(None, Hold(f"{failure.message}: held during a disruption ({disruption})",
                                     in_force.since + guard.max_hold_seconds), in_force)
     return Verdict(failure, hold, in_force)

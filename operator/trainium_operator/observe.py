@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainium_api import keys
-from trainium_api import agent, preflight, progress, runtimefaults, storefaults
+from trainium_api import agent, nodesignals, preflight, progress, runtimefaults, storefaults
 from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import Cause
 
@@ -152,10 +152,19 @@ class NodeView:
     ready: str  # "True", "False", "Unknown"
     taints: set = field(default_factory=set)
     neuron_error: str = ""
+    """A condition that says the node's Neuron hardware is faulty (NeuronHealth from the Neuron
+    node problem detector, AcceleratedHardwareReady from the EKS node monitoring agent),
+    described; "" when none does."""
+    node_error: str = ""
+    """A condition of the EKS node monitoring agent that says another subsystem of the node is
+    faulty (KernelReady, ContainerRuntimeReady, NetworkingReady, StorageReady), described."""
+    health: tuple = ()
+    """Every condition that says the node is faulty (trainium_api.nodesignals.Finding), in
+    nodesignals.CONDITIONS order: when each turned bad tells when EKS node auto repair acts."""
     neuron_allocatable: int | None = None
     neuron_capacity: int | None = None
     unschedulable: bool = False
-    changed: float | None = None  # newest transition of Ready / NeuronHealth
+    changed: float | None = None  # newest transition of Ready or of a health condition (nodesignals)
     zone: str = ""  # topology.kubernetes.io/zone: the node lifecycle controller judges disruption per zone
     uid: str = ""  # the Node object's: another after the node registered again
     provider_id: str = ""  # spec.providerID: the machine (aws:///<zone>/<instance-id> on EKS)
@@ -171,20 +180,23 @@ class NodeView:
 
 def node_view(node: dict) -> NodeView:
     status, spec = node.get("status") or {}, node.get("spec") or {}
-    ready, neuron_error, changed = "Unknown", "", None
-    for c in status.get("conditions") or []:
-        if c.get("type") in ("Ready", "NeuronHealth") and c.get("lastTransitionTime"):
-            changed = max(changed or 0.0, _ts(c["lastTransitionTime"]))
+    ready, changed = "Unknown", None
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    for c in conditions:
+        if (c.get("type") == "Ready" or c.get("type") in nodesignals.BY_TYPE) and c.get("lastTransitionTime"):
+            changed = max(changed or 0.0, _ts(c["lastTransitionTime"]) or 0.0)
         if c.get("type") == "Ready":
             ready = c.get("status", "Unknown")
-        if c.get("type") == "NeuronHealth" and c.get("status") == "True":
-            neuron_error = c.get("reason") or "NeuronHasError"
+    health = tuple(nodesignals.findings(conditions, _ts))
+    neuron_error = next((f.describe() for f in health if f.condition.cause == "neuron-device"), "")
+    node_error = next((f.describe() for f in health if f.condition.cause == "node"), "")
 
     def count(group):
         value = (status.get(group) or {}).get(NEURON)
         return int(value) if value is not None else None
     return NodeView(name=node["metadata"]["name"], ready=ready,
                     taints={t.get("key") for t in spec.get("taints") or []}, neuron_error=neuron_error,
+                    node_error=node_error, health=health,
                     neuron_allocatable=count("allocatable"), neuron_capacity=count("capacity"),
                     unschedulable=bool(spec.get("unschedulable")), changed=changed,
                     zone=((node["metadata"].get("labels") or {}).get(ZONE_LABEL) or ""),
@@ -206,6 +218,15 @@ class Failure:
     voluntary: bool = False
     """The cluster moves the gang on purpose (a drain, an eviction through the API, a preemption
     by the scheduler): a graceful move, never counted against a budget (failure_policy.decide)."""
+    runtime_status: str = ""
+    """The Neuron runtime's status the failed pod reported (trainium_api.runtimefaults), if any."""
+    repairable: bool = False
+    """The runtime says a driver reload or a reboot repairs the fault (1205): the node is kept the
+    first time within the budget window, left out the next (failure_policy.decide)."""
+    fleet_symptom: bool = False
+    """The signal is one a fleet-wide routine event also shows on each node (NotReady, missing
+    Neuron devices: a container runtime restart, a device-plugin rollout): held while a
+    disruption or a mass event lasts (judge._hold, mass_events)."""
     capacity: bool = False
     """The gang was not placed whole (the scheduler found no room for some of its pods): it is
     released and placed again after a backoff, never counted against a budget (gang admission:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
+from trainium_api import runtimefaults
 from trainium_api.agent import Order
 from trainium_api.status import MAX_FAILURES_KEPT, AttemptStatus, FailureRecord
 
@@ -47,7 +48,15 @@ def standing(p: Pass) -> Standing:
                     attempt=p.old.attempt, lost_nodes=frozenset(x.node for x in p.gang if x.node and (
                         node_lost(p, x) or (x.node in p.nodes and draining(p.nodes[x.node])))),
                     capacity_waits=capacity_waits(p.new.failures, p.old.attempt),
+                    repaired=repaired_nodes(p.new.failures, Budget(p.spec), p.now),
                     run_key=p.run["metadata"].get("uid") or p.name)
+
+
+def repaired_nodes(history, budget: Budget, now: float) -> frozenset[str]:
+    """Nodes kept within the budget window after a fault the runtime called repairable (1205):
+    another such fault there leaves the node out (failure_policy.decide)."""
+    return frozenset(r.node for r in history if r.node and r.runtime_status in runtimefaults.REPAIRABLE_STATUSES
+                     and budget.within(r.time, now))
 
 
 def capacity_waits(history, attempt: int) -> int:
@@ -79,7 +88,8 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
         # stale when the failure is found in the pass that first sees the gang's last steps
         last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
         step=gang.step, checkpoint_step=seen.checkpoint_step, step_seconds=old.step_seconds, restart=action.restart,
-        exempt="capacity" if failure.capacity else "voluntary" if failure.voluntary else None)
+        exempt="capacity" if failure.capacity else "voluntary" if failure.voluntary else None,
+        runtime_status=failure.runtime_status or None)
     timeline = history + [record]
     new.failure_count = record.id
     # a gang not placed whole, or moved by the cluster, spends no budget (failure_policy:

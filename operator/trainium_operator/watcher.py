@@ -36,13 +36,15 @@ from .observe import NodeView, PodView, draining, node_view, pod_view
 from .workload import name as workload_name
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
 from .disruption_guard import DisruptionGuard, disruption, zone_health
+from . import mass_events
+from .mass_events import MassEvents
 
 log = logging.getLogger("trainium_operator")
 RECONCILE_INTERVAL = 1.0  # seconds between passes when nothing wakes a run's loop sooner
 ERROR_BACKOFF = 2.0  # after a pass that raised; doubling while the run's passes keep failing
 MAX_ERROR_BACKOFF = 30.0
 OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
-ZONES_MAX_AGE = 1.0  # node health per zone is computed over the whole cluster at most this often
+ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,8 @@ class Watcher:
         self.wake: dict[tuple[str, str], asyncio.Event] = {}  # per run: a pod changed, pass now
         self.pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
         self.node_shapes: dict[str, tuple | None] = {}  # the same for nodes
-        self._zones: tuple[float, dict] = (0.0, {})
+        self.mass = MassEvents()  # when each node turned NotReady or lost its Neuron devices
+        self._zones: tuple[float, dict, dict] = (0.0, {}, {})
 
     @classmethod
     def start_up(cls, options: Options) -> Watcher:
@@ -138,13 +141,17 @@ class Watcher:
 
     # -- observe: one pass's inputs --------------------------------------------------------
 
-    def zones(self, cluster_nodes: Mapping) -> dict:
-        """Node health per zone, over the whole cluster, computed at most once a second."""
-        at, value = self._zones
+    def zones(self, cluster_nodes: Mapping) -> tuple[dict, dict[str, str]]:
+        """Node health per zone, and the mass events in force (mass_events.finding), over the
+        whole cluster, computed at most once a second."""
+        at, zones, events = self._zones
         if time.monotonic() - at > ZONES_MAX_AGE:
-            value = zone_health(next(iter(cluster_nodes[n])) for n in cluster_nodes)
-            self._zones = (time.monotonic(), value)
-        return value
+            every = [next(iter(cluster_nodes[n])) for n in cluster_nodes]
+            zones = zone_health(every)
+            events = mass_events.finding(self.guard, self.mass.observe(every, time.time(),
+                                                                       self.guard.mass_window_seconds), every)
+            self._zones = (time.monotonic(), zones, events)
+        return zones, events
 
     def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping,
                  run_workloads: Mapping | None = None, kueue_flavors: Mapping | None = None) -> Snapshot:
@@ -165,7 +172,8 @@ class Watcher:
             {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
         # a node this run quarantined is lost on purpose: it must not open or hold a disruption
         own = [n for node, n in nodes.items() if node not in left_out]
-        disrupted = disruption(self.guard, self.zones(cluster_nodes), own) if own else ""
+        zones, events = self.zones(cluster_nodes)
+        disrupted = (disruption(self.guard, zones, own) or mass_events.for_run(events, own)) if own else ""
         # the run's Workload (one per run; an earlier run's of the same name is dropped by its owner uid)
         workloads = [w for w in (run_workloads or {}).get((namespace, name), [])
                      if w.owner == uid and w.name == workload_name(name)]
@@ -250,11 +258,12 @@ class Watcher:
         self._wake((namespace, run))
 
     def node_changed(self, deleted: bool, name: str, body, run_pods: Mapping) -> None:
-        """Wakes the loops of runs with pods on a node whose health changed (Ready,
-        NeuronHealth, Neuron devices, a drain begun, deleted); not on the kubelet's periodic
+        """Wakes the loops of runs with pods on a node whose health changed (Ready, a health
+        condition (nodesignals), Neuron devices, a drain begun, deleted); not on the kubelet's periodic
         heartbeats."""
         view = node_view(dict(body))
-        shape = None if deleted else (view.ready, view.neuron_error, view.neuron_allocatable, draining(view))
+        shape = None if deleted else (view.ready, view.neuron_error, view.node_error, view.neuron_allocatable,
+                                      draining(view))
         if self.node_shapes.get(name, shape) == shape:
             self.node_shapes[name] = shape
             return

@@ -45,8 +45,13 @@ def pod(i: int, phase: str = "Running", step: int | None = 50, code: int | None 
 
 
 def node(i: int, ready: str = "True", changed_ago: float = 1000.0, neuron_error: str = "", alloc: int = 16,
-         short_for: float | None = None) -> dict:
+         short_for: float | None = None, agent: tuple[str, str | None] | None = None) -> dict:
+    """``agent``: (condition type, the Fatal reason the EKS node monitoring agent wrote; None: healthy)."""
     conds = [{"type": "Ready", "status": ready, "lastTransitionTime": NOW - changed_ago}]
+    if agent:
+        kind, reason = agent
+        conds.append({"type": kind, "status": "True" if reason is None else "False", "reason": reason or "IsReady",
+                      "message": "Discovered HBM Uncorrectable Error", "lastTransitionTime": NOW - changed_ago})
     if neuron_error:
         conds.append({"type": "NeuronHealth", "status": "True", "reason": neuron_error,
                       "lastTransitionTime": NOW - changed_ago})
@@ -75,11 +80,24 @@ ROWS = [
     Row("healthy"),
     Row("fatal exit wins over a node signal", pods={0: pod(0, "Failed", code=78)}, nodes={1: node(1, "False")},
         cause="application", fatal=True),
-    Row("node NotReady acts at once", nodes={2: node(2, "False", changed_ago=1)}, cause="node"),
+    Row("node NotReady while the gang runs on settles: it may be a mass event's first",
+        nodes={2: node(2, "False", changed_ago=1)}, hold="mass event"),
+    Row("node NotReady whose rank died acts at once", nodes={2: node(2, "False", changed_ago=1)},
+        pods={0: pod(0, "Failed", code=1)}, cause="node", node="n2"),
+    Row("node NotReady with a pod gone acts at once", nodes={2: node(2, "False", changed_ago=1)}, missing=1,
+        cause="node"),
+    Row("node NotReady past the settle time", nodes={2: node(2, "False", changed_ago=11)}, cause="node"),
     Row("node Unknown settles first", nodes={2: node(2, "Unknown", changed_ago=3)}, hold="disruption"),
     Row("node Unknown past the settle time", nodes={2: node(2, "Unknown", changed_ago=30)}, cause="node"),
     Row("node deleted", nodes={3: None}, cause="node"),
     Row("NeuronHealth error", nodes={1: node(1, neuron_error="NeuronHasError_DMA_ERROR")}, cause="neuron-device"),
+    Row("the EKS node monitoring agent: AcceleratedHardwareReady False", cause="neuron-device", node="n1",
+        nodes={1: node(1, agent=("AcceleratedHardwareReady", "NeuronHBMUncorrectableError"))}),
+    Row("the agent's hardware condition True is healthy", nodes={1: node(1, agent=("AcceleratedHardwareReady", None))}),
+    Row("the agent: NetworkingReady False is the node's fault", cause="node", node="n2",
+        nodes={2: node(2, agent=("NetworkingReady", "InterfaceNotUp"))}),
+    Row("the agent's node fault on a NotReady node is not held as a mass event's", cause="node", node="n2",
+        nodes={2: node(2, "False", changed_ago=1, agent=("ContainerRuntimeReady", "PodStuckTerminating"))}),
     Row("devices missing briefly: a device-plugin restart", nodes={1: node(1, alloc=0, short_for=5)},
         hold="device-plugin"),
     Row("devices missing past the settle time", nodes={1: node(1, alloc=12, short_for=31)}, cause="neuron-device"),
@@ -161,6 +179,18 @@ ROWS = [
     Row("a disruption lasts while a node of its wave is not back",
         nodes={1: node(1, "Unknown", changed_ago=100)},
         clocks={"disruption": Disruption(since=NOW - 105, message="zone down")}, hold="disruption", disruption=True),
+    Row("a mass event holds missing devices past their settle time", nodes={1: node(1, alloc=0, short_for=200)},
+        guards={"disruption": "40 of 64 nodes turned missing Neuron devices within 120s"}, hold="disruption",
+        disruption=True),
+    Row("a mass event holds a NotReady node past its settle time", nodes={1: node(1, "False", changed_ago=30)},
+        guards={"disruption": "9 of 20 nodes turned NotReady within 120s"}, hold="disruption", disruption=True),
+    Row("a mass event does not hold a hardware condition",
+        nodes={1: node(1, neuron_error="NeuronHasError_DMA_ERROR")},
+        guards={"disruption": "40 of 64 nodes turned missing Neuron devices within 120s"}, cause="neuron-device",
+        disruption=True),
+    Row("a mass event lasts while a node of its wave misses devices",
+        nodes={1: node(1, alloc=0, short_for=100)},
+        clocks={"disruption": Disruption(since=NOW - 105, message="mass")}, hold="disruption", disruption=True),
     Row("a quarantined node does not keep a disruption open",
         nodes={1: node(1, "Unknown", changed_ago=100)},
         clocks={"disruption": Disruption(since=NOW - 105, message="zone down"), "quarantined": ("n1",)},

@@ -627,7 +627,7 @@ def test_mass_disruption_holds_lost_nodes_and_hangs_then_lets_go():
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["cause"] == "hang"
 
 
-def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready():
+def test_a_node_gone_unknown_or_not_ready_settles_before_it_counts_unless_the_gang_lost_a_rank():
     from trainium_operator.disruption_guard import DisruptionGuard
     guard = DisruptionGuard(settle_seconds=10)
     run = {**RUN, "spec": {**SPEC, "nodes": 4}, "status": {
@@ -643,7 +643,12 @@ def test_a_node_gone_unknown_settles_before_it_counts_but_not_reported_not_ready
     assert reconcile_objects(run, pods, nodes("Unknown"), now=100.0, guard=guard).status.get("phase") is None
     r = reconcile_objects(run, pods, nodes("Unknown"), now=106.0, guard=guard)
     assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
-    assert reconcile_objects(run, pods, nodes("False"), now=100.0, guard=guard).status["phase"] == "Restarting"
+    # NotReady: its kubelet is alive, and so may its containers be (a container runtime restart)
+    assert reconcile_objects(run, pods, nodes("False"), now=100.0, guard=guard).status.get("phase") is None
+    assert reconcile_objects(run, pods, nodes("False"), now=106.0, guard=guard).status["phase"] == "Restarting"
+    crashed = [*pods[:3], _pod(3, step=5, phase="Failed", code=1)]
+    r = reconcile_objects(run, crashed, nodes("False"), now=100.0, guard=guard)
+    assert r.status["phase"] == "Restarting" and r.status["failures"][-1]["node"] == "n0"
 
 
 def test_a_node_gone_unknown_around_an_api_outage_is_held_but_not_one_lost_later():
