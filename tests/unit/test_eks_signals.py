@@ -1,0 +1,133 @@
+"""EKS's own health signals, read as the operator reads them (issue 44): the EKS node monitoring
+agent's conditions (trainium_api.nodesignals), the mass-event guard (mass_events), and the Neuron
+runtime's codes 1205 (repairable) and 1206 (network proxy). Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.passes import NOW, pod, spec_with
+from trainium_api import keys, nodesignals, runtimefaults
+from trainium_api.agent import Report
+from trainium_operator.disruption_guard import DisruptionGuard
+from trainium_operator.failure_policy import Standing, act
+from trainium_operator.mass_events import DEVICES_MISSING, NOT_READY, MassEvents, finding, for_run
+from trainium_operator.observe import Failure, NodeView, node_view
+from trainium_operator.spec import parse
+
+
+def _node(name="n1", *conditions, alloc="16", taints=()):
+    return {"metadata": {"name": name}, "spec": {"taints": [{"key": t, "effect": "NoSchedule"} for t in taints]},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-27T10:00:00Z"},
+                                      *conditions],
+                       "capacity": {"aws.amazon.com/neuron": "16"}, "allocatable": {"aws.amazon.com/neuron": alloc}}}
+
+
+def _agent(kind: str, reason: str | None, message: str = "") -> dict:
+    ready_reason, ready_message = nodesignals.AGENT_READY_REASONS[kind]
+    return {"type": kind, "status": "True" if reason is None else "False", "reason": reason or ready_reason,
+            "message": message if reason else ready_message, "lastTransitionTime": "2026-11-27T11:00:00Z"}
+
+
+def test_the_agents_hardware_condition_is_a_neuron_fault_and_its_healthy_form_is_not():
+    hbm = node_view(_node("n1", _agent("AcceleratedHardwareReady", "NeuronHBMUncorrectableError",
+                                       nodesignals.AGENT_NEURON_REASONS["NeuronHBMUncorrectableError"])))
+    assert hbm.neuron_error == ("AcceleratedHardwareReady=False NeuronHBMUncorrectableError: "
+                                "Discovered HBM Uncorrectable Error")
+    assert hbm.health[0].condition.repair_after_seconds == 600 and hbm.changed is not None
+    every = node_view(_node("n1", *(_agent(k, None) for k in nodesignals.AGENT_READY_REASONS)))
+    assert not every.neuron_error and not every.node_error and every.health == ()
+
+
+def test_the_problem_detector_and_the_agent_on_one_node_name_the_detector_first():
+    both = node_view(_node("n1", {"type": "NeuronHealth", "status": "True", "reason": "NeuronHasError_DMA_ERROR"},
+                           _agent("AcceleratedHardwareReady", "NeuronDMAError", "Discovered DMA Error")))
+    assert both.neuron_error == "NeuronHealth=True NeuronHasError_DMA_ERROR" and len(both.health) == 2
+
+
+@pytest.mark.parametrize("kind, reason", [("KernelReady", "ForkFailedOutOfPIDs"),
+                                          ("ContainerRuntimeReady", "PodStuckTerminating"),
+                                          ("NetworkingReady", "InterfaceNotUp")])
+def test_the_agents_other_fatal_conditions_are_the_nodes_fault(kind, reason):
+    view = node_view(_node("n1", _agent(kind, reason, "eth1 is down")))
+    assert view.node_error == f"{kind}=False {reason}: eth1 is down" and not view.neuron_error
+
+
+def test_a_malformed_condition_is_ignored_and_a_long_message_is_cut():
+    view = node_view(_node("n1", "garbage", {"type": "NetworkingReady", "status": "False", "message": "x" * 5000}))
+    assert view.node_error.startswith("NetworkingReady=False Unknown: ")
+    assert len(view.node_error) < 300
+
+
+# -- the mass-event guard ----------------------------------------------------------------------
+
+GUARD = DisruptionGuard(min_nodes=3, mass_threshold=0.2, mass_window_seconds=120)
+
+
+def _fleet(n: int, short: set[int] = frozenset(), not_ready: set[int] = frozenset(), quarantined=()) -> list[NodeView]:
+    return [NodeView(f"n{i}", "False" if i in not_ready else "True", {keys.QUARANTINE_TAINT} if i in quarantined
+                     else set(), neuron_allocatable=0 if i in short else 16, neuron_capacity=16, changed=NOW - 5)
+            for i in range(n)]
+
+
+def test_one_node_losing_its_devices_is_never_a_mass_event():
+    events = MassEvents()
+    events.observe(_fleet(10), NOW - 10, 120)
+    assert finding(GUARD, events.observe(_fleet(10, short={3}), NOW, 120), _fleet(10)) == {}
+
+
+def test_a_device_plugin_rollout_in_batches_is_one_mass_event_though_few_are_down_at_once():
+    events, fleet = MassEvents(), 20
+    events.observe(_fleet(fleet), NOW - 100, 120)
+    for t, batch in ((NOW - 60, {0, 1}), (NOW - 30, {2, 3})):  # two at a time, each back before the next
+        events.observe(_fleet(fleet, short=batch), t, 120)
+        events.observe(_fleet(fleet), t + 10, 120)
+    turns = events.observe(_fleet(fleet, short={4}), NOW, 120)
+    found = finding(GUARD, turns, _fleet(fleet))
+    assert DEVICES_MISSING in found and found[DEVICES_MISSING].startswith("5 of 20 nodes turned missing Neuron devices")
+    # it explains a run's node that misses its devices now, not one that is whole
+    assert for_run(found, [_fleet(fleet, short={4})[4]]) == found[DEVICES_MISSING]
+    assert for_run(found, [_fleet(fleet)[4]]) == ""
+    # the window passes: the early batches no longer count
+    assert finding(GUARD, events.observe(_fleet(fleet, short={4}), NOW + 200, 120), _fleet(fleet)) == {}
+
+
+def test_nodes_already_bad_when_the_operator_started_are_not_a_mass_event():
+    events, fleet = MassEvents(), _fleet(10, short={0, 1, 2, 3})
+    assert finding(GUARD, events.observe(fleet, NOW, 120), fleet) == {}
+    # NotReady: the condition's own transition time says when (5 s ago: within the window)
+    fleet = _fleet(10, not_ready={0, 1, 2})
+    assert NOT_READY in finding(GUARD, MassEvents().observe(fleet, NOW, 120), fleet)
+
+
+def test_nodes_the_operator_quarantined_do_not_count():
+    events = MassEvents()
+    events.observe(_fleet(10), NOW - 10, 120)
+    fleet = _fleet(10, short={0, 1, 2}, quarantined=(0,))
+    assert finding(GUARD, events.observe(fleet, NOW, 120), fleet) == {}
+
+
+# -- the runtime's codes -------------------------------------------------------------------------
+
+def test_1205_is_repairable_1201_is_not_and_1206_is_the_nodes_network():
+    line = {s.status: s.kind for s in runtimefaults.SIGNATURES}
+    assert (line["NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE"], line["NRT_EXEC_HW_ERR_HBM_UE"],
+            line["NRT_NETWORK_PROXY_FAILURE"]) == ("repairable", "device", "network")
+    assert runtimefaults.REPAIRABLE_STATUSES == {"NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE"}
+
+
+FT = {"budgetWindowMinutes": 60, "backoffSeconds": 10, "maxQuarantinedNodes": 2, "inPlaceRestarts": 2,
+      "restartBudget": {"neuronDevice": 3}}
+GANG = (pod(0, agent=Report(1, "running")), pod(1, agent=Report(1, "running")))
+REPAIRABLE = Failure("neuron-device", "pod r-a1-1 failed: NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", node="n1", pod="r-a1-1",
+                     pod_reported=True, runtime_status="NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", repairable=True)
+
+
+def test_a_repairable_fault_keeps_the_node_once_and_restarts_in_place_then_leaves_it_out():
+    spec = parse(spec_with(**FT))
+    first = act(REPAIRABLE, spec, Standing(checkpoint_step=40, pods=GANG, attempt=1), NOW, False)
+    assert (first.kind, first.restart, first.left_out) == ("restart", "inPlace", "")
+    assert "kept once" in first.reason
+    again = act(REPAIRABLE, spec, Standing(checkpoint_step=40, pods=GANG, attempt=2, repaired=frozenset({"n1"})),
+                NOW, False)
+    assert (again.kind, again.avoid_node) == ("restart", "n1") and again.restart != "inPlace"
