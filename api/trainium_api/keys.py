@@ -29,4 +29,17 @@ POLICY_DIGEST = PREFIX + "policy-digest"  # of a trainer policy's spec: replace 
 
 # on nodes and runs
 QUARANTINE_TAINT = PREFIX + "quarantined"  # NoSchedule on a node the operator quarantined
+
+# taints others put on a node that is about to be terminated: a run moves off at once, at a save
+KARPENTER_DISRUPTED = "karpenter.sh/disrupted"  # Karpenter v1's termination controller (no value, NoSchedule)
+TERMINATION_NOTICE_TAINTS = frozenset({
+    KARPENTER_DISRUPTED,  # consolidation, drift, expiry, repair, a Spot interruption (its 2-minute notice)
+    "karpenter.sh/disruption",  # Karpenter before v1 (value "disrupting")
+    # aws-node-termination-handler (pkg/node/node.go), when run with taintNode: a Spot interruption,
+    # an Auto Scaling group's termination, an EC2 scheduled maintenance. Its rebalance
+    # recommendation is only a hint that an interruption may come: not acted on
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/scheduled-maintenance",
+})
 FINALIZER = PREFIX + "operator"  # on a TrainingRun until the operator has let go of it

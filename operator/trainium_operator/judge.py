@@ -25,8 +25,9 @@ replaced (failure_policy, its rules in order). Every failure rule lives here, in
   exit        a pod failed (evicted: its own reason wins); a pod that
               only lost a peer is blamed last                           -> application | eviction
   vanished    a pod deleted or missing                                    -> eviction
-  drain       a pod's node cordoned or tainted for a drain (the run's
-              PodDisruptionBudget holds the drain's eviction meanwhile)   -> eviction, voluntary
+  drain       a pod's node about to be terminated (a termination notice taint:
+              Karpenter's, a Spot interruption's); or cordoned, with the
+              run's PodDisruptionBudget holding the drain's eviction     -> eviction, voluntary
               (an eviction through the API, or the scheduler's preemption,
               found by the exit rule, is voluntary too: no budget is spent)
   hang        no first step startupTimeoutSeconds after the gang ran, or
@@ -65,7 +66,7 @@ from trainium_api.status import Disruption, StragglerStreak, TrainingRunStatus
 from .disruption_guard import DISRUPTION_CAUSES, DisruptionGuard
 from .failure_policy import Action, Standing, act, replaceable_stragglers
 from .observe import (EVICTION_REASONS, VOLUNTARY_REASONS, Failure, GangState, NodeView, PodView, draining,
-                      not_started, succeeded)
+                      not_started, succeeded, terminating)
 
 
 STARTING = ("ContainerCreating", "PodInitializing")
@@ -305,13 +306,17 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         return Failure("eviction", f"{who} deleted or evicted from outside the operator"
                        + (f" ({deleting[0].reason}: a voluntary disruption, no budget is spent)" if voluntary else ""),
                        node=node, pod=deleting[0].name if deleting else "", voluntary=voluntary), hold
-    # with the run's disruption budget only (doNotDisrupt): without it a drain evicts the pod
-    # itself (voluntary, above), and a node merely cordoned leaves the gang where it is
-    moving = next((p for p in gang.pods if p.node and p.node in nodes and draining(nodes[p.node])
-                   and p.phase != "Succeeded"), None) if ft.do_not_disrupt else None  # (a rank done holds nothing)
-    if moving is not None:  # before the drain can evict it: the gang moves once, at a save
-        return Failure("eviction", f"node {moving.node} of pod {moving.name} is being drained (cordoned): the "
-                       "gang moves off it, stopping at a save (a voluntary disruption: no budget is spent)",
+    # a node about to be terminated (a Spot interruption's notice, Karpenter's disruption): the
+    # gang moves off it now, at a save, before the node goes. A node only cordoned, with the
+    # run's disruption budget (doNotDisrupt): without it a drain evicts the pod itself
+    # (voluntary, above), and a node merely cordoned leaves the gang where it is
+    moving = next((p for p in gang.pods if p.node and p.node in nodes and p.phase != "Succeeded"  # (a rank done holds nothing)
+                   and (terminating(nodes[p.node]) or (ft.do_not_disrupt and draining(nodes[p.node])))), None)
+    if moving is not None:  # before the drain can evict it, or the node goes: the gang moves once, at a save
+        notice = terminating(nodes[moving.node])
+        why = f"is to be terminated ({notice} taint)" if notice else "is being drained (cordoned)"
+        return Failure("eviction", f"node {moving.node} of pod {moving.name} {why}: the gang moves off it, "
+                       "stopping at a save (a voluntary disruption: no budget is spent)",
                        node=moving.node, pod=moving.name, voluntary=True), hold
     # ranks that finished (exit 0) while others still run count with the running: a rank hung
     # in its last save or barrier must not hold the run forever

@@ -33,11 +33,15 @@ EVICTION_REASONS = ("Evicted", "Preempting", "Terminated", "NodeShutdown", "Node
 VOLUNTARY_REASONS = ("EvictionByEvictionAPI", "PreemptionByScheduler")
 # A node on its way out: cordoned (spec.unschedulable: kubectl drain, a node group upgrade) or
 # tainted by Karpenter before it drains the node
-DRAIN_TAINTS = frozenset({"karpenter.sh/disrupted", "karpenter.sh/disruption"})
-
-
 def draining(node: "NodeView") -> bool:
-    return node.unschedulable or bool(DRAIN_TAINTS & node.taints)
+    """The node is being emptied: cordoned, or about to be terminated (terminating)."""
+    return node.unschedulable or terminating(node)
+
+
+def terminating(node: "NodeView") -> str:
+    """The taint that says the node is about to be terminated (keys.TERMINATION_NOTICE_TAINTS:
+    Karpenter's, the node termination handler's), "" when none does."""
+    return min(keys.TERMINATION_NOTICE_TAINTS & node.taints, default="")
 
 
 def waiting_reason(pod: "PodView") -> str:

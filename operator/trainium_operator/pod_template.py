@@ -32,9 +32,9 @@ NODE_ANNOTATIONS = ("container.apparmor.security.beta.kubernetes.io/", "seccomp.
 """Annotations that loosen a container's confinement or attach the pod to another network: the
 operator's lock-down and the cluster's, not a run's."""
 TAINTS_NOT_TOLERATED = (keys.PREFIX, "node.kubernetes.io/unschedulable", "aws.amazon.com/neuron",
-                        "karpenter.sh/disrupted", "karpenter.sh/disruption")
-"""Taints a run may not tolerate: the operator's quarantine, a cordon and Karpenter's drain (a
-gang moved off a draining node would land back on it), the Neuron nodes (the instance type's,
+                        *sorted(keys.TERMINATION_NOTICE_TAINTS))
+"""Taints a run may not tolerate: the operator's quarantine, a cordon and a node's termination
+notice (a gang moved off a draining node would land back on it), the Neuron nodes (the instance type's,
 tolerated by the operator where it places the run on them)."""
 ANNOTATIONS_MOST = 128 * 1024
 """The template's annotations, at most half of the API server's 256 KiB per object: the

@@ -73,6 +73,27 @@ def test_a_node_merely_cordoned_leaves_a_run_without_a_budget_where_it_is():
     assert not r.after.failures and r.after.phase == "Running"
 
 
+@pytest.mark.parametrize("taint", ["karpenter.sh/disrupted", "aws-node-termination-handler/spot-itn",
+                                   "aws-node-termination-handler/scheduled-maintenance"])
+def test_a_termination_notice_moves_even_a_run_without_a_budget_at_once(taint):
+    """The node goes whatever budget holds its drain (a Spot interruption: two minutes): the gang
+    moves now, at a save, spending no budget."""
+    nodes = {"n0": node("n0", taints=(taint,)), **{f"n{i}": node(f"n{i}") for i in range(1, 4)}}
+    r = reconcile_objects({**RUN, "spec": {**SPEC, "faultTolerance": {"doNotDisrupt": False}}, "status": RUNNING},
+                          gang(), nodes, now=NOW)
+    (record,) = r.after.failures
+    assert record.cause == "eviction" and record.exempt == "voluntary" and record.node == "n0"
+    assert f"is to be terminated ({taint} taint)" in record.message
+    assert r.after.current.restart_not_before == NOW and not r.after.quarantined_nodes
+
+
+def test_a_rebalance_recommendation_is_only_a_hint():
+    nodes = {"n0": node("n0", taints=("aws-node-termination-handler/rebalance-recommendation",)),
+             **{f"n{i}": node(f"n{i}") for i in range(1, 4)}}
+    r = reconcile_objects({**RUN, "status": RUNNING}, gang(), nodes, now=NOW)
+    assert not r.after.failures
+
+
 def test_draining():
     assert draining(node("a", unschedulable=True)) and draining(node("a", taints=("karpenter.sh/disrupted",)))
     assert not draining(node("a")) and not draining(node("a", taints=("aws.amazon.com/neuron",)))
