@@ -145,6 +145,56 @@ def test_neuron_health_condition_persists_while_node_ready(core_api):
     assert c.status == "False" and c.reason == "NeuronHasNoError"
 
 
+def test_nodes_carry_eks_labels_and_the_node_monitoring_agents_conditions(core_api):
+    """As EKS registers a Trainium node: the cloud controller manager's network topology labels
+    and the EKS node monitoring agent's five conditions, True; they survive kwok's heartbeats,
+    and the agent's fault turns its hardware condition False while the node stays Ready."""
+    from localcluster import faults
+    from trainium_api import nodesignals
+    node = make_nodes(core_api, 1, "eks-")[0]
+    n = core_api.read_node(node)
+    assert {f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3)} <= set(n.metadata.labels)
+    conds = {c.type: c for c in n.status.conditions}
+    assert all(conds[k].status == "True" and conds[k].reason == r for k, (r, _) in nodesignals.AGENT_READY_REASONS.items())
+    faults.accelerated_hardware(core_api, node, "NeuronHBMUncorrectableError")
+    time.sleep(3)  # heartbeats merge by condition type
+    conds = {c.type: c for c in core_api.read_node(node).status.conditions}
+    hw = conds["AcceleratedHardwareReady"]
+    assert (hw.status, hw.reason, hw.message) == ("False", "NeuronHBMUncorrectableError",
+                                                  "Discovered HBM Uncorrectable Error")
+    assert conds["Ready"].status == "True" and conds["KernelReady"].status == "True"
+    faults.accelerated_hardware_ready(core_api, node)
+    assert {c.type: c for c in core_api.read_node(node).status.conditions}["AcceleratedHardwareReady"].status == "True"
+
+
+def test_a_spot_interruption_taints_drains_through_budgets_and_takes_the_node_at_its_deadline(core_api, namespace):
+    """Karpenter's handling of EC2's interruption warning: a SpotInterrupted event on the Node, the
+    karpenter.sh/disrupted taint, evictions a PodDisruptionBudget refuses (tried again), and the
+    node deleted at the notice's end all the same."""
+    from localcluster import faults
+    node = make_nodes(core_api, 1, "spot-")[0]
+    core_api.create_namespaced_pod(namespace, {"metadata": {"name": "held", "labels": {"app": "held"}}, "spec": {
+        "nodeName": node, "containers": [{"name": "c", "image": "x"}],
+        "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists"}]}})
+    from kubernetes import client
+    client.PolicyV1Api(core_api.api_client).create_namespaced_pod_disruption_budget(namespace, {
+        "metadata": {"name": "held"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}}})
+    wait_until(lambda: core_api.read_namespaced_pod("held", namespace).status.phase == "Running", what="pod Running")
+    end = faults.spot_interruption(core_api, node, notice_seconds=4)
+    assert faults.keys.KARPENTER_DISRUPTED in taint_keys(core_api, node)
+    events = [e for e in core_api.list_namespaced_event("default").items
+              if e.involved_object.name == node and e.reason == "SpotInterrupted"]
+    assert events and events[0].type == "Warning" and events[0].source.component == "karpenter"
+    time.sleep(2)
+    assert not core_api.read_namespaced_pod("held", namespace).metadata.deletion_timestamp  # the budget holds it
+    end.wait(20)
+    assert end.deleted_at is not None
+    from kubernetes.client.exceptions import ApiException
+    with pytest.raises(ApiException) as gone:
+        core_api.read_node(node)
+    assert gone.value.status == 404
+
+
 def test_device_loss_and_restore(core_api):
     from localcluster import faults
     node = make_nodes(core_api, 1, "devloss-")[0]

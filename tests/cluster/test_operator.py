@@ -83,6 +83,8 @@ def healthy_nodes(core_api):
         release_quarantine(core_api, n)
         if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
             faults.neuron_healthy(core_api, n.metadata.name)
+        if any(c.type == faults.AGENT_CONDITION and c.status == "False" for c in n.status.conditions or []):
+            faults.accelerated_hardware_ready(core_api, n.metadata.name)
         if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL):
             faults.node_recover(core_api, n.metadata.name)
         cap, alloc = n.status.capacity or {}, n.status.allocatable or {}
@@ -348,6 +350,7 @@ def test_rank_crash_restarts_the_gang(core_api, custom, namespace, operator):
 
 
 @pytest.mark.parametrize("fault, cause", [("not-ready", "node"), ("neuron-error", "neuron-device"),
+                                          ("accelerated-hardware", "neuron-device"),
                                           ("device-loss", "neuron-device"), ("delete-node", "node"),
                                           ("unreachable", "node")])
 def test_node_faults_quarantine_the_node_and_restart_elsewhere(core_api, custom, namespace, operator, fault, cause):
@@ -357,6 +360,7 @@ def test_node_faults_quarantine_the_node_and_restart_elsewhere(core_api, custom,
     bad = gang(core_api, namespace, name, 1)[5].spec.node_name
     inject = {"not-ready": lambda: faults.node_not_ready(core_api, bad),
               "neuron-error": lambda: faults.neuron_error(core_api, bad, "NeuronHasError_DMA_ERROR"),
+              "accelerated-hardware": lambda: faults.accelerated_hardware(core_api, bad, "NeuronDMAError"),
               "device-loss": lambda: faults.device_loss(core_api, bad, 14),
               "delete-node": lambda: faults.delete_node(core_api, bad),
               "unreachable": lambda: faults.node_unreachable(core_api, bad)}[fault]

@@ -58,3 +58,50 @@ def test_most_nodes_lost_together_hold_the_run_which_keeps_training(e2e, tiny_da
     assert "Disruption" in reasons and "DisruptionEnded" in reasons and "Restarting" not in reasons
     print(f"disruption: ended +{time.time() - cut:.1f}s; run still attempt 1 at step {d.trained_step()}, no failure")
     d.custom.delete_namespaced_custom_object("trainium.dev", "v1alpha1", ns, "trainingruns", d.name)
+
+
+def test_a_device_plugin_restart_on_every_node_at_once_is_held_not_quarantined(e2e, tiny_data, tmp_path):
+    """A device-plugin rollout: every node's Neuron devices are unregistered at once, for longer
+    than one node's shortfall may settle (guard.device_settle_seconds, 30 s), and then come back.
+    Each node alone would be a device fault; all of them turning so within the mass-event window
+    is a cluster-wide event (mass_events): the operator holds, quarantines nothing, spends no
+    budget, and says so in status.disruption, while the trainer trains on (its pods' processes
+    never used the devices: the e2e nodes are CPU nodes that the test gives 16 Neuron devices each,
+    as the device plugin would register them)."""
+    ns = e2e.namespace("device-plugin")
+    for node in e2e.nodes:  # the device plugin registers 16 devices on each node
+        devices = {faults.NEURON: "16", faults.NEURONCORE: "32"}
+        e2e.core.patch_node_status(node, {"status": {"capacity": devices, "allocatable": devices}})
+    try:
+        body = spec_for("tiny", tiny_data, tmp_path)
+        body["spec"]["training"]["steps"] = 5000  # longer than the test: it is deleted at the end
+        d = Drill(e2e.cluster, ns, body)
+        d.create()
+        d.wait_step(5, 240)
+        cut = time.time()
+        for node in e2e.nodes:
+            faults.device_loss(e2e.core, node, 0)
+        st = d.wait(lambda: (s := d.status()).get("disruption") and s, 30, "the operator to name the mass event")
+        print(f"\ndevice-plugin restart: held +{time.time() - cut:.1f}s: {st['disruption']['message']}")
+        assert "missing Neuron devices" in st["disruption"]["message"], st["disruption"]
+        before = d.trained_step()
+        time.sleep(max(0.0, cut + 36 - time.time()))  # past one node's device settle time (30 s)
+        st = d.status()
+        assert st.get("disruption") and not st.get("failures") and st["attempt"] == 1, st
+        for node in e2e.nodes:
+            faults.device_restore(e2e.core, node)
+        st = d.wait(lambda: not (s := d.status()).get("disruption") and s, 30, "the mass event to end")
+        assert d.trained_step() > before, "the trainer keeps training through the rollout"
+        assert not st.get("failures") and not st.get("restartCount") and st["attempt"] == 1, st
+        assert not st.get("quarantinedNodes") and not st.get("avoidedNodes")
+        assert not any(t.key == "trainium.dev/quarantined" for n in e2e.core.list_node().items
+                       for t in n.spec.taints or [])
+        reasons = [e.reason for e in e2e.core.list_namespaced_event(ns).items]
+        assert "Disruption" in reasons and "DisruptionEnded" in reasons and "Restarting" not in reasons
+        print(f"device-plugin restart: ended +{time.time() - cut:.1f}s; attempt 1 at step {d.trained_step()}, "
+              "no failure, no quarantine")
+        d.custom.delete_namespaced_custom_object("trainium.dev", "v1alpha1", ns, "trainingruns", d.name)
+    finally:
+        for node in e2e.nodes:  # as before: CPU nodes
+            gone = {faults.NEURON: None, faults.NEURONCORE: None}
+            e2e.core.patch_node_status(node, {"status": {"capacity": gone, "allocatable": gone}})

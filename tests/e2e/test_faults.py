@@ -28,14 +28,19 @@ pytestmark = pytest.mark.e2e
 STEPS = 40
 FAULT_AT = 18  # steps trained before the fault (checkpoints every 5: step 15 is complete by then)
 CHECKPOINT_EVERY = 5
-CAUSE = {"kill-rank": "application", "node-not-ready": "node", "node-deleted": "node", "neuron-error": "neuron-device",
-         "runtime-fault": "neuron-device", "runtime-restart": "application", "straggler": "straggler", "hang": "hang", "operator-kill": "application",
-         "evict": "eviction", "agent-frozen": "application"}
-QUARANTINES = ("node-not-ready", "neuron-error")  # (a deleted node has nothing to taint)
+# (the Neuron node problem detector's NeuronHealth, "neuron-error", is the cluster tier's: here
+# the EKS node monitoring agent's AcceleratedHardwareReady stands for the node conditions)
+CAUSE = {"kill-rank": "application", "node-not-ready": "node", "node-deleted": "node",
+         "accelerated-hardware": "neuron-device", "runtime-fault": "neuron-device", "runtime-restart": "application",
+         "straggler": "straggler", "hang": "hang", "operator-kill": "application", "evict": "eviction",
+         "agent-frozen": "application", "spot-interruption": "eviction"}
+QUARANTINES = ("node-not-ready", "accelerated-hardware")  # (a deleted node has nothing to taint)
+VOLUNTARY = ("evict", "spot-interruption")  # the cluster's doing: restarted, no budget spent
 AVOIDS = ("runtime-fault", "straggler")  # the run's own pods named the node: it avoids it, no taint
 IN_PLACE = ("kill-rank", "hang", "operator-kill", "runtime-restart")  # the nodes stay trusted: new workers in the same pods
 # one pod's node is left out or its pod is gone: that pod alone is replaced, the other restarts in place
-REPLACED = ("node-not-ready", "node-deleted", "neuron-error", "runtime-fault", "straggler", "evict")
+REPLACED = ("node-not-ready", "node-deleted", "accelerated-hardware", "runtime-fault", "straggler", "evict",
+            "spot-interruption")
 
 
 def spec_for(name: str, tiny_data, workdir):
@@ -212,8 +217,18 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     reason = {"runtime-fault": "NRT_EXEC_HW_ERR_HBM_UE", "straggler": "is a straggler",
               "runtime-restart": "NRT_EXEC_COMPLETED_WITH_NUM_ERR"}.get(fault, "")
     assert reason in st["failures"][-1]["message"], st["failures"][-1]
-    # an eviction through the API is the cluster's doing: restarted, no budget spent
-    assert st["failures"][-1].get("exempt") == ("voluntary" if fault == "evict" else None), st["failures"][-1]
+    # an eviction through the API, a Spot interruption: the cluster's doing, restarted, no budget spent
+    assert st["failures"][-1].get("exempt") == ("voluntary" if fault in VOLUNTARY else None), st["failures"][-1]
+    if fault == "spot-interruption":
+        # acted on at the notice, not at the node's end: the gang stopped at a save of the step
+        # it was on, so it recomputes no step trained before the notice (the bound: 0 steps), and
+        # it had moved before EC2 reclaimed the node (drill.SPOT_NOTICE_SECONDS after the notice)
+        assert tl.resumed_step >= failed_step, (tl.resumed_step, failed_step)
+        assert "is to be terminated (karpenter.sh/disrupted taint)" in st["failures"][-1]["message"]
+        assert (tl.first_step or 0) - fault_time < drill.SPOT_NOTICE_SECONDS, tl
+        for end in d.terminations:
+            end.wait(drill.SPOT_NOTICE_SECONDS + 30)
+            assert end.deleted_at is not None
     # bitwise: every step's loss and gradient norm as in the uninterrupted run
     assert sorted(truth.losses) == sorted(reference.losses)
     for step, rec in reference.losses.items():

@@ -12,7 +12,15 @@
   logs POD [-n NS] [-f]        a process-backed pod's stdout and stderr
   fault KIND TARGET [...]      inject a fault; `recover KIND TARGET` undoes it
       node-not-ready NODE   node-unreachable NODE   node-partition NODE (looks lost, keeps running)
-      neuron-error NODE [--reason R]
+      neuron-error NODE [--reason R]        the Neuron node problem detector's NeuronHealth
+      accelerated-hardware NODE [--reason R]
+                                            the EKS node monitoring agent's AcceleratedHardwareReady=False
+                                            (default NeuronHBMUncorrectableError)
+      karpenter-disrupt NODE                Karpenter's taint and drain, the node deleted once empty
+      spot-interruption NODE [--notice-seconds S]
+                                            a Spot interruption as Karpenter handles it: event, taint,
+                                            drain, the node deleted after the notice (default 120 s)
+      device-plugin-restart SECONDS         every Neuron node's devices unregistered that long
       device-loss NODE [--remaining K]   delete-node NODE
       pod-fail POD [--namespace NS --exit-code C --reason R]   evict POD [--namespace NS]
       hang POD [--namespace NS]             SIGSTOP every process of a process-backed pod
@@ -40,11 +48,15 @@ NODE_FAULTS = {"node-not-ready": (faults.node_not_ready, faults.node_recover),
                "node-unreachable": (faults.node_unreachable, faults.node_recover),
                "node-partition": (faults.node_partition, faults.node_recover),
                "neuron-error": (faults.neuron_error, faults.neuron_healthy),
+               "accelerated-hardware": (faults.accelerated_hardware, faults.accelerated_hardware_ready),
+               "karpenter-disrupt": (faults.karpenter_disrupt, faults.return_node),
+               "spot-interruption": (faults.spot_interruption, faults.return_node),
                "device-loss": (faults.device_loss, faults.device_restore),
                "delete-node": (faults.delete_node, None)}
 POD_FAULTS = {"pod-fail": faults.pod_fail, "evict": faults.evict_pod}
 PROCESS_FAULTS = ("hang", "kill-rank", "runtime-fault", "runtime-restart")  # on the processes of process-backed pods
 CONTROL_PLANE_FAULTS = {"apiserver-down": faults.apiserver_down, "etcd-restart": faults.etcd_restart}  # TARGET: seconds
+FLEET_FAULTS = ("device-plugin-restart",)  # TARGET: seconds, every Neuron node
 
 
 def _core(cluster: Cluster):
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes.add_argument("--processes", action="store_true", help="process-backed nodes: their pods run for real")
     for verb in ("fault", "recover"):
         f = sub.add_parser(verb)
-        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS, *PROCESS_FAULTS, *CONTROL_PLANE_FAULTS]
+        f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS, *PROCESS_FAULTS, *CONTROL_PLANE_FAULTS, *FLEET_FAULTS]
                        if verb == "fault" else
                        [*(k for k, v in NODE_FAULTS.items() if v[1]), "hang"])
         f.add_argument("target")
@@ -87,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--exit-code", type=int, default=1)
         f.add_argument("--reason")
         f.add_argument("--remaining", type=int, default=12)
+        f.add_argument("--notice-seconds", type=float, default=faults.SPOT_NOTICE_SECONDS)
     args = ap.parse_args(argv)
     cluster = Cluster(state_dir=args.state_dir, base_port=args.base_port)
     try:
@@ -115,6 +128,27 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "fault" and args.kind in CONTROL_PLANE_FAULTS:
             took = CONTROL_PLANE_FAULTS[args.kind](cluster, float(args.target))
             print(f"fault {args.kind}: {args.kind.split('-')[0]} back after {took:.1f}s")
+        elif args.cmd == "fault" and args.kind in FLEET_FAULTS:
+            core = _core(cluster)
+            nodes = [n.metadata.name for n in core.list_node().items
+                     if faults.NEURON in (n.status.capacity or {})]
+            print(f"fault {args.kind}: Neuron devices of {len(nodes)} nodes unregistered for {args.target}s", flush=True)
+            faults.device_plugin_restart(core, nodes, float(args.target))
+            print(f"fault {args.kind}: registered again")
+        elif args.cmd == "fault" and args.kind in ("karpenter-disrupt", "spot-interruption"):
+            core = _core(cluster)
+            end = faults.spot_interruption(core, args.target, args.notice_seconds) \
+                if args.kind == "spot-interruption" else faults.karpenter_disrupt(core, args.target)
+            print(f"fault {args.kind} {args.target}: tainted {faults.keys.KARPENTER_DISRUPTED}, draining"
+                  + (f"; deleted in {args.notice_seconds:.0f}s at the latest" if end.deadline else
+                     "; deleted once drained") + " (Ctrl-C stops the drain, the node stays)", flush=True)
+            try:
+                end.wait()
+            except KeyboardInterrupt:
+                end.cancel()
+                print(f"fault {args.kind} {args.target}: drain stopped; `recover {args.kind} {args.target}` returns it")
+                return 130
+            print(f"fault {args.kind} {args.target}: node deleted")
         elif args.cmd in ("fault", "recover") and args.kind in PROCESS_FAULTS:
             if args.kind == "kill-rank":
                 rank, pid = faults.kill_rank(cluster.pods_dir, args.namespace, args.target, args.rank)
@@ -142,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 inject, undo = NODE_FAULTS[args.kind]
                 fn = inject if args.cmd == "fault" else undo
-                if args.cmd == "fault" and args.kind == "neuron-error" and args.reason:
+                if args.cmd == "fault" and args.kind in ("neuron-error", "accelerated-hardware") and args.reason:
                     fn(core, args.target, args.reason)
                 elif args.cmd == "fault" and args.kind == "device-loss":
                     fn(core, args.target, args.remaining)

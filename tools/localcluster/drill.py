@@ -30,8 +30,11 @@ from .nodes import create_nodes
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-local-run.yaml"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
-FAULTS = ("kill-rank", "node-not-ready", "node-deleted", "neuron-error", "runtime-fault", "runtime-restart",
-          "straggler", "hang", "operator-kill", "evict", "agent-frozen")
+FAULTS = ("kill-rank", "node-not-ready", "node-deleted", "neuron-error", "accelerated-hardware", "runtime-fault",
+          "runtime-restart", "straggler", "hang", "operator-kill", "evict", "agent-frozen", "spot-interruption")
+SPOT_NOTICE_SECONDS = 30.0
+"""The drills' Spot interruption notice: EC2 gives 120 s (faults.SPOT_NOTICE_SECONDS); a tiny
+run's save takes well under a second, and the drill must not wait two minutes for the node to go."""
 # the pods' object-store credentials and endpoints: never passed to the operator (Operator)
 STORE_CREDENTIALS = ("AWS_", "FSSPEC_", "BOTO")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
@@ -300,6 +303,7 @@ class Drill:
         # the trainer's step log; a command trainer's test points this at its script's own record
         self.losses_path = Path((spec.get("logging") or {}).get("lossesFile") or "/nonexistent/losses.jsonl")
         self.events: list[tuple[float, str]] = []
+        self.terminations: list = []  # faults.Termination of the spot-interruption fault: joined by the test
 
     def note(self, what: str) -> None:
         self.events.append((time.time(), what))
@@ -376,6 +380,12 @@ class Drill:
         if kind == "neuron-error":
             faults.neuron_error(self.core, node)
             return node
+        if kind == "accelerated-hardware":  # the EKS node monitoring agent's word
+            faults.accelerated_hardware(self.core, node, "NeuronHBMUncorrectableError")
+            return node
+        if kind == "spot-interruption":  # Karpenter's handling: event, taint, drain, the node gone at the deadline
+            self.terminations.append(faults.spot_interruption(self.core, node, SPOT_NOTICE_SECONDS))
+            return node
         if kind == "straggler":  # the run needs faultTolerance.stragglers: Replace to act on it
             self.slowed = faults.SlowPod(self.cluster.pods_dir, self.ns, pname, share=0.35)
             return node
@@ -444,6 +454,10 @@ def heal_process_nodes(core, timeout: float = 60) -> None:
                 "metadata": {"labels": {"trainium.dev/quarantined": None}}})
         if any(c.type == "NeuronHealth" and c.status == "True" for c in n.status.conditions or []):
             faults.neuron_healthy(core, n.metadata.name)
+        if any(c.type == faults.AGENT_CONDITION and c.status == "False" for c in n.status.conditions or []):
+            faults.accelerated_hardware_ready(core, n.metadata.name)
+        if n.spec.unschedulable or any(t.key in faults.keys.TERMINATION_NOTICE_TAINTS for t in n.spec.taints or []):
+            faults.return_node(core, n.metadata.name)
         ann = n.metadata.annotations or {}
         if (n.metadata.labels or {}).get(faults.NOT_READY_LABEL) or ann.get(faults.PARTITIONED) or \
                 ann.get(faults.KWOK_ANNOTATION[0]) != faults.KWOK_ANNOTATION[1]:

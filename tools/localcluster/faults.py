@@ -11,7 +11,17 @@
 |                  | partition_together: many nodes, Unknown at once, no flapping  |                 |
 | neuron_error     | Node condition NeuronHealth=True, reason NeuronHasError_*      | neuron_healthy  |
 |                  | (as the Neuron node problem detector writes it; Ready stays)  |                 |
+| accelerated_     | the EKS node monitoring agent's AcceleratedHardwareReady=False | accelerated_    |
+|  hardware        | with a Neuron reason (NeuronHBMUncorrectableError, ...)        |  hardware_ready |
 | device_loss      | allocatable aws.amazon.com/neuron below capacity              | device_restore  |
+| device_plugin_   | every node's Neuron devices unregistered, then registered      | (ends itself)   |
+|  restart         | again after N seconds (a device-plugin rollout)                |                 |
+| karpenter_       | Karpenter's termination: taint karpenter.sh/disrupted, drain   | return_node     |
+|  disrupt         | through the Eviction API (a PodDisruptionBudget holds it), the |                 |
+|                  | node deleted once drained                                      |                 |
+| spot_            | as Karpenter handles EC2's interruption warning: a             | return_node     |
+|  interruption    | SpotInterrupted event, the taint and the drain, and the node  | (before the     |
+|                  | deleted at the notice's end whatever held the drain (2 min)   |  deadline)      |
 | delete_node      | the Node object is gone                                        | create it again |
 | pod_fail         | pod phase Failed, container terminated with the exit code     | delete the pod  |
 |                  | (kwok's pod-container-running-failed stage)                   |                 |
@@ -35,14 +45,15 @@ import os
 
 from datetime import datetime, timezone
 
+from trainium_api import keys, nodesignals
+
 from .nodes import KWOK_ANNOTATION, NEURON, NEURONCORE, PARTITIONED
 
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
 POD_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
-NEURON_CONDITION = "NeuronHealth"
-NEURON_REASONS = ("NeuronHasError_SRAM_UNCORRECTABLE_ERROR", "NeuronHasError_NC_UNCORRECTABLE_ERROR",
-                  "NeuronHasError_HBM_UNCORRECTABLE_ERROR", "NeuronHasError_DMA_ERROR",
-                  "NeuronHasError_HANG_ON_COLLECTIVES")
+NEURON_CONDITION = nodesignals.NEURON_HEALTH.type
+NEURON_REASONS = nodesignals.NEURON_HEALTH_REASONS
+AGENT_CONDITION = nodesignals.ACCELERATED_HARDWARE.type
 
 
 def _now() -> str:
@@ -177,6 +188,27 @@ def neuron_healthy(core, node: str) -> None:
     _neuron_condition(core, node, "False", "NeuronHasNoError", "Neuron has no error")
 
 
+def accelerated_hardware(core, node: str, reason: str = "NeuronHBMUncorrectableError") -> None:
+    """AcceleratedHardwareReady False, as the EKS node monitoring agent writes it when its Neuron
+    monitor reads ``NEURON_HW_ERR=...`` in the kernel log (a Fatal reason: the condition, no Event)."""
+    if reason not in nodesignals.AGENT_NEURON_REASONS:
+        raise ValueError(f"reason must be one of {', '.join(nodesignals.AGENT_NEURON_REASONS)}, got {reason!r}")
+    _agent_condition(core, node, AGENT_CONDITION, reason, nodesignals.AGENT_NEURON_REASONS[reason])
+
+
+def accelerated_hardware_ready(core, node: str) -> None:
+    """The agent's healthy condition (what it writes when it starts: only its restart clears a
+    fault, or the node's replacement)."""
+    _agent_condition(core, node, AGENT_CONDITION, None, "")
+
+
+def _agent_condition(core, node: str, kind: str, reason: str | None, message: str) -> None:
+    ready_reason, ready_message = nodesignals.AGENT_READY_REASONS[kind]
+    cond = {"type": kind, "status": "True" if reason is None else "False", "reason": reason or ready_reason,
+            "message": message if reason else ready_message, "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}
+    core.patch_node_status(node, {"status": {"conditions": [cond]}})
+
+
 def device_loss(core, node: str, remaining: int) -> None:
     """Allocatable Neuron devices drop to ``remaining`` (capacity unchanged), as the device
     plugin reports when devices fail."""
@@ -184,19 +216,108 @@ def device_loss(core, node: str, remaining: int) -> None:
 
 
 def device_restore(core, node: str) -> None:
-    cap = core.read_node(node).status.capacity
+    cap = core.read_node(node).status.capacity or {}
+    if NEURON not in cap:
+        return  # a node without Neuron devices
     core.patch_node_status(node, {"status": {"allocatable": {NEURON: cap[NEURON], NEURONCORE: cap[NEURONCORE]}}})
+
+
+def device_plugin_restart(core, nodes: list[str], seconds: float) -> None:
+    """A device-plugin rollout across ``nodes`` at once: every node's Neuron devices unregistered
+    (allocatable 0) for ``seconds``, then registered again. Blocks for ``seconds``."""
+    import time
+    for node in nodes:
+        device_loss(core, node, 0)
+    time.sleep(seconds)
+    for node in nodes:
+        device_restore(core, node)
+
+
+SPOT_NOTICE_SECONDS = 120.0
+"""EC2's Spot interruption warning comes two minutes before the instance is reclaimed."""
+
+
+class Termination:
+    """A node's end as Karpenter's termination controller brings it (kubernetes-sigs/karpenter,
+    pkg/controllers/node/termination): the node tainted ``karpenter.sh/disrupted:NoSchedule``,
+    its pods evicted through the Eviction API (a PodDisruptionBudget that refuses holds them, and
+    the eviction is tried again), and the node deleted once drained; with ``deadline`` (a Spot
+    interruption) the node is deleted then whatever still runs on it: EC2 reclaims the instance.
+    The drain runs on a thread; :meth:`wait` joins it, :meth:`cancel` stops it (the node stays)."""
+
+    def __init__(self, core, node: str, deadline: float | None = None, period: float = 1.0):
+        import threading
+        self.core, self.node, self.deadline, self.period = core, node, deadline, period
+        self.stopped = threading.Event()
+        self.deleted_at: float | None = None
+        _taint(core, node, {"key": keys.KARPENTER_DISRUPTED, "effect": "NoSchedule"})
+        self.thread = threading.Thread(target=self._drain, name=f"terminate-{node}", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        import time
+        from kubernetes.client.exceptions import ApiException
+        end = time.monotonic() + self.deadline if self.deadline is not None else None
+        while not self.stopped.is_set():
+            pods = [p for p in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
+                    if not p.metadata.deletion_timestamp and p.status.phase not in ("Succeeded", "Failed")]
+            for p in pods:
+                with contextlib.suppress(ApiException):  # 429: a budget holds it; 404: gone meanwhile
+                    evict_pod(self.core, p.metadata.namespace, p.metadata.name)
+            if not pods or (end is not None and time.monotonic() >= end):
+                with contextlib.suppress(ApiException):
+                    self.core.delete_node(self.node)
+                    self.deleted_at = time.time()
+                return
+            self.stopped.wait(self.period)
+
+    def wait(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    def cancel(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+
+
+def karpenter_disrupt(core, node: str) -> Termination:
+    """Karpenter disrupts ``node`` (consolidation, drift, expiry): tainted, drained, deleted once empty."""
+    return Termination(core, node)
+
+
+def spot_interruption(core, node: str, notice_seconds: float = SPOT_NOTICE_SECONDS) -> Termination:
+    """EC2's Spot interruption warning for ``node``, as Karpenter's interruption controller handles
+    it (pkg/controllers/interruption): a SpotInterrupted Warning event on the Node, then the
+    termination (taint, drain), and the node deleted ``notice_seconds`` after the warning."""
+    _node_event(core, node, "SpotInterrupted", "Spot interruption warning was triggered")
+    return Termination(core, node, deadline=notice_seconds)
+
+
+def _taint(core, node: str, taint: dict) -> None:
+    n = core.read_node(node)
+    taints = [core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or [] if t.key != taint["key"]]
+    core.patch_node(node, {"spec": {"taints": [*taints, taint]}})
+
+
+def _node_event(core, node: str, reason: str, message: str) -> None:
+    n = core.read_node(node)
+    core.create_namespaced_event("default", {
+        "metadata": {"generateName": f"{node}."}, "type": "Warning", "reason": reason, "message": message,
+        "involvedObject": {"kind": "Node", "name": node, "uid": n.metadata.uid, "apiVersion": "v1"},
+        "source": {"component": "karpenter"}, "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1})
 
 
 def return_node(core, node: str) -> None:
     """Undo a node fault and the quarantine that followed, as an admin returning a repaired node
-    would: Ready again, NeuronHealth cleared, the operator's quarantine taint removed."""
+    would: Ready again, NeuronHealth and AcceleratedHardwareReady healthy, devices back, the
+    operator's quarantine taint and the termination notices removed, uncordoned."""
     node_recover(core, node)
     neuron_healthy(core, node)
+    accelerated_hardware_ready(core, node)
+    device_restore(core, node)
     n = core.read_node(node)
     taints = [core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []
-              if t.key != "trainium.dev/quarantined"]
-    core.patch_node(node, {"spec": {"taints": taints}})
+              if t.key != keys.QUARANTINE_TAINT and t.key not in keys.TERMINATION_NOTICE_TAINTS]
+    core.patch_node(node, {"spec": {"taints": taints, "unschedulable": None}})
 
 
 def inject(core, kind: str, namespace: str, pod) -> None:

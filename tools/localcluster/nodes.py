@@ -55,13 +55,42 @@ def is_process_node(name: str | None) -> bool:
     return bool(name) and name.startswith(PROCESS_NODE_PREFIX)
 
 
-def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d") -> dict:
+NETWORK_LAYER = "topology.k8s.aws/network-node-layer-"
+"""The AWS cloud controller manager's labels of an instance's network nodes (from EC2's
+DescribeInstanceTopology): layer 1 the farthest from the instance, 3 the nearest."""
+NETWORK_GROUPS = (64, 16, 4)
+"""Simulated nodes, by index, under one network node of each layer: 64 under a layer-1 node, 16
+under a layer-2, 4 under a layer-3 (an assumption of ours: EC2 publishes no fan-out)."""
+
+
+def network_labels(index: int, zone: str) -> dict[str, str]:
+    return {f"{NETWORK_LAYER}{layer}": f"nn-{zone}-{layer}-{index // size:04d}"
+            for layer, size in enumerate(NETWORK_GROUPS, start=1)}
+
+
+def agent_conditions(neuron: bool) -> list[dict]:
+    """The healthy conditions the EKS node monitoring agent writes when it starts
+    (trainium_api.nodesignals.AGENT_READY_REASONS): AcceleratedHardwareReady on Neuron nodes only."""
+    from trainium_api.nodesignals import ACCELERATED_HARDWARE, AGENT_READY_REASONS
+    from datetime import datetime, timezone
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return [{"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now,
+             "lastHeartbeatTime": now}
+            for kind, (reason, message) in AGENT_READY_REASONS.items()
+            if neuron or kind != ACCELERATED_HARDWARE.type]
+
+
+def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", index: int = 0) -> dict:
+    """A Node as EKS registers it: the instance type and zone labels, the network topology labels
+    of the cloud controller manager (Trainium types), and the EKS node monitoring agent's conditions."""
+    neuron = NEURON in itype.capacity
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": itype.name, "topology.kubernetes.io/zone": zone,
-        "type": "kwok", **itype.labels,
+        "type": "kwok", **(network_labels(index, zone) if neuron else {}), **itype.labels,
     }
-    status: dict = {"capacity": dict(itype.capacity), "allocatable": dict(itype.capacity)}
+    status: dict = {"capacity": dict(itype.capacity), "allocatable": dict(itype.capacity),
+                    "conditions": agent_conditions(neuron)}
     if is_process_node(name):
         labels[PROCESS_NODE_LABEL] = "true"
         # Its pods really run here: the node's address is this machine's loopback.
@@ -92,7 +121,7 @@ def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None
     for i in range(count):
         name = f"{prefix}{i:03d}"
         try:
-            core_api.create_node(node_manifest(name, itype))
+            core_api.create_node(node_manifest(name, itype, index=i))
         except ApiException as exc:
             if exc.status != 409:
                 raise
