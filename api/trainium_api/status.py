@@ -195,6 +195,22 @@ class QuarantinedMachine(_Written):
 
 
 @dataclass
+class NodeRepair(_Written):
+    """A node the run left out that EKS node auto repair is to replace (status.nodeRepairs): a
+    condition it acts on is bad (trainium_api.nodesignals). The run does not wait for it: it
+    trains elsewhere, and the new node is another machine (another providerID)."""
+    node: str = ""
+    condition: str = ""
+    """The condition auto repair acts on (AcceleratedHardwareReady, NetworkingReady, ..., Ready)."""
+    reason: str = ""
+    since: float | None = None
+    """When the condition turned bad."""
+    repair_after: float | None = None
+    """When auto repair acts at the earliest (since + its wait: 10 minutes for
+    AcceleratedHardwareReady, 30 for the others and Ready), where it is enabled."""
+
+
+@dataclass
 class AvoidedNode(_Written):
     """A node the run keeps its pods off on its own pods' word (status.avoidedNodes)."""
     node: str = ""
@@ -414,6 +430,8 @@ class TrainingRunStatus(_Written):
     faultTolerance.budgetWindowMinutes, but no taint is written, because a run's pods do not
     judge a node for the whole cluster (unless the operator runs with --trust-pod-fault-reports,
     which quarantines them instead). They count toward maxQuarantinedNodes while avoided."""
+    node_repairs: list[NodeRepair] = field(default_factory=list)
+    """The quarantined or avoided nodes that EKS node auto repair is to replace (NodeRepair)."""
     failures: list[FailureRecord] = field(default_factory=list)
     """The newest failures (at most MAX_FAILURES_KEPT); older ones live on in goodputArchive."""
     failure_count: int = 0

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainium_api import keys
-from trainium_api.status import TERMINAL, AvoidedNode, QuarantinedMachine, TrainingRunStatus
+from trainium_api import keys, nodesignals
+from trainium_api.status import TERMINAL, AvoidedNode, NodeRepair, QuarantinedMachine, TrainingRunStatus
 
 from .effects import Quarantine
 from .failure_policy import Budget, NodeLimit, left_out
@@ -173,6 +173,24 @@ def _remembered(p: Pass, gone: list[QuarantinedMachine]) -> list[QuarantinedMach
 def _quarantined_again(p: Pass, node: NodeView) -> None:
     p.event(Reason.NODE_QUARANTINED, f"{node.name}: registered again, the same machine ({node.provider_id}); "
                                "quarantined again (remove the taint to return it)", warning=True)
+
+
+def under_repair(p: Pass) -> None:
+    """The nodes the run left out that EKS node auto repair is to replace (status.nodeRepairs):
+    a condition it acts on is bad, and since when says when it acts. A node whose object went
+    is no longer listed (its machine was replaced; QuarantinedMachine remembers it)."""
+    out = []
+    for name in left_out(p.new.quarantined_nodes, (a.node for a in p.new.avoided_nodes)):
+        n = p.nodes.get(name)
+        if n is None:
+            continue
+        due = next((f for f in n.health if f.condition.repair_after_seconds is not None), None)
+        if due is not None:
+            out.append(NodeRepair(name, due.condition.type, due.reason, due.since,
+                                  due.since + due.condition.repair_after_seconds if due.since is not None else None))
+        elif n.ready != "True" and n.changed is not None:
+            out.append(NodeRepair(name, "Ready", n.ready, n.changed, n.changed + nodesignals.READY_REPAIR_SECONDS))
+    p.new.node_repairs = out
 
 
 def avoid(p: Pass, node: str, why: str) -> None:

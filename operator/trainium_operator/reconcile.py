@@ -54,7 +54,7 @@ from .observe import GangState, NodeView, PodView, gang_state
 from .observer import Snapshot, read_status, snapshot
 from .progress_tracking import (account, gang_running, report_bad_progress, report_startup, track_progress,
                                 watch_stragglers)
-from .quarantine import kept_off, still_avoided, still_quarantined
+from .quarantine import kept_off, still_avoided, still_quarantined, under_repair
 from .reasons import Cond, CondReason, Reason, report, was
 from .restarts import act_on, create, order_start, standing, teardown
 from .run_pass import Pass, condition, overdue
@@ -178,6 +178,7 @@ def _observe(p: Pass) -> None:
     store.observe(p, completed)
     still_quarantined(p)
     still_avoided(p)
+    under_repair(p)
     # left over from an attempt whose teardown an earlier operator did not finish (forced again
     # once a graceful delete has run out: its node may no longer answer)
     p.effects += [DeletePod(x.name, 0) for x in p.stale if not x.deleting or overdue(p, x)]

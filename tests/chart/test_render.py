@@ -132,13 +132,15 @@ def test_disruption_guard_values_become_operator_flags_which_it_accepts():
     import subprocess
     import sys
     dep = one(render({"disruption": {"threshold": 0.7, "minNodes": 5, "maxHoldSeconds": 60, "settleSeconds": 5,
+                                                  "massThreshold": 0.3, "massWindowSeconds": 90,
                                                   "deviceSettleSeconds": 20, "culpritWaitSeconds": 3,
                                                   "trustPodFaultReports": True}}),
               "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = [a for a in args if a.startswith(("--disruption", "--trust-pod"))]
     assert flags == ["--disruption-threshold=0.7", "--disruption-min-nodes=5", "--disruption-max-hold-seconds=60",
-                     "--disruption-settle-seconds=5", "--disruption-device-settle-seconds=20",
+                     "--disruption-settle-seconds=5", "--disruption-mass-threshold=0.3",
+                     "--disruption-mass-window-seconds=90", "--disruption-device-settle-seconds=20",
                      "--disruption-culprit-wait-seconds=3", "--trust-pod-fault-reports"]
     res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "--disruption-max-hold-seconds" in res.stdout

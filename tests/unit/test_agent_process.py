@@ -132,6 +132,11 @@ def test_which_exits_may_be_restarted_in_place_and_the_check_is_not_run_again():
     device = runtimefaults.format_message(runtimefaults.Finding("device", "NRT_EXEC_HW_ERR_HBM_UE", 0, "HBM UE on nc 3"))
     peer = runtimefaults.format_message(runtimefaults.Finding("peer", "PEER_CLOSED", 1, "connection closed"))
     assert not agent.restartable(1, device) and agent.restartable(1, peer)
+    network = runtimefaults.format_message(runtimefaults.Finding("network", "NRT_NETWORK_PROXY_FAILURE", 0, "x"))
+    repairable = runtimefaults.format_message(
+        runtimefaults.Finding("repairable", "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", 0, "HBM UE, reload the driver"))
+    # the node's network path: left; a repairable fault: the operator may keep the node (it decides)
+    assert not agent.restartable(1, network) and agent.restartable(1, repairable)
     argv = [PREFLIGHT_FLAG, "2,300", "--nnodes", "2", f"{PREFLIGHT_FLAG}=2,300", "-m", "trainer"]
     assert agent._without_preflight(argv) == ["--nnodes", "2", "-m", "trainer"]
 

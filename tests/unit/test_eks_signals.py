@@ -131,3 +131,28 @@ def test_a_repairable_fault_keeps_the_node_once_and_restarts_in_place_then_leave
     again = act(REPAIRABLE, spec, Standing(checkpoint_step=40, pods=GANG, attempt=2, repaired=frozenset({"n1"})),
                 NOW, False)
     assert (again.kind, again.avoid_node) == ("restart", "n1") and again.restart != "inPlace"
+
+
+# -- a node under repair -----------------------------------------------------------------------
+
+def test_status_says_when_eks_auto_repair_is_to_replace_a_node_the_run_left_out():
+    from tests.unit.test_operator_core import RUN, SPEC
+    from trainium_api.progress import ProgressReport
+    from trainium_operator.observe import PodView
+    from trainium_operator.reconcile import reconcile_objects
+    hbm = node_view(_node("n9", _agent("AcceleratedHardwareReady", "NeuronHBMUncorrectableError", "Discovered HBM"),
+                          taints=(keys.QUARANTINE_TAINT,)))
+    nodes = {"n9": hbm, **{f"n{i}": node_view(_node(f"n{i}")) for i in range(4)}}
+    gang = [PodView(f"r-a2-{i}", 2, i, "Running", f"n{i}", False, progress=ProgressReport(step=5, time=NOW - 1))
+            for i in range(4)]
+    status = {"phase": "Running", "attempt": 2, "createdTime": NOW - 100, "quarantinedNodes": ["n9"],
+              "current": {"startTime": NOW - 50, "gangRunningTime": NOW - 40},
+              "conditions": [{"type": "Valid", "status": "True"}]}
+    r = reconcile_objects({**RUN, "status": status}, gang, nodes, now=NOW)
+    (repair,) = r.after.node_repairs
+    assert (repair.node, repair.condition, repair.reason) == ("n9", "AcceleratedHardwareReady",
+                                                              "NeuronHBMUncorrectableError")
+    assert repair.repair_after == repair.since + 600
+    # a node gone (replaced) is no longer listed
+    r = reconcile_objects({**RUN, "status": status}, gang, {k: v for k, v in nodes.items() if k != "n9"}, now=NOW)
+    assert r.after.node_repairs == []

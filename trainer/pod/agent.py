@@ -152,11 +152,13 @@ class Reports:
 def restartable(code: int, message: str) -> bool:
     """Whether workers that exited with ``code`` (and this termination message) may be
     restarted in this pod: not when they finished, were fatal, or named this node as bad (the
-    pre-flight check, the Neuron runtime's hardware fault): the node must be left."""
+    pre-flight check, the Neuron runtime's hardware or network fault): the node must be left. A
+    repairable fault (1205) may keep the node: the operator decides (failure_policy), so the pod
+    waits for its order."""
     if code == exitcodes.OK or exitcodes.is_fatal(code) or code == exitcodes.PREFLIGHT:
         return False
     finding = runtimefaults.parse_message(message)
-    return finding is None or finding.kind != "device"
+    return finding is None or finding.kind not in ("device", "network")
 
 
 def _without_preflight(argv: list[str]) -> list[str]:
