@@ -30,6 +30,15 @@ POLICY_DIGEST = PREFIX + "policy-digest"  # of a trainer policy's spec: replace 
 # on nodes and runs
 QUARANTINE_TAINT = PREFIX + "quarantined"  # NoSchedule on a node the operator quarantined
 
+# node labels of EKS's network topology (the AWS cloud controller manager, from EC2's
+# DescribeInstanceTopology): layer 1 the farthest network node from the instance, 3 the nearest
+NETWORK_LAYER = "topology.k8s.aws/network-node-layer-"
+NETWORK_LAYERS = (3, 2, 1)  # nearest first
+# the Neuron device plugin's label of a trn2u node's UltraServer (of 4 nodes; -2: of 2)
+# (aws-neuron-sdk containers/how-to/how-to-ultraserver.rst)
+ULTRASERVER = "neuron.amazonaws.com/ultraserver-server-id-4"
+ULTRASERVER_NODES = 4
+
 # taints others put on a node that is about to be terminated: a run moves off at once, at a save
 KARPENTER_DISRUPTED = "karpenter.sh/disrupted"  # Karpenter v1's termination controller (no value, NoSchedule)
 TERMINATION_NOTICE_TAINTS = frozenset({

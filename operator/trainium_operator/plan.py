@@ -230,6 +230,28 @@ def _command(spec: TrainingRunSpec, index: int, master: str) -> list[str]:
     return [*watch, "--", *launch, *t.command]
 
 
+NETWORK_WEIGHTS = {3: 100, 2: 50, 1: 25}
+"""Preferred pod affinity weights per network layer: the nearest layer that holds the gang wins."""
+
+
+def gang_affinity(spec: TrainingRunSpec, name: str) -> dict:
+    """Keeps a Trainium gang close on the network ({} for other runs, and for a run whose pod
+    template asks Kueue for a topology: Kueue's topology-aware scheduling places it). Preferred:
+    each pod drawn to the network nodes of the gang's pods placed already, the nearest layer
+    weighing most, so the gang fills the smallest network domain that fits. Required, for a
+    trn2u gang of at most one UltraServer (4 nodes): all of it inside one UltraServer (the
+    NeuronLink domain; the scheduler places a first pod anywhere and the rest with it)."""
+    if not INSTANCE_TYPES[spec.instance_type]["neuron"] or workload.topology_request(spec):
+        return {}
+    gang = {"labelSelector": {"matchLabels": {keys.RUN: name}}}
+    out: dict = {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": NETWORK_WEIGHTS[layer], "podAffinityTerm": {**gang, "topologyKey": f"{keys.NETWORK_LAYER}{layer}"}}
+        for layer in keys.NETWORK_LAYERS]}
+    if spec.instance_type.startswith("trn2u.") and spec.nodes <= keys.ULTRASERVER_NODES:
+        out["requiredDuringSchedulingIgnoredDuringExecution"] = [{**gang, "topologyKey": keys.ULTRASERVER}]
+    return out
+
+
 def container_security(itype: dict) -> dict:
     """The trainer container's: no privilege escalation, the runtime's default seccomp profile,
     every capability dropped but IPC_LOCK where EFA is (libfabric pins its buffers in memory)."""
@@ -275,6 +297,9 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     resources = dict(itype["resources"])
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {keys.RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    together = gang_affinity(spec, name)
+    if together:
+        affinity["podAffinity"] = together
     if excluded_nodes:
         affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",

@@ -344,8 +344,16 @@ def apply(pod: dict, template: PodTemplate, run_labels: Mapping[str, str]) -> di
 def merge_affinity(ours: dict, theirs: Mapping[str, Any]) -> dict:
     """One Affinity from the operator's (one pod per node; the nodes the run leaves out) and the
     template's. Node selector terms are ORed, so the operator's exclusion is ANDed into each of
-    the template's required terms; required pod anti-affinity terms are all kept."""
-    out = {k: v for k, v in theirs.items() if k not in ("nodeAffinity", "podAntiAffinity")}
+    the template's required terms; pod affinity terms and required pod anti-affinity terms are
+    all kept."""
+    out = {k: v for k, v in theirs.items() if k not in ("nodeAffinity", "podAffinity", "podAntiAffinity")}
+    together = {timing: [*((ours.get("podAffinity") or {}).get(timing) or []),
+                         *((theirs.get("podAffinity") or {}).get(timing) or [])]
+                for timing in ("requiredDuringSchedulingIgnoredDuringExecution",
+                               "preferredDuringSchedulingIgnoredDuringExecution")}
+    together = {k: v for k, v in together.items() if v}
+    if together:  # the operator's network placement and the template's terms, all kept
+        out["podAffinity"] = together
     node = dict(theirs.get("nodeAffinity") or {})
     exclusion = [e for term in (((ours.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
                                  or {}).get("nodeSelectorTerms") or []) for e in term.get("matchExpressions") or []]

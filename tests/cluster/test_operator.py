@@ -762,3 +762,28 @@ def test_a_trainer_token_reaches_only_its_runs_current_pods(local_cluster, core_
     second = {p.metadata.name for p in gang(core_api, namespace, "named", 2)}
     wait_until(lambda: allowed("named") == second, what="the Role names attempt 2's pods")
     print(f"\ntrainer Roles: own {sorted(allowed('own'))}, named (team-sa) {sorted(allowed('named'))}")
+
+
+@pytest.mark.parametrize("itype, key", [("trn2.48xlarge", "topology.k8s.aws/network-node-layer-3"),
+                                        ("trn2u.48xlarge", "neuron.amazonaws.com/ultraserver-server-id-4")])
+def test_a_gang_lands_inside_one_network_domain(core_api, custom, namespace, operator, itype, key):
+    """Eight nodes as EKS labels them, four under each layer-3 network node (trn2u: four to an
+    UltraServer, as the Neuron device plugin labels them): a four-node gang lands under one,
+    by the kube-scheduler's own reading of the run's pod affinity (plan.gang_affinity: preferred
+    for the network layers, required for a trn2u UltraServer)."""
+    from localcluster.nodes import create_nodes
+    prefix = f"{itype.split('.')[0]}-topo-"
+    names = create_nodes(core_api, 8, itype, prefix)
+    try:
+        body = manifest("together", 4)
+        body["spec"]["instanceType"] = itype
+        body["spec"]["parallelism"] = {"tensor": 8, "sequenceParallel": True, "zero1": True}
+        create(custom, namespace, body)
+        wait_running_gang(core_api, custom, namespace, "together", 1, 4)
+        placed = {p.spec.node_name for p in gang(core_api, namespace, "together", 1)}
+        domains = {core_api.read_node(n).metadata.labels[key] for n in placed}
+        assert len(placed) == 4 and len(domains) == 1, (placed, domains)
+    finally:  # (the namespace goes with its run and pods; the nodes with their labels)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "together")
+        for n in names:
+            core_api.delete_node(n)

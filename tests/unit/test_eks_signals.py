@@ -156,3 +156,34 @@ def test_status_says_when_eks_auto_repair_is_to_replace_a_node_the_run_left_out(
     # a node gone (replaced) is no longer listed
     r = reconcile_objects({**RUN, "status": status}, gang, {k: v for k, v in nodes.items() if k != "n9"}, now=NOW)
     assert r.after.node_repairs == []
+
+
+# -- placement -------------------------------------------------------------------------------
+
+def _placed(instance_type: str, nodes: int, template: dict | None = None) -> dict:
+    from tests.unit.test_operator_core import RUN, SPEC
+    from trainium_operator import plan
+    body = {**SPEC, "instanceType": instance_type, "nodes": nodes, "processesPerNode": 32 if "trn1" in instance_type
+            else 64, **({"podTemplate": template} if template else {})}
+    body.pop("backend", None)
+    return plan.pod(RUN, parse(body), 1, 0, [])["spec"]["affinity"]
+
+
+@pytest.mark.parametrize("itype, nodes, ultraserver", [("trn1.32xlarge", 16, False), ("trn2u.48xlarge", 4, True),
+                                                       ("trn2u.48xlarge", 8, False)])
+def test_a_trainium_gang_prefers_the_nearest_network_layer_and_a_small_trn2u_gang_one_ultraserver(
+        itype, nodes, ultraserver):
+    together = _placed(itype, nodes)["podAffinity"]
+    preferred = together["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [(t["weight"], t["podAffinityTerm"]["topologyKey"]) for t in preferred] == [
+        (100, "topology.k8s.aws/network-node-layer-3"), (50, "topology.k8s.aws/network-node-layer-2"),
+        (25, "topology.k8s.aws/network-node-layer-1")]
+    required = together.get("requiredDuringSchedulingIgnoredDuringExecution")
+    assert (required == [{"labelSelector": {"matchLabels": {"trainium.dev/run": "r"}},
+                          "topologyKey": "neuron.amazonaws.com/ultraserver-server-id-4"}]) if ultraserver else not required
+
+
+def test_a_gang_that_asks_kueue_for_a_topology_gets_no_affinity_of_ours():
+    tas = {"metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology":
+                                        "topology.k8s.aws/network-node-layer-3"}}}
+    assert "podAffinity" not in _placed("trn1.32xlarge", 4, tas)

@@ -87,7 +87,10 @@ def test_the_template_is_merged_and_the_operators_rules_hold():
     assert anti[0] == {"labelSelector": {"matchLabels": {"trainium.dev/run": "r"}},
                        "topologyKey": "kubernetes.io/hostname"}  # one pod per node, first
     assert anti[1]["labelSelector"] == {"matchLabels": {"app": "noisy"}}
-    assert body["affinity"]["podAffinity"] == {"preferredDuringSchedulingIgnoredDuringExecution": []}
+    # the template's (empty) pod affinity beside the operator's network placement (plan.gang_affinity)
+    preferred = body["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [t["podAffinityTerm"]["topologyKey"] for t in preferred] == [
+        f"topology.k8s.aws/network-node-layer-{i}" for i in (3, 2, 1)]
     assert (body["priorityClassName"], body["schedulerName"]) == ("training-high", "default-scheduler")
     res = body["containers"][0]["resources"]
     assert res["requests"]["cpu"] == "120" and res["requests"]["aws.amazon.com/neuron"] == "16"

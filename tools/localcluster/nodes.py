@@ -55,17 +55,23 @@ def is_process_node(name: str | None) -> bool:
     return bool(name) and name.startswith(PROCESS_NODE_PREFIX)
 
 
-NETWORK_LAYER = "topology.k8s.aws/network-node-layer-"
-"""The AWS cloud controller manager's labels of an instance's network nodes (from EC2's
-DescribeInstanceTopology): layer 1 the farthest from the instance, 3 the nearest."""
 NETWORK_GROUPS = (64, 16, 4)
 """Simulated nodes, by index, under one network node of each layer: 64 under a layer-1 node, 16
 under a layer-2, 4 under a layer-3 (an assumption of ours: EC2 publishes no fan-out)."""
 
 
-def network_labels(index: int, zone: str) -> dict[str, str]:
-    return {f"{NETWORK_LAYER}{layer}": f"nn-{zone}-{layer}-{index // size:04d}"
-            for layer, size in enumerate(NETWORK_GROUPS, start=1)}
+def network_labels(index: int, zone: str, itype: str) -> dict[str, str]:
+    """The AWS cloud controller manager's network topology labels (keys.NETWORK_LAYER); on trn2u,
+    the Neuron device plugin's UltraServer labels too (of 4 nodes, and of 2)."""
+    from trainium_api import keys
+    labels = {f"{keys.NETWORK_LAYER}{layer}": f"nn-{zone}-{layer}-{index // size:04d}"
+              for layer, size in enumerate(NETWORK_GROUPS, start=1)}
+    if itype.startswith("trn2u."):
+        labels.update({"neuron.amazonaws.com/ultraserver-mode": "1_2_4",
+                       keys.ULTRASERVER: f"us-{index // 4:04d}", "neuron.amazonaws.com/ultraserver-node-id-4": str(index % 4),
+                       "neuron.amazonaws.com/ultraserver-server-id-2": f"us2-{index // 2:04d}",
+                       "neuron.amazonaws.com/ultraserver-node-id-2": str(index % 2)})
+    return labels
 
 
 def agent_conditions(neuron: bool) -> list[dict]:
@@ -87,7 +93,7 @@ def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", inde
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": itype.name, "topology.kubernetes.io/zone": zone,
-        "type": "kwok", **(network_labels(index, zone) if neuron else {}), **itype.labels,
+        "type": "kwok", **(network_labels(index, zone, itype.name) if neuron else {}), **itype.labels,
     }
     status: dict = {"capacity": dict(itype.capacity), "allocatable": dict(itype.capacity),
                     "conditions": agent_conditions(neuron)}
