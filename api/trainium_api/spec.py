@@ -103,10 +103,21 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
     # 16 Trainium2 chips of 8 NeuronCore-v3, grouped in pairs (LNC 2, the default): 64 ranks
     "trn2.48xlarge": dict(_TRN2),
     "trn2u.48xlarge": dict(_TRN2),  # a Trn2 UltraServer's member instance
+    # Any Trn3 instance: Trn3 UltraServers take their devices through DRA only, and AWS publishes
+    # no instance names or per-instance EFA counts in what we read (Gen1: 4 servers of 16
+    # Trainium3, Gen2: 36 of 4): the claim's selector finds the Trn3 devices, and the device
+    # count is the claim's (every Neuron device of the node). processesPerNode is required
+    "trn3": {"processes": None, "resources": {}, "neuron": True, "generation": "trn3", "lnc": 2, "dra_only": True},
     "cpu": {"processes": 1, "resources": {}, "neuron": False},
     "gpu": {"processes": 8, "resources": {"nvidia.com/gpu": "8"}, "neuron": False},
 }
 InstanceType = Literal[tuple(INSTANCE_TYPES)]  # type: ignore[valid-type]
+
+DeviceAllocation = Literal["auto", "devicePlugin", "dra"]
+NEURON_DEVICE_CLASS = "neuron.aws.com"
+"""The Neuron DRA driver's DeviceClass and driver name (aws-neuron-sdk deploy/eks/dra.rst)."""
+EFA_DEVICE_CLASS = "efa.networking.k8s.aws"
+"""The EFA DRA driver's (DRANET, driver dra.net) DeviceClass (EKS user guide, device-management-efa)."""
 
 TRAINER_IDENTITY = "trainium-trainer"
 """The operator's trainer identities are named ``trainium-trainer-<run>`` (one per run), a prefix
@@ -791,9 +802,17 @@ class TrainingRunSpec(RunConfig):
     """Where checkpoints go (checkpoint.uri is required: a restarted gang resumes from it)."""
     instance_type: InstanceType = "trn1.32xlarge"
     """trn1.32xlarge (16 Neuron devices, 32 cores, 8 EFA), trn1n.32xlarge (16 EFA), trn2.48xlarge or
-    trn2u.48xlarge (16 Trainium2 devices, 64 logical cores, 16 EFA), or cpu/gpu for development."""
+    trn2u.48xlarge (16 Trainium2 devices, 64 logical cores, 16 EFA), trn3 (any Trn3 instance,
+    through DRA only: resources dra), or cpu/gpu for development."""
+    resources: DeviceAllocation = "auto"
+    """How the pods get the node's Neuron devices and EFA interfaces: devicePlugin (the extended
+    resources aws.amazon.com/neuron and vpc.amazonaws.com/efa, counted), dra (a
+    ResourceClaimTemplate of the Neuron DRA driver's DeviceClass neuron.aws.com, every device of
+    the node, and of efa.networking.k8s.aws where that class exists: Kubernetes 1.34 and later),
+    or auto: dra when the cluster has the neuron.aws.com DeviceClass (always for trn3), else
+    devicePlugin. Read when pods are made."""
     processes_per_node: AtLeastOne | None = None
-    """Trainer ranks per pod (default: 32 on trn1, 64 on trn2, 1 on cpu, 8 on gpu)."""
+    """Trainer ranks per pod (default: 32 on trn1, 64 on trn2, 1 on cpu, 8 on gpu; required on trn3)."""
     backend: Backend | None = None
     """Trainer backend (default: neuron on trn types, cpu otherwise)."""
     suspend: bool = False
@@ -818,6 +837,9 @@ class TrainingRunSpec(RunConfig):
     """Where the trainer container mounts spec.volumes."""
     pod_template: PodTemplate = field(default_factory=PodTemplate)
     layout: Layout | None = field(default=None, metadata=DERIVED)
+    dra_efa: bool = field(default=False, metadata=DERIVED)
+    """With resources dra (in force): the cluster has the EFA DRA driver's DeviceClass, so the
+    claim asks for the node's EFA interfaces too (observer.devices_in_force)."""
     """Our trainer's parallel layout (derived); None with a command trainer (its layout is its own)."""
 
     @property

@@ -44,6 +44,7 @@ class Kube:
         self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.admission = client.AdmissionregistrationV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.resource = client.ResourceV1Api(api_client)
 
     # -- children -------------------------------------------------------------------------
 
@@ -62,6 +63,7 @@ class Kube:
                   "Role": self.rbac.create_namespaced_role,
                   "RoleBinding": self.rbac.create_namespaced_role_binding,
                   "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
+                  "ResourceClaimTemplate": self.resource.create_namespaced_resource_claim_template,
                   "Workload": self._create_workload}[kind]
         try:
             create(ns, obj, **T)
@@ -76,6 +78,7 @@ class Kube:
                 "Pod": self.core.read_namespaced_pod, "ServiceAccount": self.core.read_namespaced_service_account,
                 "Role": self.rbac.read_namespaced_role, "RoleBinding": self.rbac.read_namespaced_role_binding,
                 "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+                "ResourceClaimTemplate": self.resource.read_namespaced_resource_claim_template,
                 "Workload": self._read_workload}[kind]
         found = self.core.api_client.sanitize_for_serialization(read(name, ns, **T))
         found_owner = controller_uid(found)
@@ -247,6 +250,19 @@ class Kube:
                 if exc.status != 409 or attempt == attempts - 1:
                     raise
                 log.info("node %s changed while quarantining it; reading it again", node)
+
+    # -- the cluster's devices ------------------------------------------------------------
+
+    def device_classes(self) -> frozenset[str]:
+        """The names of the cluster's DRA DeviceClasses (resource.k8s.io/v1); none where the API
+        server does not serve that version (before Kubernetes 1.34, or DRA turned off)."""
+        try:
+            listed = self.resource.list_device_class(**T)
+        except ApiException as exc:
+            if exc.status == 404:
+                return frozenset()
+            raise
+        return frozenset(c.metadata.name for c in listed.items or [])
 
     # -- the API server itself ------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from trainium_api.fields import ConfigError
 from trainium_api.load import lenient
-from trainium_api.spec import TrainingRunSpec, check_run_name
+from trainium_api.spec import (EFA_DEVICE_CLASS, INSTANCE_TYPES, NEURON_DEVICE_CLASS, TrainingRunSpec,
+                               check_run_name)
 from trainium_api.status import CheckpointRef, TrainingRunStatus
 
 from .hostaccess import HostAccess
@@ -60,6 +61,8 @@ class Snapshot:
     there is none of this run's."""
     flavors: dict[str, FlavorView] = dataclasses.field(default_factory=dict)
     """Kueue's ResourceFlavors by name (read only for a run with a Workload)."""
+    device_classes: frozenset[str] = frozenset()
+    """The cluster's DRA DeviceClasses (the watcher reads them at most every 30 s)."""
 
     @property
     def deleting(self) -> bool:
@@ -76,7 +79,8 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
              guard: DisruptionGuard = DisruptionGuard(), api_outage: tuple[float, float] | None = None,
              children_error: str = "", host: HostAccess = HostAccess(),
              status: TrainingRunStatus | None = None, workload: WorkloadView | None = None,
-             flavors: dict[str, FlavorView] | None = None, children_error_since: float | None = None) -> Snapshot:
+             flavors: dict[str, FlavorView] | None = None, children_error_since: float | None = None,
+             device_classes: frozenset[str] = frozenset()) -> Snapshot:
     """``status``: the run's status read already (read_status of run["status"]); parsing a
     status that keeps 50 failures takes milliseconds, every pass."""
     status = read_status(run.get("status")) if status is None else status
@@ -88,10 +92,42 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
         checkpoint = store.newest_reported([p for p in pods if not p.spare], spec)
     if workload is not None and workload.owner != run["metadata"].get("uid"):
         workload = None  # an earlier run's of the same name, on its way out
+    if spec is not None:
+        spec = devices_in_force(spec, device_classes)
     if spec is not None and workload is not None and workload.admitted:
         spec = queueing.admitted_spec(spec, workload, flavors or {})
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
-                    children_error, children_error_since, host, workload, dict(flavors or {}))
+                    children_error, children_error_since, host, workload, dict(flavors or {}), device_classes)
+
+
+_RESOLVED: dict[tuple[int, str, bool], tuple[TrainingRunSpec, TrainingRunSpec]] = {}
+_RESOLVED_LOCK = threading.Lock()
+
+
+def devices_in_force(spec: TrainingRunSpec, device_classes: frozenset[str]) -> TrainingRunSpec:
+    """``spec`` with spec.resources resolved against the cluster: auto is dra where the Neuron DRA
+    driver's DeviceClass exists (always for a DRA-only instance type), else devicePlugin; with
+    dra, dra_efa where the EFA DRA driver's class exists too. The same object for the same spec
+    and cluster (plan caches by the spec object): a spec is never changed in place."""
+    itype = INSTANCE_TYPES[spec.instance_type]
+    if not itype["neuron"]:
+        return spec
+    mode = spec.resources
+    if mode == "auto":
+        mode = "dra" if itype.get("dra_only") or NEURON_DEVICE_CLASS in device_classes else "devicePlugin"
+    efa = mode == "dra" and EFA_DEVICE_CLASS in device_classes
+    if (mode, efa) == (spec.resources, spec.dra_efa):
+        return spec
+    key = (id(spec), mode, efa)
+    with _RESOLVED_LOCK:
+        hit = _RESOLVED.get(key)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        resolved = dataclasses.replace(spec, resources=mode, dra_efa=efa)
+        if len(_RESOLVED) >= 512:
+            _RESOLVED.clear()
+        _RESOLVED[key] = (spec, resolved)  # (the spec is kept: its id stays its own)
+        return resolved
 
 
 MAX_CLOCK_AHEAD_SECONDS = 300.0

@@ -24,7 +24,8 @@ from trainium_api import podenv as E
 from trainium_api.launch import AGENT_FLAG, LAUNCH_MODULE, PRECOMPILE_FLAG, PREFLIGHT_FLAG, WATCH_MODULE
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
-from trainium_api.spec import CONTRACT_MOUNTS, INSTANCE_TYPES, TrainingRunSpec, trainer_identity
+from trainium_api.spec import (CONTRACT_MOUNTS, EFA_DEVICE_CLASS, INSTANCE_TYPES, NEURON_DEVICE_CLASS, TrainingRunSpec,
+                               trainer_identity)
 
 from . import pod_template, workload
 from .containers import locked_down
@@ -252,6 +253,36 @@ def gang_affinity(spec: TrainingRunSpec, name: str) -> dict:
     return out
 
 
+DEVICE_CLAIM = "devices"
+"""The pod's ResourceClaim (resources dra), made from the run's template by the resource claim controller."""
+
+
+def claim_template_name(run_name: str) -> str:
+    return f"{run_name}-devices"
+
+
+def claim_template(run: dict, spec: TrainingRunSpec) -> dict:
+    """The run's ResourceClaimTemplate (resources dra): every Neuron device of the node a pod
+    lands on (allocationMode All over the node's pool), of the run's instance type (a Trn3
+    instance: any whose instanceType attribute starts trn3), as the Neuron DRA driver publishes
+    them (attributes instanceType and resourceType, aws-neuron-sdk deploy/eks/dra.rst); and the
+    node's EFA interfaces where the EFA DRA driver's class exists (dra_efa). One claim a pod: the
+    resource claim controller makes it from this template and deletes it with the pod."""
+    attrs = f"device.attributes['{NEURON_DEVICE_CLASS}']"
+    kind = (f"{attrs}.instanceType.startsWith('{spec.instance_type}')" if INSTANCE_TYPES[spec.instance_type].get(
+        "dra_only") else f"{attrs}.instanceType == '{spec.instance_type}'")
+    requests = [{"name": "neuron", "exactly": {
+        "deviceClassName": NEURON_DEVICE_CLASS, "allocationMode": "All",
+        "selectors": [{"cel": {"expression": f"{kind} && {attrs}.resourceType == 'neuron_device'"}}]}}]
+    if spec.dra_efa:
+        requests.append({"name": "efa", "exactly": {"deviceClassName": EFA_DEVICE_CLASS, "allocationMode": "All"}})
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": claim_template_name(run["metadata"]["name"]), "namespace": run["metadata"]["namespace"],
+                         "labels": {keys.RUN: run["metadata"]["name"], **keys.MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "spec": {"spec": {"devices": {"requests": requests}}}}
+
+
 def container_security(itype: dict) -> dict:
     """The trainer container's: no privilege escalation, the runtime's default seccomp profile,
     every capability dropped but IPC_LOCK where EFA is (libfabric pins its buffers in memory)."""
@@ -283,7 +314,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         if itype["generation"] != "trn1":
             env[E.NEURON_LOGICAL_NC_CONFIG] = str(itype["lnc"])
     env_list = [{"name": k, "value": v} for k, v in env.items()]
-    if itype["neuron"] and spec.preflight_on():  # the pre-flight check counts the container's devices
+    if itype["neuron"] and spec.preflight_on() and "aws.amazon.com/neuron" in itype["resources"]:
+        # the pre-flight check counts the container's devices (a DRA-only type's count is the claim's)
         env_list.append({"name": E.PREFLIGHT_DEVICES_ENV, "value": itype["resources"]["aws.amazon.com/neuron"]})
     if spec.preflight_on() and preflight_trusted:
         env_list.append({"name": E.PREFLIGHT_PASSED_ENV, "value": ",".join(sorted(preflight_trusted))})
@@ -294,7 +326,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
                  {"name": E.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
     command = _command(spec, index, master)
-    resources = dict(itype["resources"])
+    dra = itype["neuron"] and spec.resources == "dra"
+    resources = {} if dra else dict(itype["resources"])  # with DRA the claim brings the devices
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {keys.RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
     together = gang_affinity(spec, name)
@@ -329,8 +362,12 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     spec_body["volumes"] += [dict(v) for v in spec.volumes]
     if spec.trainer.working_dir:
         spec_body["containers"][0]["workingDir"] = spec.trainer.working_dir
+    if dra:
+        spec_body["resourceClaims"] = [{"name": DEVICE_CLAIM, "resourceClaimTemplateName": claim_template_name(name)}]
+        spec_body["containers"][0]["resources"]["claims"] = [{"name": DEVICE_CLAIM}]
     if itype["neuron"]:
-        spec_body["nodeSelector"] = {"node.kubernetes.io/instance-type": spec.instance_type}
+        if "dra_only" not in itype:  # a Trn3 instance's name is not known: the claim's selector finds it
+            spec_body["nodeSelector"] = {"node.kubernetes.io/instance-type": spec.instance_type}
         spec_body["tolerations"] = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
     return workload.gate(pod_template.apply({
         "apiVersion": "v1", "kind": "Pod",

@@ -44,7 +44,7 @@ from typing import Callable
 
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
-from trainium_api.spec import TrainingRunSpec
+from trainium_api.spec import INSTANCE_TYPES, TrainingRunSpec
 from trainium_api.status import HELD, MAX_FAILURES_KEPT, TERMINAL, Disruption, TrainingRunStatus
 
 from . import admission, inplace, plan, queueing, store
@@ -197,6 +197,8 @@ def _children(p: Pass) -> None:
     if spec.own_trainer_identity:
         p.effects += [Ensure(o) for o in admission.trainer_policy()]
     p.effects.append(Ensure(plan.service(p.run)))
+    if spec.resources == "dra" and INSTANCE_TYPES[spec.instance_type]["neuron"]:
+        p.effects.append(Ensure(plan.claim_template(p.run, spec)))
     if spec.fault_tolerance.do_not_disrupt:
         p.effects.append(Ensure(plan.disruption_budget(p.run, spec)))
     if not spec.trainer.is_command:

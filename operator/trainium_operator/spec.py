@@ -50,9 +50,15 @@ def parse(spec: Mapping[str, Any] | None, accepted_before: bool = False) -> Trai
         raise _prefix(err) from None
     itype = INSTANCE_TYPES[s.instance_type]
     neuron_type = itype["neuron"]
+    if itype.get("dra_only") and s.resources == "devicePlugin":
+        raise ConfigError("spec.resources", f"{s.instance_type} takes its devices through DRA only (dra or auto), "
+                                            "got devicePlugin")
     if s.processes_per_node is None:
+        if itype["processes"] is None:
+            raise ConfigError("spec.processesPerNode", f"required on {s.instance_type} (ranks a node: one per "
+                                                       "logical NeuronCore of the instance)")
         s.processes_per_node = itype["processes"]
-    if neuron_type and s.processes_per_node > itype["processes"]:
+    if neuron_type and itype["processes"] is not None and s.processes_per_node > itype["processes"]:
         raise ConfigError("spec.processesPerNode", f"at most {itype['processes']} on {s.instance_type} "
                                                    f"(one process per NeuronCore), got {s.processes_per_node}")
     if s.backend is None:

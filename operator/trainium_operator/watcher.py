@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ RECONCILE_INTERVAL = 1.0  # seconds between passes when nothing wakes a run's lo
 ERROR_BACKOFF = 2.0  # after a pass that raised; doubling while the run's passes keep failing
 MAX_ERROR_BACKOFF = 30.0
 OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
+DEVICE_CLASSES_MAX_AGE = 30.0  # a DRA driver installed is seen within this
 ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
 
 
@@ -120,6 +122,8 @@ class Watcher:
         self.node_shapes: dict[str, tuple | None] = {}  # the same for nodes
         self.mass = MassEvents()  # when each node turned NotReady or lost its Neuron devices
         self._zones: tuple[float, dict, dict] = (0.0, {}, {})
+        self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
+        self._classes_lock = threading.Lock()
 
     @classmethod
     def start_up(cls, options: Options) -> Watcher:
@@ -153,6 +157,19 @@ class Watcher:
             self._zones = (time.monotonic(), zones, events)
         return zones, events
 
+    def device_classes(self) -> frozenset[str]:
+        """The cluster's DRA DeviceClasses, read at most every DEVICE_CLASSES_MAX_AGE seconds (a
+        run's resources auto turns on the Neuron DRA driver's); a failed read keeps the last."""
+        with self._classes_lock:
+            at, value = self._classes
+            if time.monotonic() - at > DEVICE_CLASSES_MAX_AGE:
+                try:
+                    value = self.kube.device_classes()
+                except Exception as exc:  # (the API away, RBAC not granted): said, the last kept
+                    log.warning("could not list DeviceClasses: %s", exc)
+                self._classes = (time.monotonic(), value)
+            return value
+
     def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping,
                  run_workloads: Mapping | None = None, kueue_flavors: Mapping | None = None) -> Snapshot:
         """What one pass of the run sees: the run as kopf holds it now, its pods and nodes from
@@ -181,7 +198,8 @@ class Watcher:
         return snapshot(run, pods, nodes, now, None, disrupted, self.guard, api_outage=self.health.outage(now),
                         children_error=self.children.error(namespace, name),
                         children_error_since=self.children.error_since(namespace, name), host=self.host, status=status,
-                        workload=workloads[0] if workloads else None, flavors=flavors)
+                        workload=workloads[0] if workloads else None, flavors=flavors,
+                        device_classes=self.device_classes())
 
     # -- apply -----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in traini
     ("rbac.authorization.k8s.io", "rolebindings", {"get", "create"}),
     ("", "events", {"create"}),  # Kube.event
     ("policy", "poddisruptionbudgets", {"get", "create"}),  # Kube.ensure: the run's budget (doNotDisrupt)
+    ("resource.k8s.io", "resourceclaimtemplates", {"get", "create"}),  # Kube.ensure: the run's DRA claims
     # a queued run's Workload: the kopf index and wake-up, Kube.ensure, Kube.patch_workload
     ("kueue.x-k8s.io", "workloads", {"get", "list", "watch", "create", "patch"}),
     ("kueue.x-k8s.io", "workloads/status", {"patch"}),
@@ -45,7 +46,8 @@ CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kub
                  ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"get", "create", "update"}),
                  ("kueue.x-k8s.io", "resourceflavors", {"list", "watch"}),  # the kopf index of flavors
                  # Kube._create_workload: the priority of the class the Workload names
-                 ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"}), ("scheduling.k8s.io", "priorityclasses", {"get"})]
+                 ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"}), ("scheduling.k8s.io", "priorityclasses", {"get"}),
+                 ("resource.k8s.io", "deviceclasses", {"list"})]  # Kube.device_classes: resources auto
 
 
 def helm(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -187,3 +187,70 @@ def test_a_gang_that_asks_kueue_for_a_topology_gets_no_affinity_of_ours():
     tas = {"metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology":
                                         "topology.k8s.aws/network-node-layer-3"}}}
     assert "podAffinity" not in _placed("trn1.32xlarge", 4, tas)
+
+
+# -- DRA -------------------------------------------------------------------------------------
+
+def _spec(instance_type: str, **extra):
+    from tests.unit.test_operator_core import SPEC
+    body = {**SPEC, "instanceType": instance_type, "nodes": 2, **extra}
+    body.pop("backend", None)
+    body.setdefault("processesPerNode", 64)
+    return parse(body)
+
+
+def test_resources_auto_takes_dra_where_the_neuron_class_exists_and_efa_where_its_class_does():
+    from trainium_operator.observer import devices_in_force
+    spec = _spec("trn2.48xlarge")
+    assert spec.resources == "auto"
+    assert devices_in_force(spec, frozenset()).resources == "devicePlugin"
+    dra = devices_in_force(spec, frozenset({"neuron.aws.com"}))
+    assert (dra.resources, dra.dra_efa) == ("dra", False)
+    both = devices_in_force(spec, frozenset({"neuron.aws.com", "efa.networking.k8s.aws"}))
+    assert (both.resources, both.dra_efa) == ("dra", True)
+    assert devices_in_force(spec, frozenset({"neuron.aws.com"})) is dra  # one object: plan caches by it
+    pinned = _spec("trn2.48xlarge", resources="devicePlugin")
+    assert devices_in_force(pinned, frozenset({"neuron.aws.com"})) is pinned
+
+
+def test_a_dra_pod_claims_the_nodes_devices_from_the_runs_template_and_counts_none():
+    from tests.unit.test_operator_core import RUN
+    from trainium_operator import plan
+    from trainium_operator.observer import devices_in_force
+    spec = devices_in_force(_spec("trn2.48xlarge"), frozenset({"neuron.aws.com", "efa.networking.k8s.aws"}))
+    pod = plan.pod(RUN, spec, 1, 0, [])["spec"]
+    assert pod["resourceClaims"] == [{"name": "devices", "resourceClaimTemplateName": "r-devices"}]
+    trainer = pod["containers"][0]
+    assert trainer["resources"]["claims"] == [{"name": "devices"}]
+    assert not any(k in trainer["resources"].get("limits", {}) for k in ("aws.amazon.com/neuron", "vpc.amazonaws.com/efa"))
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
+    t = plan.claim_template(RUN, spec)
+    assert (t["apiVersion"], t["kind"], t["metadata"]["name"]) == ("resource.k8s.io/v1", "ResourceClaimTemplate",
+                                                                    "r-devices")
+    neuron, efa = t["spec"]["spec"]["devices"]["requests"]
+    assert neuron["exactly"]["deviceClassName"] == "neuron.aws.com" and neuron["exactly"]["allocationMode"] == "All"
+    assert neuron["exactly"]["selectors"][0]["cel"]["expression"] == (
+        "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge' && "
+        "device.attributes['neuron.aws.com'].resourceType == 'neuron_device'")
+    assert efa["exactly"] == {"deviceClassName": "efa.networking.k8s.aws", "allocationMode": "All"}
+    plain = plan.pod(RUN, devices_in_force(_spec("trn2.48xlarge"), frozenset()), 1, 0, [])["spec"]
+    assert "resourceClaims" not in plain and plain["containers"][0]["resources"]["limits"]["aws.amazon.com/neuron"] == "16"
+
+
+def test_trn3_is_accepted_through_dra_only_and_its_ranks_must_be_given():
+    from trainium_api.fields import ConfigError
+    from tests.unit.test_operator_core import RUN
+    from trainium_operator import plan
+    from trainium_operator.observer import devices_in_force
+    with pytest.raises(ConfigError) as err:
+        _spec("trn3", resources="devicePlugin")
+    assert err.value.field == "spec.resources"
+    with pytest.raises(ConfigError) as err:
+        _spec("trn3", processesPerNode=None)
+    assert err.value.field == "spec.processesPerNode"
+    spec = devices_in_force(_spec("trn3", processesPerNode=32), frozenset())  # auto: DRA whatever the cluster says
+    assert spec.resources == "dra"
+    pod = plan.pod(RUN, spec, 1, 0, [])["spec"]
+    assert "nodeSelector" not in pod and pod["resourceClaims"][0]["resourceClaimTemplateName"] == "r-devices"
+    expr = plan.claim_template(RUN, spec)["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
+    assert "instanceType.startsWith('trn3')" in expr["cel"]["expression"]
