@@ -8,13 +8,13 @@ from pathlib import Path
 
 import yaml
 
-from localcluster.cluster import DEFAULT_CACHE
+from localcluster.cluster import DEFAULT_CACHE, pinned_version
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "trainium-operator"
 HELM = DEFAULT_CACHE / "bin" / "helm"
 MONITORING_CRDS = DEFAULT_CACHE / "monitoring-crds"
-KUBE_VERSION = "1.33.13"
+KUBE_VERSION = pinned_version("K8S_VERSION").removeprefix("v")  # the local control plane's (build.sh)
 # Every optional object of the chart switched on.
 ALL_ON = {"prometheusRule.enabled": True, "dashboard.enabled": True, "metrics.serviceMonitor.enabled": True,
           "metrics.podMonitor.enabled": True}

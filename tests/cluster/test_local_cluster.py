@@ -49,7 +49,9 @@ def phase(core_api, ns, pod):
 
 def test_version_is_the_real_release(local_cluster):
     version = json.loads(local_cluster.kubectl("get", "--raw", "/version").stdout)
-    assert version["gitVersion"] == "v1.33.13" and version["minor"] == "33"
+    from localcluster.cluster import pinned_version
+    pinned = pinned_version("K8S_VERSION")
+    assert version["gitVersion"] == pinned and version["minor"] == pinned.split(".")[1]
 
 
 def test_kubectl_lists_trn1_nodes_with_capacity(local_cluster, core_api):
@@ -270,7 +272,8 @@ def test_second_cluster_side_by_side_and_warm_up(local_cluster, tmp_path):
     took = other.up()
     try:
         print(f"\nwarm up of a second cluster: {took:.1f}s")
-        assert json.loads(other.kubectl("get", "--raw", "/version").stdout)["gitVersion"] == "v1.33.13"
+        from localcluster.cluster import pinned_version
+        assert json.loads(other.kubectl("get", "--raw", "/version").stdout)["gitVersion"] == pinned_version("K8S_VERSION")
         assert took < 30
     finally:
         other.down()

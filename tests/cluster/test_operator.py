@@ -6,6 +6,7 @@ Detection and recovery times are printed; the goals are in the issue and bench/ 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -785,5 +786,53 @@ def test_a_gang_lands_inside_one_network_domain(core_api, custom, namespace, ope
         assert len(placed) == 4 and len(domains) == 1, (placed, domains)
     finally:  # (the namespace goes with its run and pods; the nodes with their labels)
         custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "together")
+        for n in names:
+            core_api.delete_node(n)
+
+
+def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(core_api, custom, namespace, operator):
+    """The Neuron DRA driver's DeviceClass, and nodes whose devices it publishes as ResourceSlices
+    (localcluster.nodes.publish_dra_devices; no extended resources): a run with resources dra
+    gets its ResourceClaimTemplate, each pod claims from it, and Kubernetes' own resource claim
+    controller and scheduler allocate every Neuron device of the pod's node to its claim. A trn3
+    run is refused with resources devicePlugin, naming the field, and placed through DRA with
+    resources auto."""
+    from kubernetes import client
+    from localcluster.nodes import create_nodes, install_dra_driver
+    dra = client.ResourceV1Api(core_api.api_client)
+    install_dra_driver(core_api)
+    names = create_nodes(core_api, 2, "trn2.48xlarge", "dra-trn2-", dra=True) + create_nodes(core_api, 2, "trn3", "trn3-")
+    try:
+        body = manifest("claims", 2)
+        body["spec"].update(instanceType="trn2.48xlarge", resources="dra")
+        create(custom, namespace, body)
+        wait_running_gang(core_api, custom, namespace, "claims", 1, 2)
+        template = dra.read_namespaced_resource_claim_template("claims-devices", namespace)
+        assert template.metadata.owner_references[0].kind == "TrainingRun"
+        for pod in gang(core_api, namespace, "claims", 1):
+            assert pod.spec.node_name.startswith("dra-trn2-")
+            assert [(c.name, c.resource_claim_template_name) for c in pod.spec.resource_claims] == [
+                ("devices", "claims-devices")]
+            claim_name = pod.status.resource_claim_statuses[0].resource_claim_name
+            claim = dra.read_namespaced_resource_claim(claim_name, namespace)
+            results = claim.status.allocation.devices.results
+            assert len(results) == 16 and {r.pool for r in results} == {pod.spec.node_name}
+            assert not (pod.spec.containers[0].resources.limits or {}).get("aws.amazon.com/neuron")
+        # trn3: DRA only
+        refused = manifest("trn3-plugin", 2)
+        refused["spec"].update(instanceType="trn3", processesPerNode=64, resources="devicePlugin")
+        create(custom, namespace, refused)
+        st, _ = wait_until(lambda: next((c for c in status(custom, namespace, "trn3-plugin").get("conditions") or []
+                                         if c["type"] == "Valid" and c["status"] == "False"), None), what="refused")
+        assert "spec.resources" in st["message"], st
+        trn3 = manifest("trn3", 2)
+        trn3["spec"].update(instanceType="trn3", processesPerNode=64)
+        create(custom, namespace, trn3)
+        wait_running_gang(core_api, custom, namespace, "trn3", 1, 2)
+        assert {p.spec.node_name[:5] for p in gang(core_api, namespace, "trn3", 1)} == {"trn3-"}
+    finally:
+        for run in ("claims", "trn3-plugin", "trn3"):
+            with contextlib.suppress(Exception):
+                custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         for n in names:
             core_api.delete_node(n)

@@ -8,7 +8,7 @@
 # Versions are pinned here and in gomod/*/go.mod; change both together.
 set -euo pipefail
 
-K8S_VERSION=v1.33.13
+K8S_VERSION=v1.34.4
 ETCD_VERSION=v3.5.35
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.19.0

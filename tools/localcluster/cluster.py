@@ -27,6 +27,16 @@ from pathlib import Path
 from .nodes import PROCESS_NODE_PREFIX
 
 HERE = Path(__file__).resolve().parent
+
+
+def pinned_version(name: str) -> str:
+    """A component's version as build.sh pins it (``K8S_VERSION``, ``KUEUE_VERSION``, ...): the
+    one place each is written."""
+    import re as _re
+    found = _re.search(rf"^{name}=(\S+)$", (HERE / "build.sh").read_text(), _re.M)
+    if not found:
+        raise LookupError(f"{name} is not pinned in {HERE / 'build.sh'}")
+    return found.group(1)
 DEFAULT_CACHE = Path(os.environ.get("TRN_CLUSTER_CACHE", Path.home() / ".cache/trainium-operator/cluster"))
 DEFAULT_STATE = Path(os.environ.get("TRN_CLUSTER_STATE", Path.home() / ".cache/trainium-operator/cluster-state"))
 DEFAULT_BASE_PORT = int(os.environ.get("TRN_CLUSTER_PORT", "23790"))

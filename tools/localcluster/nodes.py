@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainium_api.spec import INSTANCE_TYPES as API_TYPES
 
@@ -24,6 +24,8 @@ class InstanceType:
     capacity: dict[str, str]
     taints: tuple[dict, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    dra_devices: int = 0
+    """Neuron devices the Neuron DRA driver would publish for the node (DRA-only types)."""
 
 
 _NEURON_TAINT = ({"key": NEURON, "value": "true", "effect": "NoSchedule"},)
@@ -45,6 +47,11 @@ INSTANCE_TYPES = {
     # 16 Trainium2 devices (64 logical NeuronCores at LNC 2), 16 EFA, 192 vCPU, 2 TiB.
     "trn2.48xlarge": _trainium("trn2.48xlarge", "192", "2048Gi"),
     "trn2u.48xlarge": _trainium("trn2u.48xlarge", "192", "2048Gi"),
+    # A Trn3 node: 16 Trainium3 devices (a Gen1 UltraServer's server). AWS publishes no Trn3
+    # instance name in what we read: "trn3.sim" is ours. DRA only: no extended resources (the
+    # Neuron DRA driver's ResourceSlice lists its devices: publish_dra_devices).
+    "trn3": InstanceType("trn3.sim", {"cpu": "192", "memory": "2048Gi", "pods": "110", "ephemeral-storage": "7600Gi"},
+                         _NEURON_TAINT, dra_devices=16),
     # A plain CPU node for the operator itself and for CPU demo runs.
     "cpu": InstanceType("m5.2xlarge", {"cpu": "8", "memory": "32Gi", "pods": "110",
                                        "ephemeral-storage": "100Gi"}),
@@ -86,10 +93,15 @@ def agent_conditions(neuron: bool) -> list[dict]:
             if neuron or kind != ACCELERATED_HARDWARE.type]
 
 
-def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", index: int = 0) -> dict:
+def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", index: int = 0,
+                  dra: bool = False) -> dict:
     """A Node as EKS registers it: the instance type and zone labels, the network topology labels
-    of the cloud controller manager (Trainium types), and the EKS node monitoring agent's conditions."""
-    neuron = NEURON in itype.capacity
+    of the cloud controller manager (Trainium types), and the EKS node monitoring agent's
+    conditions. ``dra``: its Neuron devices and EFA interfaces are the DRA drivers' (published as
+    ResourceSlices: publish_dra_devices), not the device plugins' extended resources."""
+    neuron = NEURON in itype.capacity or itype.dra_devices > 0
+    if dra:
+        itype = replace(itype, capacity={k: v for k, v in itype.capacity.items() if k not in (NEURON, NEURONCORE, EFA)})
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": itype.name, "topology.kubernetes.io/zone": zone,
@@ -110,9 +122,10 @@ def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", inde
 
 
 def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None,
-                 processes: bool = False) -> list[str]:
+                 processes: bool = False, dra: bool = False) -> list[str]:
     """Create ``count`` nodes (skipping names that exist); returns their names. ``processes``:
-    process-backed nodes (named ``proc-...``), whose pods run as local processes."""
+    process-backed nodes (named ``proc-...``), whose pods run as local processes. ``dra``: their
+    Neuron devices published as the Neuron DRA driver would (a DRA-only type always is)."""
     from kubernetes.client.exceptions import ApiException
 
     if type_name not in INSTANCE_TYPES:
@@ -126,10 +139,59 @@ def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None
     names = []
     for i in range(count):
         name = f"{prefix}{i:03d}"
+        dra_node = dra or itype.dra_devices > 0
         try:
-            core_api.create_node(node_manifest(name, itype, index=i))
+            core_api.create_node(node_manifest(name, itype, index=i, dra=dra_node))
         except ApiException as exc:
             if exc.status != 409:
                 raise
+        if dra_node:
+            publish_dra_devices(core_api, name, itype, i)
         names.append(name)
     return names
+
+
+NEURON_DRIVER = "neuron.aws.com"
+"""The Neuron DRA driver's name and DeviceClass (aws-neuron-sdk deploy/eks/dra.rst)."""
+
+
+def install_dra_driver(core_api) -> None:
+    """The Neuron DRA driver's DeviceClass, as its Helm chart installs it (its selector: the
+    driver's devices); idempotent. Its kubelet plugin is not simulated: kwok's nodes prepare no
+    device, and the slices are published by publish_dra_devices."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    try:
+        client.ResourceV1Api(core_api.api_client).create_device_class({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NEURON_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NEURON_DRIVER}"'}}]}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def publish_dra_devices(core_api, node: str, itype: InstanceType, index: int = 0, zone: str = "us-west-2d") -> None:
+    """The node's ResourceSlice as the Neuron DRA driver publishes it: one pool named after the
+    node, a device neurondevice<N> per Trainium device with the attributes the driver's reference
+    lists (deviceId, instanceType, resourceType neuron_device, networkNodeLayer1..3)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from trainium_api import keys
+    from trainium_api.spec import INSTANCE_TYPES as API_TYPES
+    count = itype.dra_devices or int(API_TYPES[itype.name]["resources"][NEURON])
+    layers = network_labels(index, zone, itype.name)
+    attrs = {"instanceType": {"string": itype.name}, "resourceType": {"string": "neuron_device"},
+             **{f"networkNodeLayer{n}": {"string": layers[f"{keys.NETWORK_LAYER}{n}"]} for n in (1, 2, 3)}}
+    owner = core_api.read_node(node)  # the driver's slice goes with its Node (the garbage collector)
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{NEURON_DRIVER}", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner.metadata.uid, "controller": True}]},
+            "spec": {"driver": NEURON_DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                     "devices": [{"name": f"neurondevice{d}", "attributes": {"deviceId": {"int": d}, **attrs}}
+                                 for d in range(count)]}}
+    try:
+        client.ResourceV1Api(core_api.api_client).create_resource_slice(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
