@@ -113,7 +113,7 @@ INSTANCE_TYPES: dict[str, dict[str, Any]] = {
 }
 InstanceType = Literal[tuple(INSTANCE_TYPES)]  # type: ignore[valid-type]
 
-DeviceAllocation = Literal["auto", "devicePlugin", "dra"]
+DeviceAllocation = Literal["Auto", "DevicePlugin", "DRA"]
 NEURON_DEVICE_CLASS = "neuron.aws.com"
 """The Neuron DRA driver's DeviceClass and driver name (aws-neuron-sdk deploy/eks/dra.rst)."""
 EFA_DEVICE_CLASS = "efa.networking.k8s.aws"
@@ -803,14 +803,14 @@ class TrainingRunSpec(RunConfig):
     instance_type: InstanceType = "trn1.32xlarge"
     """trn1.32xlarge (16 Neuron devices, 32 cores, 8 EFA), trn1n.32xlarge (16 EFA), trn2.48xlarge or
     trn2u.48xlarge (16 Trainium2 devices, 64 logical cores, 16 EFA), trn3 (any Trn3 instance,
-    through DRA only: resources dra), or cpu/gpu for development."""
-    resources: DeviceAllocation = "auto"
-    """How the pods get the node's Neuron devices and EFA interfaces: devicePlugin (the extended
-    resources aws.amazon.com/neuron and vpc.amazonaws.com/efa, counted), dra (a
+    through DRA only: resources DRA), or cpu/gpu for development."""
+    resources: DeviceAllocation = "Auto"
+    """How the pods get the node's Neuron devices and EFA interfaces: DevicePlugin (the extended
+    resources aws.amazon.com/neuron and vpc.amazonaws.com/efa, counted), DRA (a
     ResourceClaimTemplate of the Neuron DRA driver's DeviceClass neuron.aws.com, every device of
     the node, and of efa.networking.k8s.aws where that class exists: Kubernetes 1.34 and later),
-    or auto: dra when the cluster has the neuron.aws.com DeviceClass (always for trn3), else
-    devicePlugin. Read when pods are made."""
+    or Auto: DRA when the cluster has the neuron.aws.com DeviceClass (always for trn3), else
+    DevicePlugin. Read when pods are made."""
     processes_per_node: AtLeastOne | None = None
     """Trainer ranks per pod (default: 32 on trn1, 64 on trn2, 1 on cpu, 8 on gpu; required on trn3)."""
     backend: Backend | None = None
@@ -838,7 +838,7 @@ class TrainingRunSpec(RunConfig):
     pod_template: PodTemplate = field(default_factory=PodTemplate)
     layout: Layout | None = field(default=None, metadata=DERIVED)
     dra_efa: bool = field(default=False, metadata=DERIVED)
-    """With resources dra (in force): the cluster has the EFA DRA driver's DeviceClass, so the
+    """With resources DRA (in force): the cluster has the EFA DRA driver's DeviceClass, so the
     claim asks for the node's EFA interfaces too (observer.devices_in_force)."""
     """Our trainer's parallel layout (derived); None with a command trainer (its layout is its own)."""
 

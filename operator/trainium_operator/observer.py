@@ -105,17 +105,17 @@ _RESOLVED_LOCK = threading.Lock()
 
 
 def devices_in_force(spec: TrainingRunSpec, device_classes: frozenset[str]) -> TrainingRunSpec:
-    """``spec`` with spec.resources resolved against the cluster: auto is dra where the Neuron DRA
-    driver's DeviceClass exists (always for a DRA-only instance type), else devicePlugin; with
-    dra, dra_efa where the EFA DRA driver's class exists too. The same object for the same spec
+    """``spec`` with spec.resources resolved against the cluster: Auto is DRA where the Neuron DRA
+    driver's DeviceClass exists (always for a DRA-only instance type), else DevicePlugin; with
+    DRA, dra_efa where the EFA DRA driver's class exists too. The same object for the same spec
     and cluster (plan caches by the spec object): a spec is never changed in place."""
     itype = INSTANCE_TYPES[spec.instance_type]
     if not itype["neuron"]:
         return spec
     mode = spec.resources
-    if mode == "auto":
-        mode = "dra" if itype.get("dra_only") or NEURON_DEVICE_CLASS in device_classes else "devicePlugin"
-    efa = mode == "dra" and EFA_DEVICE_CLASS in device_classes
+    if mode == "Auto":
+        mode = "DRA" if itype.get("dra_only") or NEURON_DEVICE_CLASS in device_classes else "DevicePlugin"
+    efa = mode == "DRA" and EFA_DEVICE_CLASS in device_classes
     if (mode, efa) == (spec.resources, spec.dra_efa):
         return spec
     key = (id(spec), mode, efa)

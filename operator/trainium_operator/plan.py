@@ -254,7 +254,7 @@ def gang_affinity(spec: TrainingRunSpec, name: str) -> dict:
 
 
 DEVICE_CLAIM = "devices"
-"""The pod's ResourceClaim (resources dra), made from the run's template by the resource claim controller."""
+"""The pod's ResourceClaim (resources DRA), made from the run's template by the resource claim controller."""
 
 
 def claim_template_name(run_name: str) -> str:
@@ -262,7 +262,7 @@ def claim_template_name(run_name: str) -> str:
 
 
 def claim_template(run: dict, spec: TrainingRunSpec) -> dict:
-    """The run's ResourceClaimTemplate (resources dra): every Neuron device of the node a pod
+    """The run's ResourceClaimTemplate (resources DRA): every Neuron device of the node a pod
     lands on (allocationMode All over the node's pool), of the run's instance type (a Trn3
     instance: any whose instanceType attribute starts trn3), as the Neuron DRA driver publishes
     them (attributes instanceType and resourceType, aws-neuron-sdk deploy/eks/dra.rst); and the
@@ -326,7 +326,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
                  {"name": E.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
     command = _command(spec, index, master)
-    dra = itype["neuron"] and spec.resources == "dra"
+    dra = itype["neuron"] and spec.resources == "DRA"
     resources = {} if dra else dict(itype["resources"])  # with DRA the claim brings the devices
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {keys.RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}

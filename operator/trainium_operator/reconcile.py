@@ -197,7 +197,7 @@ def _children(p: Pass) -> None:
     if spec.own_trainer_identity:
         p.effects += [Ensure(o) for o in admission.trainer_policy()]
     p.effects.append(Ensure(plan.service(p.run)))
-    if spec.resources == "dra" and INSTANCE_TYPES[spec.instance_type]["neuron"]:
+    if spec.resources == "DRA" and INSTANCE_TYPES[spec.instance_type]["neuron"]:
         p.effects.append(Ensure(plan.claim_template(p.run, spec)))
     if spec.fault_tolerance.do_not_disrupt:
         p.effects.append(Ensure(plan.disruption_budget(p.run, spec)))

@@ -50,9 +50,9 @@ def parse(spec: Mapping[str, Any] | None, accepted_before: bool = False) -> Trai
         raise _prefix(err) from None
     itype = INSTANCE_TYPES[s.instance_type]
     neuron_type = itype["neuron"]
-    if itype.get("dra_only") and s.resources == "devicePlugin":
-        raise ConfigError("spec.resources", f"{s.instance_type} takes its devices through DRA only (dra or auto), "
-                                            "got devicePlugin")
+    if itype.get("dra_only") and s.resources == "DevicePlugin":
+        raise ConfigError("spec.resources", f"{s.instance_type} takes its devices through DRA only (DRA or Auto), "
+                                            "got DevicePlugin")
     if s.processes_per_node is None:
         if itype["processes"] is None:
             raise ConfigError("spec.processesPerNode", f"required on {s.instance_type} (ranks a node: one per "

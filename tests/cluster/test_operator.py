@@ -792,11 +792,11 @@ def test_a_gang_lands_inside_one_network_domain(core_api, custom, namespace, ope
 
 def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(core_api, custom, namespace, operator):
     """The Neuron DRA driver's DeviceClass, and nodes whose devices it publishes as ResourceSlices
-    (localcluster.nodes.publish_dra_devices; no extended resources): a run with resources dra
+    (localcluster.nodes.publish_dra_devices; no extended resources): a run with resources DRA
     gets its ResourceClaimTemplate, each pod claims from it, and Kubernetes' own resource claim
     controller and scheduler allocate every Neuron device of the pod's node to its claim. A trn3
-    run is refused with resources devicePlugin, naming the field, and placed through DRA with
-    resources auto."""
+    run is refused with resources DevicePlugin, naming the field, and placed through DRA with
+    resources Auto."""
     from kubernetes import client
     from localcluster.nodes import create_nodes, install_dra_driver
     dra = client.ResourceV1Api(core_api.api_client)
@@ -804,7 +804,7 @@ def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(c
     names = create_nodes(core_api, 2, "trn2.48xlarge", "dra-trn2-", dra=True) + create_nodes(core_api, 2, "trn3", "trn3-")
     try:
         body = manifest("claims", 2)
-        body["spec"].update(instanceType="trn2.48xlarge", resources="dra")
+        body["spec"].update(instanceType="trn2.48xlarge", resources="DRA")
         create(custom, namespace, body)
         wait_running_gang(core_api, custom, namespace, "claims", 1, 2)
         template = dra.read_namespaced_resource_claim_template("claims-devices", namespace)
@@ -820,7 +820,7 @@ def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(c
             assert not (pod.spec.containers[0].resources.limits or {}).get("aws.amazon.com/neuron")
         # trn3: DRA only
         refused = manifest("trn3-plugin", 2)
-        refused["spec"].update(instanceType="trn3", processesPerNode=64, resources="devicePlugin")
+        refused["spec"].update(instanceType="trn3", processesPerNode=64, resources="DevicePlugin")
         create(custom, namespace, refused)
         st, _ = wait_until(lambda: next((c for c in status(custom, namespace, "trn3-plugin").get("conditions") or []
                                          if c["type"] == "Valid" and c["status"] == "False"), None), what="refused")

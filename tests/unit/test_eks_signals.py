@@ -202,14 +202,14 @@ def _spec(instance_type: str, **extra):
 def test_resources_auto_takes_dra_where_the_neuron_class_exists_and_efa_where_its_class_does():
     from trainium_operator.observer import devices_in_force
     spec = _spec("trn2.48xlarge")
-    assert spec.resources == "auto"
-    assert devices_in_force(spec, frozenset()).resources == "devicePlugin"
+    assert spec.resources == "Auto"
+    assert devices_in_force(spec, frozenset()).resources == "DevicePlugin"
     dra = devices_in_force(spec, frozenset({"neuron.aws.com"}))
-    assert (dra.resources, dra.dra_efa) == ("dra", False)
+    assert (dra.resources, dra.dra_efa) == ("DRA", False)
     both = devices_in_force(spec, frozenset({"neuron.aws.com", "efa.networking.k8s.aws"}))
-    assert (both.resources, both.dra_efa) == ("dra", True)
+    assert (both.resources, both.dra_efa) == ("DRA", True)
     assert devices_in_force(spec, frozenset({"neuron.aws.com"})) is dra  # one object: plan caches by it
-    pinned = _spec("trn2.48xlarge", resources="devicePlugin")
+    pinned = _spec("trn2.48xlarge", resources="DevicePlugin")
     assert devices_in_force(pinned, frozenset({"neuron.aws.com"})) is pinned
 
 
@@ -243,13 +243,13 @@ def test_trn3_is_accepted_through_dra_only_and_its_ranks_must_be_given():
     from trainium_operator import plan
     from trainium_operator.observer import devices_in_force
     with pytest.raises(ConfigError) as err:
-        _spec("trn3", resources="devicePlugin")
+        _spec("trn3", resources="DevicePlugin")
     assert err.value.field == "spec.resources"
     with pytest.raises(ConfigError) as err:
         _spec("trn3", processesPerNode=None)
     assert err.value.field == "spec.processesPerNode"
     spec = devices_in_force(_spec("trn3", processesPerNode=32), frozenset())  # auto: DRA whatever the cluster says
-    assert spec.resources == "dra"
+    assert spec.resources == "DRA"
     pod = plan.pod(RUN, spec, 1, 0, [])["spec"]
     assert "nodeSelector" not in pod and pod["resourceClaims"][0]["resourceClaimTemplateName"] == "r-devices"
     expr = plan.claim_template(RUN, spec)["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
