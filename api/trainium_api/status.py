@@ -75,6 +75,10 @@ class CheckpointRef(_Written):
 class Disruption(_Written):
     since: float
     message: str = ""
+    mass: bool | None = None
+    """True: a mass event (many nodes turned NotReady or lost their Neuron devices: mass_events), which
+    holds only those signals and hangs; else a disruption (nodes lost together), which holds
+    every lost node."""
 
 
 @dataclass

@@ -104,8 +104,10 @@ class Clocks:
     @classmethod
     def of(cls, status: TrainingRunStatus, last_step_time: float | None,
            stragglers: tuple[StragglerStreak, ...] = ()) -> "Clocks":
+        # (the nodes the run left out, avoided ones too: none of them is coming back to it)
         return cls(status.current.start_time, status.current.gang_running_time, status.step_seconds, last_step_time,
-                   status.disruption, status.disruption_end_time, tuple(status.quarantine_names), stragglers)
+                   status.disruption, status.disruption_end_time,
+                   tuple(status.quarantine_names | {a.node for a in status.avoided_nodes}), stragglers)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class Guards:
     guard: DisruptionGuard = field(default_factory=DisruptionGuard)
     disruption: str = ""
     api_outage: tuple[float, float] | None = None
+    mass: bool = False
+    """``disruption`` is a mass event's (mass_events): it holds NotReady nodes, missing devices
+    and hangs only, never a node deleted or named faulty."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,7 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         if p.phase == "Failed" and is_fatal_exit(p.exit_code):
             return Failure("application", f"pod {p.name} exited {p.exit_code} (fatal: {p.message or p.reason})",
                            node=p.node or "", pod=p.name, fatal=True, exit_code=p.exit_code, since=p.finished), None
+    soft: Failure | None = None  # a fleet symptom: another node's hard fault is named before it
     for p in gang.pods:
         if not p.node:
             continue
@@ -247,16 +253,23 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         if n.neuron_short:
             since = n.neuron_short_since if n.neuron_short_since is not None else now
             if now - since >= device_settle:
-                return Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron "
-                               f"devices allocatable", node=p.node, pod=p.name, since=since, fleet_symptom=True), None
+                soft = soft or Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} "
+                                       "Neuron devices allocatable", node=p.node, pod=p.name, since=since,
+                                       fleet_symptom=True)
+                continue
             hold = hold or Hold(f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron devices "
                                 "allocatable, settling (a device-plugin restart)", since + device_settle)
         if n.node_error:  # the EKS node monitoring agent: a kernel, runtime or network fault
             return Failure("node", f"node {p.node}: {n.node_error}", node=p.node, pod=p.name, since=n.changed), hold
-        if n.ready != "True":
-            kind = "unreachable" if n.ready == "Unknown" else "NotReady"
-            return Failure("node", f"node {p.node} is {kind}", node=p.node, pod=p.name, since=n.changed,
-                           fleet_symptom=n.ready == "False"), hold
+        if n.ready == "False":
+            soft = soft or Failure("node", f"node {p.node} is NotReady", node=p.node, pod=p.name,
+                                   since=n.ready_changed if n.ready_changed is not None else n.changed,
+                                   fleet_symptom=True)
+        elif n.ready != "True":
+            return Failure("node", f"node {p.node} is unreachable", node=p.node, pod=p.name,
+                           since=n.ready_changed if n.ready_changed is not None else n.changed), hold
+    if soft is not None:
+        return soft, hold
     failed = [p for p in gang.pods if p.phase == "Failed" and not succeeded(p)]
     culprit = next(iter(device_culprits(failed)), None)
     if culprit:  # the node whose rank the runtime named, not the first pod that noticed
@@ -302,9 +315,13 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         node = deleting[0].node or "" if deleting else ""
         # an eviction through the API or the scheduler's preemption marks the pod (DisruptionTarget)
         # before its graceful delete: voluntary, as when it is seen Failed
-        voluntary = bool(deleting) and deleting[0].reason in VOLUNTARY_REASONS
+        # (so is one deleted on a node with a termination notice: a NoExecute notice taint's
+        # eviction by the taint manager)
+        voluntary = bool(deleting) and (deleting[0].reason in VOLUNTARY_REASONS or bool(
+            deleting[0].node and deleting[0].node in nodes and terminating(nodes[deleting[0].node])))
         return Failure("eviction", f"{who} deleted or evicted from outside the operator"
-                       + (f" ({deleting[0].reason}: a voluntary disruption, no budget is spent)" if voluntary else ""),
+                       + (f" ({deleting[0].reason or 'its node is to be terminated'}: a voluntary disruption, no "
+                          "budget is spent)" if voluntary else ""),
                        node=node, pod=deleting[0].name if deleting else "", voluntary=voluntary), hold
     # a node about to be terminated (a Spot interruption's notice, Karpenter's disruption): the
     # gang moves off it now, at a save, before the node goes. A node only cordoned, with the
@@ -364,8 +381,11 @@ def device_culprits(pods: list[PodView]) -> list[PodView]:
     their node (trainium_api.runtimefaults.NODE_KINDS: its hardware, its network path, a
     repairable memory error). Also read in teardown, for a culprit whose runtime timed out after
     its peers' failure was acted on."""
-    return [p for p in pods if p.phase == "Failed" and p.node and p.runtime_fault is not None
-            and p.runtime_fault.kind in runtimefaults.NODE_KINDS]
+    found = [p for p in pods if p.phase == "Failed" and p.node and p.runtime_fault is not None
+             and p.runtime_fault.kind in runtimefaults.NODE_KINDS]
+    # the most serious first (runtimefaults.KINDS): a rank with an HBM error over one whose
+    # network proxy failed when that rank died
+    return sorted(found, key=lambda p: runtimefaults.KINDS.index(p.runtime_fault.kind))
 
 
 def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | None,
@@ -411,9 +431,10 @@ def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | Non
             # very pass that saw the nodes return)
             return Verdict(None, Hold("the disruption just ended: the hang clock restarts"), None)
         return Verdict(failure, hold, None)
-    in_force = held or Disruption(since=now, message=disruption)
-    if failure and (failure.cause in DISRUPTION_CAUSES or failure.fleet_symptom) \
-            and now - in_force.since < guard.max_hold_seconds:
+    in_force = held or Disruption(since=now, message=disruption, mass=guards.mass or None)
+    holds = (failure.fleet_symptom or failure.cause == "hang") if in_force.mass else \
+        (failure.cause in DISRUPTION_CAUSES or failure.fleet_symptom) if failure else False
+    if failure and holds and now - in_force.since < guard.max_hold_seconds:
         return Verdict(None, Hold(f"{failure.message}: held during a disruption ({disruption})",
                                     in_force.since + guard.max_hold_seconds), in_force)
     return Verdict(failure, hold, in_force)

@@ -60,22 +60,31 @@ class MassEvents:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._turns: dict[tuple[str, str], Turn] = {}
+        self._ready_once: set[str] = set()
+        """Nodes seen Ready: a node that registers (NotReady until its kubelet is up) has not
+        turned NotReady, and a scale-up of many is no mass event."""
         self._started = False
 
     def observe(self, nodes: Iterable[NodeView], now: float, window: float) -> list[Turn]:
         """Record ``nodes`` as seen ``now``; the turns within ``window`` (nodes back since included)."""
+        nodes = list(nodes)
         with self._lock:
             seen = set()
             for n in nodes:
-                if keys.QUARANTINE_TAINT in n.taints:
-                    continue  # lost on purpose: not a node that turned bad by itself
+                if n.ready == "True":
+                    self._ready_once.add(n.name)
+                if keys.QUARANTINE_TAINT in n.taints or keys.TERMINATION_NOTICE_TAINTS & n.taints:
+                    continue  # lost on purpose (ours, or being terminated): not a node that turned bad by itself
                 for s in symptoms(n):
+                    if s == NOT_READY and n.name not in self._ready_once and self._started:
+                        continue  # never Ready yet: registering, not turned
                     seen.add((n.name, s))
                     if (n.name, s) not in self._turns:
                         began = now if self._started else \
-                            (n.changed if s == NOT_READY and n.changed is not None else float("-inf"))
+                            (n.ready_changed if s == NOT_READY and n.ready_changed is not None else float("-inf"))
                         self._turns[(n.name, s)] = Turn(n.name, s, began)
             self._started = True
+            self._ready_once &= {n.name for n in nodes} | {k[0] for k in self._turns}  # (nodes gone: forgotten)
             # a node back from its symptom keeps its turn for the window (a rollout's early
             # nodes are back by the time its later ones go); older turns of nodes back are dropped
             for key, turn in list(self._turns.items()):

@@ -48,6 +48,7 @@ def waiting_reason(pod: "PodView") -> str:
     """The kubelet's reason why ``pod``'s container waits ("" when it does not)."""
     return pod.waiting.split(":")[0]
 ZONE_LABEL = "topology.kubernetes.io/zone"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 def _ts(value) -> float | None:
@@ -169,6 +170,8 @@ class NodeView:
     neuron_capacity: int | None = None
     unschedulable: bool = False
     changed: float | None = None  # newest transition of Ready or of a health condition (nodesignals)
+    ready_changed: float | None = None  # the Ready condition's own transition (NotReady, Unknown: since when)
+    instance_type: str = ""  # node.kubernetes.io/instance-type
     zone: str = ""  # topology.kubernetes.io/zone: the node lifecycle controller judges disruption per zone
     uid: str = ""  # the Node object's: another after the node registered again
     provider_id: str = ""  # spec.providerID: the machine (aws:///<zone>/<instance-id> on EKS)
@@ -184,13 +187,14 @@ class NodeView:
 
 def node_view(node: dict) -> NodeView:
     status, spec = node.get("status") or {}, node.get("spec") or {}
-    ready, changed = "Unknown", None
+    ready, changed, ready_changed = "Unknown", None, None
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
     for c in conditions:
         if (c.get("type") == "Ready" or c.get("type") in nodesignals.BY_TYPE) and c.get("lastTransitionTime"):
             changed = max(changed or 0.0, _ts(c["lastTransitionTime"]) or 0.0)
         if c.get("type") == "Ready":
             ready = c.get("status", "Unknown")
+            ready_changed = _ts(c.get("lastTransitionTime")) if c.get("lastTransitionTime") else None
     health = tuple(nodesignals.findings(conditions, _ts))
     neuron_error = next((f.describe() for f in health if f.condition.cause == "neuron-device"), "")
     node_error = next((f.describe() for f in health if f.condition.cause == "node"), "")
@@ -202,7 +206,8 @@ def node_view(node: dict) -> NodeView:
                     taints={t.get("key") for t in spec.get("taints") or []}, neuron_error=neuron_error,
                     node_error=node_error, health=health,
                     neuron_allocatable=count("allocatable"), neuron_capacity=count("capacity"),
-                    unschedulable=bool(spec.get("unschedulable")), changed=changed,
+                    unschedulable=bool(spec.get("unschedulable")), changed=changed, ready_changed=ready_changed,
+                    instance_type=str((node["metadata"].get("labels") or {}).get(INSTANCE_TYPE_LABEL) or ""),
                     zone=((node["metadata"].get("labels") or {}).get(ZONE_LABEL) or ""),
                     uid=str(node["metadata"].get("uid") or ""), provider_id=str(spec.get("providerID") or ""))
 

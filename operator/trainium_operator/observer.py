@@ -63,6 +63,11 @@ class Snapshot:
     """Kueue's ResourceFlavors by name (read only for a run with a Workload)."""
     device_classes: frozenset[str] = frozenset()
     """The cluster's DRA DeviceClasses (the watcher reads them at most every 30 s)."""
+    plugin_types: frozenset[str] = frozenset()
+    """Instance types of which some node has Neuron devices through the device plugin
+    (allocatable aws.amazon.com/neuron): resources Auto keeps the device plugin for those."""
+    mass_event: bool = False
+    """``disruption`` is a mass event's (mass_events): it holds fleet symptoms and hangs only."""
 
     @property
     def deleting(self) -> bool:
@@ -80,7 +85,8 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
              children_error: str = "", host: HostAccess = HostAccess(),
              status: TrainingRunStatus | None = None, workload: WorkloadView | None = None,
              flavors: dict[str, FlavorView] | None = None, children_error_since: float | None = None,
-             device_classes: frozenset[str] = frozenset()) -> Snapshot:
+             device_classes: frozenset[str] = frozenset(), plugin_types: frozenset[str] = frozenset(),
+             mass_event: bool = False) -> Snapshot:
     """``status``: the run's status read already (read_status of run["status"]); parsing a
     status that keeps 50 failures takes milliseconds, every pass."""
     status = read_status(run.get("status")) if status is None else status
@@ -93,28 +99,33 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     if workload is not None and workload.owner != run["metadata"].get("uid"):
         workload = None  # an earlier run's of the same name, on its way out
     if spec is not None:
-        spec = devices_in_force(spec, device_classes)
+        spec = devices_in_force(spec, device_classes, plugin_types)
     if spec is not None and workload is not None and workload.admitted:
         spec = queueing.admitted_spec(spec, workload, flavors or {})
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
-                    children_error, children_error_since, host, workload, dict(flavors or {}), device_classes)
+                    children_error, children_error_since, host, workload, dict(flavors or {}), device_classes,
+                    plugin_types, mass_event)
 
 
 _RESOLVED: dict[tuple[int, str, bool], tuple[TrainingRunSpec, TrainingRunSpec]] = {}
 _RESOLVED_LOCK = threading.Lock()
 
 
-def devices_in_force(spec: TrainingRunSpec, device_classes: frozenset[str]) -> TrainingRunSpec:
+def devices_in_force(spec: TrainingRunSpec, device_classes: frozenset[str],
+                     plugin_types: frozenset[str] = frozenset()) -> TrainingRunSpec:
     """``spec`` with spec.resources resolved against the cluster: Auto is DRA where the Neuron DRA
-    driver's DeviceClass exists (always for a DRA-only instance type), else DevicePlugin; with
-    DRA, dra_efa where the EFA DRA driver's class exists too. The same object for the same spec
+    driver's DeviceClass exists and no node of the run's instance type has its devices through the
+    device plugin (the two never share a node; a cluster may run each on its own node groups),
+    always for a DRA-only instance type, else DevicePlugin; with DRA, dra_efa where the EFA DRA
+    driver's class exists too. The same object for the same spec
     and cluster (plan caches by the spec object): a spec is never changed in place."""
     itype = INSTANCE_TYPES[spec.instance_type]
     if not itype["neuron"]:
         return spec
     mode = spec.resources
     if mode == "Auto":
-        mode = "DRA" if itype.get("dra_only") or NEURON_DEVICE_CLASS in device_classes else "DevicePlugin"
+        mode = "DRA" if itype.get("dra_only") or (NEURON_DEVICE_CLASS in device_classes
+                                                  and spec.instance_type not in plugin_types) else "DevicePlugin"
     efa = mode == "DRA" and EFA_DEVICE_CLASS in device_classes
     if (mode, efa) == (spec.resources, spec.dra_efa):
         return spec

@@ -240,15 +240,17 @@ def gang_affinity(spec: TrainingRunSpec, name: str) -> dict:
     template asks Kueue for a topology: Kueue's topology-aware scheduling places it). Preferred:
     each pod drawn to the network nodes of the gang's pods placed already, the nearest layer
     weighing most, so the gang fills the smallest network domain that fits. Required, for a
-    trn2u gang of at most one UltraServer (4 nodes): all of it inside one UltraServer (the
-    NeuronLink domain; the scheduler places a first pod anywhere and the rest with it)."""
+    trn2u gang of at most one UltraServer (4 nodes, its spares counted): all of it inside one
+    UltraServer (the NeuronLink domain; the scheduler places a first pod anywhere and the rest
+    with it). A pod replaced later must find a free node of that UltraServer; when none is left,
+    the gang is placed again whole (the scheduling rule's capacity wait)."""
     if not INSTANCE_TYPES[spec.instance_type]["neuron"] or workload.topology_request(spec):
         return {}
     gang = {"labelSelector": {"matchLabels": {keys.RUN: name}}}
     out: dict = {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": NETWORK_WEIGHTS[layer], "podAffinityTerm": {**gang, "topologyKey": f"{keys.NETWORK_LAYER}{layer}"}}
         for layer in keys.NETWORK_LAYERS]}
-    if spec.instance_type.startswith("trn2u.") and spec.nodes <= keys.ULTRASERVER_NODES:
+    if spec.instance_type.startswith("trn2u.") and spec.nodes + spec.fault_tolerance.spares <= keys.ULTRASERVER_NODES:
         out["requiredDuringSchedulingIgnoredDuringExecution"] = [{**gang, "topologyKey": keys.ULTRASERVER}]
     return out
 
@@ -257,8 +259,10 @@ DEVICE_CLAIM = "devices"
 """The pod's ResourceClaim (resources DRA), made from the run's template by the resource claim controller."""
 
 
-def claim_template_name(run_name: str) -> str:
-    return f"{run_name}-devices"
+def claim_template_name(run_name: str, efa: bool = False) -> str:
+    """One name per request shape: a template's spec cannot change, so the EFA DRA class coming
+    or going gives the run's later pods a new template (the old one goes with the run)."""
+    return f"{run_name}-devices" + ("-efa" if efa else "")
 
 
 def claim_template(run: dict, spec: TrainingRunSpec) -> dict:
@@ -277,16 +281,19 @@ def claim_template(run: dict, spec: TrainingRunSpec) -> dict:
     if spec.dra_efa:
         requests.append({"name": "efa", "exactly": {"deviceClassName": EFA_DEVICE_CLASS, "allocationMode": "All"}})
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": claim_template_name(run["metadata"]["name"]), "namespace": run["metadata"]["namespace"],
+            "metadata": {"name": claim_template_name(run["metadata"]["name"], spec.dra_efa),
+                         "namespace": run["metadata"]["namespace"],
                          "labels": {keys.RUN: run["metadata"]["name"], **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
             "spec": {"spec": {"devices": {"requests": requests}}}}
 
 
-def container_security(itype: dict) -> dict:
+def container_security(itype: dict, dra_efa: bool = False) -> dict:
     """The trainer container's: no privilege escalation, the runtime's default seccomp profile,
-    every capability dropped but IPC_LOCK where EFA is (libfabric pins its buffers in memory)."""
-    return locked_down("IPC_LOCK") if itype["resources"].get("vpc.amazonaws.com/efa") else locked_down()
+    every capability dropped but IPC_LOCK where EFA is (libfabric pins its buffers in memory),
+    counted or claimed (``dra_efa``)."""
+    efa = itype["resources"].get("vpc.amazonaws.com/efa") or dra_efa
+    return locked_down("IPC_LOCK") if efa else locked_down()
 
 
 def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nodes: list[str],
@@ -327,7 +334,10 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     env_list += [dict(e) for e in spec.env]  # the user's, after the contract's (parse refuses overrides)
     command = _command(spec, index, master)
     dra = itype["neuron"] and spec.resources == "DRA"
-    resources = {} if dra else dict(itype["resources"])  # with DRA the claim brings the devices
+    # with DRA the claim brings the Neuron devices, and the EFA interfaces where the EFA DRA
+    # driver's class exists; else EFA stays the device plugin's extended resource
+    resources = {k: v for k, v in itype["resources"].items()
+                 if not dra or (k == "vpc.amazonaws.com/efa" and not spec.dra_efa)}
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {keys.RUN: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
     together = gang_affinity(spec, name)
@@ -349,7 +359,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
             "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "File",
             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                              {"name": "compile-cache", "mountPath": spec.compile_cache.path}],
-            "securityContext": container_security(itype),
+            "securityContext": container_security(itype, dra and spec.dra_efa),
         }],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
                     {"name": "compile-cache", **host.compile_cache_volume(ns, name)}],
@@ -363,7 +373,8 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if spec.trainer.working_dir:
         spec_body["containers"][0]["workingDir"] = spec.trainer.working_dir
     if dra:
-        spec_body["resourceClaims"] = [{"name": DEVICE_CLAIM, "resourceClaimTemplateName": claim_template_name(name)}]
+        spec_body["resourceClaims"] = [{"name": DEVICE_CLAIM,
+                                        "resourceClaimTemplateName": claim_template_name(name, spec.dra_efa)}]
         spec_body["containers"][0]["resources"]["claims"] = [{"name": DEVICE_CLAIM}]
     if itype["neuron"]:
         if "dra_only" not in itype:  # a Trn3 instance's name is not known: the claim's selector finds it

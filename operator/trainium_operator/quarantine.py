@@ -184,12 +184,15 @@ def under_repair(p: Pass) -> None:
         n = p.nodes.get(name)
         if n is None:
             continue
-        due = next((f for f in n.health if f.condition.repair_after_seconds is not None), None)
+        due = min((f for f in n.health if f.condition.repair_after_seconds is not None),
+                  key=lambda f: (f.since if f.since is not None else float("inf")) + f.condition.repair_after_seconds,
+                  default=None)
         if due is not None:
             out.append(NodeRepair(name, due.condition.type, due.reason, due.since,
                                   due.since + due.condition.repair_after_seconds if due.since is not None else None))
-        elif n.ready != "True" and n.changed is not None:
-            out.append(NodeRepair(name, "Ready", n.ready, n.changed, n.changed + nodesignals.READY_REPAIR_SECONDS))
+        elif n.ready != "True" and n.ready_changed is not None:
+            out.append(NodeRepair(name, "Ready", n.ready, n.ready_changed,
+                                  n.ready_changed + nodesignals.READY_REPAIR_SECONDS))
     p.new.node_repairs = out
 
 
@@ -216,7 +219,10 @@ def late_culprits(p: Pass) -> None:
     if not p.spec.fault_tolerance.quarantine or p.old.current.late_culprit:
         return  # one per teardown: the first to end with the report
     last = p.last_failure
-    culprit = next((x for x in device_culprits(p.current) if not last or x.node != last.node), None)
+    # a hardware fault only: a repairable one keeps its node once, and a network one is said at
+    # the failure (failure_policy), not in a late report tied to no failure record
+    culprit = next((x for x in device_culprits(p.current) if (not last or x.node != last.node)
+                    and x.runtime_fault.kind == "device"), None)
     if culprit is None or culprit.node in excluded(p.new):
         return
     why = f"pod {culprit.name} reported in teardown: {culprit.message}"

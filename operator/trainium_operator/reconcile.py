@@ -103,7 +103,7 @@ def reconcile(snap: Snapshot) -> Result:
     p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
              snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
              spares=spares, workload=snap.workload, flavors=snap.flavors,
-             children_error_since=snap.children_error_since)
+             children_error_since=snap.children_error_since, mass_event=snap.mass_event)
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
@@ -270,7 +270,7 @@ def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
                     children_error_since=p.children_error_since)
     counted = standing(p)
     verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, tuple(flagged(p.new.current.stragglers))),
-                    Guards(p.guard, p.disruption, p.api_outage), counted)
+                    Guards(p.guard, p.disruption, p.api_outage, p.mass_event), counted)
     _record_disruption(p, verdict.disruption)
     if verdict.failure:
         act_on(p, verdict, counted, gang)

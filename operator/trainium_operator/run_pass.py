@@ -55,6 +55,8 @@ class Pass:
     """The run's Kueue Workload as last seen (queueing.py; None: none, or not the run's)."""
     flavors: dict[str, FlavorView] = field(default_factory=dict)
     """Kueue's ResourceFlavors by name, as last seen."""
+    mass_event: bool = False
+    """``disruption`` is a mass event's (mass_events), not nodes lost together."""
 
     @property
     def name(self) -> str:

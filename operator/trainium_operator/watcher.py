@@ -121,7 +121,7 @@ class Watcher:
         self.pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
         self.node_shapes: dict[str, tuple | None] = {}  # the same for nodes
         self.mass = MassEvents()  # when each node turned NotReady or lost its Neuron devices
-        self._zones: tuple[float, dict, dict] = (0.0, {}, {})
+        self._zones: tuple[float, dict, dict, frozenset] = (0.0, {}, {}, frozenset())
         self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._classes_lock = threading.Lock()
 
@@ -145,30 +145,36 @@ class Watcher:
 
     # -- observe: one pass's inputs --------------------------------------------------------
 
-    def zones(self, cluster_nodes: Mapping) -> tuple[dict, dict[str, str]]:
-        """Node health per zone, and the mass events in force (mass_events.finding), over the
-        whole cluster, computed at most once a second."""
-        at, zones, events = self._zones
+    def zones(self, cluster_nodes: Mapping) -> tuple[dict, dict[str, str], frozenset[str]]:
+        """Node health per zone, the mass events in force (mass_events.finding), and the
+        instance types with device-plugin Neuron nodes, over the whole cluster, computed at most
+        once a second."""
+        at, zones, events, plugin = self._zones
         if time.monotonic() - at > ZONES_MAX_AGE:
             every = [next(iter(cluster_nodes[n])) for n in cluster_nodes]
             zones = zone_health(every)
             events = mass_events.finding(self.guard, self.mass.observe(every, time.time(),
                                                                        self.guard.mass_window_seconds), every)
-            self._zones = (time.monotonic(), zones, events)
-        return zones, events
+            plugin = frozenset(n.instance_type for n in every if n.neuron_capacity)
+            self._zones = (time.monotonic(), zones, events, plugin)
+        return zones, events, plugin
 
     def device_classes(self) -> frozenset[str]:
         """The cluster's DRA DeviceClasses, read at most every DEVICE_CLASSES_MAX_AGE seconds (a
         run's resources auto turns on the Neuron DRA driver's); a failed read keeps the last."""
-        with self._classes_lock:
+        with self._classes_lock:  # one pass reads; the others take the last value meanwhile
             at, value = self._classes
-            if time.monotonic() - at > DEVICE_CLASSES_MAX_AGE:
-                try:
-                    value = self.kube.device_classes()
-                except Exception as exc:  # (the API away, RBAC not granted): said, the last kept
-                    log.warning("could not list DeviceClasses: %s", exc)
-                self._classes = (time.monotonic(), value)
+            if time.monotonic() - at <= DEVICE_CLASSES_MAX_AGE:
+                return value
+            self._classes = (time.monotonic(), value)
+        try:
+            value = self.kube.device_classes()
+        except Exception as exc:  # (the API away, RBAC not granted): said, the last kept
+            log.warning("could not list DeviceClasses: %s", exc)
             return value
+        with self._classes_lock:
+            self._classes = (time.monotonic(), value)
+        return value
 
     def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping,
                  run_workloads: Mapping | None = None, kueue_flavors: Mapping | None = None) -> Snapshot:
@@ -182,24 +188,25 @@ class Watcher:
         uid = run["metadata"].get("uid")
         pods: list[PodView] = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
         status = read_status(run["status"])
-        left_out = status.quarantine_names
+        left_out = status.quarantine_names | {a.node for a in status.avoided_nodes}
         wanted = {p.node for p in pods if p.node} | left_out
         now = time.time()
         nodes: dict[str, NodeView] = self.shortfalls.mark(
             {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
         # a node this run quarantined is lost on purpose: it must not open or hold a disruption
         own = [n for node, n in nodes.items() if node not in left_out]
-        zones, events = self.zones(cluster_nodes)
-        disrupted = (disruption(self.guard, zones, own) or mass_events.for_run(events, own)) if own else ""
+        zones, events, plugin_types = self.zones(cluster_nodes)
+        disrupted = disruption(self.guard, zones, own) if own else ""
+        mass = "" if disrupted or not own else mass_events.for_run(events, own)
         # the run's Workload (one per run; an earlier run's of the same name is dropped by its owner uid)
         workloads = [w for w in (run_workloads or {}).get((namespace, name), [])
                      if w.owner == uid and w.name == workload_name(name)]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
-        return snapshot(run, pods, nodes, now, None, disrupted, self.guard, api_outage=self.health.outage(now),
+        return snapshot(run, pods, nodes, now, None, disrupted or mass, self.guard, api_outage=self.health.outage(now),
                         children_error=self.children.error(namespace, name),
                         children_error_since=self.children.error_since(namespace, name), host=self.host, status=status,
                         workload=workloads[0] if workloads else None, flavors=flavors,
-                        device_classes=self.device_classes())
+                        device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass))
 
     # -- apply -----------------------------------------------------------------------------
 

@@ -775,6 +775,8 @@ def test_a_gang_lands_inside_one_network_domain(core_api, custom, namespace, ope
     from localcluster.nodes import create_nodes
     prefix = f"{itype.split('.')[0]}-topo-"
     names = create_nodes(core_api, 8, itype, prefix)
+    wait_until(lambda: all(any(c.type == "Ready" and c.status == "True" for c in core_api.read_node(n).status.conditions
+                               or []) for n in names), what="the eight nodes Ready")  # (all free to choose from)
     try:
         body = manifest("together", 4)
         body["spec"]["instanceType"] = itype
@@ -793,7 +795,8 @@ def test_a_gang_lands_inside_one_network_domain(core_api, custom, namespace, ope
 def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(core_api, custom, namespace, operator):
     """The Neuron DRA driver's DeviceClass, and nodes whose devices it publishes as ResourceSlices
     (localcluster.nodes.publish_dra_devices; no extended resources): a run with resources DRA
-    gets its ResourceClaimTemplate, each pod claims from it, and Kubernetes' own resource claim
+    gets its ResourceClaimTemplate, each pod claims from it (a trn1 run beside it keeps the device
+    plugin: its nodes have it), and Kubernetes' own resource claim
     controller and scheduler allocate every Neuron device of the pod's node to its claim. A trn3
     run is refused with resources DevicePlugin, naming the field, and placed through DRA with
     resources Auto."""
@@ -808,6 +811,12 @@ def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(c
         create(custom, namespace, body)
         wait_running_gang(core_api, custom, namespace, "claims", 1, 2)
         template = dra.read_namespaced_resource_claim_template("claims-devices", namespace)
+        # resources Auto on trn1, whose nodes have the device plugin: counted devices, no claim
+        create(custom, namespace, manifest("plugin", 1))
+        wait_running_gang(core_api, custom, namespace, "plugin", 1, 1)
+        (plugin_pod,) = gang(core_api, namespace, "plugin", 1)
+        assert not plugin_pod.spec.resource_claims
+        assert plugin_pod.spec.containers[0].resources.limits["aws.amazon.com/neuron"] == "16"
         assert template.metadata.owner_references[0].kind == "TrainingRun"
         for pod in gang(core_api, namespace, "claims", 1):
             assert pod.spec.node_name.startswith("dra-trn2-")
@@ -831,8 +840,9 @@ def test_a_dra_run_claims_its_nodes_devices_and_trn3_is_taken_through_dra_only(c
         wait_running_gang(core_api, custom, namespace, "trn3", 1, 2)
         assert {p.spec.node_name[:5] for p in gang(core_api, namespace, "trn3", 1)} == {"trn3-"}
     finally:
-        for run in ("claims", "trn3-plugin", "trn3"):
+        for run in ("claims", "plugin", "trn3-plugin", "trn3"):
             with contextlib.suppress(Exception):
                 custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         for n in names:
             core_api.delete_node(n)
+        dra.delete_device_class("neuron.aws.com")  # the other tests' clusters have no DRA driver

@@ -66,7 +66,8 @@ GUARD = DisruptionGuard(min_nodes=3, mass_threshold=0.2, mass_window_seconds=120
 
 def _fleet(n: int, short: set[int] = frozenset(), not_ready: set[int] = frozenset(), quarantined=()) -> list[NodeView]:
     return [NodeView(f"n{i}", "False" if i in not_ready else "True", {keys.QUARANTINE_TAINT} if i in quarantined
-                     else set(), neuron_allocatable=0 if i in short else 16, neuron_capacity=16, changed=NOW - 5)
+                     else set(), neuron_allocatable=0 if i in short else 16, neuron_capacity=16, changed=NOW - 5,
+                     ready_changed=NOW - 5)
             for i in range(n)]
 
 
@@ -219,14 +220,15 @@ def test_a_dra_pod_claims_the_nodes_devices_from_the_runs_template_and_counts_no
     from trainium_operator.observer import devices_in_force
     spec = devices_in_force(_spec("trn2.48xlarge"), frozenset({"neuron.aws.com", "efa.networking.k8s.aws"}))
     pod = plan.pod(RUN, spec, 1, 0, [])["spec"]
-    assert pod["resourceClaims"] == [{"name": "devices", "resourceClaimTemplateName": "r-devices"}]
+    assert pod["resourceClaims"] == [{"name": "devices", "resourceClaimTemplateName": "r-devices-efa"}]
     trainer = pod["containers"][0]
     assert trainer["resources"]["claims"] == [{"name": "devices"}]
     assert not any(k in trainer["resources"].get("limits", {}) for k in ("aws.amazon.com/neuron", "vpc.amazonaws.com/efa"))
+    assert trainer["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]  # libfabric pins its buffers
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
     t = plan.claim_template(RUN, spec)
     assert (t["apiVersion"], t["kind"], t["metadata"]["name"]) == ("resource.k8s.io/v1", "ResourceClaimTemplate",
-                                                                    "r-devices")
+                                                                    "r-devices-efa")
     neuron, efa = t["spec"]["spec"]["devices"]["requests"]
     assert neuron["exactly"]["deviceClassName"] == "neuron.aws.com" and neuron["exactly"]["allocationMode"] == "All"
     assert neuron["exactly"]["selectors"][0]["cel"]["expression"] == (
@@ -235,6 +237,22 @@ def test_a_dra_pod_claims_the_nodes_devices_from_the_runs_template_and_counts_no
     assert efa["exactly"] == {"deviceClassName": "efa.networking.k8s.aws", "allocationMode": "All"}
     plain = plan.pod(RUN, devices_in_force(_spec("trn2.48xlarge"), frozenset()), 1, 0, [])["spec"]
     assert "resourceClaims" not in plain and plain["containers"][0]["resources"]["limits"]["aws.amazon.com/neuron"] == "16"
+    # the Neuron DRA driver without the EFA one: the claim takes the devices, EFA stays counted
+    neuron_only = devices_in_force(_spec("trn2.48xlarge"), frozenset({"neuron.aws.com"}))
+    pod = plan.pod(RUN, neuron_only, 1, 0, [])["spec"]
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert limits == {"vpc.amazonaws.com/efa": "16"} and pod["resourceClaims"][0]["resourceClaimTemplateName"] == "r-devices"
+    assert len(plan.claim_template(RUN, neuron_only)["spec"]["spec"]["devices"]["requests"]) == 1
+
+
+def test_auto_keeps_the_device_plugin_for_an_instance_type_whose_nodes_have_it():
+    """A cluster runs the Neuron DRA driver on its trn2 node group and the device plugin on its
+    trn1 one: a trn1 run stays with the plugin (a claim would match no slice)."""
+    from trainium_operator.observer import devices_in_force
+    classes = frozenset({"neuron.aws.com"})
+    assert devices_in_force(_spec("trn1.32xlarge", processesPerNode=32), classes,
+                            frozenset({"trn1.32xlarge"})).resources == "DevicePlugin"
+    assert devices_in_force(_spec("trn2.48xlarge"), classes, frozenset({"trn1.32xlarge"})).resources == "DRA"
 
 
 def test_trn3_is_accepted_through_dra_only_and_its_ranks_must_be_given():
@@ -252,5 +270,49 @@ def test_trn3_is_accepted_through_dra_only_and_its_ranks_must_be_given():
     assert spec.resources == "DRA"
     pod = plan.pod(RUN, spec, 1, 0, [])["spec"]
     assert "nodeSelector" not in pod and pod["resourceClaims"][0]["resourceClaimTemplateName"] == "r-devices"
+    assert pod["containers"][0]["resources"].get("limits", {}) == {}
     expr = plan.claim_template(RUN, spec)["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
     assert "instanceType.startsWith('trn3')" in expr["cel"]["expression"]
+
+
+def test_a_mass_event_holds_its_symptoms_and_hangs_but_not_a_node_deleted_or_named_faulty():
+    from trainium_operator.judge import Clocks, Guards, Observed, judge
+    from trainium_operator.observe import gang_state, pod_view
+    from tests.unit.test_judge import GUARD, NOW as JNOW, RUNNING, SPEC, node as jnode, pod as jpod
+    mass = "5 of 20 nodes turned missing Neuron devices within 120s"
+
+    def verdict(nodes, **guards):
+        views = {}
+        for i in range(4):
+            raw = nodes.get(i, jnode(i))
+            if raw is None:
+                continue
+            view = node_view(raw)
+            if raw.get("_short_for") is not None:
+                from dataclasses import replace
+                view = replace(view, neuron_short_since=JNOW - raw["_short_for"])
+            views[view.name] = view
+        seen = Observed(parse(SPEC), gang_state([pod_view(jpod(i)) for i in range(4)]), views, JNOW)
+        return judge(seen, Clocks(**RUNNING), Guards(GUARD, disruption=mass, mass=True, **guards))
+    held = verdict({1: jnode(1, alloc=0, short_for=200)})
+    assert held.failure is None and "disruption" in held.hold.reason and held.disruption.mass
+    assert verdict({1: jnode(1, alloc=0, short_for=200), 2: None}).failure.cause == "node"  # a deleted node: acted on
+    named = verdict({2: jnode(2, agent=("NetworkingReady", "InterfaceNotUp"))})
+    assert named.failure is not None and named.failure.cause == "node"
+
+
+def test_the_most_serious_runtime_report_names_the_culprit():
+    from trainium_operator.judge import device_culprits
+    from trainium_operator.observe import pod_view
+    from tests.unit.test_judge import pod as jpod
+    network = "neuron-runtime-fault: network NRT_NETWORK_PROXY_FAILURE local-rank -\nx"
+    hbm = "neuron-runtime-fault: device NRT_EXEC_HW_ERR_HBM_UE local-rank -\ny"
+    pods = [pod_view(jpod(0, "Failed", code=1, term=network)), pod_view(jpod(1, "Failed", code=1, term=hbm))]
+    assert [p.node for p in device_culprits(pods)] == ["n1", "n0"]
+
+
+def test_a_node_that_registers_is_not_a_turn_to_not_ready():
+    events = MassEvents()
+    events.observe(_fleet(10), NOW - 10, 120)
+    scale_up = _fleet(10) + [NodeView(f"new{i}", "False", set(), changed=NOW, ready_changed=NOW) for i in range(5)]
+    assert finding(GUARD, events.observe(scale_up, NOW, 120), scale_up) == {}
