@@ -33,6 +33,9 @@ NODE_ANNOTATIONS = ("container.apparmor.security.beta.kubernetes.io/", "seccomp.
 operator's lock-down and the cluster's, not a run's."""
 TAINTS_NOT_TOLERATED = (keys.PREFIX, "node.kubernetes.io/unschedulable", "aws.amazon.com/neuron",
                         *sorted(keys.TERMINATION_NOTICE_TAINTS))
+TAINTS_REFUSED_LATER = tuple(k for k in sorted(keys.TERMINATION_NOTICE_TAINTS) if not k.startswith("karpenter.sh/"))
+"""The node termination handler's taints, refused for runs made after they were added: a run
+accepted before that tolerates one is still supervised (observer.spec_in_force)."""
 """Taints a run may not tolerate: the operator's quarantine, a cordon and a node's termination
 notice (a gang moved off a draining node would land back on it), the Neuron nodes (the instance type's,
 tolerated by the operator where it places the run on them)."""
@@ -49,7 +52,8 @@ _LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
 _LABEL_VALUE = re.compile(rf"({_NAME})?")
 
 
-def check(template: PodTemplate, neuron_instance_type: str | None, volume_names: set[str]) -> None:
+def check(template: PodTemplate, neuron_instance_type: str | None, volume_names: set[str],
+          accepted_before: bool = False) -> None:
     """Refuse what a run's pods may not carry, naming the field. ``neuron_instance_type``: the
     instance type whose node selector the operator sets (None off Trainium); ``volume_names``:
     the pod's volumes (the operator's and spec.volumes), which init containers may mount."""
@@ -66,7 +70,7 @@ def check(template: PodTemplate, neuron_instance_type: str | None, volume_names:
         raise ConfigError(f"{WHERE}.spec.nodeSelector.{itype_key}", f"is the operator's: spec.instanceType "
                           f"{neuron_instance_type} (got {spec.node_selector[itype_key]!r})")
     for i, toleration in enumerate(spec.tolerations):
-        _check_toleration(toleration, f"{WHERE}.spec.tolerations[{i}]")
+        _check_toleration(toleration, f"{WHERE}.spec.tolerations[{i}]", accepted_before)
     _check_affinity(spec.affinity)
     for key, value in (("priorityClassName", spec.priority_class_name), ("schedulerName", spec.scheduler_name)):
         if value and not DNS_SUBDOMAIN.fullmatch(value):
@@ -115,7 +119,7 @@ def _check_map(items: Mapping[str, Any], where: str, values: bool, ours: tuple[s
                                                 "'-', '_', '.', starting and ending alphanumeric)")
 
 
-def _check_toleration(t: Any, where: str) -> None:
+def _check_toleration(t: Any, where: str, accepted_before: bool = False) -> None:
     """A Toleration the API server takes, and none that defeats a quarantine, a cordon or the
     Neuron nodes' taint."""
     if not isinstance(t, Mapping):
@@ -131,7 +135,8 @@ def _check_toleration(t: Any, where: str) -> None:
     if not key:
         raise ConfigError(f"{where}.key", "is required: a toleration without a key tolerates every taint (a "
                                           "quarantine, a cordon)")
-    if any(key == k or (k.endswith("/") and key.startswith(k)) for k in TAINTS_NOT_TOLERATED):
+    refused = [k for k in TAINTS_NOT_TOLERATED if not (accepted_before and k in TAINTS_REFUSED_LATER)]
+    if any(key == k or (k.endswith("/") and key.startswith(k)) for k in refused):
         raise ConfigError(f"{where}.key", f"{key} is the operator's or the node's to decide")
     if effect not in EFFECTS:
         raise ConfigError(f"{where}.effect", f"must be one of {', '.join(e for e in EFFECTS if e)}")

@@ -105,7 +105,8 @@ def parse(spec: Mapping[str, Any] | None, accepted_before: bool = False) -> Trai
     if not accepted_before:
         check_mount_path(s.compile_cache.path, "spec.compileCache.path")
     _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path, strict_paths=not accepted_before)
-    pod_template.check(s.pod_template, s.instance_type if neuron_type else None, pod_volume_names(s))
+    pod_template.check(s.pod_template, s.instance_type if neuron_type else None, pod_volume_names(s),
+                       accepted_before)
     return s
 
 

@@ -316,3 +316,18 @@ def test_a_node_that_registers_is_not_a_turn_to_not_ready():
     events.observe(_fleet(10), NOW - 10, 120)
     scale_up = _fleet(10) + [NodeView(f"new{i}", "False", set(), changed=NOW, ready_changed=NOW) for i in range(5)]
     assert finding(GUARD, events.observe(scale_up, NOW, 120), scale_up) == {}
+
+
+def test_a_run_may_not_tolerate_a_termination_notice_but_one_accepted_before_stays_supervised():
+    from trainium_api.fields import ConfigError
+    tolerating = {"spec": {"tolerations": [{"key": "aws-node-termination-handler/spot-itn", "operator": "Exists"}]}}
+    with pytest.raises(ConfigError) as err:
+        _spec("trn2.48xlarge", podTemplate=tolerating)
+    assert err.value.field == "spec.podTemplate.spec.tolerations[0].key"
+    from tests.unit.test_operator_core import SPEC
+    body = {**SPEC, "instanceType": "trn2.48xlarge", "nodes": 2, "processesPerNode": 64, "podTemplate": tolerating}
+    body.pop("backend", None)
+    assert parse(body, accepted_before=True).pod_template.spec.tolerations  # (made before the rule)
+    karpenter = {"spec": {"tolerations": [{"key": "karpenter.sh/disrupted", "operator": "Exists"}]}}
+    with pytest.raises(ConfigError):
+        parse({**body, "podTemplate": karpenter}, accepted_before=True)  # refused since before
