@@ -97,11 +97,12 @@ def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", inde
                   dra: bool = False) -> dict:
     """A Node as EKS registers it: the instance type and zone labels, the network topology labels
     of the cloud controller manager (Trainium types), and the EKS node monitoring agent's
-    conditions. ``dra``: its Neuron devices and EFA interfaces are the DRA drivers' (published as
-    ResourceSlices: publish_dra_devices), not the device plugins' extended resources."""
+    conditions. ``dra``: its Neuron devices are the Neuron DRA driver's (published as a
+    ResourceSlice: publish_dra_devices), not the device plugin's extended resources; its EFA
+    interfaces stay the EFA device plugin's (the EFA DRA driver is not simulated)."""
     neuron = NEURON in itype.capacity or itype.dra_devices > 0
     if dra:
-        itype = replace(itype, capacity={k: v for k, v in itype.capacity.items() if k not in (NEURON, NEURONCORE, EFA)})
+        itype = replace(itype, capacity={k: v for k, v in itype.capacity.items() if k not in (NEURON, NEURONCORE)})
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": itype.name, "topology.kubernetes.io/zone": zone,
