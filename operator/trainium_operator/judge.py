@@ -432,9 +432,12 @@ def _hold(seen: Observed, clocks: Clocks, guards: Guards, failure: Failure | Non
             return Verdict(None, Hold("the disruption just ended: the hang clock restarts"), None)
         return Verdict(failure, hold, None)
     in_force = held or Disruption(since=now, message=disruption, mass=guards.mass or None)
+    if failure is None:
+        return Verdict(None, hold, in_force)
+    # a mass event holds its own symptoms and hangs; nodes lost together hold every lost node
     holds = (failure.fleet_symptom or failure.cause == "hang") if in_force.mass else \
-        (failure.cause in DISRUPTION_CAUSES or failure.fleet_symptom) if failure else False
-    if failure and holds and now - in_force.since < guard.max_hold_seconds:
+        (failure.cause in DISRUPTION_CAUSES or failure.fleet_symptom)
+    if holds and now - in_force.since < guard.max_hold_seconds:
         return Verdict(None, Hold(f"{failure.message}: held during a disruption ({disruption})",
                                     in_force.since + guard.max_hold_seconds), in_force)
     return Verdict(failure, hold, in_force)

@@ -288,5 +288,6 @@ def _record_disruption(p: Pass, now_in_force: Disruption | None) -> None:
     elif now_in_force and not held:
         p.new.disruption = now_in_force
         report(p, Cond.DISRUPTED, True, CondReason.MASS_DISRUPTION, now_in_force.message, Reason.DISRUPTION,
-               f"{now_in_force.message}: a control-plane or network disruption, not node failures; "
+               f"{now_in_force.message}: "
+               + ("" if now_in_force.mass else "a control-plane or network disruption, not node failures; ") +
                f"no quarantine and no restart for up to {p.guard.max_hold_seconds:.0f}s", warning=True, when="always")

@@ -294,6 +294,8 @@ def test_a_mass_event_holds_its_symptoms_and_hangs_but_not_a_node_deleted_or_nam
             views[view.name] = view
         seen = Observed(parse(SPEC), gang_state([pod_view(jpod(i)) for i in range(4)]), views, JNOW)
         return judge(seen, Clocks(**RUNNING), Guards(GUARD, disruption=mass, mass=True, **guards))
+    settling = verdict({1: jnode(1, alloc=0, short_for=5)})  # no failure yet: the event is said all the same
+    assert settling.failure is None and settling.disruption.mass and "settling" in settling.hold.reason
     held = verdict({1: jnode(1, alloc=0, short_for=200)})
     assert held.failure is None and "disruption" in held.hold.reason and held.disruption.mass
     assert verdict({1: jnode(1, alloc=0, short_for=200), 2: None}).failure.cause == "node"  # a deleted node: acted on
