@@ -259,9 +259,13 @@ class Termination:
         from kubernetes.client.exceptions import ApiException
         end = time.monotonic() + self.deadline if self.deadline is not None else None
         while not self.stopped.is_set():
+            # drained once no pod is left, terminating ones included: Karpenter waits for them to
+            # end (a pod deleted gracefully saves meanwhile) before the instance goes
             pods = [p for p in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
-                    if not p.metadata.deletion_timestamp and p.status.phase not in ("Succeeded", "Failed")]
+                    if p.status.phase not in ("Succeeded", "Failed")]
             for p in pods:
+                if p.metadata.deletion_timestamp:
+                    continue
                 with contextlib.suppress(ApiException):  # 429: a budget holds it; 404: gone meanwhile
                     evict_pod(self.core, p.metadata.namespace, p.metadata.name)
             if not pods or (end is not None and time.monotonic() >= end):
