@@ -467,5 +467,10 @@ class TrainingRunStatus(_Written):
         remembers (their Node objects went): left out of the run's own nodes."""
         return {*self.quarantined_nodes, *(m.node for m in self.quarantined_machines)}
 
+    @property
+    def kept_off_names(self) -> set[str]:
+        """The node names the run keeps its pods off: quarantine_names and the avoided nodes."""
+        return self.quarantine_names | {a.node for a in self.avoided_nodes}
+
 
 MAX_FAILURES_KEPT = 50

@@ -106,8 +106,7 @@ class Clocks:
            stragglers: tuple[StragglerStreak, ...] = ()) -> "Clocks":
         # (the nodes the run left out, avoided ones too: none of them is coming back to it)
         return cls(status.current.start_time, status.current.gang_running_time, status.step_seconds, last_step_time,
-                   status.disruption, status.disruption_end_time,
-                   tuple(status.quarantine_names | {a.node for a in status.avoided_nodes}), stragglers)
+                   status.disruption, status.disruption_end_time, tuple(status.kept_off_names), stragglers)
 
 
 @dataclass(frozen=True)
@@ -261,13 +260,12 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
                                 "allocatable, settling (a device-plugin restart)", since + device_settle)
         if n.node_error:  # the EKS node monitoring agent: a kernel, runtime or network fault
             return Failure("node", f"node {p.node}: {n.node_error}", node=p.node, pod=p.name, since=n.changed), hold
+        lost_since = n.ready_changed if n.ready_changed is not None else n.changed
         if n.ready == "False":
-            soft = soft or Failure("node", f"node {p.node} is NotReady", node=p.node, pod=p.name,
-                                   since=n.ready_changed if n.ready_changed is not None else n.changed,
+            soft = soft or Failure("node", f"node {p.node} is NotReady", node=p.node, pod=p.name, since=lost_since,
                                    fleet_symptom=True)
         elif n.ready != "True":
-            return Failure("node", f"node {p.node} is unreachable", node=p.node, pod=p.name,
-                           since=n.ready_changed if n.ready_changed is not None else n.changed), hold
+            return Failure("node", f"node {p.node} is unreachable", node=p.node, pod=p.name, since=lost_since), hold
     if soft is not None:
         return soft, hold
     failed = [p for p in gang.pods if p.phase == "Failed" and not succeeded(p)]

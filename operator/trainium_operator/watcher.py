@@ -188,7 +188,7 @@ class Watcher:
         uid = run["metadata"].get("uid")
         pods: list[PodView] = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
         status = read_status(run["status"])
-        left_out = status.quarantine_names | {a.node for a in status.avoided_nodes}
+        left_out = status.kept_off_names
         wanted = {p.node for p in pods if p.node} | left_out
         now = time.time()
         nodes: dict[str, NodeView] = self.shortfalls.mark(

@@ -278,20 +278,11 @@ def test_trn3_is_accepted_through_dra_only_and_its_ranks_must_be_given():
 def test_a_mass_event_holds_its_symptoms_and_hangs_but_not_a_node_deleted_or_named_faulty():
     from trainium_operator.judge import Clocks, Guards, Observed, judge
     from trainium_operator.observe import gang_state, pod_view
-    from tests.unit.test_judge import GUARD, NOW as JNOW, RUNNING, SPEC, node as jnode, pod as jpod
+    from tests.unit.test_judge import GUARD, NOW as JNOW, RUNNING, SPEC, node as jnode, node_views, pod as jpod
     mass = "5 of 20 nodes turned missing Neuron devices within 120s"
 
     def verdict(nodes, **guards):
-        views = {}
-        for i in range(4):
-            raw = nodes.get(i, jnode(i))
-            if raw is None:
-                continue
-            view = node_view(raw)
-            if raw.get("_short_for") is not None:
-                from dataclasses import replace
-                view = replace(view, neuron_short_since=JNOW - raw["_short_for"])
-            views[view.name] = view
+        views = node_views(nodes)
         seen = Observed(parse(SPEC), gang_state([pod_view(jpod(i)) for i in range(4)]), views, JNOW)
         return judge(seen, Clocks(**RUNNING), Guards(GUARD, disruption=mass, mass=True, **guards))
     settling = verdict({1: jnode(1, alloc=0, short_for=5)})  # no failure yet: the event is said all the same

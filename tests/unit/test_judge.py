@@ -198,18 +198,25 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_judge(row: Row):
-    pods = [pod_view(row.pods.get(i, pod(i))) for i in range(4 - row.missing)]
+def node_views(overrides: dict[int, dict | None]) -> dict:
+    """The four nodes n0..n3 as the judge sees them, with ``overrides`` by index (None: deleted);
+    a node's ``_short_for`` is how long its devices have been missing (the observer's memory)."""
     nodes = {}
     for i in range(4):
-        raw = row.nodes.get(i, node(i))
+        raw = overrides.get(i, node(i))
         if raw is None:
             continue
         view = node_view(raw)
         if raw.get("_short_for") is not None:
             view = replace(view, neuron_short_since=NOW - raw["_short_for"])
         nodes[view.name] = view
+    return nodes
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_judge(row: Row):
+    pods = [pod_view(row.pods.get(i, pod(i))) for i in range(4 - row.missing)]
+    nodes = node_views(row.nodes)
     guards = dict(row.guards)
     children_error = guards.pop("children_error", "")
     clocks = {**RUNNING, **row.clocks} if row.clocks is not RUNNING else RUNNING
