@@ -255,9 +255,9 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
                 soft = soft or Failure("neuron-device", f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} "
                                        "Neuron devices allocatable", node=p.node, pod=p.name, since=since,
                                        fleet_symptom=True)
-                continue
-            hold = hold or Hold(f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron devices "
-                                "allocatable, settling (a device-plugin restart)", since + device_settle)
+            else:
+                hold = hold or Hold(f"node {p.node}: {n.neuron_allocatable}/{n.neuron_capacity} Neuron devices "
+                                    "allocatable, settling (a device-plugin restart)", since + device_settle)
         if n.node_error:  # the EKS node monitoring agent: a kernel, runtime or network fault
             return Failure("node", f"node {p.node}: {n.node_error}", node=p.node, pod=p.name, since=n.changed), hold
         lost_since = n.ready_changed if n.ready_changed is not None else n.changed
@@ -266,10 +266,14 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
                                    fleet_symptom=True)
         elif n.ready != "True":
             return Failure("node", f"node {p.node} is unreachable", node=p.node, pod=p.name, since=lost_since), hold
-    if soft is not None:
-        return soft, hold
     failed = [p for p in gang.pods if p.phase == "Failed" and not succeeded(p)]
     culprit = next(iter(device_culprits(failed)), None)
+    if soft is not None and culprit is None:
+        # a fleet symptom (held in a mass event) names no fault of its own: a node about to be
+        # terminated, or one the runtime named, goes first
+        noticed = next((p for p in gang.pods if p.node in nodes and p.phase != "Succeeded"
+                        and terminating(nodes[p.node])), None)
+        return (_notice(noticed, nodes) if noticed else soft), hold
     if culprit:  # the node whose rank the runtime named, not the first pod that noticed
         kind = culprit.runtime_fault.kind
         return Failure("node" if kind == "network" else "neuron-device",
@@ -328,11 +332,7 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     moving = next((p for p in gang.pods if p.node and p.node in nodes and p.phase != "Succeeded"  # (a rank done holds nothing)
                    and (terminating(nodes[p.node]) or (ft.do_not_disrupt and draining(nodes[p.node])))), None)
     if moving is not None:  # before the drain can evict it, or the node goes: the gang moves once, at a save
-        notice = terminating(nodes[moving.node])
-        why = f"is to be terminated ({notice} taint)" if notice else "is being drained (cordoned)"
-        return Failure("eviction", f"node {moving.node} of pod {moving.name} {why}: the gang moves off it, "
-                       "stopping at a save (a voluntary disruption: no budget is spent)",
-                       node=moving.node, pod=moving.name, voluntary=True), hold
+        return _notice(moving, nodes), hold
     # ranks that finished (exit 0) while others still run count with the running: a rank hung
     # in its last save or barrier must not hold the run forever
     if gang_running_since is not None and gang.running and gang.running + gang.succeeded == expected_pods:
@@ -366,6 +366,15 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
         return Failure("scheduling", f"{len(pending)} of {spec.nodes} pod(s) unscheduled for "
                        f"{ft.schedule_timeout_seconds:.0f}s: {why or 'not scheduled'}", capacity=capacity), hold
     return None, hold
+
+
+def _notice(moving: PodView, nodes: dict[str, NodeView]) -> Failure:
+    """The voluntary move off ``moving``'s node: about to be terminated, or drained."""
+    notice = terminating(nodes[moving.node])
+    why = f"is to be terminated ({notice} taint)" if notice else "is being drained (cordoned)"
+    return Failure("eviction", f"node {moving.node} of pod {moving.name} {why}: the gang moves off it, "
+                   "stopping at a save (a voluntary disruption: no budget is spent)",
+                   node=moving.node, pod=moving.name, voluntary=True)
 
 
 def gang_hurt(gang: GangState, expected_pods: int) -> bool:

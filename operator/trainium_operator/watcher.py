@@ -46,6 +46,7 @@ ERROR_BACKOFF = 2.0  # after a pass that raised; doubling while the run's passes
 MAX_ERROR_BACKOFF = 30.0
 OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
 DEVICE_CLASSES_MAX_AGE = 30.0  # a DRA driver installed is seen within this
+DEVICE_CLASSES_RETRY = 1.0  # after a failed list (a 5xx, a 429): not 30 s of a guess
 ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
 
 
@@ -169,8 +170,10 @@ class Watcher:
             self._classes = (time.monotonic(), value)
         try:
             value = self.kube.device_classes()
-        except Exception as exc:  # (the API away, RBAC not granted): said, the last kept
+        except Exception as exc:  # (the API away, RBAC not granted): said, the last kept, tried again in a second
             log.warning("could not list DeviceClasses: %s", exc)
+            with self._classes_lock:
+                self._classes = (time.monotonic() - DEVICE_CLASSES_MAX_AGE + DEVICE_CLASSES_RETRY, value)
             return value
         with self._classes_lock:
             self._classes = (time.monotonic(), value)

@@ -324,3 +324,24 @@ def test_a_run_may_not_tolerate_a_termination_notice_but_one_accepted_before_sta
     karpenter = {"spec": {"tolerations": [{"key": "karpenter.sh/disrupted", "operator": "Exists"}]}}
     with pytest.raises(ConfigError):
         parse({**body, "podTemplate": karpenter}, accepted_before=True)  # refused since before
+
+
+def test_a_held_fleet_symptom_hides_neither_a_notice_a_runtime_culprit_nor_its_nodes_own_fault():
+    """During a mass event, n1 misses its devices (held); n2's notice, n2's rank's HBM error, or
+    n1's own kernel fault is acted on all the same (found by the SRE review)."""
+    from trainium_operator.judge import Clocks, Guards, Observed, judge
+    from trainium_operator.observe import gang_state, pod_view
+    from tests.unit.test_judge import GUARD, HBM, NOW as JNOW, RUNNING, SPEC, node as jnode, node_views, pod as jpod
+
+    def verdict(nodes, pods=None):
+        gang = [pod_view((pods or {}).get(i, jpod(i))) for i in range(4)]
+        seen = Observed(parse(SPEC), gang_state(gang), node_views(nodes), JNOW)
+        return judge(seen, Clocks(**RUNNING), Guards(GUARD, disruption="mass", mass=True))
+    short = jnode(1, alloc=0, short_for=200)
+    noticed = {**jnode(2), "spec": {"taints": [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]}}
+    moved = verdict({1: short, 2: noticed}).failure
+    assert moved.cause == "eviction" and moved.voluntary and moved.node == "n2"
+    culprit = verdict({1: short}, {2: jpod(2, "Failed", code=1, term=HBM)}).failure
+    assert culprit.cause == "neuron-device" and culprit.node == "n2"
+    kernel = jnode(1, alloc=0, short_for=200, agent=("KernelReady", "ForkFailedOutOfPIDs"))
+    assert verdict({1: kernel}).failure.cause == "node"
