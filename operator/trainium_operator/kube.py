@@ -135,6 +135,15 @@ class Kube:
         return self.custom.create_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
                                                           workload.WORKLOADS, obj, **kw)
 
+    def read_workload(self, namespace: str, name: str) -> dict | None:
+        """The Workload as the API server holds it now (None when there is none, or no Kueue)."""
+        try:
+            return self._read_workload(name, namespace, **T)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _read_workload(self, name: str, namespace: str, **kw) -> dict:
         return self.custom.get_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
                                                        workload.WORKLOADS, name, **kw)

@@ -34,7 +34,8 @@ from .hostaccess import HostAccess
 from .kube import Kube
 from .metrics import Metrics
 from .observe import NodeView, PodView, draining, node_view, pod_view
-from .workload import name as workload_name
+from . import workload
+from .workload import WorkloadView
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
 from .disruption_guard import DisruptionGuard, disruption, zone_health
 from . import mass_events
@@ -47,6 +48,7 @@ MAX_ERROR_BACKOFF = 30.0
 OBSERVE_WRITE_TIMEOUT = 2.0  # the longest a pass waits for the watch to show its own write
 DEVICE_CLASSES_MAX_AGE = 30.0  # a DRA driver installed is seen within this
 DEVICE_CLASSES_RETRY = 1.0  # after a failed list (a 5xx, a 429): not 30 s of a guess
+WORKLOAD_REREAD_SECONDS = 2.0  # a queued run's Workload missing from the index is read directly at most this often
 ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
 
 
@@ -125,6 +127,7 @@ class Watcher:
         self._zones: tuple[float, dict, dict, frozenset] = (0.0, {}, {}, frozenset())
         self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._classes_lock = threading.Lock()
+        self._unindexed: dict[tuple[str, str], tuple[float, WorkloadView | None]] = {}  # run: (read at, Workload)
 
     @classmethod
     def start_up(cls, options: Options) -> Watcher:
@@ -203,13 +206,38 @@ class Watcher:
         mass = "" if disrupted or not own else mass_events.for_run(events, own)
         # the run's Workload (one per run; an earlier run's of the same name is dropped by its owner uid)
         workloads = [w for w in (run_workloads or {}).get((namespace, name), [])
-                     if w.owner == uid and w.name == workload_name(name)]
+                     if w.owner == uid and w.name == workload.name(name)]
+        if workloads:
+            self._unindexed.pop((namespace, name), None)
+        elif uid and (status.queue is not None or workload.queue_name(run)):
+            workloads = [w for w in [self.unindexed_workload(namespace, name, uid)] if w is not None]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
         return snapshot(run, pods, nodes, now, None, disrupted or mass, self.guard, api_outage=self.health.outage(now),
                         children_error=self.children.error(namespace, name),
                         children_error_since=self.children.error_since(namespace, name), host=self.host, status=status,
                         workload=workloads[0] if workloads else None, flavors=flavors,
                         device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass))
+
+    def unindexed_workload(self, namespace: str, name: str, uid: str) -> WorkloadView | None:
+        """A queued run's Workload that kopf's index does not hold, read from the API server (at
+        most every WORKLOAD_REREAD_SECONDS): None until it is made. The index can miss one (a
+        watch opened while Kueue was being installed missed a Workload's creation for minutes, in
+        CI; someone removed its run label), and a run without its Workload is held: a queued run
+        would wait for ever, an admitted one would have its gang stopped. A read that fails
+        raises: the pass is retried, nothing is decided on a guess."""
+        key = (namespace, name)
+        at, seen = self._unindexed.get(key, (float("-inf"), None))
+        if time.monotonic() - at < WORKLOAD_REREAD_SECONDS:
+            return seen
+        body = self.kube.read_workload(namespace, workload.name(name))
+        view = workload.view(self.kube.core.api_client.sanitize_for_serialization(body)) if body else None
+        if view is not None and view.owner != uid:
+            view = None  # an earlier run's of the same name (its owner goes first), or not ours
+        if view is not None and seen is None:
+            log.warning("%s/%s: Workload %s is not in the operator's watch; read from the API server", namespace,
+                        name, view.name)
+        self._unindexed[key] = (time.monotonic(), view)
+        return view
 
     # -- apply -----------------------------------------------------------------------------
 
@@ -304,6 +332,7 @@ class Watcher:
         """A deleted run: drop its series and what its passes remembered."""
         self.metrics.forget(namespace, name)
         self.children.forget(namespace, name)
+        self._unindexed.pop((namespace, name), None)
 
     def _wake(self, key: tuple[str, str]) -> None:
         if key in self.wake:

@@ -53,6 +53,7 @@ def operator(local_cluster, kueue, core_api, tmp_path_factory):
     """The operator, started once Kueue's API is there (its Workload watch begins at start-up)."""
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     proc = start_operator(local_cluster, log_path, DEVICE_SETTLE, *CHECKPOINT_STORES, port_offset=320)
+    proc.log_path = log_path  # type: ignore[attr-defined]
     yield proc
     proc.terminate()
     proc.wait(20)
@@ -227,6 +228,11 @@ def test_a_namespace_that_requires_the_queue_label_refuses_a_run_without_it_at_o
 
 
 def test_the_workload_is_the_runs_and_goes_with_it(core_api, custom, namespace, operator, queue):
+    """The Workload is made for the run and goes with it. One the operator's watch no longer
+    holds (its run label removed: the watch selects on it; in CI a watch opened while Kueue was
+    being installed once missed a creation) is read from the API server: the admitted gang
+    keeps running, the run does not fall back to Queued."""
+    from trainium_api import keys
     create(custom, namespace, queued_manifest("gone"))
     wait_running_gang(core_api, custom, namespace, "gone", 1, nodes=2, timeout=60)
     wl = workload(custom, namespace, "gone")
@@ -234,6 +240,16 @@ def test_the_workload_is_the_runs_and_goes_with_it(core_api, custom, namespace, 
     assert spec["queueName"] == "team" and spec["podSets"][0]["name"] == "trainer"
     requests = spec["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert requests["aws.amazon.com/neuron"] == "16", json.dumps(spec)
+
+    pods = {p.metadata.uid for p in gang(core_api, namespace, "gone", 1)}
+    custom.patch_namespaced_custom_object(KQ, KV, namespace, "workloads", wl["metadata"]["name"],
+                                          {"metadata": {"labels": {keys.RUN: None}}})
+    for _ in range(6):  # three of the direct reads' periods
+        time.sleep(1)
+        st = status(custom, namespace, "gone")
+        assert st["queue"]["state"] == "Admitted", st["queue"]
+        assert {p.metadata.uid for p in gang(core_api, namespace, "gone", 1)} == pods
+    assert "is not in the operator's watch" in operator.log_path.read_text()
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
 
     wait_until(lambda: not workload(custom, namespace, "gone"), timeout=60,

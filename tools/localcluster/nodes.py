@@ -152,6 +152,19 @@ def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None
     return names
 
 
+CONTROLLER_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+"""What the API server's node admission and the node lifecycle controller put on a node that is not
+(yet) Ready; the controller takes them off some seconds after Ready turns True."""
+
+
+def schedulable(core_api, name: str) -> bool:
+    """Ready, and free of the lifecycle controller's taints: a pod may land on it now. (Ready alone
+    is not enough: a node just created still carries not-ready until the controller's next pass.)"""
+    node = core_api.read_node(name)
+    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    return ready and not any(t.key in CONTROLLER_TAINTS for t in node.spec.taints or [])
+
+
 NEURON_DRIVER = "neuron.aws.com"
 """The Neuron DRA driver's name and DeviceClass (aws-neuron-sdk deploy/eks/dra.rst)."""
 
