@@ -144,6 +144,15 @@ class Kube:
                 return None
             raise
 
+    def read_flavor(self, name: str) -> dict | None:
+        """A Kueue ResourceFlavor (None when there is none)."""
+        try:
+            return self.custom.get_cluster_custom_object(workload.GROUP, workload.VERSION, workload.FLAVORS, name, **T)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _read_workload(self, name: str, namespace: str, **kw) -> dict:
         return self.custom.get_namespaced_custom_object(workload.GROUP, workload.VERSION, namespace,
                                                        workload.WORKLOADS, name, **kw)

@@ -35,7 +35,7 @@ from .kube import Kube
 from .metrics import Metrics
 from .observe import NodeView, PodView, draining, node_view, pod_view
 from . import workload
-from .workload import WorkloadView
+from .workload import FlavorView, WorkloadView
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
 from .disruption_guard import DisruptionGuard, disruption, zone_health
 from . import mass_events
@@ -128,6 +128,7 @@ class Watcher:
         self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._classes_lock = threading.Lock()
         self._unindexed: dict[tuple[str, str], tuple[float, WorkloadView | None]] = {}  # run: (read at, Workload)
+        self._unindexed_flavors: dict[str, tuple[float, FlavorView | None]] = {}  # flavor: (read at, flavor)
 
     @classmethod
     def start_up(cls, options: Options) -> Watcher:
@@ -212,6 +213,9 @@ class Watcher:
         elif uid and (status.queue is not None or workload.queue_name(run)):
             workloads = [w for w in [self.unindexed_workload(namespace, name, uid)] if w is not None]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
+        if workloads:
+            flavors.update(self.unindexed_flavors(
+                [f for f in workloads[0].flavors.get(workload.GANG, ()) if f not in flavors]))
         return snapshot(run, pods, nodes, now, None, disrupted or mass, self.guard, api_outage=self.health.outage(now),
                         children_error=self.children.error(namespace, name),
                         children_error_since=self.children.error_since(namespace, name), host=self.host, status=status,
@@ -238,6 +242,21 @@ class Watcher:
                         name, view.name)
         self._unindexed[key] = (time.monotonic(), view)
         return view
+
+    def unindexed_flavors(self, names: list[str]) -> dict[str, FlavorView]:
+        """The admitted ResourceFlavors kopf's index does not hold, read from the API server (each
+        at most every WORKLOAD_REREAD_SECONDS; one that does not exist is left out: the run then
+        says it waits for it). Without its flavor's node labels an admitted gang is held."""
+        found: dict[str, FlavorView] = {}
+        for name in names:
+            at, seen = self._unindexed_flavors.get(name, (float("-inf"), None))
+            if time.monotonic() - at >= WORKLOAD_REREAD_SECONDS:
+                body = self.kube.read_flavor(name)
+                seen = workload.flavor_view(self.kube.core.api_client.sanitize_for_serialization(body)) if body else None
+                self._unindexed_flavors[name] = (time.monotonic(), seen)
+            if seen is not None:
+                found[name] = seen
+        return found
 
     # -- apply -----------------------------------------------------------------------------
 

@@ -44,7 +44,8 @@ CLUSTER_RULES = [("", "nodes", {"get", "list", "watch", "patch"}),  # index; Kub
                  # replaced where its digest is not this release's
                  ("admissionregistration.k8s.io", "validatingadmissionpolicies", {"get", "create", "update"}),
                  ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", {"get", "create", "update"}),
-                 ("kueue.x-k8s.io", "resourceflavors", {"list", "watch"}),  # the kopf index of flavors
+                 # the kopf index of flavors; Watcher.unindexed_flavors reads one it misses
+                 ("kueue.x-k8s.io", "resourceflavors", {"get", "list", "watch"}),
                  # Kube._create_workload: the priority of the class the Workload names
                  ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"}), ("scheduling.k8s.io", "priorityclasses", {"get"}),
                  ("resource.k8s.io", "deviceclasses", {"list"})]  # Kube.device_classes: resources auto

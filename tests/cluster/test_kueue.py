@@ -227,7 +227,7 @@ def test_a_namespace_that_requires_the_queue_label_refuses_a_run_without_it_at_o
         adm.delete_validating_admission_policy(policy)
 
 
-def test_the_workload_is_the_runs_and_goes_with_it(core_api, custom, namespace, operator, queue):
+def test_the_workload_is_the_runs_and_goes_with_it(local_cluster, core_api, custom, namespace, operator, queue):
     """The Workload is made for the run and goes with it. One the operator's watch no longer
     holds (its run label removed: the watch selects on it; in CI a watch opened while Kueue was
     being installed once missed a creation) is read from the API server: the admitted gang
@@ -250,6 +250,19 @@ def test_the_workload_is_the_runs_and_goes_with_it(core_api, custom, namespace, 
         assert st["queue"]["state"] == "Admitted", st["queue"]
         assert {p.metadata.uid for p in gang(core_api, namespace, "gone", 1)} == pods
     assert "is not in the operator's watch" in operator.log_path.read_text()
+
+    # the same reads, seen from a Watcher whose indices hold nothing (a flavor's watch has no
+    # label to remove): the Workload and its admitted flavor come from the API server
+    from trainium_operator.applier import Pools
+    from trainium_operator.kube import Kube
+    from trainium_operator.metrics import Metrics
+    from trainium_operator.watcher import Watcher
+    blind = Watcher(Kube(local_cluster.api_client()), Metrics(), Pools())
+    run = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
+    snap = blind.snapshot(run, namespace, "gone", run_pods={}, cluster_nodes={}, run_workloads={}, kueue_flavors={})
+    assert snap.workload is not None and snap.workload.admitted, snap.workload
+    assert snap.flavors["trn1-pool"].node_labels == {POOL: "kueue"}, snap.flavors
+    assert blind.unindexed_flavors(["no-such-flavor"]) == {}
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
 
     wait_until(lambda: not workload(custom, namespace, "gone"), timeout=60,
