@@ -20,7 +20,7 @@ from trainium_api import API_GROUP, API_VERSION, PLURAL, keys
 from . import workload
 from .observe import node_view, pod_view
 from .reconcile import reconcile
-from .watcher import Options, Watcher
+from .watcher import Options, Settled, Watcher
 
 
 def build_registry(options: Options) -> kopf.OperatorRegistry:
@@ -87,10 +87,12 @@ async def reconcile_loop(stopped, body, name, namespace, run_pods: kopf.Index, c
     """The run's passes (Watcher.loop: every second, at once when woken, backing off after errors)."""
     watcher: Watcher = memo.watcher
 
-    def one_pass() -> bool:
+    def one_pass() -> tuple[bool, Settled | None]:
         with watcher.timed(namespace, name):
             snap = watcher.snapshot(body, namespace, name, run_pods, cluster_nodes, run_workloads, kueue_flavors)
-            return watcher.apply(snap, reconcile(snap))
+            result = reconcile(snap)
+            settled = Settled(frozenset(result.after.kept_off_names), result.wake_at) if result.settled else None
+            return watcher.apply(snap, result), settled
     await watcher.loop(stopped, body, (namespace, name), one_pass)
 
 
@@ -106,6 +108,10 @@ async def wake_on_workload_change(namespace, labels, memo: kopf.Memo, **_):
     memo.watcher.wake_run(namespace, labels[keys.RUN])
 
 
-def forget_deleted(event, namespace, name, memo: kopf.Memo, **_):
+async def forget_deleted(event, namespace, name, memo: kopf.Memo, **_):
+    """Every event of a run: a deleted run is forgotten; a changed one's loop is woken (a
+    settled finished run passes only then)."""
     if event.get("type") == "DELETED":
         memo.watcher.forget(namespace, name)
+    else:
+        memo.watcher.run_changed(namespace, name)

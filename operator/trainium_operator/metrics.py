@@ -77,6 +77,9 @@ class Metrics:
                                      "is slow): hang and lost-node detection are held", registry=self.registry)
         self.reconcile_errors = Counter("trainium_reconcile_errors", "Reconcile passes that raised", RUN,
                                         registry=self.registry)
+        self.reconcile_passes = Counter("trainium_reconcile_passes", "Reconcile passes of the run (a live run passes "
+                                        "about once a second, a finished one only when something changes)", RUN,
+                                        registry=self.registry)
         self.detection = Histogram("trainium_failure_detection_seconds", "Failure signal to detection", ["cause"],
                                    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=self.registry)
         self.recovery = Histogram("trainium_failure_recovery_seconds", "Detection to the new gang running", ["cause"],
@@ -149,6 +152,9 @@ class Metrics:
     def count_error(self, namespace: str, run: str) -> None:
         self.reconcile_errors.labels(namespace, run).inc()
 
+    def count_pass(self, namespace: str, run: str) -> None:
+        self.reconcile_passes.labels(namespace, run).inc()
+
     def forget(self, namespace: str, run: str) -> None:
         """Drop a deleted run's series, so dashboards and alerts do not keep a ghost."""
         labels = (namespace, run)
@@ -161,7 +167,7 @@ class Metrics:
             for p in PHASES:
                 with suppress(KeyError):
                     self.lost_by_restart.remove(*labels, kind, p)
-        for gauge in self._single + (self.reconcile_errors,):
+        for gauge in self._single + (self.reconcile_errors, self.reconcile_passes):
             _set(gauge, labels, None)
 
     def forget_all(self) -> None:

@@ -25,7 +25,7 @@ import dataclasses
 from datetime import datetime, timezone
 
 from trainium_api.spec import TrainingRunSpec
-from trainium_api.status import HELD, TERMINAL, QueueStatus
+from trainium_api.status import HELD, TERMINAL, QueueStatus, TrainingRunStatus
 
 from . import plan, workload
 from .effects import Ensure, PatchWorkload
@@ -44,9 +44,14 @@ def managed(p: Pass) -> bool:
     not take it out of Kueue's accounting (its Workload keeps the queue it was made with), and
     one added to a run that trains (or present when an operator without Kueue admission was
     upgraded) takes effect at its next suspension, not by stopping its gang."""
-    if p.old.queue is not None:
+    return queued(p.run, p.old)
+
+
+def queued(run: dict, status: TrainingRunStatus) -> bool:
+    """managed(), from the run and its status as read (the watcher asks before a pass)."""
+    if status.queue is not None:
         return True
-    return bool(workload.queue_name(p.run)) and (p.old.attempt == 0 or p.old.phase in HELD)
+    return bool(workload.queue_name(run)) and (status.attempt == 0 or status.phase in HELD)
 
 
 def holds(p: Pass) -> bool:

@@ -57,7 +57,8 @@ from .progress_tracking import (account, gang_running, report_bad_progress, repo
 from .quarantine import kept_off, still_avoided, still_quarantined, under_repair
 from .reasons import Cond, CondReason, Reason, report, was
 from .restarts import act_on, create, order_start, standing, teardown
-from .run_pass import Pass, condition, overdue
+from .failure_policy import Budget
+from .run_pass import NEWER_ATTEMPT_GRACE_SECONDS, Pass, condition, overdue
 from .spares import keep_spares
 from .stragglers import flagged
 from .suspension import resume, suspend
@@ -74,10 +75,21 @@ class Result:
     """The parsed spec, None while it is invalid."""
     after: TrainingRunStatus = field(default_factory=TrainingRunStatus)
     """The status as it is once the patch is written."""
+    wake_at: float | None = None
+    """A finished run's next change that time alone brings (an avoided node's window ending, a
+    pod's graceful delete running out, a newer attempt's pod turning stale): its settled loop
+    passes then, woken or not (None: none)."""
 
     @property
     def kinds(self) -> list[str]:
         return [e.kind for e in self.effects]
+
+    @property
+    def settled(self) -> bool:
+        """A finished run's pass that changed nothing and asked for nothing: the run's loop then
+        passes again only when something changes (one of its pods, their nodes, its Workload, or
+        the run itself), not every second (finished runs cost nothing, however many are kept)."""
+        return self.after.phase in TERMINAL and not self.effects and not self.status
 
     def ensured(self, kind: str = "Pod") -> list[dict]:
         """The objects of ``kind`` this pass makes sure of (children are ensured every pass)."""
@@ -107,7 +119,7 @@ def reconcile(snap: Snapshot) -> Result:
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
-        return Result({}, [], spec, old)
+        return Result({}, [], spec, old, _time_brings(p))
     _observe(p)
     if old.phase not in TERMINAL:
         _children(p)
@@ -119,7 +131,16 @@ def reconcile(snap: Snapshot) -> Result:
         also += [x.name for x in p.spares if not x.deleting] + created_spares
         p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt, p.new.current.gang_attempt,
                                                   p.new.current.pod_names, also)))
-    return Result(changed_fields(old, new), p.effects, spec, new)
+    return Result(changed_fields(old, new), p.effects, spec, new, _time_brings(p) if new.phase in TERMINAL else None)
+
+
+def _time_brings(p: Pass) -> float | None:
+    """When time alone next changes what a pass of this run decides (Result.wake_at)."""
+    times = [a.time + Budget(p.spec).window_seconds for a in p.new.avoided_nodes]
+    times += [x.gone_by for x in p.pods + p.spares if x.deleting and x.gone_by is not None]
+    times += [x.created + NEWER_ATTEMPT_GRACE_SECONDS for x in p.pods
+              if x.attempt > p.old.attempt and x.created is not None]
+    return min(times, default=None)
 
 
 def reconcile_objects(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float, **signals) -> Result:

@@ -34,7 +34,7 @@ from .hostaccess import HostAccess
 from .kube import Kube
 from .metrics import Metrics
 from .observe import NodeView, PodView, draining, node_view, pod_view
-from . import workload
+from . import queueing, workload
 from .workload import FlavorView, WorkloadView
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
 from .disruption_guard import DisruptionGuard, disruption, zone_health
@@ -50,6 +50,17 @@ DEVICE_CLASSES_MAX_AGE = 30.0  # a DRA driver installed is seen within this
 DEVICE_CLASSES_RETRY = 1.0  # after a failed list (a 5xx, a 429): not 30 s of a guess
 WORKLOAD_REREAD_SECONDS = 2.0  # a queued run's Workload missing from the index is read directly at most this often
 ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A settled run (reconcile.Result.settled): what wakes its loop besides its pods, its
+    Workload and its own object."""
+
+    nodes: frozenset[str]
+    """The nodes its status names (quarantined, avoided): a change of one wakes it."""
+    wake_at: float | None = None
+    """When time alone changes what its pass decides (epoch seconds; None: never)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,7 @@ class Watcher:
         self.pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
         self.node_shapes: dict[str, tuple | None] = {}  # the same for nodes
         self.mass = MassEvents()  # when each node turned NotReady or lost its Neuron devices
+        self.settled: dict[tuple[str, str], Settled] = {}  # runs whose loop waits to be woken (Result.settled)
         self._zones: tuple[float, dict, dict, frozenset] = (0.0, {}, {}, frozenset())
         self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._classes_lock = threading.Lock()
@@ -210,7 +222,7 @@ class Watcher:
                      if w.owner == uid and w.name == workload.name(name)]
         if workloads:
             self._unindexed.pop((namespace, name), None)
-        elif uid and (status.queue is not None or workload.queue_name(run)):
+        elif uid and queueing.queued(run, status):
             workloads = [w for w in [self.unindexed_workload(namespace, name, uid)] if w is not None]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
         if workloads:
@@ -228,12 +240,22 @@ class Watcher:
         watch opened while Kueue was being installed missed a Workload's creation for minutes, in
         CI; someone removed its run label), and a run without its Workload is held: a queued run
         would wait for ever, an admitted one would have its gang stopped. A read that fails
-        raises: the pass is retried, nothing is decided on a guess."""
+        raises unless one was read before (then that is used: a guess of None would hold the
+        run, and stop an admitted gang): the pass is retried, nothing is decided on nothing."""
         key = (namespace, name)
         at, seen = self._unindexed.get(key, (float("-inf"), None))
+        if seen is not None and seen.owner != uid:  # an earlier run of this name's
+            at, seen = float("-inf"), None
         if time.monotonic() - at < WORKLOAD_REREAD_SECONDS:
             return seen
-        body = self.kube.read_workload(namespace, workload.name(name))
+        try:
+            body = self.kube.read_workload(namespace, workload.name(name))
+        except Exception as exc:
+            if seen is None:
+                raise
+            log.warning("%s/%s: cannot read Workload %s (%s); using the one read %.0f s ago", namespace, name,
+                        seen.name, exc, time.monotonic() - at)
+            return seen
         view = workload.view(self.kube.core.api_client.sanitize_for_serialization(body)) if body else None
         if view is not None and view.owner != uid:
             view = None  # an earlier run's of the same name (its owner goes first), or not ours
@@ -251,7 +273,14 @@ class Watcher:
         for name in names:
             at, seen = self._unindexed_flavors.get(name, (float("-inf"), None))
             if time.monotonic() - at >= WORKLOAD_REREAD_SECONDS:
-                body = self.kube.read_flavor(name)
+                try:
+                    body = self.kube.read_flavor(name)
+                except Exception as exc:  # (as for the Workload: the one read before, else the pass is retried)
+                    if seen is None:
+                        raise
+                    log.warning("cannot read ResourceFlavor %s (%s); using the one read before", name, exc)
+                    found[name] = seen
+                    continue
                 seen = workload.flavor_view(self.kube.core.api_client.sanitize_for_serialization(body)) if body else None
                 self._unindexed_flavors[name] = (time.monotonic(), seen)
             if seen is not None:
@@ -273,7 +302,8 @@ class Watcher:
 
     @contextlib.contextmanager
     def timed(self, namespace: str, name: str) -> Iterator[None]:
-        """Around one pass: its duration, and an error counted when it raises."""
+        """Around one pass: its duration, the pass counted, and an error counted when it raises."""
+        self.metrics.count_pass(namespace, name)
         t0 = time.perf_counter()
         try:
             yield
@@ -285,13 +315,21 @@ class Watcher:
 
     # -- the run's loop ----------------------------------------------------------------------
 
-    async def loop(self, stopped, body, key: tuple[str, str], one_pass: Callable[[], bool]) -> None:
-        """``one_pass()`` (on a thread) every RECONCILE_INTERVAL seconds, and at once when the
-        run is woken (``wake_on_pod``, ``wake_on_node``): a restart then moves from teardown to
-        the new gang, and from scheduled to Running, without waiting for a tick. After a pass
-        that patched the status, the next one waits until the run's watch has delivered that
-        patch (its resourceVersion moved), so no pass decides on a status older than its own
-        last write (a failure is never recorded twice)."""
+    async def loop(self, stopped, body, key: tuple[str, str],
+                   one_pass: Callable[[], tuple[bool, Settled | None]]) -> None:
+        """``one_pass()`` (on a thread; it returns whether it patched the status, and, when the
+        run is settled (``reconcile.Result.settled``), what wakes it) every
+        RECONCILE_INTERVAL seconds, and at
+        once when the run is woken (``wake_on_pod``, ``wake_on_node``, the Workload or the run
+        itself changed): a restart then moves from teardown to the new gang, and from scheduled
+        to Running, without waiting for a tick. A settled run (finished, nothing left to do)
+        has no tick: it waits to be woken (by its pods, the nodes its status names, its
+        Workload or its own object), or for the time its status changes by itself
+        (``Settled.wake_at``). It stays registered as settled through the passes it is woken
+        for, until one says otherwise: a wake-up during a pass is not lost. After a pass that patched the status, the next one
+        waits until the run's watch has delivered that patch (its resourceVersion moved), so no
+        pass decides on a status older than its own last write (a failure is never recorded
+        twice)."""
         event = self.wake.setdefault(key, asyncio.Event())
         backoff = Backoff(key)
         try:
@@ -299,7 +337,7 @@ class Watcher:
                 event.clear()
                 before = _version(body)
                 try:
-                    wrote = await asyncio.to_thread(one_pass)
+                    wrote, settled = await asyncio.to_thread(one_pass)
                     backoff.passed()
                 except Exception as exc:
                     if conflict(exc):  # the run changed since this pass read it: decide again
@@ -310,10 +348,18 @@ class Watcher:
                     continue
                 if wrote:
                     await _until_observed(body, before, stopped)
+                if settled is None:
+                    self.settled.pop(key, None)
+                else:
+                    self.settled[key] = settled
+                if settled is not None and not wrote and _version(body) == before:  # (changed in the pass: again)
+                    await _until_woken(event, stopped, settled.wake_at)
+                    continue
                 with contextlib.suppress(asyncio.TimeoutError):  # the interval passed with no wake-up
                     await asyncio.wait_for(event.wait(), RECONCILE_INTERVAL)
         finally:
             self.wake.pop(key, None)
+            self.settled.pop(key, None)
 
     def pod_changed(self, deleted: bool, namespace: str, name: str, run: str, body) -> None:
         """Wakes the run's loop when a pod's shape changes, its agent's state included (an
@@ -332,19 +378,28 @@ class Watcher:
         """Wakes the run's loop (its Workload changed: Kueue admitted or evicted it)."""
         self._wake((namespace, run))
 
+    def run_changed(self, namespace: str, run: str) -> None:
+        """The run's object changed: a settled run's loop is woken (a live run's next tick reads
+        it; waking it would add a pass after each of its own status writes)."""
+        if (namespace, run) in self.settled:
+            self._wake((namespace, run))
+
     def node_changed(self, deleted: bool, name: str, body, run_pods: Mapping) -> None:
         """Wakes the loops of runs with pods on a node whose health changed (Ready, a health
-        condition (nodesignals), Neuron devices, a drain begun, deleted); not on the kubelet's periodic
-        heartbeats."""
+        condition (nodesignals), Neuron devices, a drain begun, its taints, deleted), and of
+        settled runs whose status names it; not on the kubelet's periodic heartbeats."""
         view = node_view(dict(body))
         shape = None if deleted else (view.ready, view.neuron_error, view.node_error, view.neuron_allocatable,
-                                      draining(view))
+                                      draining(view), frozenset(view.taints))
         if self.node_shapes.get(name, shape) == shape:
             self.node_shapes[name] = shape
             return
         self.node_shapes[name] = shape
         for key in list(run_pods):
             if key in self.wake and any(p.node == name for p in run_pods.get(key, [])):
+                self._wake(key)
+        for key, settled in list(self.settled.items()):  # a finished run's quarantined or avoided node
+            if name in settled.nodes:
                 self._wake(key)
 
     def forget(self, namespace: str, name: str) -> None:
@@ -382,6 +437,20 @@ async def _wait_or_wake(event: asyncio.Event, stopped, seconds: float) -> None:
     while not stopped and not event.is_set() and time.monotonic() < deadline:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(event.wait(), min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+async def _until_woken(event: asyncio.Event, stopped, wake_at: float | None = None) -> None:
+    """A settled run's wait, with no tick: until its loop is woken, ``wake_at`` (epoch seconds)
+    comes, or it is stopped (kopf's flag: the run deleted, the operator stopping)."""
+    async def halted() -> None:
+        await stopped.wait()
+    waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(halted())}
+    timeout = None if wake_at is None else max(0.0, wake_at - time.time()) + 0.05
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 async def _until_observed(body, before: str | None, stopped) -> None:

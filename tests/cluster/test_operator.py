@@ -497,6 +497,36 @@ def test_metrics_endpoint(operator):
     assert "\ntrainium_operator_api_unreachable 0.0\n" in body  # its probe reaches the local API server
 
 
+def passes(operator, namespace: str, run: str) -> float:
+    """The operator's trainium_reconcile_passes_total for the run (0 before its first pass)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    body = urllib.request.urlopen(f"http://127.0.0.1:{operator['proc'].metrics_port}/metrics", timeout=5).read().decode()
+    return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples
+               if s.name == "trainium_reconcile_passes_total" and s.labels == {"namespace": namespace, "run": run})
+
+
+def test_a_finished_run_passes_only_when_something_changes(core_api, custom, namespace, operator):
+    """Issue 48: a finished run costs nothing. Once its pods are done and its status written, its
+    loop has no tick: the pass count stands still; an edit of the run passes it again, once."""
+    from localcluster import faults
+    start_and_run(core_api, custom, namespace, "ends", nodes=2)
+    assert passes(operator, namespace, "ends") >= 1
+    for p in gang(core_api, namespace, "ends", 1):
+        faults.pod_succeed(core_api, namespace, p.metadata.name)
+    wait_until(lambda: status(custom, namespace, "ends").get("phase") == "Succeeded", what="Succeeded")
+    time.sleep(2)  # its last writes observed, the loop settled
+    settled = passes(operator, namespace, "ends")
+    time.sleep(4)
+    assert passes(operator, namespace, "ends") == settled, "a finished run kept passing every second"
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "ends",
+                                          {"metadata": {"annotations": {"example.com/note": "looked at"}}})
+    wait_until(lambda: passes(operator, namespace, "ends") > settled, timeout=10, what="a pass after the edit")
+    time.sleep(3)
+    assert passes(operator, namespace, "ends") <= settled + 2, "it went back to a tick"
+
+
 def test_quarantine_keeps_a_taint_another_controller_adds_between_read_and_write(local_cluster, core_api):
     """Against the real API server: another controller (here the test, in the node lifecycle
     controller's place) taints the node after the operator read it and before it writes. The
