@@ -121,6 +121,20 @@ def test_stale_tiny_and_absurd_reports_are_not_compared():
     assert streaks == []
 
 
+def test_one_pods_clock_running_ahead_leaves_the_others_watched():
+    """Issue 48: measured from the newest report, one clock ahead made every other pod's report
+    stale, and nothing was compared. Measured against the operator's own clock, the slow pod is
+    still found (the observer refuses a report dated more than 300 s ahead)."""
+    streaks, flagged = [], []
+    for r in range(3):
+        views = reports(NOW + r, {2: 0.5})
+        views[0].progress = replace(views[0].progress, time=NOW + r + 240)
+        streaks, new = stragglers.update(streaks, views, FT, NOW + r)
+        flagged += new
+    assert [(s.pod, s.reports) for s in flagged] == [("r-a1-2", 3)]
+    assert all(s.pod != "r-a1-0" for s in streaks)
+
+
 @pytest.mark.parametrize("patch, why", [
     ({"parallelism": {"tensor": 8, "pipeline": 2, "sequenceParallel": True}}, "pipeline"),
     ({"faultTolerance": {"stragglers": "off"}}, "is Disabled"),
