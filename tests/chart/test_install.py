@@ -111,6 +111,11 @@ def test_helm_install_creates_crd_deployment_and_rbac(local_cluster, monitoring_
             assert rbac.read_cluster_role(name).rules
             assert rbac.read_cluster_role_binding(name).subjects[0].name == "inst-trainium-operator"
         core_api.read_namespaced_service_account("inst-trainium-operator", namespace)
+        flow = client.FlowcontrolApiserverV1Api(local_cluster.api_client())  # the operator's own APF level
+        fs = flow.read_flow_schema("inst-trainium-operator")
+        assert fs.spec.priority_level_configuration.name == "inst-trainium-operator"
+        assert fs.spec.rules[0].subjects[0].service_account.namespace == namespace
+        assert flow.read_priority_level_configuration("inst-trainium-operator").spec.type == "Limited"
 
         sa = f"system:serviceaccount:{namespace}:inst-trainium-operator"
         assert can_i(local_cluster, sa, "create", "pods", "-n", "default")  # cluster-wide by default

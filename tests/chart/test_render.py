@@ -49,11 +49,30 @@ def test_default_render_has_the_operator_and_nothing_optional():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-                     "Role", "RoleBinding", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicyBinding"]
+                     "FlowSchema", "FlowSchema", "PriorityLevelConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     lease_role = one(docs, "Role", "t-trainium-operator-leader-election")
     assert lease_role["metadata"]["namespace"] == "trainium-system"
     assert flatten(lease_role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+
+
+def test_the_operators_own_api_priority_level_matches_its_service_account_only():
+    """Issue 48: the operator's requests get their own level of API priority and fairness, ahead
+    of the shared workload-low level tenants' ServiceAccounts land in."""
+    docs = render()
+    schema, level = one(docs, "FlowSchema", "t-trainium-operator"), one(docs, "PriorityLevelConfiguration")
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"] == "t-trainium-operator"
+    assert [s["serviceAccount"] for r in schema["spec"]["rules"] for s in r["subjects"]] == [
+        {"name": "t-trainium-operator", "namespace": "trainium-system"}]
+    assert 800 < schema["spec"]["matchingPrecedence"] < 900  # before kube-system-service-accounts
+    assert schema["spec"]["distinguisherMethod"]["type"] == "ByNamespace"
+    assert level["spec"]["limited"]["nominalConcurrencyShares"] == 30
+    lease = one(docs, "FlowSchema", "t-trainium-operator-leader-election")  # matched first: the lease keeps its level
+    assert lease["spec"]["priorityLevelConfiguration"]["name"] == "leader-election"
+    assert lease["spec"]["matchingPrecedence"] == schema["spec"]["matchingPrecedence"] - 1
+    assert lease["spec"]["rules"][0]["resourceRules"][0]["resources"] == ["leases"]
+    off = render({"apiPriority.enabled": False})
+    assert not [d for d in off if d["kind"] in ("FlowSchema", "PriorityLevelConfiguration")]
 
 
 def test_chart_trainer_policy_is_the_generated_policy():
