@@ -36,5 +36,23 @@ PREFLIGHT_HEARTBEATS_ENV = "TRAINER_PREFLIGHT_HEARTBEATS"
 # workers on the operator's order (trainium_api.agent) instead of ending the pod.
 AGENT_FLAG = "--agent"
 # Nodes that passed the run's pre-flight check recently (the operator's; the check is skipped
-# when every pod is on one). An in-place restart after a hang starts its workers without it.
-PREFLIGHT_PASSED_ENV = "TRAINER_PREFLIGHT_PASSED"
+# when every pod is on one), as a file: a list of thousands of node names in the environment
+# exceeds what the kernel lets a process start with (E2BIG, about 3,000 names). The operator
+# writes the list on the pod (PREFLIGHT_PASSED_ANNOTATION, one node_token a line), the
+# downward API puts it in a file, and this variable names the file. An in-place restart after a
+# hang starts its workers without it.
+PREFLIGHT_PASSED_FILE_ENV = "TRAINER_PREFLIGHT_PASSED_FILE"
+PREFLIGHT_PASSED_ANNOTATION = "trainium.dev/preflight-passed"
+PREFLIGHT_PASSED_VOLUME = "trainium-preflight"
+PREFLIGHT_PASSED_DIR = "/etc/trainium-preflight"
+PREFLIGHT_PASSED_FILE = PREFLIGHT_PASSED_DIR + "/passed"
+NODE_TOKEN_CHARS = 12
+
+
+def node_token(node: str) -> str:
+    """A node name as the list of passed nodes holds it: the first 12 hex digits of its SHA-256
+    (13 bytes a node with its newline, against about 45 for an EKS name: 4,096 nodes take 53 KB
+    of the pod's 256 KB of annotations; two names of a 16,384-node cluster share one with odds
+    of about 1 in 10^6)."""
+    import hashlib
+    return hashlib.sha256(node.encode()).hexdigest()[:NODE_TOKEN_CHARS]

@@ -36,6 +36,7 @@ from .fields import (
     path_of,
 )
 from . import podenv
+from .launch import PREFLIGHT_PASSED_DIR, PREFLIGHT_PASSED_VOLUME
 from .layout import Layout
 from .runtimefaults import TERMINATION_MESSAGE_PATH
 
@@ -132,13 +133,17 @@ def trainer_identity(run_name: str) -> str:
 # The pod contract's variables, volumes and mount paths (docs/architecture.md 3.2; the operator
 # sets them): spec.env and spec.volumes may not override them.
 CONTRACT_ENV = podenv.CONTRACT  # each named once, in trainium_api.podenv
+RETIRED_ENV = podenv.RETIRED
 CONDITIONAL_ENV = podenv.CONDITIONAL
 """Contract variables set only with faultTolerance.preflight in force (the devices on Neuron, the
 nodes that passed recently when there are any), NEURON_CC_FLAGS on Trainium (more flags:
 compileCache.extraFlags) and NEURON_LOGICAL_NC_CONFIG on Trainium2."""
 ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")  # the valueFrom kinds spec.env accepts
-CONTRACT_VOLUMES = ("config", "dshm", "compile-cache")
-CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH)
+CONTRACT_VOLUMES = ("config", "dshm", "compile-cache", PREFLIGHT_PASSED_VOLUME)
+CONTRACT_MOUNTS = ("/etc/trainium", "/dev/shm", TERMINATION_MESSAGE_PATH, PREFLIGHT_PASSED_DIR)
+# Reserved by a later release than the first: a run an earlier operator accepted with one of
+# them keeps it (and its pods go without what the contract puts there: plan.pod).
+CONTRACT_ADDED_LATER = (PREFLIGHT_PASSED_VOLUME, PREFLIGHT_PASSED_DIR, podenv.PREFLIGHT_PASSED_FILE_ENV)
 # Named groups a progress regex may have (trainer.pod.watch reads them).
 REGEX_GROUPS = ("step", "loss", "throughput")
 

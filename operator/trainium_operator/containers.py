@@ -9,7 +9,7 @@ import re
 from typing import Mapping
 
 from trainium_api.fields import ConfigError
-from trainium_api.spec import CONTRACT_ENV, CONTRACT_MOUNTS, ENV_SOURCES
+from trainium_api.spec import CONTRACT_ENV, CONTRACT_MOUNTS, ENV_SOURCES, RETIRED_ENV
 
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -54,7 +54,7 @@ def check_mount_path(path: str, where: str, reserved: tuple[str, ...] = CONTRACT
             raise ConfigError(where, f"{path} is the operator's (compileCache.path)")
 
 
-def check_env(raw: list[dict], at: str = "spec.env", contract: bool = True) -> None:
+def check_env(raw: list[dict], at: str = "spec.env", contract: bool = True, allowed: tuple[str, ...] = ()) -> None:
     """spec.env (or an init container's ``at``): Kubernetes EnvVars with a value or a valueFrom
     (secretKeyRef, configMapKeyRef: name and key; fieldRef: fieldPath), names unique and, in
     the trainer container (``contract``), none of the contract's."""
@@ -64,7 +64,7 @@ def check_env(raw: list[dict], at: str = "spec.env", contract: bool = True) -> N
         if not _ENV_NAME.fullmatch(item["name"]):
             raise ConfigError(f"{where}.name", "must be a valid environment variable name")
         name = item["name"]
-        if contract and name in CONTRACT_ENV:
+        if contract and ((name in CONTRACT_ENV and name not in allowed) or name in RETIRED_ENV):
             raise ConfigError(f"{where}.name", f"{name} is set by the operator (the pod contract) and cannot be overridden")
         if name in seen:
             raise ConfigError(f"{where}.name", f"{name} is listed twice")

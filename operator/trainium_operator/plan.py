@@ -20,7 +20,7 @@ import yaml
 
 from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api import podenv as E
+from trainium_api import launch, podenv as E
 from trainium_api.launch import AGENT_FLAG, LAUNCH_MODULE, PRECOMPILE_FLAG, PREFLIGHT_FLAG, WATCH_MODULE
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
@@ -235,6 +235,28 @@ NETWORK_WEIGHTS = {3: 100, 2: 50, 1: 25}
 """Preferred pod affinity weights per network layer: the nearest layer that holds the gang wins."""
 
 
+PREFLIGHT_LIST_MAX = 96 * 1024
+"""The most the list of passed nodes may take of the pod's annotations (the API server allows 256
+KiB in all, the pod template's own and the progress reports included): about 7,500 nodes. A
+longer list is left out, and the check runs (trusting too little costs only its time)."""
+
+
+def preflight_list(nodes) -> str:
+    """The nodes that passed the run's pre-flight check recently, as the pod's annotation holds
+    them (launch.PREFLIGHT_PASSED_FILE_ENV): one token a line, sorted ("" for none, or too many:
+    PREFLIGHT_LIST_MAX)."""
+    listed = "".join(t + "\n" for t in sorted({launch.node_token(n) for n in nodes}))
+    return listed if len(listed) <= PREFLIGHT_LIST_MAX else ""
+
+
+def _preflight_file_taken(spec: TrainingRunSpec) -> bool:
+    """A run an earlier release accepted may use the list's volume, path or variable itself
+    (spec.CONTRACT_ADDED_LATER): its pods go without the list."""
+    return (any(v["name"] == launch.PREFLIGHT_PASSED_VOLUME for v in spec.volumes)
+            or any(m["mountPath"].rstrip("/") == launch.PREFLIGHT_PASSED_DIR for m in spec.volume_mounts)
+            or any(e["name"] == E.PREFLIGHT_PASSED_FILE_ENV for e in spec.env))
+
+
 def gang_affinity(spec: TrainingRunSpec, name: str) -> dict:
     """Keeps a Trainium gang close on the network ({} for other runs, and for a run whose pod
     template asks Kueue for a topology: Kueue's topology-aware scheduling places it). Preferred:
@@ -324,8 +346,9 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if itype["neuron"] and spec.preflight_on() and "aws.amazon.com/neuron" in itype["resources"]:
         # the pre-flight check counts the container's devices (a DRA-only type's count is the claim's)
         env_list.append({"name": E.PREFLIGHT_DEVICES_ENV, "value": itype["resources"]["aws.amazon.com/neuron"]})
-    if spec.preflight_on() and preflight_trusted:
-        env_list.append({"name": E.PREFLIGHT_PASSED_ENV, "value": ",".join(sorted(preflight_trusted))})
+    trusted = preflight_list(preflight_trusted) if spec.preflight_on() and not _preflight_file_taken(spec) else ""
+    if trusted:
+        env_list.append({"name": E.PREFLIGHT_PASSED_FILE_ENV, "value": launch.PREFLIGHT_PASSED_FILE})
     if await_start:
         env_list.append({"name": E.AWAIT_START_ENV, "value": "1"})
     env_list += [{"name": E.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -370,6 +393,12 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         spec_body["volumes"].insert(0, {"name": "config", "configMap": {"name": f"{name}-config"}})
     spec_body["containers"][0]["volumeMounts"] += [dict(m) for m in spec.volume_mounts]
     spec_body["volumes"] += [dict(v) for v in spec.volumes]
+    if trusted:  # the list, as a file (launch.PREFLIGHT_PASSED_FILE_ENV), from the pod's annotation
+        spec_body["containers"][0]["volumeMounts"].append({"name": launch.PREFLIGHT_PASSED_VOLUME,
+                                                           "mountPath": launch.PREFLIGHT_PASSED_DIR, "readOnly": True})
+        spec_body["volumes"].append({"name": launch.PREFLIGHT_PASSED_VOLUME, "downwardAPI": {"items": [{
+            "path": launch.PREFLIGHT_PASSED_FILE.rsplit("/", 1)[1],
+            "fieldRef": {"fieldPath": f"metadata.annotations['{launch.PREFLIGHT_PASSED_ANNOTATION}']"}}]}})
     if spec.trainer.working_dir:
         spec_body["containers"][0]["workingDir"] = spec.trainer.working_dir
     if dra:
@@ -385,6 +414,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
                      "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
                      "annotations": {keys.INSTANCE_TYPE: spec.instance_type,
-                                     **({keys.DO_NOT_DISRUPT: "true"} if spec.fault_tolerance.do_not_disrupt else {})},
+                                     **({keys.DO_NOT_DISRUPT: "true"} if spec.fault_tolerance.do_not_disrupt else {}),
+                                     **({launch.PREFLIGHT_PASSED_ANNOTATION: trusted} if trusted else {})},
                      "ownerReferences": [owner_reference(run)]},
         "spec": spec_body}, spec.pod_template, run["metadata"].get("labels") or {}))

@@ -19,7 +19,9 @@ from trainium_api.presets import apply_preset, finish
 
 from . import pod_template
 from .containers import DNS_SUBDOMAIN, check_env, check_mount_path
+from trainium_api.launch import PREFLIGHT_PASSED_VOLUME
 from trainium_api.spec import (
+    CONTRACT_ADDED_LATER,
     CONTRACT_MOUNTS,
     COMMAND_TRAINER_FIELDS,
     CONTRACT_VOLUMES,
@@ -101,10 +103,11 @@ def parse(spec: Mapping[str, Any] | None, accepted_before: bool = False) -> Trai
         raise ConfigError("spec.serviceAccountName", f"{s.service_account_name}: names {TRAINER_IDENTITY}-* are the "
                           "operator's per-run trainer identities (another run's would reach its pods); leave the "
                           "field unset for this run's own")
-    check_env(s.env)
+    check_env(s.env, allowed=CONTRACT_ADDED_LATER if accepted_before else ())
     if not accepted_before:
         check_mount_path(s.compile_cache.path, "spec.compileCache.path")
-    _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path, strict_paths=not accepted_before)
+    _check_volumes(s.volumes, s.volume_mounts, s.compile_cache.path, strict_paths=not accepted_before,
+                   allowed=CONTRACT_ADDED_LATER if accepted_before else ())
     pod_template.check(s.pod_template, s.instance_type if neuron_type else None, pod_volume_names(s),
                        accepted_before)
     return s
@@ -112,7 +115,8 @@ def parse(spec: Mapping[str, Any] | None, accepted_before: bool = False) -> Trai
 
 def pod_volume_names(s: TrainingRunSpec) -> set[str]:
     """The volumes of the run's pods (plan.pod): the operator's and spec.volumes."""
-    ours = {v for v in CONTRACT_VOLUMES if v != "config" or not s.trainer.is_command}
+    # (not the pre-flight list's: a pod has it only on some attempts)
+    ours = {v for v in CONTRACT_VOLUMES if (v != "config" or not s.trainer.is_command) and v != PREFLIGHT_PASSED_VOLUME}
     return ours | {v["name"] for v in s.volumes}
 
 
@@ -148,16 +152,18 @@ def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:
 
 
 
-def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str, strict_paths: bool = True) -> None:
+def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str, strict_paths: bool = True,
+                   allowed: tuple[str, ...] = ()) -> None:
     """spec.volumes (each a Kubernetes Volume with a name and one source, passed through) and
-    spec.volumeMounts (name, mountPath, optional readOnly, subPath) of the trainer container."""
+    spec.volumeMounts (name, mountPath, optional readOnly, subPath) of the trainer container.
+    ``allowed``: contract names and paths a run accepted before they were reserved may keep."""
     names: set[str] = set()
     for i, vol in enumerate(volumes):
         where = f"spec.volumes[{i}]"
         name = vol["name"]
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
             raise ConfigError(f"{where}.name", "must be a DNS label (lower case letters, digits, '-')")
-        if name in CONTRACT_VOLUMES or name in names:
+        if (name in CONTRACT_VOLUMES and name not in allowed) or name in names:
             raise ConfigError(f"{where}.name", f"{name} is " + ("the operator's" if name in CONTRACT_VOLUMES
                                                                 else "listed twice"))
         if len(vol) != 2:
@@ -171,7 +177,8 @@ def _check_volumes(volumes: list[dict], mounts: list[dict], cache_path: str, str
         path = mount["mountPath"]
         if strict_paths:
             check_mount_path(path, f"{where}.mountPath", taken=(cache_path,))
-        elif not path.startswith("/") or path.rstrip("/") in (*CONTRACT_MOUNTS, cache_path):
+        elif not path.startswith("/") or path.rstrip("/") in (*(m for m in CONTRACT_MOUNTS if m not in allowed),
+                                                              cache_path):
             raise ConfigError(f"{where}.mountPath", f"{path} is not absolute, or is the operator's")
         if posixpath.normpath(path) in paths:
             raise ConfigError(f"{where}.mountPath", f"{path} is mounted twice")

@@ -156,7 +156,10 @@ def test_a_healthy_gang_passes_and_the_real_run_learns_how_long_it_took(tmp_path
 def test_a_gang_on_nodes_that_all_passed_recently_skips_the_check(tmp_path):
     """The operator names the nodes that passed this run's check recently; a slow node among
     them is not looked at again (that is what skipping means), so every launcher runs on."""
-    procs = launch(tmp_path, 3.0, two_free_ports(), TRAINER_PREFLIGHT_PASSED="node-0,node-1,node-2")
+    from trainium_api.launch import node_token
+    passed = tmp_path / "passed"  # as the downward API projects the operator's annotation
+    passed.write_text("".join(node_token(f"node-{i}") + "\n" for i in range(3)))
+    procs = launch(tmp_path, 3.0, two_free_ports(), TRAINER_PREFLIGHT_PASSED_FILE=str(passed))
     slower = slow(procs[2].pid, 0.5)
     try:
         errs = [p.communicate(timeout=240)[1] for p in procs]

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from tests.unit.test_operator_core import RUN, SPEC, _node
+from trainium_api.launch import node_token
 from trainium_api.load import lenient, to_dict
 from trainium_api.progress import ProgressReport
 from trainium_api.status import TrainingRunStatus
@@ -487,13 +488,35 @@ def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_
     r2 = reconcile_objects(restarting, [], nodes, now=300.0)
     made = [e.obj for e in r2.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
     env = {e["name"]: e.get("value") for e in made[0]["spec"]["containers"][0]["env"]}
-    assert env["TRAINER_PREFLIGHT_PASSED"] == "n0,n1,n2,n3" and r2.after.current.preflight_trusted == [
-        "n0", "n1", "n2", "n3"]
+    # the list by file (the downward API projects the pod's annotation), never in the environment
+    assert env["TRAINER_PREFLIGHT_PASSED_FILE"] == "/etc/trainium-preflight/passed"
+    listed = made[0]["metadata"]["annotations"]["trainium.dev/preflight-passed"].split()
+    assert sorted(listed) == sorted(node_token(f"n{i}") for i in range(4))
+    assert r2.after.current.preflight_trusted == ["n0", "n1", "n2", "n3"]
+    volume = next(v for v in made[0]["spec"]["volumes"] if v["name"] == "trainium-preflight")
+    assert volume["downwardAPI"]["items"] == [{"path": "passed", "fieldRef": {
+        "fieldPath": "metadata.annotations['trainium.dev/preflight-passed']"}}]
+    assert {"name": "trainium-preflight", "mountPath": "/etc/trainium-preflight", "readOnly": True} in \
+        made[0]["spec"]["containers"][0]["volumeMounts"]
     assert "--preflight" in made[0]["spec"]["containers"][0]["command"]
     # ... until preflightSkipMinutes (60) have passed since they passed
     r3 = reconcile_objects(restarting, [], nodes, now=100.0 + 3601)
     made = [e.obj for e in r3.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
     assert "TRAINER_PREFLIGHT_PASSED" not in json.dumps(made[0]["spec"]["containers"][0]["env"])
+    assert "trainium.dev/preflight-passed" not in made[0]["metadata"]["annotations"]
+    assert "trainium-preflight" not in json.dumps(made[0]["spec"]["volumes"])
+
+
+def test_four_thousand_nodes_that_passed_fit_the_pods_annotations_and_never_its_environment():
+    """Issue 48: the list of 4,096 EKS node names was about 180 KB in one environment variable, past
+    the kernel's 128 KB for one (E2BIG: the container would not start). As tokens in the pod's
+    annotation (the API server allows 256 KB of them) it is 53 KB."""
+    from trainium_operator.plan import preflight_list
+    names = [f"ip-10-{i // 250}-{i % 250}-{i % 7}.us-west-2.compute.internal" for i in range(4096)]
+    listed = preflight_list(names)
+    assert len(listed.encode()) == 4096 * 13 and len(listed.encode()) < 256 * 1024 // 4
+    assert len(set(listed.split())) == 4096  # no two of these names share a token
+    assert preflight_list([]) == ""
 
 
 def test_the_run_shows_a_preflight_phase_while_its_pods_say_the_check_runs():

@@ -66,7 +66,7 @@ class PodEnv:
     node_name: str = ""
     termination_log: str = ""  # "": nowhere to write the termination message
     preflight_devices: str = ""  # the Neuron devices the pre-flight check expects ("": no device check)
-    preflight_passed: frozenset[str] = frozenset()
+    preflight_passed: frozenset[str] = frozenset()  # node_tokens of the nodes that passed recently
     preflight_seconds: float | None = None  # what this attempt's pre-flight check took
     preflight_seconds_file: str = ""
     preflight_heartbeats: str = ""  # where the check's ranks beat (trainer.pod.liveness)
@@ -113,7 +113,7 @@ class PodEnv:
             node_name=e.get(names.NODE_NAME, ""),
             termination_log=e.get(names.TERMINATION_LOG_ENV, ""),
             preflight_devices=e.get(names.PREFLIGHT_DEVICES_ENV, ""),
-            preflight_passed=frozenset(n for n in e.get(names.PREFLIGHT_PASSED_ENV, "").split(",") if n),
+            preflight_passed=_passed_nodes(e.get(names.PREFLIGHT_PASSED_FILE_ENV, "")),
             preflight_seconds=_number(e, names.PREFLIGHT_SECONDS_ENV, None, float),
             preflight_seconds_file=e.get(names.PREFLIGHT_SECONDS_FILE_ENV, ""),
             preflight_heartbeats=e.get(names.PREFLIGHT_HEARTBEATS_ENV, ""),
@@ -153,6 +153,19 @@ class PodEnv:
     def precompiling(self) -> int:
         """The pre-compilation pass's steps; 0 outside it."""
         return int(self.precompile_steps or 0)
+
+
+def _passed_nodes(path: str) -> frozenset[str]:
+    """The tokens (trainium_api.launch.node_token) of the nodes that passed the run's pre-flight
+    check recently, from the file the operator's annotation is projected to; none when there is
+    no file or it cannot be read (the check then runs: trusting too little only costs its time)."""
+    if not path:
+        return frozenset()
+    try:
+        with open(path) as fh:
+            return frozenset(line.strip() for line in fh if line.strip())
+    except OSError:
+        return frozenset()
 
 
 def _number(environ: Mapping[str, str], name: str, default, kind=int):

@@ -301,7 +301,7 @@ class Agent:
         if self.master is not None:
             env[names.MASTER_ADDR] = self.master
         if check:
-            env.pop(names.PREFLIGHT_PASSED_ENV, None)
+            env.pop(names.PREFLIGHT_PASSED_FILE_ENV, None)
         self.child = self._unpark(argv, env)
         how = "from the warm launcher" if self.child is not None else "cold"
         if self.child is not None:

@@ -41,6 +41,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from trainium_api import exitcodes, preflight
+from trainium_api.launch import node_token
 
 from ..contract import termination
 from ..contract.podenv import PodEnv
@@ -169,7 +170,7 @@ def check(argv: list[str], beat: Heartbeat, env: PodEnv) -> int:
         dist.init_process_group("gloo", timeout=limit)
         rank, world = dist.get_rank(), dist.get_world_size()
         trusted: list = [None] * world
-        dist.all_gather_object(trusted, node in passed)
+        dist.all_gather_object(trusted, node_token(node) in passed)
     except RuntimeError as exc:
         if not lost_a_peer(dist, exc):
             raise
