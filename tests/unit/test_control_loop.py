@@ -739,3 +739,30 @@ def test_a_placed_pod_on_its_way_to_start_does_not_turn_a_wait_for_capacity_into
     r = reconcile_objects(run, pods, {f"n{i}": _node(f"n{i}") for i in range(3)}, now=62.0)
     assert "placed whole or not at all" in r.after.message
     assert not (r.after.failure_counters.recent.get("scheduling") if r.after.failure_counters else None)
+
+
+def test_the_preflight_lists_names_are_the_operators_and_a_run_accepted_before_keeps_its_own():
+    """Found by review: the new volume, mount path and variable of the pre-flight list are the
+    operator's; a run an earlier release accepted while they were free keeps them (its spec
+    still parses: it stays supervised) and its pods go without the list (the check runs); the
+    variable an earlier trainer image reads stays refused (set by hand it would skip the check)."""
+    from trainium_api.fields import ConfigError
+    from trainium_operator.plan import pod
+    own = {**SPEC, "volumes": [{"name": "trainium-preflight", "emptyDir": {}}],
+           "volumeMounts": [{"name": "trainium-preflight", "mountPath": "/etc/trainium-preflight"}],
+           "env": [{"name": "TRAINER_PREFLIGHT_PASSED_FILE", "value": "/mine"}]}
+    for field, patch in (("spec.volumes[0].name", {k: own[k] for k in ("volumes", "volumeMounts")}),
+                         ("spec.env[0].name", {"env": own["env"]}),
+                         ("spec.env[0].name", {"env": [{"name": "TRAINER_PREFLIGHT_PASSED", "value": "n0"}]})):
+        with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+            parse({**SPEC, **patch})
+    with pytest.raises(ConfigError, match="TRAINER_PREFLIGHT_PASSED"):
+        parse({**SPEC, "env": [{"name": "TRAINER_PREFLIGHT_PASSED", "value": "n0"}]}, accepted_before=True)
+    assert "trainium.dev/preflight-passed" in pod(RUN, parse(SPEC), 2, 0, [], preflight_trusted=["n0", "n1"])[
+        "metadata"]["annotations"]  # (a run of its own names has it)
+    kept = parse(own, accepted_before=True)
+    made = pod(RUN, kept, 2, 0, [], preflight_trusted=["n0", "n1"])
+    assert "trainium.dev/preflight-passed" not in made["metadata"]["annotations"]
+    env = {e["name"]: e.get("value") for e in made["spec"]["containers"][0]["env"]}
+    assert env["TRAINER_PREFLIGHT_PASSED_FILE"] == "/mine"  # the run's own, untouched
+    assert [v["name"] for v in made["spec"]["volumes"]].count("trainium-preflight") == 1
