@@ -1,13 +1,19 @@
 """Operator memory and reconcile latency with many concurrent runs.
 
     python -m bench.operator_scale [--runs 50] [--nodes-per-run 2] [--seconds 30] [--timeout 900]
-                                   [--against REV [--rounds 2] [--warmup 15]]
+                                   [--against REV [--rounds 2] [--warmup 15]] [--finished N]
 
 On its own local control plane: --runs TrainingRuns of --nodes-per-run pods each, all running
 with progress annotations. Measures the operator process's resident memory and the reconcile
 pass duration (its trainium_reconcile_seconds histogram), and compares the memory with a peer:
 a bare kopf operator with the same watches (TrainingRuns, pods, nodes) and a no-op 1 s timer,
 run against the same objects, so the table shows what our logic adds to kopf's own footprint.
+
+With --finished N, after that measurement N more runs are created, run and finish (their pods
+Succeeded), and the live runs' passes are measured again beside them: the table gives the live
+runs' pass p50/p99 without and with the finished runs (the ratio should be about 1: a finished
+run has no tick, reconcile.Result.settled) and the finished runs' own passes per second, from
+the operator's per-run trainium_reconcile_passes_total.
 
 With --against REV the peer is the operator of git revision REV instead (its source extracted
 with `git archive` into a temporary directory and run from there): REV's operator creates the
@@ -122,9 +128,10 @@ def histogram(body: str, name: str) -> tuple[float, float, list[tuple[float, flo
     return count, total, buckets
 
 
-def counter_total(body: str, name: str) -> float:
-    """A counter summed over its labels."""
-    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(f"{name}_total"))
+def counter_total(body: str, name: str, runs: set[str] | None = None) -> float:
+    """A counter summed over its labels (``runs``: over those runs' series only)."""
+    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(f"{name}_total")
+               and (runs is None or any(f'run="{r}"' in line for r in runs)))
 
 
 def quantile(buckets, count, q):
@@ -317,6 +324,81 @@ def compare(old_tree: Path, old_label: str, env: dict, logs: Path, core, custom,
                  "peak RSS MiB", "run writes/s", "errors"], rows))
 
 
+def finished_runs(core, custom, env: dict, work: Path, args) -> None:
+    """--finished: one fresh operator measures the live runs' passes (after --warmup), then N
+    more runs run and finish beside them, and it measures the live runs' passes again."""
+    from localcluster import faults
+    from localcluster.nodes import create_nodes
+    create_nodes(core, args.finished * args.nodes_per_run, "cpu", "f-")
+    port = free_port()
+    ours = start_operator(ROOT, env, port, work / "operator-finished.log")
+    try:
+        report_progress(core, 20)
+        time.sleep(args.warmup)
+        first = scrape(port)
+        time.sleep(args.seconds)
+        second = scrape(port)
+        done = {f"r{i:03d}" for i in range(args.runs, args.runs + args.finished)}
+        for name in sorted(done):
+            custom.create_namespaced_custom_object("trainium.dev", "v1alpha1", "default", "trainingruns",
+                                                   run_body(int(name[1:]), args.nodes_per_run))
+        t0 = time.monotonic()
+
+        def phases() -> dict[str, str]:
+            return {r["metadata"]["name"]: (r.get("status") or {}).get("phase", "") for r in
+                    custom.list_namespaced_custom_object("trainium.dev", "v1alpha1", "default", "trainingruns")["items"]}
+        succeeded: set[str] = set()
+        while True:  # each finished run's pods Running, then Succeeded (its trainer exits 0)
+            if ours.poll() is not None:
+                raise exited(ours, "the operator", work / "operator-finished.log")
+            for p in core.list_namespaced_pod("default").items:
+                run = (p.metadata.labels or {}).get(keys.RUN)
+                if run in done and p.status.phase == "Running" and p.metadata.name not in succeeded:
+                    faults.pod_succeed(core, "default", p.metadata.name)
+                    succeeded.add(p.metadata.name)
+            if all(phases().get(r) == "Succeeded" for r in done):
+                break
+            if time.monotonic() - t0 > args.timeout:
+                raise SystemExit(f"bench.operator_scale: the {args.finished} finished runs were not all Succeeded "
+                                 f"after {args.timeout:.0f} s")
+            time.sleep(0.5)
+        report_progress(core, 30)  # (the finished runs' pods are Succeeded: only the live ones' count)
+        time.sleep(args.warmup)
+        before = scrape(port)
+        time.sleep(args.seconds)
+        after = scrape(port)
+    finally:
+        stop_process(ours)
+    live = {f"r{i:03d}" for i in range(args.runs)}
+    def window(a: str, b: str) -> tuple[float, list]:
+        c0, _, b0 = histogram(a, "trainium_reconcile_seconds")
+        c1, _, b1 = histogram(b, "trainium_reconcile_seconds")
+        return c1 - c0, [(le, c - dict(b0).get(le, 0.0)) for le, c in b1]
+    n0, b_without = window(first, second)
+    with_n, with_b = window(before, after)
+    finished_passes = (counter_total(after, "trainium_reconcile_passes", done)
+                       - counter_total(before, "trainium_reconcile_passes", done)) / args.seconds
+    live_passes = (counter_total(after, "trainium_reconcile_passes", live)
+                   - counter_total(before, "trainium_reconcile_passes", live)) / args.seconds
+    p50 = [1000 * interpolated_quantile(b, n, 0.50) for n, b in ((n0, b_without), (with_n, with_b))]
+    p99 = [1000 * interpolated_quantile(b, n, 0.99) for n, b in ((n0, b_without), (with_n, with_b))]
+    rows = [["live runs only", args.runs, 0, f"{n0 / args.seconds:.1f}", "", f"{p50[0]:.2f}", f"{p99[0]:.2f}"],
+            [f"with {args.finished} finished runs", args.runs, args.finished, f"{live_passes:.1f}",
+             f"{finished_passes:.2f}", f"{p50[1]:.2f}", f"{p99[1]:.2f}"],
+            ["ratio with / without", "", "", "", "", f"{p50[1] / p50[0]:.2f}x" if p50[0] else "n/a",
+             f"{p99[1] / p99[0]:.2f}x" if p99[0] else "n/a"]]
+    print(f"\nFinished runs beside {args.runs} live ones (one operator, {args.seconds:.0f} s each after "
+          f"{args.warmup:.0f} s of warm-up; pass quantiles over all passes, which are the live runs' once the "
+          "finished ones settle):")
+    print(table(["measured", "live runs", "finished runs", "live passes/s", "finished passes/s", "pass p50 ms",
+                 "pass p99 ms"], rows))
+
+
+def free_port() -> int:
+    from localcluster.cluster import free_base_port
+    return free_base_port(28100)
+
+
 def main() -> None:
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     stop_cleanly_on_signals()
@@ -332,9 +414,15 @@ def main() -> None:
                                                          "order REV, ours, ours, REV, ... (default 2)")
     ap.add_argument("--warmup", type=float, default=15, help="with --against: seconds each operator runs "
                                                             "before its measurement (default 15)")
+    ap.add_argument("--finished", type=int, default=0, metavar="N",
+                    help="then N runs that finish, and the live runs measured again beside them")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.finished and args.against:
+        ap.error("--finished measures one operator: leave out --against")
+    if args.finished < 0:
+        ap.error("--finished must be 0 or more")
     from kubernetes import client
     from localcluster.cluster import Cluster, free_base_port
     from localcluster.nodes import create_nodes
@@ -411,6 +499,8 @@ def main() -> None:
               f"{total_pods} nodes), measured over {args.seconds:.0f} s")
         print(table(["operator", "runs", "Running", "idle RSS MiB", "RSS MiB", "reconcile mean ms",
                      "reconcile p95 ms", "passes/s", "all pods Running after s"], rows))
+        if args.finished:
+            finished_runs(core, custom, env, work, args)
     finally:
         for p in procs:
             if p.poll() is None:
