@@ -4,6 +4,8 @@ launcher (trainer.pod.launch) takes these flags out before torchrun parses the r
 so both sides read one spelling without the operator importing the trainer.
 """
 
+import hashlib
+
 # The modules the pod command runs. They are the pod contract: a trainer image built before or
 # after an operator upgrade must answer to the names the operator writes, so these stay the
 # same when the trainer's code moves (trainer/launch.py and trainer/watch.py are only these
@@ -54,5 +56,4 @@ def node_token(node: str) -> str:
     (13 bytes a node with its newline, against about 45 for an EKS name: 4,096 nodes take 53 KB
     of the pod's 256 KB of annotations; two names of a 16,384-node cluster share one with odds
     of about 1 in 10^6)."""
-    import hashlib
     return hashlib.sha256(node.encode()).hexdigest()[:NODE_TOKEN_CHARS]

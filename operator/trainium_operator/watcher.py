@@ -52,6 +52,40 @@ WORKLOAD_REREAD_SECONDS = 2.0  # a queued run's Workload missing from the index 
 ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
 
 
+class Reread:
+    """Objects read from the API server where kopf's index misses them, each at most every
+    ``every`` seconds. A read that fails reuses the one read before (said in the log); with none
+    it raises, and the pass is retried: nothing is decided on a guess."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._seen: dict = {}  # key: (monotonic read time, value)
+
+    def get(self, key, read: Callable[[], object], what: str, keep: Callable[[object], bool] = lambda v: True):
+        """The value for ``key``: the last one read while fresh and ``keep`` takes it, else ``read()``."""
+        at, seen = self._seen.get(key, (float("-inf"), None))
+        if seen is not None and not keep(seen):
+            at, seen = float("-inf"), None
+        if time.monotonic() - at < self.every:
+            return seen
+        try:
+            value = read()
+        except Exception as exc:
+            if seen is None:
+                raise
+            log.warning("cannot read %s (%s); using the one read %.0f s ago", what, exc, time.monotonic() - at)
+            return seen
+        self._seen[key] = (time.monotonic(), value)
+        return value
+
+    def had(self, key) -> bool:
+        """Whether a value (not None) was read for ``key`` before."""
+        return self._seen.get(key, (0.0, None))[1] is not None
+
+    def drop(self, key) -> None:
+        self._seen.pop(key, None)
+
+
 @dataclass(frozen=True)
 class Settled:
     """A settled run (reconcile.Result.settled): what wakes its loop besides its pods, its
@@ -139,8 +173,8 @@ class Watcher:
         self._zones: tuple[float, dict, dict, frozenset] = (0.0, {}, {}, frozenset())
         self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._classes_lock = threading.Lock()
-        self._unindexed: dict[tuple[str, str], tuple[float, WorkloadView | None]] = {}  # run: (read at, Workload)
-        self._unindexed_flavors: dict[str, tuple[float, FlavorView | None]] = {}  # flavor: (read at, flavor)
+        self._unindexed = Reread(WORKLOAD_REREAD_SECONDS)  # run: its Workload, when the index lacks it
+        self._unindexed_flavors = Reread(WORKLOAD_REREAD_SECONDS)  # an admitted flavor the index lacks
 
     @classmethod
     def start_up(cls, options: Options) -> Watcher:
@@ -221,7 +255,7 @@ class Watcher:
         workloads = [w for w in (run_workloads or {}).get((namespace, name), [])
                      if w.owner == uid and w.name == workload.name(name)]
         if workloads:
-            self._unindexed.pop((namespace, name), None)
+            self._unindexed.drop((namespace, name))
         elif uid and queueing.queued(run, status):
             workloads = [w for w in [self.unindexed_workload(namespace, name, uid)] if w is not None]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
@@ -242,50 +276,29 @@ class Watcher:
         would wait for ever, an admitted one would have its gang stopped. A read that fails
         raises unless one was read before (then that is used: a guess of None would hold the
         run, and stop an admitted gang): the pass is retried, nothing is decided on nothing."""
-        key = (namespace, name)
-        at, seen = self._unindexed.get(key, (float("-inf"), None))
-        if seen is not None and seen.owner != uid:  # an earlier run of this name's
-            at, seen = float("-inf"), None
-        if time.monotonic() - at < WORKLOAD_REREAD_SECONDS:
-            return seen
-        try:
-            body = self.kube.read_workload(namespace, workload.name(name))
-        except Exception as exc:
-            if seen is None:
-                raise
-            log.warning("%s/%s: cannot read Workload %s (%s); using the one read %.0f s ago", namespace, name,
-                        seen.name, exc, time.monotonic() - at)
-            return seen
-        view = workload.view(self.kube.core.api_client.sanitize_for_serialization(body)) if body else None
-        if view is not None and view.owner != uid:
-            view = None  # an earlier run's of the same name (its owner goes first), or not ours
-        if view is not None and seen is None:
+        key, wl = (namespace, name), workload.name(name)
+
+        def read() -> WorkloadView | None:
+            body = self.kube.read_workload(namespace, wl)
+            view = workload.view(body) if body else None
+            # (an earlier run's of the same name, whose owner goes first, or not ours: none)
+            return view if view is not None and view.owner == uid else None
+        had = self._unindexed.had(key)
+        view = self._unindexed.get(key, read, f"Workload {namespace}/{wl}", keep=lambda v: v.owner == uid)
+        if view is not None and not had:
             log.warning("%s/%s: Workload %s is not in the operator's watch; read from the API server", namespace,
-                        name, view.name)
-        self._unindexed[key] = (time.monotonic(), view)
+                        name, wl)
         return view
 
     def unindexed_flavors(self, names: list[str]) -> dict[str, FlavorView]:
         """The admitted ResourceFlavors kopf's index does not hold, read from the API server (each
         at most every WORKLOAD_REREAD_SECONDS; one that does not exist is left out: the run then
         says it waits for it). Without its flavor's node labels an admitted gang is held."""
-        found: dict[str, FlavorView] = {}
-        for name in names:
-            at, seen = self._unindexed_flavors.get(name, (float("-inf"), None))
-            if time.monotonic() - at >= WORKLOAD_REREAD_SECONDS:
-                try:
-                    body = self.kube.read_flavor(name)
-                except Exception as exc:  # (as for the Workload: the one read before, else the pass is retried)
-                    if seen is None:
-                        raise
-                    log.warning("cannot read ResourceFlavor %s (%s); using the one read before", name, exc)
-                    found[name] = seen
-                    continue
-                seen = workload.flavor_view(self.kube.core.api_client.sanitize_for_serialization(body)) if body else None
-                self._unindexed_flavors[name] = (time.monotonic(), seen)
-            if seen is not None:
-                found[name] = seen
-        return found
+        def read(name: str) -> FlavorView | None:
+            body = self.kube.read_flavor(name)
+            return workload.flavor_view(body) if body else None
+        seen = {n: self._unindexed_flavors.get(n, lambda n=n: read(n), f"ResourceFlavor {n}") for n in names}
+        return {n: f for n, f in seen.items() if f is not None}
 
     # -- apply -----------------------------------------------------------------------------
 
@@ -318,16 +331,15 @@ class Watcher:
     async def loop(self, stopped, body, key: tuple[str, str],
                    one_pass: Callable[[], tuple[bool, Settled | None]]) -> None:
         """``one_pass()`` (on a thread; it returns whether it patched the status, and, when the
-        run is settled (``reconcile.Result.settled``), what wakes it) every
-        RECONCILE_INTERVAL seconds, and at
-        once when the run is woken (``wake_on_pod``, ``wake_on_node``, the Workload or the run
-        itself changed): a restart then moves from teardown to the new gang, and from scheduled
-        to Running, without waiting for a tick. A settled run (finished, nothing left to do)
-        has no tick: it waits to be woken (by its pods, the nodes its status names, its
-        Workload or its own object), or for the time its status changes by itself
+        run is settled (``reconcile.Result.settled``), what wakes it) every RECONCILE_INTERVAL
+        seconds, and at once when the run is woken (``wake_on_pod``, ``wake_on_node``, the
+        Workload or the run itself changed): a restart then moves from teardown to the new gang,
+        and from scheduled to Running, without waiting for a tick. A settled run (finished,
+        nothing left to do) has no tick: it waits to be woken (by its pods, the nodes its status
+        names, its Workload or its own object), or for the time its status changes by itself
         (``Settled.wake_at``). It stays registered as settled through the passes it is woken
-        for, until one says otherwise: a wake-up during a pass is not lost. After a pass that patched the status, the next one
-        waits until the run's watch has delivered that patch (its resourceVersion moved), so no
+        for, until one says otherwise: a wake-up during a pass is not lost. After a pass that
+        patched the status, the next one waits until the run's watch has delivered that patch (its resourceVersion moved), so no
         pass decides on a status older than its own last write (a failure is never recorded
         twice)."""
         event = self.wake.setdefault(key, asyncio.Event())
@@ -406,7 +418,7 @@ class Watcher:
         """A deleted run: drop its series and what its passes remembered."""
         self.metrics.forget(namespace, name)
         self.children.forget(namespace, name)
-        self._unindexed.pop((namespace, name), None)
+        self._unindexed.drop((namespace, name))
 
     def _wake(self, key: tuple[str, str]) -> None:
         if key in self.wake:

@@ -37,3 +37,30 @@ def test_throttling_waits_as_asked_and_is_no_failure_in_a_row():
     assert backoff.delay(throttled("600")) == MAX_ERROR_BACKOFF  # within the longest backoff
     assert backoff.delay(throttled("soon")) == ERROR_BACKOFF
     assert backoff.delay(ValueError("bug")) == ERROR_BACKOFF  # the 429s were not failures in a row
+
+
+def test_a_reread_reuses_the_last_value_when_a_read_fails_and_raises_with_none():
+    """watcher.Reread (a Workload or flavor kopf's index misses): at most one read per period; a
+    failed read reuses the last value (None would hold the run), and with none it raises."""
+    import pytest
+
+    from trainium_operator.watcher import Reread
+    reads = []
+
+    def ok():
+        reads.append(1)
+        return "v1"
+
+    def fails():
+        raise ApiException(status=503)
+    r = Reread(every=0.0)
+    with pytest.raises(ApiException):
+        r.get("k", fails, "Workload ns/x")
+    assert r.get("k", ok, "Workload ns/x") == "v1" and r.had("k")
+    assert r.get("k", fails, "Workload ns/x") == "v1"  # the last one read
+    assert r.get("k", ok, "Workload ns/x", keep=lambda v: v != "v1") == "v1" and len(reads) == 2  # not kept: read again
+    slow = Reread(every=60.0)
+    slow.get("k", ok, "x")
+    assert slow.get("k", fails, "x") == "v1" and len(reads) == 3  # within the period: no read at all
+    slow.drop("k")
+    assert not slow.had("k")
