@@ -241,12 +241,12 @@ KiB in all, the pod template's own and the progress reports included): about 7,5
 longer list is left out, and the check runs (trusting too little costs only its time)."""
 
 
-def preflight_list(nodes) -> str:
+def preflight_list(nodes, room: int = PREFLIGHT_LIST_MAX) -> str:
     """The nodes that passed the run's pre-flight check recently, as the pod's annotation holds
     them (launch.PREFLIGHT_PASSED_FILE_ENV): one token a line, sorted ("" for none, or too many:
-    PREFLIGHT_LIST_MAX)."""
+    more than ``room`` bytes)."""
     listed = "".join(t + "\n" for t in sorted({launch.node_token(n) for n in nodes}))
-    return listed if len(listed) <= PREFLIGHT_LIST_MAX else ""
+    return listed if len(listed) <= room else ""
 
 
 def _preflight_file_taken(spec: TrainingRunSpec) -> bool:
@@ -346,7 +346,10 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if itype["neuron"] and spec.preflight_on() and "aws.amazon.com/neuron" in itype["resources"]:
         # the pre-flight check counts the container's devices (a DRA-only type's count is the claim's)
         env_list.append({"name": E.PREFLIGHT_DEVICES_ENV, "value": itype["resources"]["aws.amazon.com/neuron"]})
-    trusted = preflight_list(preflight_trusted) if spec.preflight_on() and not _preflight_file_taken(spec) else ""
+    # (its room: what the pod template's own annotations leave of PREFLIGHT_LIST_MAX)
+    room = PREFLIGHT_LIST_MAX - sum(len(k) + len(v) for k, v in spec.pod_template.metadata.annotations.items())
+    trusted = (preflight_list(preflight_trusted, room) if spec.preflight_on() and not _preflight_file_taken(spec)
+               else "")
     if trusted:
         env_list.append({"name": E.PREFLIGHT_PASSED_FILE_ENV, "value": launch.PREFLIGHT_PASSED_FILE})
     if await_start:

@@ -140,7 +140,9 @@ def _time_brings(p: Pass) -> float | None:
     times += [x.gone_by for x in p.pods + p.spares if x.deleting and x.gone_by is not None]
     times += [x.created + NEWER_ATTEMPT_GRACE_SECONDS for x in p.pods
               if x.attempt > p.old.attempt and x.created is not None]
-    return min(times, default=None)
+    # (one passed already changes nothing more: a pod Terminating past its deadline on a node that
+    # does not answer would otherwise pass the run without pause)
+    return min((t for t in times if t > p.now), default=None)
 
 
 def reconcile_objects(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: float, **signals) -> Result:

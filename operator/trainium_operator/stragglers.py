@@ -9,8 +9,9 @@ slow pod of two is still seen) in ``stragglerReports`` consecutive reports is a 
 
 Guards (the reports are written by the run's own code, and not every layout can be compared):
 each report counts once (by its time); only reports within STALE_INTERVALS progress intervals
-of now are compared (a pod whose reports stopped is not anyone's baseline; measured from the
-newest report, one clock ahead made every other pod stale and switched detection off); values under
+of the newest one not dated ahead of the operator's clock are compared (a pod whose reports
+stopped is not anyone's baseline; measured from the newest report of all, one clock ahead made
+every other pod stale and switched detection off); values under
 MIN_SECONDS are ignored; layouts where a pod's compute time includes waiting on other pods are
 not watched (pipeline stages; a tensor-parallel group wider than a pod): ``watchable`` says why.
 """
@@ -55,10 +56,12 @@ def update(streaks: list[StragglerStreak], pods: list[PodView], spec: TrainingRu
     reporting = {p.name: p for p in pods if p.phase == "Running" and not p.deleting and p.progress
                  and (p.progress.compute_seconds or 0.0) >= MIN_SECONDS and p.progress.time}
     if reporting:
-        # fresh by the operator's clock: each pod's report against now, never against another
-        # pod's clock (a report dated ahead is fresh; the observer refuses one far ahead)
+        # fresh against the newest report not dated ahead of the operator's clock: a pod's clock
+        # ahead sets no one's baseline (it made every other pod stale), and a step longer than the
+        # window (its report dates the step's end) leaves the pods of equal age comparable
         fresh = STALE_INTERVALS * max(spec.logging.progress_interval_seconds, 1.0)
-        reporting = {k: p for k, p in reporting.items() if now - p.progress.time <= fresh}
+        newest = max((p.progress.time for p in reporting.values() if p.progress.time <= now), default=now)
+        reporting = {k: p for k, p in reporting.items() if newest - p.progress.time <= fresh}
     by_pod = {s.pod: s for s in streaks}
     out: list[StragglerStreak] = []
     flagged: list[StragglerStreak] = []

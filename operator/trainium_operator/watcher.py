@@ -52,29 +52,36 @@ WORKLOAD_REREAD_SECONDS = 2.0  # a queued run's Workload missing from the index 
 ZONES_MAX_AGE = 1.0  # node health per zone and mass events are computed over the whole cluster at most this often
 
 
+_RAISE = object()
+
+
 class Reread:
     """Objects read from the API server where kopf's index misses them, each at most every
-    ``every`` seconds. A read that fails reuses the one read before (said in the log); with none
-    it raises, and the pass is retried: nothing is decided on a guess."""
+    ``every`` seconds. A read that fails reuses the one read before (said in the log; "none
+    there" included); with none it returns ``fallback`` where the caller gives one, else it
+    raises, and the pass is retried: nothing is decided on a guess."""
 
     def __init__(self, every: float) -> None:
         self.every = every
         self._seen: dict = {}  # key: (monotonic read time, value)
 
-    def get(self, key, read: Callable[[], object], what: str, keep: Callable[[object], bool] = lambda v: True):
+    def get(self, key, read: Callable[[], object], what: str, keep: Callable[[object], bool] = lambda v: True,
+            fallback=_RAISE):
         """The value for ``key``: the last one read while fresh and ``keep`` takes it, else ``read()``."""
+        known = key in self._seen
         at, seen = self._seen.get(key, (float("-inf"), None))
         if seen is not None and not keep(seen):
-            at, seen = float("-inf"), None
+            known, at, seen = False, float("-inf"), None
         if time.monotonic() - at < self.every:
             return seen
         try:
             value = read()
         except Exception as exc:
-            if seen is None:
+            if not known and fallback is _RAISE:
                 raise
-            log.warning("cannot read %s (%s); using the one read %.0f s ago", what, exc, time.monotonic() - at)
-            return seen
+            log.warning("cannot read %s (%s); going on with %s", what, exc,
+                        f"the one read {time.monotonic() - at:.0f} s ago" if known else "none")
+            return seen if known else fallback
         self._seen[key] = (time.monotonic(), value)
         return value
 
@@ -257,7 +264,8 @@ class Watcher:
         if workloads:
             self._unindexed.drop((namespace, name))
         elif uid and queueing.queued(run, status):
-            workloads = [w for w in [self.unindexed_workload(namespace, name, uid)] if w is not None]
+            admitted = status.queue is not None and status.queue.state == "Admitted"
+            workloads = [w for w in [self.unindexed_workload(namespace, name, uid, admitted)] if w is not None]
         flavors = {f: next(iter(kueue_flavors[f])) for f in (kueue_flavors or {})} if workloads else {}
         if workloads:
             flavors.update(self.unindexed_flavors(
@@ -268,14 +276,15 @@ class Watcher:
                         workload=workloads[0] if workloads else None, flavors=flavors,
                         device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass))
 
-    def unindexed_workload(self, namespace: str, name: str, uid: str) -> WorkloadView | None:
+    def unindexed_workload(self, namespace: str, name: str, uid: str, admitted: bool = False) -> WorkloadView | None:
         """A queued run's Workload that kopf's index does not hold, read from the API server (at
         most every WORKLOAD_REREAD_SECONDS): None until it is made. The index can miss one (a
         watch opened while Kueue was being installed missed a Workload's creation for minutes, in
         CI; someone removed its run label), and a run without its Workload is held: a queued run
         would wait for ever, an admitted one would have its gang stopped. A read that fails
-        raises unless one was read before (then that is used: a guess of None would hold the
-        run, and stop an admitted gang): the pass is retried, nothing is decided on nothing."""
+        reuses the last one read; with none, a run not admitted goes on without (as before it is
+        made), and an ``admitted`` one's pass raises and is retried (a guess of None would stop
+        its gang)."""
         key, wl = (namespace, name), workload.name(name)
 
         def read() -> WorkloadView | None:
@@ -284,7 +293,8 @@ class Watcher:
             # (an earlier run's of the same name, whose owner goes first, or not ours: none)
             return view if view is not None and view.owner == uid else None
         had = self._unindexed.had(key)
-        view = self._unindexed.get(key, read, f"Workload {namespace}/{wl}", keep=lambda v: v.owner == uid)
+        view = self._unindexed.get(key, read, f"Workload {namespace}/{wl}", keep=lambda v: v.owner == uid,
+                                   fallback=_RAISE if admitted else None)
         if view is not None and not had:
             log.warning("%s/%s: Workload %s is not in the operator's watch; read from the API server", namespace,
                         name, wl)
@@ -457,7 +467,7 @@ async def _until_woken(event: asyncio.Event, stopped, wake_at: float | None = No
     async def halted() -> None:
         await stopped.wait()
     waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(halted())}
-    timeout = None if wake_at is None else max(0.0, wake_at - time.time()) + 0.05
+    timeout = None if wake_at is None else max(RECONCILE_INTERVAL, wake_at - time.time() + 0.05)
     try:
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -517,6 +517,7 @@ def test_four_thousand_nodes_that_passed_fit_the_pods_annotations_and_never_its_
     assert len(listed.encode()) == 4096 * 13 and len(listed.encode()) < 256 * 1024 // 4
     assert len(set(listed.split())) == 4096  # no two of these names share a token
     assert preflight_list([]) == ""
+    assert preflight_list(names, room=len(listed) - 1) == ""  # past its room: left out, the check runs
 
 
 def test_the_run_shows_a_preflight_phase_while_its_pods_say_the_check_runs():

@@ -171,3 +171,36 @@ def test_time_alone_is_when_a_finished_runs_avoided_node_is_tried_again():
     assert r.settled and r.wake_at == 1000.0 + 60 * 60  # budgetWindowMinutes (60) after it was avoided
     run["status"]["avoidedNodes"] = []
     assert reconcile_objects(run, [], {}, now=1102.0).wake_at is None
+
+
+def test_a_deadline_already_past_does_not_spin_a_settled_run():
+    """Found by review: a finished run's pod Terminating past its deadline (its node does not
+    answer) gave a wake_at in the past, and the loop passed every 50 ms. reconcile leaves past
+    times out, and the loop never waits less than a tick for one."""
+    import time
+
+    async def scenario():
+        watcher = Watcher(None, Metrics(), Pools())
+        setter = FlagSetter()
+        body = {"metadata": {"resourceVersion": "1"}}
+        passes = Passes(Settled(frozenset(), wake_at=time.time() - 30), body)
+        task = asyncio.ensure_future(watcher.loop(AsyncFlagWaiter(setter), body, KEY, passes))
+        await asyncio.sleep(2.5 * RECONCILE_INTERVAL)
+        assert passes.count <= 4, passes.count
+        setter.set()
+        await asyncio.wait_for(task, 3.0)
+
+    asyncio.run(scenario())
+    from tests.unit.test_operator_core import RUN
+    from trainium_operator.observe import pod_view
+    from trainium_operator.reconcile import reconcile_objects
+    from tests.unit.test_judge import pod
+    import copy
+    run = copy.deepcopy(RUN)
+    run["status"] = {"phase": "Failed", "attempt": 1}
+    stuck = pod(0)
+    stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # long past: gone_by passed
+    view = pod_view(stuck)
+    assert view.deleting and view.gone_by is not None
+    r = reconcile_objects(run, [view], {}, now=view.gone_by + 600)
+    assert r.wake_at is None

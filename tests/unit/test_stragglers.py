@@ -135,6 +135,16 @@ def test_one_pods_clock_running_ahead_leaves_the_others_watched():
     assert all(s.pod != "r-a1-0" for s in streaks)
 
 
+def test_steps_longer_than_the_window_are_still_compared():
+    """Found by review: against now alone, reports of steps longer than three progress intervals
+    (a report dates the step's end) were all stale, and nothing was ever compared."""
+    streaks, flagged = [], []
+    for r in range(3):
+        streaks, new = stragglers.update(streaks, reports(NOW + 100 * r, {2: 0.5}), FT, NOW + 100 * r + 60)
+        flagged += new
+    assert [(s.pod, s.reports) for s in flagged] == [("r-a1-2", 3)]
+
+
 @pytest.mark.parametrize("patch, why", [
     ({"parallelism": {"tensor": 8, "pipeline": 2, "sequenceParallel": True}}, "pipeline"),
     ({"faultTolerance": {"stragglers": "off"}}, "is Disabled"),

@@ -64,3 +64,6 @@ def test_a_reread_reuses_the_last_value_when_a_read_fails_and_raises_with_none()
     assert slow.get("k", fails, "x") == "v1" and len(reads) == 3  # within the period: no read at all
     slow.drop("k")
     assert not slow.had("k")
+    assert r.get("new", fails, "x", fallback=None) is None  # never read: the caller's fallback
+    r.get("gone", lambda: None, "x")
+    assert r.get("gone", fails, "x") is None  # read before, none there: that, not an error
