@@ -70,6 +70,10 @@ class Report:
     exit_code: int | None = None
     message: str = ""
     time: float | None = None
+    gang_orders: bool = False
+    """The agent reads the run's gang order (trainium_api.gangorder): the operator need not
+    write an order on this pod. An agent that does not say so (an older trainer image, or a
+    trainer identity without the grant to read it) is ordered on its pod, as before."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,11 @@ IDLE_SECONDS_LIMITS = (0.1, 3600.0)
 
 
 def report_payload(report: Report) -> str:
-    return json.dumps({"attempt": report.attempt, "state": report.state, "exitCode": report.exit_code,
-                       "message": report.message[:MESSAGE_LIMIT], "time": report.time}, separators=(",", ":"))
+    body = {"attempt": report.attempt, "state": report.state, "exitCode": report.exit_code,
+            "message": report.message[:MESSAGE_LIMIT], "time": report.time}
+    if report.gang_orders:
+        body["gangOrders"] = True
+    return json.dumps(body, separators=(",", ":"))
 
 
 def order_payload(order: Order) -> str:
@@ -156,13 +163,19 @@ def parse_report(text) -> Report | None:
         when = None
     clean = "".join(c if c.isprintable() or c == "\n" else " " for c in message[:MESSAGE_LIMIT])
     return Report(attempt=attempt, state=state, exit_code=code, message=clean,
-                  time=float(when) if when is not None else None)
+                  time=float(when) if when is not None else None, gang_orders=data.get("gangOrders") is True)
 
 
 def parse_order(text) -> Order | None:
     """The operator's order on a pod, or None when absent or malformed. Never raises."""
     data = _load(text)
-    if data is None or _attempt(data.get("attempt")) is None or not isinstance(data.get("start", False), bool):
+    return None if data is None else order_from(data)
+
+
+def order_from(data: dict) -> Order | None:
+    """An order's fields from a parsed payload (a pod's order, or a gang order's:
+    trainium_api.gangorder), or None when one is malformed."""
+    if _attempt(data.get("attempt")) is None or not isinstance(data.get("start", False), bool):
         return None
     grace = data.get("graceSeconds", 30.0)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:

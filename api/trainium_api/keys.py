@@ -24,6 +24,9 @@ TRAINER_WRITES = (PROGRESS, PREFLIGHT, AGENT_REPORT)
 
 # annotations the operator writes
 ORDER = PREFIX + "order"  # trainium_api.agent: the operator's order to a pod's agent
+# a label on the run's gang order ConfigMap (trainium_api.agent.GangOrder): the operator's index of
+# them, and the admission policy that keeps every trainer from writing one, select by it
+GANG_ORDER = PREFIX + "gang-order"
 INSTANCE_TYPE = PREFIX + "instance-type"  # the instance type a pod was built for
 POLICY_DIGEST = PREFIX + "policy-digest"  # of a trainer policy's spec: replace only our own
 

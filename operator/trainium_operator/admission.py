@@ -7,7 +7,9 @@ annotation". This policy can: a request from a trainer identity that updates a p
 token is bound to (``request.userInfo.extra["authentication.kubernetes.io/pod-name"]``, set by
 the API server for pod-bound tokens, which every pod's projected token is) and only if nothing
 but the progress, pre-flight and agent-report annotations change. So one run's trainer cannot forge another
-run's progress.
+run's progress. A second policy keeps every trainer identity from creating, changing or
+deleting a run's gang order (trainium_api.gangorder, a ConfigMap labelled trainium.dev/gang-order),
+whatever RBAC a cluster grants it: only the operator orders the agents.
 
     python -m trainium_operator.admission            print it
     python -m trainium_operator.admission --write    update the chart's copy (a test checks drift)
@@ -29,6 +31,7 @@ from trainium_api.spec import TRAINER_IDENTITY
 
 
 POLICY = "trainium-trainer-own-pod-progress"
+ORDERS_POLICY = "trainium-trainer-no-gang-orders"  # and no trainer writes the operator's gang order
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 CHART_COPY = "charts/trainium-operator/templates/trainer-policy.yaml"
 LABELS = {**keys.MANAGED_BY, **keys.PART_OF}
@@ -78,12 +81,35 @@ def trainer_policy() -> list[dict]:
             ],
         },
     }
+    orders_meta = {"name": ORDERS_POLICY, "labels": dict(LABELS)}
+    labelled = f"'{keys.GANG_ORDER}' in "
+    orders = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": dict(orders_meta),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                                                    "resources": ["configmaps"]}]},
+            "matchConditions": [{"name": "trainer-identity", "expression":
+                                 "request.userInfo.username.matches("
+                                 f"'^system:serviceaccount:[^:]+:{TRAINER_IDENTITY}(-[^:]+)?$')"}],
+            # a gang order, before or after the write (a label added or taken away too)
+            "validations": [{"expression": " && ".join(
+                f"({o} == null || !has({o}.metadata.labels) || !({labelled}{o}.metadata.labels))"
+                for o in ("object", "oldObject")),
+                "message": "a trainer may not write a gang order (trainium_api.gangorder): only the operator does",
+                "reason": "Forbidden"}],
+        },
+    }
     binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
                "metadata": dict(meta), "spec": {"policyName": POLICY, "validationActions": ["Deny"]}}
-    for obj in (policy, binding):
+    orders_binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                      "metadata": dict(orders_meta), "spec": {"policyName": ORDERS_POLICY, "validationActions": ["Deny"]}}
+    for obj in (policy, binding, orders, orders_binding):
         digest = hashlib.sha256(json.dumps(obj["spec"], sort_keys=True).encode()).hexdigest()[:16]
         obj["metadata"] = {**obj["metadata"], "annotations": {keys.POLICY_DIGEST: digest}}
-    return [policy, binding]
+    return [policy, binding, orders, orders_binding]
 
 
 def render() -> str:

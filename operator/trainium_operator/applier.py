@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainium_api.agent import order_payload
 
-from .effects import DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderPod, Quarantine, PatchWorkload
+from .effects import (DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderGang, OrderPod,
+                      PatchWorkload, Quarantine)
+from . import plan
 from .kube import Kube
 from .metrics import Metrics
 
@@ -274,7 +276,9 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
             case DeletePod(pod, grace):
                 pod_calls.append((kube.delete_pod, (ns, pod, grace)))
             case OrderPod(pod, order, labels):
-                pod_calls.append((kube.order_pod, (ns, pod, order_payload(order), dict(labels))))
+                pod_calls.append((kube.order_pod, (ns, pod, order_payload(order) if order else None, dict(labels))))
+            case OrderGang(gang):
+                pod_calls.append((kube.order_gang, (plan.gang_order_map(run, gang),)))
             case Quarantine(node, reason, uid):
                 try:
                     kube.quarantine(node, name, reason, uid=uid)
@@ -303,15 +307,15 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
         def fenced(fn, *args):  # a call that waited in the shared pool asks the lease again
             fence(may_write)
             return fn(*args)
-        futures = [(args, pools.calls.submit(fenced, fn, *args)) for fn, args in pod_calls]
+        futures = [(fn, args, pools.calls.submit(fenced, fn, *args)) for fn, args in pod_calls]
         refused = []
-        for args, f in futures:
+        for fn, args, f in futures:
             try:
                 f.result()
             except Exception as exc:
                 if isinstance(exc, NotLeading) or api_unreachable(exc, connection_only=True):
                     raise  # the API server is away: the next pass retries
-                if not isinstance(args[0], dict):
+                if fn != kube.ensure:
                     raise  # a deletion or an order that failed: retried by the next pass
                 refused.append(f"cannot create Pod {args[0]['metadata']['name']}: {_reason(exc)}")
         if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Union
 
 from trainium_api.agent import Order
+from trainium_api.gangorder import GangOrder
 from trainium_api.status import FailureRecord
 
 
@@ -29,12 +30,21 @@ class DeletePod:
 
 @dataclass(frozen=True)
 class OrderPod:
-    """Write ``order`` on pod ``name`` for its agent (an in-place restart: trainium_api.agent)."""
+    """Write ``order`` on pod ``name`` for its agent (an in-place restart: trainium_api.agent), for
+    an agent that does not read the gang order (OrderGang); None: only the labels."""
     name: str
-    order: Order
+    order: Order | None
     labels: tuple[tuple[str, str | None], ...] = ()
     """Labels to set with it (None removes one): a spare taking an index is labelled as the gang's pod."""
     kind: ClassVar[str] = "order_pod"
+
+
+@dataclass(frozen=True)
+class OrderGang:
+    """Write ``order`` in the run's gang order object, which every agent of the gang watches
+    (trainium_api.gangorder): one write for the whole gang."""
+    order: GangOrder
+    kind: ClassVar[str] = "order_gang"
 
 
 @dataclass(frozen=True)
@@ -82,4 +92,4 @@ class PatchWorkload:
     kind: ClassVar[str] = "patch_workload"
 
 
-Effect = Union[Ensure, DeletePod, OrderPod, Quarantine, Event, ObserveFailure, ObserveRecovery, PatchWorkload]
+Effect = Union[Ensure, DeletePod, OrderPod, OrderGang, Quarantine, Event, ObserveFailure, ObserveRecovery, PatchWorkload]

@@ -1,6 +1,6 @@
 """kopf registration only: each handler gathers its inputs, calls the pass, and applies it.
 
-Two indices (pods of TrainingRuns, nodes) are kept current by kopf's watches, so a reconcile
+Indices (pods of TrainingRuns, nodes, the runs' gang orders, Kueue's objects) are kept current by kopf's watches, so a reconcile
 pass makes no API reads; a loop per TrainingRun (a kopf daemon) runs one pass every second, and
 at once when one of its pods changes shape. A pass: Watcher.snapshot (the run, its pods and
 nodes, the disruption and outage signals: observer.Snapshot) -> reconcile.reconcile (pure:
@@ -18,7 +18,7 @@ import kopf
 from trainium_api import API_GROUP, API_VERSION, PLURAL, keys
 
 from . import workload
-from .observe import node_view, pod_view
+from .observe import gang_order_view, node_view, pod_view
 from .reconcile import reconcile
 from .watcher import Options, Settled, Watcher
 
@@ -33,6 +33,8 @@ def build_registry(options: Options) -> kopf.OperatorRegistry:
     kopf.on.cleanup(id="api_probe", registry=registry)(stop_api_probe)
     kopf.index("pods", id="run_pods", labels={keys.RUN: kopf.PRESENT}, registry=registry)(run_pods)
     kopf.index("nodes", id="cluster_nodes", registry=registry)(cluster_nodes)
+    kopf.index("configmaps", id="run_orders", labels={keys.GANG_ORDER: kopf.PRESENT, keys.RUN: kopf.PRESENT},
+               registry=registry)(run_orders)
     # Kueue's (when installed): the runs' Workloads and the flavors they are admitted to
     kopf.index(workload.GROUP, workload.VERSION, workload.WORKLOADS, id="run_workloads",
                labels={keys.RUN: kopf.PRESENT}, registry=registry)(run_workloads)
@@ -74,6 +76,10 @@ def cluster_nodes(name, body, **_):
     return {name: node_view(dict(body))}
 
 
+def run_orders(namespace, labels, body, **_):
+    return {(namespace, labels[keys.RUN]): gang_order_view(dict(body))}
+
+
 def run_workloads(namespace, labels, body, **_):
     return {(namespace, labels[keys.RUN]): workload.view(dict(body))}
 
@@ -83,13 +89,15 @@ def kueue_flavors(name, body, **_):
 
 
 async def reconcile_loop(stopped, body, name, namespace, run_pods: kopf.Index, cluster_nodes: kopf.Index,
-                         run_workloads: kopf.Index, kueue_flavors: kopf.Index, memo: kopf.Memo, **_):
+                         run_workloads: kopf.Index, kueue_flavors: kopf.Index, run_orders: kopf.Index,
+                         memo: kopf.Memo, **_):
     """The run's passes (Watcher.loop: every second, at once when woken, backing off after errors)."""
     watcher: Watcher = memo.watcher
 
     def one_pass() -> tuple[bool, Settled | None]:
         with watcher.timed(namespace, name):
-            snap = watcher.snapshot(body, namespace, name, run_pods, cluster_nodes, run_workloads, kueue_flavors)
+            snap = watcher.snapshot(body, namespace, name, run_pods, cluster_nodes, run_workloads, kueue_flavors,
+                                    run_orders)
             result = reconcile(snap)
             settled = Settled(frozenset(result.after.kept_off_names), result.wake_at) if result.settled else None
             return watcher.apply(snap, result), settled

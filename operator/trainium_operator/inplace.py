@@ -17,8 +17,10 @@ from dataclasses import replace
 
 from trainium_api import preflight, runtimefaults, storefaults
 from trainium_api.agent import Order
+from trainium_api.gangorder import GangOrder
 from trainium_api.status import TrainingRunStatus
 
+from .effects import Effect, OrderGang, OrderPod
 from .observe import PodView
 from .plan import gang_pod_names
 
@@ -117,6 +119,24 @@ def unordered(pods: list[PodView], order: Order) -> list[PodView]:
     return [p for p in pods if p.order is None or (p.order.attempt, p.order.start) < (order.attempt, order.start)]
 
 
+def reads_gang_order(pod: PodView) -> bool:
+    """Its agent said it reads the gang order (trainium_api.gangorder): nothing is written on the pod."""
+    return pod.agent is not None and pod.agent.gang_orders
+
+
+def orders(run: str, gang_attempt: int, names: list[str], pods: list[PodView], order: Order,
+           seen: GangOrder | None) -> list[Effect]:
+    """What gives ``order`` to ``pods``, of the gang whose pods are ``names`` by index (those of
+    ``gang_attempt``, some replaced): the gang order, written once (not while ``seen``, the one
+    last seen, says it already), and, for each agent that does not read it (an older trainer
+    image), the order on its pod until it carries it (a start with its index, as the gang order
+    gives it). Orders are written again until they land."""
+    gang = GangOrder.of(order, run, gang_attempt, names)
+    out: list[Effect] = [] if gang.same(seen) else [OrderGang(gang)]
+    return out + [OrderPod(x.name, (gang.for_pod(run, x.name) if order.start else None) or order)
+                  for x in unordered([x for x in pods if not reads_gang_order(x)], order)]
+
+
 def answer_within(ordered: float | None, grace: float) -> float:
     """How long after the teardown started every agent must have said its workers stopped: the
     longest grace its stop orders gave (``ordered``, status.current.stopGraceSeconds: an order is
@@ -126,9 +146,11 @@ def answer_within(ordered: float | None, grace: float) -> float:
     return max(grace, ordered or 0.0) + ANSWER_SLACK_SECONDS
 
 
-def ahead(pods: list[PodView], attempt: int) -> bool:
+def ahead(pods: list[PodView], attempt: int, gang: GangOrder | None = None) -> bool:
     """Whether the gang was told to start an attempt after ``attempt``: the status this pass
     read is older than the one that recorded it (pods of an in-place restart keep their labels,
-    so only their annotations tell). Only the operator's own order counts: the agent's report
-    is the run's code's to write, and a forged attempt there must not stop the run's passes."""
-    return any(p.order is not None and p.order.start and p.order.attempt > attempt for p in pods)
+    so only the orders tell: the gang order, or those on the pods). Only the operator's own
+    order counts: the agent's report is the run's code's to write, and a forged attempt there
+    must not stop the run's passes."""
+    return (gang is not None and gang.order.start and gang.order.attempt > attempt) or any(
+        p.order is not None and p.order.start and p.order.attempt > attempt for p in pods)

@@ -217,16 +217,42 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def order_pod(self, namespace: str, name: str, order: str, labels: dict | None = None) -> None:
+    def order_pod(self, namespace: str, name: str, order: str | None, labels: dict | None = None) -> None:
         """Write an agent's order on its pod (trainium_api.keys.ORDER), with ``labels`` in the same
         patch (a spare taking an index). A pod already gone is not an error: the next pass sees it
         gone and acts on that."""
-        body = {"metadata": {"annotations": {keys.ORDER: order}, **({"labels": labels} if labels else {})}}
+        body = {"metadata": {**({"annotations": {keys.ORDER: order}} if order is not None else {}),
+                             **({"labels": labels} if labels else {})}}
         try:
             self.core.patch_namespaced_pod(name, namespace, body, **T)
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def order_gang(self, obj: dict) -> None:
+        """Write the run's gang order (plan.gang_order_map): its data patched, or the object
+        created. One of that name that is not the run's (a user's ConfigMap) is not touched: an
+        error (the agents then get no order, and the gang is recreated when they do not answer)."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            have = self.core.read_namespaced_config_map(name, ns, **T)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            have = None
+        if have is None:
+            try:
+                self.core.create_namespaced_config_map(ns, obj, **T)
+                return
+            except ApiException as exc:
+                if exc.status != 409:  # made meanwhile (another pass): patched below
+                    raise
+                have = self.core.read_namespaced_config_map(name, ns, **T)
+        owners = [r.uid for r in (have.metadata.owner_references or []) if r.controller]
+        if owners != [obj["metadata"]["ownerReferences"][0]["uid"]]:
+            raise RuntimeError(f"ConfigMap {ns}/{name} exists and is not this run's: the gang order cannot be written")
+        self.core.patch_namespaced_config_map(name, ns, {"metadata": {"labels": obj["metadata"]["labels"]},
+                                                         "data": obj["data"]}, **T)
 
     # -- nodes ----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainium_api import keys
-from trainium_api import agent, nodesignals, preflight, progress, runtimefaults, storefaults
+from trainium_api import agent, gangorder, nodesignals, preflight, progress, runtimefaults, storefaults
 from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import Cause
 
@@ -143,6 +143,18 @@ def pod_view(pod: dict) -> PodView:
                    agent=agent.parse_report((meta.get("annotations") or {}).get(keys.AGENT_REPORT)),
                    order=agent.parse_order((meta.get("annotations") or {}).get(keys.ORDER)),
                    spare=labels.get(keys.SPARE) == "true")
+
+
+@dataclass(frozen=True)
+class GangOrderView:
+    """The run's gang order object as seen (trainium_api.gangorder): its controller, and the
+    order it holds (None when malformed)."""
+    owner: str | None
+    order: "gangorder.GangOrder | None"
+
+
+def gang_order_view(obj: dict) -> GangOrderView:
+    return GangOrderView(controller_uid(obj), gangorder.parse((obj.get("data") or {}).get(gangorder.DATA_KEY)))
 
 
 def _label_int(labels: dict, key: str) -> int:

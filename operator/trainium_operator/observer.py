@@ -15,13 +15,14 @@ import threading
 from dataclasses import dataclass
 
 from trainium_api.fields import ConfigError
+from trainium_api.gangorder import GangOrder
 from trainium_api.load import lenient
 from trainium_api.spec import (EFA_DEVICE_CLASS, INSTANCE_TYPES, NEURON_DEVICE_CLASS, TrainingRunSpec,
                                check_run_name)
 from trainium_api.status import CheckpointRef, TrainingRunStatus
 
 from .hostaccess import HostAccess
-from .observe import NodeView, PodView
+from .observe import GangOrderView, NodeView, PodView
 from . import store
 from .disruption_guard import DisruptionGuard
 from .spec import parse
@@ -68,6 +69,8 @@ class Snapshot:
     (allocatable aws.amazon.com/neuron): resources Auto keeps the device plugin for those."""
     mass_event: bool = False
     """``disruption`` is a mass event's (mass_events): it holds fleet symptoms and hangs only."""
+    gang_order: GangOrder | None = None
+    """The run's gang order as seen (trainium_api.gangorder); None while there is none of this run's."""
 
     @property
     def deleting(self) -> bool:
@@ -86,7 +89,7 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
              status: TrainingRunStatus | None = None, workload: WorkloadView | None = None,
              flavors: dict[str, FlavorView] | None = None, children_error_since: float | None = None,
              device_classes: frozenset[str] = frozenset(), plugin_types: frozenset[str] = frozenset(),
-             mass_event: bool = False) -> Snapshot:
+             mass_event: bool = False, gang_order: GangOrderView | None = None) -> Snapshot:
     """``status``: the run's status read already (read_status of run["status"]); parsing a
     status that keeps 50 failures takes milliseconds, every pass."""
     status = read_status(run.get("status")) if status is None else status
@@ -102,9 +105,10 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
         spec = devices_in_force(spec, device_classes, plugin_types)
     if spec is not None and workload is not None and workload.admitted:
         spec = queueing.admitted_spec(spec, workload, flavors or {})
+    ours = gang_order is not None and gang_order.owner == run["metadata"].get("uid")  # (not an earlier run's)
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
                     children_error, children_error_since, host, workload, dict(flavors or {}), device_classes,
-                    plugin_types, mass_event)
+                    plugin_types, mass_event, gang_order.order if ours else None)
 
 
 _RESOLVED: dict[tuple[int, str, bool], tuple[TrainingRunSpec, TrainingRunSpec]] = {}

@@ -20,7 +20,7 @@ import yaml
 
 from trainium_api import keys
 from trainium_api import API_GROUP, API_VERSION, KIND
-from trainium_api import launch, podenv as E
+from trainium_api import gangorder, launch, podenv as E
 from trainium_api.launch import AGENT_FLAG, LAUNCH_MODULE, PRECOMPILE_FLAG, PREFLIGHT_FLAG, WATCH_MODULE
 from trainium_api.runtimefaults import TERMINATION_MESSAGE_PATH
 from trainium_api.load import to_dict
@@ -58,7 +58,7 @@ def _created(run: dict) -> int:
 
 
 def pod_name(run_name: str, attempt: int, index: int) -> str:
-    return f"{run_name}-a{attempt}-{index}"
+    return gangorder.pod_name(run_name, attempt, index)  # (the agents read gang orders by it)
 
 
 def spare_name(run_name: str, serial: int) -> str:
@@ -158,7 +158,8 @@ def gang_pod_names(run_name: str, nodes: int, gang_attempt: int, pod_names: list
 def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: int | None = None,
                  pod_names: list[str] = (), also: list[str] = ()) -> dict:
     """The only permission a trainer needs: get and patch of its pod (the progress annotation,
-    the agent's report), and list and watch of it by name (the agent's orders: the API server
+    the agent's report), reading the run's gang order, and list and watch of its pod by name
+    (orders written on the pod for an older agent: the API server
     authorizes a watch with fieldSelector metadata.name against resourceNames), narrowed by
     resourceNames to the pods of the run's current attempt (``gang_attempt``: the attempt
     whose pods an in-place restart kept, ``pod_names`` the pods of replaced indexes, ``also``
@@ -170,13 +171,26 @@ def trainer_role(run: dict, spec: TrainingRunSpec, attempt: int, gang_attempt: i
     names = gang_pod_names(name, spec.nodes, gang_attempt or attempt, pod_names)
     names += [n for n in also if n not in names]
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
-              "resourceNames": names}] if attempt else []
+              "resourceNames": names},
+             # the gang order (trainium_api.gangorder): read by every agent, written by the operator only
+             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"],
+              "resourceNames": [gangorder.object_name(name)]}] if attempt else []
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             # the attempt it names: an ensure never moves the Role back to an older one (Kube.ensure)
             "metadata": {"name": trainer_identity(name), "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt),
                                                                      **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
             "rules": rules}
+
+
+def gang_order_map(run: dict, gang: "gangorder.GangOrder") -> dict:
+    """The run's gang order object (trainium_api.gangorder), owned by the run."""
+    name = run["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": gangorder.object_name(name), "namespace": run["metadata"]["namespace"],
+                         "labels": {keys.RUN: name, keys.GANG_ORDER: "true", **keys.MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "data": {gangorder.DATA_KEY: gangorder.payload(gang)}}
 
 
 def config_map(run: dict, spec: TrainingRunSpec) -> dict:

@@ -115,8 +115,8 @@ def reconcile(snap: Snapshot) -> Result:
     p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
              snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
              spares=spares, workload=snap.workload, flavors=snap.flavors,
-             children_error_since=snap.children_error_since, mass_event=snap.mass_event)
-    if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt):
+             children_error_since=snap.children_error_since, mass_event=snap.mass_event, gang_order=snap.gang_order)
+    if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt, snap.gang_order):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
         return Result({}, [], spec, old, _time_brings(p))

@@ -26,7 +26,7 @@ from trainium_api.agent import Order
 from trainium_api.status import MAX_FAILURES_KEPT, AttemptStatus, FailureRecord
 
 from . import goodput, inplace, plan
-from .effects import DeletePod, Ensure, ObserveFailure, OrderPod
+from .effects import DeletePod, Ensure, ObserveFailure
 from .failure_policy import Action, Budget, Standing
 from .judge import Verdict
 from .observe import GangState, PodView, draining, gang_state
@@ -138,7 +138,7 @@ def _in_place(p: Pass, action: Action, order: Order, what: str, after: str) -> N
     """Every agent of the gang is told to stop its workers; the pods stay."""
     p.new.restarts_in_place = p.old.restarts_in_place + 1
     p.event(Reason.RESTARTING, f"{what}; restarting the gang in place{after}", warning=True)
-    p.effects += [OrderPod(x.name, order) for x in p.gang]
+    _order(p, p.gang, order, inplace.gang_names(p.old, p.name, p.spec.nodes))
 
 
 def _replace(p: Pass, action: Action, order: Order, what: str, after: str) -> None:
@@ -157,7 +157,8 @@ def _replace(p: Pass, action: Action, order: Order, what: str, after: str) -> No
     p.event(Reason.RESTARTING, f"{what}; replacing pod {failed.name} by "
             + (f"spare {spare.name} on node {spare.node}" if spare else f"a new pod, {new.current.replacement}")
             + f"; the other pods restart in place{after}", warning=True)
-    p.effects += [OrderPod(x.name, order) for x in p.gang if x is not failed]
+    _order(p, [x for x in p.gang if x is not failed], order, inplace.with_replaced(
+        old, p.name, p.spec.nodes, action.replace_index, new.current.replacement))
     p.delete([failed], grace=0 if node_gone(p, failed) else None)
 
 
@@ -245,8 +246,7 @@ def _teardown_in_place(p: Pass) -> None:
         _give_up_in_place(p, why)
         return
     if not ready:
-        order = _stop_order(p, target)
-        p.effects += [OrderPod(x.name, order) for x in inplace.unordered(gang, order)]
+        _order(p, gang, _stop_order(p, target), inplace.gang_names(p.old, p.name, p.spec.nodes))
         return
     if _torn_down(p):
         _start_in_place(p, target)
@@ -301,9 +301,10 @@ def _teardown_replace(p: Pass) -> None:
                          f"be placed ({replacement.unschedulable[:300]}); the gang is recreated if it is not placed "
                          f"within {ft.schedule_timeout_seconds:.0f}s")
     order = _stop_order(p, target)
-    p.effects += [OrderPod(x.name, order) for x in inplace.unordered(kept, order)]
-    if replacement is not None and plan.is_spare_name(p.name, replacement.name):  # (until it carries the order)
-        p.effects += [take_index(x, order, target, index) for x in inplace.unordered([replacement], order)]
+    _order(p, kept, order, inplace.with_replaced(old, p.name, p.spec.nodes, index, p.new.current.replacement))
+    if replacement is not None and plan.is_spare_name(p.name, replacement.name) and (
+            replacement.spare if inplace.reads_gang_order(replacement) else inplace.unordered([replacement], order)):
+        p.effects.append(take_index(replacement, order, target, index))  # (until it is labelled, or carries the order)
     # graceful, forced after the grace (a NotReady node may still run it: a partition or a
     # kubelet down, and the replacement takes the same index), at once on a node known dead
     stop(p, failed, since, dead=True)
@@ -415,14 +416,18 @@ def order_start(p: Pass, attempt: int) -> None:
     in the pass that starts it with a replacement, the gang as read still has the failed
     index's place empty: the replacement is ordered too)."""
     names = inplace.gang_names(p.new, p.name, p.spec.nodes)
-    # every pod is told its node rank and the rendezvous address (the index-0 pod's: a spare's
-    # own hostname once it runs index 0), so none relies on what it was started with
-    master = plan.master_address(p.run, names[0])
-    for x in p.gang + p.replacement:
-        index = names.index(x.name) if x.name in names else x.index
-        start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check,
-                      index=index, master=master)
-        p.effects += [OrderPod(y.name, start) for y in inplace.unordered([x], start)]
+    # every pod is told its node rank (the gang order gives each its index) and the rendezvous
+    # address (the index-0 pod's: a spare's own hostname once it runs index 0), so none relies
+    # on what it was started with
+    start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check,
+                  master=plan.master_address(p.run, names[0]))
+    _order(p, p.gang + p.replacement, start, names, inplace.gang_attempt(p.new))
+
+
+def _order(p: Pass, pods: list[PodView], order: Order, names: list[str], gang_attempt: int | None = None) -> None:
+    """Give ``order`` to ``pods`` of the gang whose pods are ``names`` by index (inplace.orders):
+    one gang order, and orders on the pods of agents that do not read it."""
+    p.effects += inplace.orders(p.name, gang_attempt or inplace.gang_attempt(p.old), names, pods, order, p.gang_order)
 
 
 def _note_teardown_progress(p: Pass) -> None:

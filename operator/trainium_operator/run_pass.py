@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from functools import cached_property
 
 from trainium_api.fields import ConfigError
+from trainium_api.gangorder import GangOrder
 from trainium_api.spec import TrainingRunSpec
 from trainium_api.status import CheckpointRef, Condition, FailureRecord, TrainingRunStatus
 
@@ -57,6 +58,8 @@ class Pass:
     """Kueue's ResourceFlavors by name, as last seen."""
     mass_event: bool = False
     """``disruption`` is a mass event's (mass_events), not nodes lost together."""
+    gang_order: GangOrder | None = None
+    """The run's gang order as last seen (trainium_api.gangorder; None: none yet)."""
 
     @property
     def name(self) -> str:

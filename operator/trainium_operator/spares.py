@@ -12,7 +12,7 @@ from __future__ import annotations
 from trainium_api import keys
 from trainium_api.agent import Order
 
-from . import plan
+from . import inplace, plan
 from .effects import DeletePod, Ensure, OrderPod
 from .failure_policy import doubling
 from .observe import PodView, draining
@@ -134,6 +134,7 @@ def ready_spare(p: Pass, but: str = "") -> PodView | None:
 
 def take_index(spare: PodView, stop: Order, attempt: int, index: int) -> OrderPod:
     """A spare takes ``index``: labelled as the gang's pod of ``attempt`` (no longer a spare),
-    and told to stop (it runs no workers: it says ready at once) in the same patch."""
-    return OrderPod(spare.name, stop, ((keys.ATTEMPT, str(attempt)), (keys.INDEX, str(index)),
-                                       (keys.SPARE, None)))
+    and, unless its agent reads the gang order (which names it for the index), told to stop (it
+    runs no workers: it says ready at once) in the same patch."""
+    return OrderPod(spare.name, None if inplace.reads_gang_order(spare) else stop,
+                    ((keys.ATTEMPT, str(attempt)), (keys.INDEX, str(index)), (keys.SPARE, None)))

@@ -237,7 +237,8 @@ class Watcher:
         return value
 
     def snapshot(self, body, namespace: str, name: str, run_pods: Mapping, cluster_nodes: Mapping,
-                 run_workloads: Mapping | None = None, kueue_flavors: Mapping | None = None) -> Snapshot:
+                 run_workloads: Mapping | None = None, kueue_flavors: Mapping | None = None,
+                 run_orders: Mapping | None = None) -> Snapshot:
         """What one pass of the run sees: the run as kopf holds it now, its pods and nodes from
         kopf's indices, its Kueue Workload and the flavors, the disruption and outage signals,
         the applier's last refusal."""
@@ -274,7 +275,9 @@ class Watcher:
                         children_error=self.children.error(namespace, name),
                         children_error_since=self.children.error_since(namespace, name), host=self.host, status=status,
                         workload=workloads[0] if workloads else None, flavors=flavors,
-                        device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass))
+                        device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass),
+                        gang_order=next((o for o in (run_orders or {}).get((namespace, name), []) if o.owner == uid),
+                                        None))
 
     def unindexed_workload(self, namespace: str, name: str, uid: str, admitted: bool = False) -> WorkloadView | None:
         """A queued run's Workload that kopf's index does not hold, read from the API server (at

@@ -75,7 +75,10 @@ def test_the_trainer_identity_reaches_only_the_current_attempts_pods():
     role = plan.trainer_role(RUN, s, 3)
     assert role["metadata"]["name"] == "trainium-trainer-r" and role["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
-                              "resourceNames": ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]}]
+                              "resourceNames": ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]},
+                             # the run's gang order: read, never written
+                             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"],
+                              "resourceNames": ["r-order"]}]
     # attempt 5 restarted in place in attempt 3's pods: those pods, and the Role says attempt 5
     kept = plan.trainer_role(RUN, s, 5, 3)
     assert kept["rules"][0]["resourceNames"] == ["r-a3-0", "r-a3-1", "r-a3-2", "r-a3-3"]

@@ -22,6 +22,7 @@ watch latency (tens of milliseconds).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from trainium_api import keys
 from trainium_api import agent as protocol
-from trainium_api import exitcodes, runtimefaults
+from trainium_api import exitcodes, gangorder, runtimefaults
 from trainium_api import podenv as names
 from trainium_api.launch import PREFLIGHT_FLAG
 
@@ -50,6 +51,20 @@ from ..contract.progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
 WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
 RETRY_SECONDS = 1.0
+GANG_RETRY_SECONDS = 10.0  # while the gang order cannot be read at all (no grant: an older operator)
+
+
+def _after_first(stream, first):
+    """``stream``, calling ``first()`` once its request has been answered (before its first event)."""
+    it = iter(stream)
+    try:
+        head = next(it)
+    except StopIteration:
+        first()
+        return
+    first()
+    yield head
+    yield from it
 
 
 def log(message: str) -> None:
@@ -57,40 +72,74 @@ def log(message: str) -> None:
 
 
 class Orders:
-    """The newest order on this pod, from a watch of the pod (renewed, retried after errors)."""
+    """The newest order to this pod, from a watch of the run's gang order (trainium_api.gangorder:
+    one object for the whole gang) and one of the pod itself (orders an operator writes on the
+    pod of an agent that does not read the gang order); each renewed, retried after errors.
+    ``reading_gang`` is set once the gang order's watch is established (the trainer Role grants
+    it), and the report says so: the operator then writes nothing on this pod."""
 
-    def __init__(self, api, pod: str, namespace: str):
-        self.api, self.pod, self.namespace = api, pod, namespace
+    def __init__(self, api, pod: str, namespace: str, run: str = ""):
+        self.api, self.pod, self.namespace, self.run = api, pod, namespace, run
         self.latest: protocol.Order | None = None
         self.changed = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="orders", daemon=True)
+        self.reading_gang = threading.Event()
+        self.on_reading_gang = lambda: None  # (the reports say it again, now with gangOrders)
+        self._threads = [threading.Thread(target=self._loop, name="orders", daemon=True)]
+        if run:
+            self._threads.append(threading.Thread(target=self._gang_loop, name="gang-orders", daemon=True))
 
     def start(self) -> "Orders":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
-    def _seen(self, pod) -> None:
-        order = protocol.parse_order(((pod.metadata.annotations if pod and pod.metadata else None) or {})
-                                     .get(keys.ORDER))
+    def _take(self, order: protocol.Order | None) -> None:
+        """The newer of ``order`` and the one held (by attempt, then start): the two sources may
+        each hold an order of their own, and an older one must not undo a newer."""
         with self.changed:
-            if order is not None and order != self.latest:
+            if order is not None and order != self.latest and (
+                    self.latest is None or (order.attempt, order.start) >= (self.latest.attempt, self.latest.start)):
                 self.latest = order
                 self.changed.notify_all()
 
-    def _loop(self) -> None:
+    def _seen(self, pod) -> None:
+        self._take(protocol.parse_order(((pod.metadata.annotations if pod and pod.metadata else None) or {})
+                                        .get(keys.ORDER)))
+
+    def _seen_gang(self, config_map) -> None:
+        data = (config_map.data if config_map is not None else None) or {}
+        gang = gangorder.parse(data.get(gangorder.DATA_KEY))
+        self._take(gang.for_pod(self.run, self.pod) if gang is not None else None)
+
+    def _watch(self, lister, name: str, seen, on_listed=None) -> None:
         from kubernetes import watch
         while True:
             try:
-                stream = watch.Watch().stream(self.api.list_namespaced_pod, self.namespace,
-                                              field_selector=f"metadata.name={self.pod}",
+                stream = watch.Watch().stream(lister, self.namespace, field_selector=f"metadata.name={name}",
                                               timeout_seconds=WATCH_SECONDS,
                                               _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS)
+                if on_listed is not None:
+                    # the watch's first request is a list: a denied one (an operator that grants no
+                    # read of the gang order) has raised by now
+                    stream = _after_first(stream, on_listed)
                 for event in stream:
                     if event.get("type") in ("ADDED", "MODIFIED"):
-                        self._seen(event.get("object"))
+                        seen(event.get("object"))
             except Exception as exc:  # an API server away, a 410: watch again (a list first)
-                log(f"watching pod {self.pod} for orders failed ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
-                time.sleep(RETRY_SECONDS)
+                log(f"watching {name} for orders failed ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
+                time.sleep(RETRY_SECONDS if on_listed is None or self.reading_gang.is_set() else GANG_RETRY_SECONDS)
+
+    def _loop(self) -> None:
+        self._watch(self.api.list_namespaced_pod, self.pod, self._seen)
+
+    def _gang_loop(self) -> None:
+        self._watch(self.api.list_namespaced_config_map, gangorder.object_name(self.run), self._seen_gang,
+                    self._listed_gang)
+
+    def _listed_gang(self) -> None:
+        if not self.reading_gang.is_set():
+            self.reading_gang.set()
+            self.on_reading_gang()
 
     def wake(self) -> None:
         """Have waiters look again (something besides an order changed: ``wait``'s ``done``)."""
@@ -116,11 +165,14 @@ class Orders:
 
 class Reports:
     """The agent's report on its own pod: written in order from one thread, each retried until
-    it lands or a newer one replaces it (the operator acts on the newest only)."""
+    it lands or a newer one replaces it (the operator acts on the newest only). It says whether
+    the agent reads the gang order (``reading_gang``, Orders)."""
 
-    def __init__(self, api, pod: str, namespace: str):
+    def __init__(self, api, pod: str, namespace: str, reading_gang: threading.Event | None = None):
         self.api, self.pod, self.namespace = api, pod, namespace
-        self._next: protocol.Report | None = None
+        self.reading_gang = reading_gang or threading.Event()
+        self._last: protocol.Report | None = None
+        self._due = 0  # bumped by each report to write; the writer clears it once that one landed
         self._cv = threading.Condition()
         threading.Thread(target=self._loop, name="agent-report", daemon=True).start()
 
@@ -128,15 +180,24 @@ class Reports:
         log(f"attempt {report.attempt}: {report.state}" + (f", exit code {report.exit_code}"
                                                            if report.exit_code is not None else ""))
         with self._cv:
-            self._next = report
+            self._last = report
+            self._due += 1
             self._cv.notify_all()
+
+    def again(self) -> None:
+        """Write the last report again (the agent now reads the gang order: the report says so)."""
+        with self._cv:
+            if self._last is not None:
+                self._due += 1
+                self._cv.notify_all()
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while self._next is None:
+                while not self._due:
                     self._cv.wait()
-                report = self._next
+                due, report = self._due, self._last
+            report = dataclasses.replace(report, gang_orders=self.reading_gang.is_set())
             body = {"metadata": {"annotations": {keys.AGENT_REPORT: protocol.report_payload(report)}}}
             try:
                 self.api.patch_namespaced_pod(self.pod, self.namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS)
@@ -145,8 +206,8 @@ class Reports:
                 time.sleep(RETRY_SECONDS)
                 continue
             with self._cv:
-                if self._next is report:
-                    self._next = None
+                if self._due == due:  # nothing newer asked for meanwhile
+                    self._due = 0
 
 
 def restartable(code: int, message: str) -> bool:
@@ -266,8 +327,10 @@ class Agent:
     def __init__(self, argv: list[str], api, pod: str, namespace: str, env: PodEnv | None = None):
         self.argv, self.pod = argv, pod
         self.env = env or PodEnv.from_environ()
-        self.orders = Orders(api, pod, namespace).start()
-        self.reports = Reports(api, pod, namespace)
+        self.orders = Orders(api, pod, namespace, self.env.training_run)
+        self.reports = Reports(api, pod, namespace, self.orders.reading_gang)
+        self.orders.on_reading_gang = self.reports.again
+        self.orders.start()
         self.child: subprocess.Popen | None = None
         self.parked: subprocess.Popen | None = None  # the next attempt's launcher, warm (trainer.pod.warm)
         self.warm = self.env.warm_workers
