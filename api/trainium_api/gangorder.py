@@ -68,12 +68,10 @@ class GangOrder:
         for index, name in self.pods:
             if name == pod:
                 return replace(self.order, index=index)
-        m = re.fullmatch(re.escape(run) + r"-a(\d+)-(\d+)", pod)
-        if m is None or int(m.group(1)) != self.gang_attempt:
-            return None
-        index = int(m.group(2))
-        if index >= self.nodes or index in other or str(index) != m.group(2):
-            return None
+        m = re.fullmatch(re.escape(run) + r"-a\d+-(\d{1,6})", pod)
+        index = int(m.group(1)) if m else -1
+        if not 0 <= index < self.nodes or index in other or pod != pod_name(run, self.gang_attempt, index):
+            return None  # (the exact name: no leading zeros, no other attempt's pod)
         return replace(self.order, index=index)
 
     def same(self, other: "GangOrder | None") -> bool:
