@@ -50,12 +50,15 @@ class GangOrder:
     nodes: int
     pods: tuple[tuple[int, str], ...] = ()
     """(index, pod) of the indexes not run by the gang attempt's own pod, by index."""
+    run_uid: str = ""
+    """The run's uid: an agent follows only its own run's order (a run deleted and created again
+    under the same name has pods of the same names while the old run's order is being collected)."""
 
     @classmethod
-    def of(cls, order: Order, run: str, gang_attempt: int, names: list[str]) -> "GangOrder":
+    def of(cls, order: Order, run: str, gang_attempt: int, names: list[str], run_uid: str = "") -> "GangOrder":
         """The order for the gang whose pods are ``names`` by index (gang_attempt's, some replaced)."""
         return cls(replace(order, index=None), gang_attempt, len(names),
-                   tuple((i, n) for i, n in enumerate(names) if n != pod_name(run, gang_attempt, i)))
+                   tuple((i, n) for i, n in enumerate(names) if n != pod_name(run, gang_attempt, i)), run_uid)
 
     def names(self, run: str) -> list[str]:
         """The addressed pods, by index."""
@@ -79,13 +82,14 @@ class GangOrder:
         grace since is not written again: the agents acted on the first, answer_within allows for it)."""
         return other is not None and (other.order.attempt, other.order.start, other.order.master) == (
             self.order.attempt, self.order.start, self.order.master) and (
-            other.gang_attempt, other.nodes, other.pods) == (self.gang_attempt, self.nodes, self.pods)
+            other.gang_attempt, other.nodes, other.pods, other.run_uid) == (
+            self.gang_attempt, self.nodes, self.pods, self.run_uid)
 
 
 def payload(gang: GangOrder) -> str:
     body = json.loads(order_payload(gang.order))
     body.update({"gangAttempt": gang.gang_attempt, "nodes": gang.nodes,
-                 "pods": {str(i): n for i, n in gang.pods}})
+                 "pods": {str(i): n for i, n in gang.pods}, "runUid": gang.run_uid})
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -104,7 +108,8 @@ def parse(text) -> GangOrder | None:
     gang_attempt, nodes, pods = data.get("gangAttempt"), data.get("nodes"), data.get("pods", {})
     if order is None or not _count(gang_attempt, 1, MAX_ATTEMPT) or not _count(nodes, 1, MAX_NODES):
         return None
-    if not isinstance(pods, dict):
+    run_uid = data.get("runUid", "")
+    if not isinstance(pods, dict) or not isinstance(run_uid, str) or len(run_uid) > 64:
         return None
     listed = []
     for key, name in pods.items():
@@ -114,7 +119,7 @@ def parse(text) -> GangOrder | None:
         listed.append((int(key), name))
     if len({n for _, n in listed}) != len(listed):  # one pod, two indexes: not an order we wrote
         return None
-    return GangOrder(order, gang_attempt, nodes, tuple(sorted(listed)))
+    return GangOrder(order, gang_attempt, nodes, tuple(sorted(listed)), run_uid)
 
 
 def _count(value, low: int, high: int) -> bool:

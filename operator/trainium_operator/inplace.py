@@ -125,13 +125,13 @@ def reads_gang_order(pod: PodView) -> bool:
 
 
 def orders(run: str, gang_attempt: int, names: list[str], pods: list[PodView], order: Order,
-           seen: GangOrder | None) -> list[Effect]:
+           seen: GangOrder | None, run_uid: str = "") -> list[Effect]:
     """What gives ``order`` to ``pods``, of the gang whose pods are ``names`` by index (those of
     ``gang_attempt``, some replaced): the gang order, written once (not while ``seen``, the one
     last seen, says it already), and, for each agent that does not read it (an older trainer
     image), the order on its pod until it carries it (a start with its index, as the gang order
     gives it). Orders are written again until they land."""
-    gang = GangOrder.of(order, run, gang_attempt, names)
+    gang = GangOrder.of(order, run, gang_attempt, names, run_uid)
     out: list[Effect] = [] if gang.same(seen) else [OrderGang(gang)]
     return out + [OrderPod(x.name, (gang.for_pod(run, x.name) if order.start else None) or order)
                   for x in unordered([x for x in pods if not reads_gang_order(x)], order)]

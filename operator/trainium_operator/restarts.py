@@ -427,7 +427,8 @@ def order_start(p: Pass, attempt: int) -> None:
 def _order(p: Pass, pods: list[PodView], order: Order, names: list[str], gang_attempt: int | None = None) -> None:
     """Give ``order`` to ``pods`` of the gang whose pods are ``names`` by index (inplace.orders):
     one gang order, and orders on the pods of agents that do not read it."""
-    p.effects += inplace.orders(p.name, gang_attempt or inplace.gang_attempt(p.old), names, pods, order, p.gang_order)
+    p.effects += inplace.orders(p.name, gang_attempt or inplace.gang_attempt(p.old), names, pods, order, p.gang_order,
+                                p.run["metadata"].get("uid") or "")
 
 
 def _note_teardown_progress(p: Pass) -> None:

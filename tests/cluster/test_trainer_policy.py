@@ -32,7 +32,10 @@ def test_the_operator_ensures_the_policy_with_the_trainer_rbac():
     role = next(o for o in made if o["kind"] == "Role")
     assert role["metadata"]["name"] == "trainium-trainer-r"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch", "watch"],
-                              "resourceNames": ["r-a1-0", "r-a1-1"]}]  # the attempt this pass starts
+                              "resourceNames": ["r-a1-0", "r-a1-1"]},  # the attempt this pass starts
+                             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"],
+                              "resourceNames": ["r-order"]}]  # the gang order: read only
+    assert admission.trainer_policy()[2] in made and admission.trainer_policy()[3] in made
     assert {(o["kind"], o["metadata"]["name"]) for o in made if o["kind"] in ("ServiceAccount", "RoleBinding")} == {
         ("ServiceAccount", "trainium-trainer-r"), ("RoleBinding", "trainium-trainer-r")}
 
@@ -46,7 +49,9 @@ def _client_for(local_cluster, token: str):
     return client.CoreV1Api(client.ApiClient(cfg))
 
 
-def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_api, namespace):
+def _trainer_with_policy(local_cluster, core_api, namespace):
+    """The policies, the run's trainer identity and Role, its two pods, and a client with the
+    token bound to the first: (that client, the pods by name, the account, the RBAC client)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     adm = client.AdmissionregistrationV1Api(local_cluster.api_client())
@@ -75,7 +80,13 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
     token = core_api.create_namespaced_service_account_token(account, namespace, {
         "spec": {"expirationSeconds": 600, "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": mine,
                                                               "uid": pods[mine].metadata.uid}}}).status.token
-    trainer = _client_for(local_cluster, token)
+    return _client_for(local_cluster, token), pods, account, rbac
+
+
+def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_api, namespace):
+    from kubernetes.client.exceptions import ApiException
+    trainer, pods, _, _ = _trainer_with_policy(local_cluster, core_api, namespace)
+    mine, neighbour = list(pods)
 
     def patch(pod: str, body: dict):
         try:
@@ -114,6 +125,74 @@ def test_a_trainer_token_patches_only_its_own_pods_progress(local_cluster, core_
     core_api.patch_namespaced_pod(neighbour, namespace, {"metadata": {"labels": {"app": "moved"}}})
     print("\ntrainer token: own pod's progress allowed; neighbour's pod, other annotations, labels and "
           "finalizers refused by the admission policy")
+
+
+def test_a_trainer_reads_the_gang_order_and_cannot_write_it(local_cluster, core_api, namespace):
+    """Every agent watches its run's gang order (trainium_api.gangorder); no trainer writes one:
+    its Role only reads it, and where a cluster grants trainers more, the admission policy
+    refuses every create, change or delete of an order, and a label that would make or unmake one."""
+    from kubernetes import client, watch
+    from kubernetes.client.exceptions import ApiException
+    from trainium_api import agent, gangorder
+    trainer, pods, account, rbac = _trainer_with_policy(local_cluster, core_api, namespace)
+    run = {"metadata": {"name": "r", "namespace": namespace, "uid": "u"}}
+    order = gangorder.GangOrder.of(agent.Order(2), "r", 1, list(pods))
+    obj = plan.gang_order_map(run, order)
+    obj["metadata"].pop("ownerReferences")  # (no run object here)
+    core_api.create_namespaced_config_map(namespace, obj)  # the operator (an admin here) writes it
+    name = gangorder.object_name("r")
+
+    # read, as the agent does: a watch by name (its first request a list)
+    seen = trainer.list_namespaced_config_map(namespace, field_selector=f"metadata.name={name}")
+    assert gangorder.parse(seen.items[0].data[gangorder.DATA_KEY]).for_pod("r", list(pods)[0]) == agent.Order(2, index=0)
+    events = watch.Watch().stream(trainer.list_namespaced_config_map, namespace,
+                                  field_selector=f"metadata.name={name}", timeout_seconds=1)
+    assert [e["object"].metadata.name for e in events] == [name]
+
+    def refused(call, *args) -> ApiException:
+        with pytest.raises(ApiException) as err:
+            call(*args)
+        return err.value
+
+    # RBAC: the Role reads the order and nothing else of the namespace's ConfigMaps
+    assert refused(trainer.list_namespaced_config_map, namespace).status == 403
+    forged = {"data": {gangorder.DATA_KEY: gangorder.payload(gangorder.GangOrder.of(agent.Order(9, True), "r", 1,
+                                                                                    list(pods)))}}
+    assert refused(trainer.patch_namespaced_config_map, name, namespace, forged).status == 403
+    assert refused(trainer.delete_namespaced_config_map, name, namespace).status == 403
+
+    # a cluster that grants trainers more (here every ConfigMap verb): the policy still refuses
+    wide = {"metadata": {"name": "too-wide"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+    rbac.create_namespaced_role(namespace, wide)
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "too-wide"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                      "name": "too-wide"},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
+    deadline = time.monotonic() + 30  # a new binding takes a moment to be authorized
+    while time.monotonic() < deadline:
+        try:
+            trainer.create_namespaced_config_map(namespace, {"metadata": {"name": "plain"}, "data": {"a": "b"}})
+            break
+        except ApiException as exc:
+            assert exc.status == 403
+            time.sleep(0.5)
+    assert trainer.read_namespaced_config_map("plain", namespace).data == {"a": "b"}  # not an order: allowed
+    label = {"metadata": {"labels": {keys.GANG_ORDER: "true", keys.RUN: "r"}}}
+    for what, call, args in [
+            ("change the order", trainer.patch_namespaced_config_map, (name, namespace, forged)),
+            ("delete the order", trainer.delete_namespaced_config_map, (name, namespace)),
+            ("unlabel the order", trainer.patch_namespaced_config_map,
+             (name, namespace, {"metadata": {"labels": {keys.GANG_ORDER: None}}})),
+            ("make an order of another ConfigMap", trainer.patch_namespaced_config_map, ("plain", namespace, label)),
+            ("create an order", trainer.create_namespaced_config_map,
+             (namespace, {"metadata": {"name": "r2-order", **label["metadata"]}, "data": forged["data"]}))]:
+        err = refused(call, *args)
+        assert err.status in (403, 422) and "may not write a gang order" in err.body, (what, err)
+    assert core_api.read_namespaced_config_map(name, namespace).data == obj["data"]  # untouched
+    print("\ntrainer token: gang order read and watched; changes, deletes, labels and creates refused by RBAC, "
+          "and by the admission policy where RBAC allows them")
 
 
 def test_a_policy_an_earlier_release_made_is_replaced(local_cluster):

@@ -264,6 +264,8 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
         assert st.get("restartsReplaced") == 1 and st["current"]["podNames"] == [took, f"{name}-a1-1"], st
         # (the new spare finds no node here until the gang ends)
         assert [n for n in created if "-spare-" not in n] == ([] if spare else [took]), created
+    if fault in IN_PLACE + REPLACED:
+        gang_ordered(d, name, st)
     if fault not in QUARANTINES:
         assert not st.get("quarantinedNodes")
     if fault not in AVOIDS:
@@ -285,6 +287,23 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     # where it read from: an in-place restart keeps the pods and their memory (checkpoint.memory),
     # a new pod has none and reads the store (the slowest rank's source is the run's)
     assert st["current"].get("restoreSource") == (source or ("memory" if fault in IN_PLACE else "store")), st["current"]
+
+
+def gang_ordered(d: Drill, name: str, st: dict) -> None:
+    """The restart went through one order for the gang (trainium_api.gangorder): the run's order
+    object says attempt 2 started in the gang's pods, every agent said it reads it, and no
+    order was written on a pod."""
+    from trainium_api import agent, gangorder, keys
+    held = d.core.read_namespaced_config_map(gangorder.object_name(name), d.ns)
+    order = gangorder.parse(held.data[gangorder.DATA_KEY])
+    assert order is not None and (order.order.attempt, order.order.start) == (st["attempt"], True), order
+    assert order.names(name) == st["current"]["podNames"] or (
+        not st["current"].get("podNames") and order.names(name) == [f"{name}-a1-{i}" for i in range(2)]), order
+    for pod in d.pods():
+        if pod.metadata.name in order.names(name):
+            ann = pod.metadata.annotations or {}
+            assert keys.ORDER not in ann, (pod.metadata.name, ann.get(keys.ORDER))
+            assert agent.parse_report(ann.get(keys.AGENT_REPORT)).gang_orders, pod.metadata.name
 
 
 def test_a_gang_cut_off_from_the_control_plane_is_fenced_by_the_next_attempt(e2e, tiny_data, tmp_path):

@@ -73,7 +73,7 @@ def test_an_in_place_restart_is_two_writes_for_agents_that_read_the_gang_order()
     assert status["phase"] == "Restarting" and status["failures"][-1]["restart"] == "inPlace"
     (stop,) = [e for e in r.effects if e.kind == "order_gang"]
     assert not [e for e in r.effects if e.kind == "order_pod"]
-    assert stop.order == GangOrder(STOP, 1, 2) and [stop.order.for_pod("r", f"r-a1-{i}").index for i in (0, 1)] == [0, 1]
+    assert stop.order == GangOrder(STOP, 1, 2, run_uid="u-1") and [stop.order.for_pod("r", f"r-a1-{i}").index for i in (0, 1)] == [0, 1]
     # not written again once seen; written again while it is not (a lost write, a deleted object)
     r = reconcile_objects(run_with(status), [pod(0, report=gang_reads(2, "ready")), pod(1, report=gang_reads(1))],
                           NODES, now=61.0, gang_order=seen(run, stop))
@@ -177,3 +177,38 @@ def test_writes_per_in_place_restart_do_not_grow_with_the_gang():
         writes += [e for e in r.effects if e.kind in ("order_gang", "order_pod")]
         assert len([e for e in writes if e.kind == "order_pod"]) == (0 if reads else 2 * n)
         assert len([e for e in writes if e.kind == "order_gang"]) == 2
+
+
+def test_the_agent_follows_its_own_runs_gang_order_and_the_newest_of_its_two_sources():
+    """trainer.pod.agent.Orders, fed what its watches would see: the gang order counts once the
+    pod's run is known (its controller), and only its own run's; an order on the pod (from an
+    operator that writes them) and the gang order: the newer wins, an older never undoes it."""
+    from types import SimpleNamespace as NS
+    from trainer.pod.agent import Orders
+
+    def cm(gang: GangOrder) -> NS:
+        return NS(data={gangorder.DATA_KEY: gangorder.payload(gang)})
+
+    def pod_obj(order: agent.Order | None = None, uid: str = "u-1") -> NS:
+        ann = {"trainium.dev/order": agent.order_payload(order)} if order else {}
+        return NS(metadata=NS(annotations=ann, owner_references=[NS(uid=uid, controller=True)]))
+
+    names = ["r-a1-0", "r-a1-1"]
+    orders = Orders(None, "r-a1-1", "ns", "r")  # (not started: no API server here)
+    orders._seen_gang(cm(GangOrder.of(STOP, "r", 1, names, "u-1")))
+    assert orders.latest is None  # the pod's run not known yet
+    orders._seen(pod_obj())
+    assert orders.latest == agent.Order(2, grace_seconds=30.0, index=1)
+    # another run of the same name (created again): its order is not this pod's
+    orders._seen_gang(cm(GangOrder.of(agent.Order(5, start=True), "r", 1, names, "u-0")))
+    assert orders.latest.attempt == 2
+    # an older order on the pod does not undo the gang's; a newer one wins
+    orders._seen(pod_obj(agent.Order(1, start=True)))
+    assert orders.latest.attempt == 2
+    orders._seen_gang(cm(GangOrder.of(agent.Order(2, start=True, master="r-0.r.ns.svc"), "r", 1, names, "u-1")))
+    assert orders.latest == agent.Order(2, start=True, index=1, master="r-0.r.ns.svc")
+    # a spare without an index is not addressed
+    spare_orders = Orders(None, "r-spare-1", "ns", "r")
+    spare_orders._seen(pod_obj())
+    spare_orders._seen_gang(cm(GangOrder.of(agent.Order(2, start=True), "r", 1, names, "u-1")))
+    assert spare_orders.latest is None

@@ -52,19 +52,7 @@ from ..contract.progress import REQUEST_TIMEOUT_SECONDS, connect_api
 WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
 RETRY_SECONDS = 1.0
 GANG_RETRY_SECONDS = 10.0  # while the gang order cannot be read at all (no grant: an older operator)
-
-
-def _after_first(stream, first):
-    """``stream``, calling ``first()`` once its request has been answered (before its first event)."""
-    it = iter(stream)
-    try:
-        head = next(it)
-    except StopIteration:
-        first()
-        return
-    first()
-    yield head
-    yield from it
+GANG_KNOWN_WAIT_SECONDS = 2.0
 
 
 def log(message: str) -> None:
@@ -82,11 +70,16 @@ class Orders:
         self.api, self.pod, self.namespace, self.run = api, pod, namespace, run
         self.latest: protocol.Order | None = None
         self.changed = threading.Condition()
+        self.run_uid: str | None = None  # the run's, from the pod's controller (a gang order names it)
+        self._gang: gangorder.GangOrder | None = None
         self.reading_gang = threading.Event()
+        self.gang_known = threading.Event()  # whether it can be read is known (the first try answered)
         self.on_reading_gang = lambda: None  # (the reports say it again, now with gangOrders)
         self._threads = [threading.Thread(target=self._loop, name="orders", daemon=True)]
         if run:
             self._threads.append(threading.Thread(target=self._gang_loop, name="gang-orders", daemon=True))
+        else:
+            self.gang_known.set()
 
     def start(self) -> "Orders":
         for thread in self._threads:
@@ -103,31 +96,51 @@ class Orders:
                 self.changed.notify_all()
 
     def _seen(self, pod) -> None:
-        self._take(protocol.parse_order(((pod.metadata.annotations if pod and pod.metadata else None) or {})
-                                        .get(keys.ORDER)))
+        meta = pod.metadata if pod is not None else None
+        if meta is not None and self.run_uid is None:
+            self.run_uid = next((r.uid for r in meta.owner_references or [] if r.controller), "")
+            self._follow_gang()  # a gang order seen before
+        self._take(protocol.parse_order(((meta.annotations if meta else None) or {}).get(keys.ORDER)))
 
     def _seen_gang(self, config_map) -> None:
         data = (config_map.data if config_map is not None else None) or {}
-        gang = gangorder.parse(data.get(gangorder.DATA_KEY))
-        self._take(gang.for_pod(self.run, self.pod) if gang is not None else None)
+        self._gang = gangorder.parse(data.get(gangorder.DATA_KEY))
+        self._follow_gang()
+
+    def _follow_gang(self) -> None:
+        """The gang order's word for this pod, once the pod's run is known: another run's (of the
+        same name, deleted and created again) is not this pod's."""
+        gang = self._gang
+        if gang is not None and self.run_uid is not None and gang.run_uid == self.run_uid:
+            self._take(gang.for_pod(self.run, self.pod))
 
     def _watch(self, lister, name: str, seen, on_listed=None) -> None:
+        """List ``name`` (``on_listed()`` once that is answered: the grant is there), then watch
+        it from the list's version, renewed; after an error (an API server away, a 410) from a
+        new list."""
         from kubernetes import watch
         while True:
             try:
+                listed = lister(self.namespace, field_selector=f"metadata.name={name}",
+                                _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                if on_listed is not None:
+                    on_listed()
+                for item in listed.items or []:
+                    seen(item)
                 stream = watch.Watch().stream(lister, self.namespace, field_selector=f"metadata.name={name}",
+                                              resource_version=listed.metadata.resource_version,
                                               timeout_seconds=WATCH_SECONDS,
                                               _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS)
-                if on_listed is not None:
-                    # the watch's first request is a list: a denied one (an operator that grants no
-                    # read of the gang order) has raised by now
-                    stream = _after_first(stream, on_listed)
                 for event in stream:
                     if event.get("type") in ("ADDED", "MODIFIED"):
                         seen(event.get("object"))
-            except Exception as exc:  # an API server away, a 410: watch again (a list first)
-                log(f"watching {name} for orders failed ({str(exc)[:200]}); again in {RETRY_SECONDS:g}s")
-                time.sleep(RETRY_SECONDS if on_listed is None or self.reading_gang.is_set() else GANG_RETRY_SECONDS)
+            except Exception as exc:
+                gang_unread = on_listed is not None and not self.reading_gang.is_set()
+                if gang_unread:
+                    self.gang_known.set()
+                wait = GANG_RETRY_SECONDS if gang_unread else RETRY_SECONDS
+                log(f"watching {name} for orders failed ({str(exc)[:200]}); again in {wait:g}s")
+                time.sleep(wait)
 
     def _loop(self) -> None:
         self._watch(self.api.list_namespaced_pod, self.pod, self._seen)
@@ -139,6 +152,7 @@ class Orders:
     def _listed_gang(self) -> None:
         if not self.reading_gang.is_set():
             self.reading_gang.set()
+            self.gang_known.set()
             self.on_reading_gang()
 
     def wake(self) -> None:
@@ -168,9 +182,13 @@ class Reports:
     it lands or a newer one replaces it (the operator acts on the newest only). It says whether
     the agent reads the gang order (``reading_gang``, Orders)."""
 
-    def __init__(self, api, pod: str, namespace: str, reading_gang: threading.Event | None = None):
+    def __init__(self, api, pod: str, namespace: str, reading_gang: threading.Event | None = None,
+                 gang_known: threading.Event | None = None):
         self.api, self.pod, self.namespace = api, pod, namespace
         self.reading_gang = reading_gang or threading.Event()
+        # the first report waits (a moment at most) until whether the gang order can be read is
+        # known, so that it says so at once rather than in a second write
+        self.gang_known = gang_known
         self._last: protocol.Report | None = None
         self._due = 0  # bumped by each report to write; the writer clears it once that one landed
         self._cv = threading.Condition()
@@ -197,6 +215,9 @@ class Reports:
                 while not self._due:
                     self._cv.wait()
                 due, report = self._due, self._last
+            if self.gang_known is not None:
+                self.gang_known.wait(GANG_KNOWN_WAIT_SECONDS)
+                self.gang_known = None  # (once)
             report = dataclasses.replace(report, gang_orders=self.reading_gang.is_set())
             body = {"metadata": {"annotations": {keys.AGENT_REPORT: protocol.report_payload(report)}}}
             try:
@@ -328,7 +349,7 @@ class Agent:
         self.argv, self.pod = argv, pod
         self.env = env or PodEnv.from_environ()
         self.orders = Orders(api, pod, namespace, self.env.training_run)
-        self.reports = Reports(api, pod, namespace, self.orders.reading_gang)
+        self.reports = Reports(api, pod, namespace, self.orders.reading_gang, self.orders.gang_known)
         self.orders.on_reading_gang = self.reports.again
         self.orders.start()
         self.child: subprocess.Popen | None = None
