@@ -35,6 +35,7 @@ detection and for recovery.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench.common import stop_cleanly_on_signals, table  # noqa: E402
-from trainium_api import agent, keys, progress  # noqa: E402
+from trainium_api import agent, gangorder, keys, progress  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingruns"
 
@@ -92,6 +93,7 @@ class Bench:
                                           "--liveness-port", str(free_base_port(26000))], env=env,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.jobset_controller = None
+        self.spreads: dict[tuple[int, str], list[float]] = {}
 
     def close(self):
         if self.jobset_controller is not None:
@@ -152,16 +154,20 @@ class Bench:
         return self._faults("ours", n, ns, kinds, up, gang, lambda kind, victim, attempt: inject(
             self.core, kind, ns, victim))
 
-    def agents(self, n, ns, kinds):
+    def gang(self, n, ns, kinds):
+        """As agents, the agents reading the gang order (each with a watch of its own)."""
+        return self.agents(n, ns, kinds, gang=True)
+
+    def agents(self, n, ns, kinds, gang=False):
         """The operator with in-place restarts: each pod's agent played by AgentStandIn."""
         from trainium_operator import plan
-        stand_in = AgentStandIn(self.core, ns).start()
+        stand_in = AgentStandIn(self.core, ns, gang=gang, watches=n if gang else 0).start()
 
         def up(attempt):
             st = self._status(ns, "run")
             return st.get("attempt") == attempt and (st.get("current") or {}).get("gangRunningTime")
 
-        def gang(attempt):
+        def gang_pods(attempt):
             current = self._status(ns, "run").get("current") or {}
             names = plan.gang_pod_names("run", n, current.get("gangAttempt") or attempt, current.get("podNames") or [])
             return [self.core.read_namespaced_pod(pod, ns) for pod in names]
@@ -172,17 +178,22 @@ class Bench:
             else:
                 inject(self.core, kind, ns, victim)
         try:
-            return self._faults("agents", n, ns, kinds, up, gang, fault)
+            results = self._faults("gang" if gang else "agents", n, ns, kinds, up, gang_pods, fault,
+                                   lambda: stand_in.order_writes)
+            self.spreads[(n, "gang" if gang else "agents")] = stand_in.spreads()
+            return results
         finally:
             stand_in.stop()
 
-    def _faults(self, method, n, ns, kinds, up, gang, fault):
+    def _faults(self, method, n, ns, kinds, up, gang, fault, writes=None):
         """One TrainingRun through --faults faults: wait for attempt ``up``, write the gang's
         (``gang``) progress, inject ``fault`` into one pod, time the detection (status.failureCount
-        grows), then the recovery (the next attempt ``up``) and count the pods it created."""
+        grows), then the recovery (the next attempt ``up``) and count the pods it created, and
+        (``writes()``: the orders written so far) the orders it took."""
         name = "run"
         self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self.run_body(name, n))
-        results = {k: ([], [], []) for k in kinds}
+        results = {k: ([], [], [], []) for k in kinds}
+        written = 0
         for i in range(self.args.faults + 1):
             attempt = i + 1
             if wait(lambda: up(attempt), 300, 0.02) is None:
@@ -190,6 +201,7 @@ class Bench:
             if i:
                 results[kind][1].append(time.monotonic() - t_detect)
                 results[kind][2].append(self.created_since(ns, before))
+                results[kind][3].append(writes() - written if writes else None)
                 if kind != "crash":
                     self.heal(bad)
             if i == self.args.faults:
@@ -206,6 +218,7 @@ class Bench:
             victim = pods[i % n]
             bad = victim.spec.node_name
             seen = self._status(ns, name).get("failureCount") or 0  # status keeps only the newest failures
+            written = writes() if writes else 0
             fault(kind, victim, attempt)
             d = wait(lambda: (self._status(ns, name).get("failureCount") or 0) > seen, 120, 0.02)
             t_detect = time.monotonic()
@@ -325,37 +338,69 @@ class Bench:
 
 class AgentStandIn:
     """A stand-in for every pod's agent (trainer.pod.agent) in one namespace: kwok runs no process,
-    so this answers the operator's orders on the pods as the agent does, with no workers to
-    stop: a running pod reports ``running`` for its attempt, an order to stop is answered
-    ``ready``, an order to start ``running``, a pod created to replace another
-    (TRAINER_AGENT_AWAIT_START) reports ``ready`` for its attempt; :meth:`crash` makes a pod
-    report that its workers exited, until a newer attempt is ordered. One watch (the agents
-    have one each); its reports are written by 32 threads, as independent agents write theirs
-    side by side (one thread would serialise 128 pods' reports and time itself, not the
-    operator)."""
+    so this answers the operator's orders as the agent does, with no workers to stop: a running
+    pod reports ``running`` for its attempt, an order to stop is answered ``ready``, an order to
+    start ``running``, a pod created to replace another (TRAINER_AGENT_AWAIT_START) reports
+    ``ready`` for its attempt; :meth:`crash` makes a pod report that its workers exited, until a
+    newer attempt is ordered. One watch of the pods (the agents have one each); its reports are
+    written by 32 threads, as independent agents write theirs side by side (one thread would
+    serialise 128 pods' reports and time itself, not the operator).
 
-    def __init__(self, core, ns: str):
+    ``gang``: the agents read the run's gang order (trainium_api.gangorder; their reports say
+    so, and the operator writes no order on the pods), watched here by ``watches`` watches of
+    their own, as each agent watches it: each order's arrival at every one is timed. Without
+    it the agents are an older image's and are ordered on their pods. Either way every order
+    the operator writes is counted (``order_writes``) and each step's spread, from the first
+    agent that has it to the last (``spreads``)."""
+
+    def __init__(self, core, ns: str, gang: bool = False, watches: int = 0, run: str = "run"):
         import threading
-        self.core, self.ns = core, ns
+        self.core, self.ns, self.gang, self.run = core, ns, gang, run
         self.crashed: dict[str, int] = {}
         from concurrent.futures import ThreadPoolExecutor
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._loop, daemon=True)]
+        if gang:
+            self.threads.append(threading.Thread(target=self._gang_loop, daemon=True))
+            self.threads += [threading.Thread(target=self._agent_watch, daemon=True) for _ in range(watches)]
+            # the agents' watches, each on a connection of its own (as each agent has)
+            from kubernetes import client
+            cfg = copy.copy(core.api_client.configuration)
+            cfg.connection_pool_maxsize = watches + 8
+            self.watch_core = client.CoreV1Api(client.ApiClient(cfg))
         self.writers = ThreadPoolExecutor(32)
         self.written: dict[str, tuple[int, str]] = {}  # pod -> the report last sent (not yet seen back)
+        self.pods: dict[str, object] = {}  # the newest of each pod, as watched
+        self.order: gangorder.GangOrder | None = None
+        self.order_writes = 0
+        self._pod_orders: dict[str, str] = {}  # pod -> its order annotation as last seen
+        self._steps: dict[tuple, list[float]] = {}  # (attempt, start) -> when each agent first had it
+        self._arrivals: dict[str, list[float]] = {}  # a gang order's resourceVersion -> arrival at each watch
+        self._gang_versions: list[str] = []
 
     def start(self) -> "AgentStandIn":
-        self.thread.start()
+        for t in self.threads:
+            t.start()
         return self
 
     def stop(self) -> None:
         self.stopped.set()
         self.writers.shutdown(wait=False, cancel_futures=True)
 
+    def spreads(self) -> list[float]:
+        """Each order step's spread: from the first agent that had it to the last (seconds)."""
+        if self.gang:
+            with self.lock:
+                return [max(t) - min(t) for t in self._arrivals.values() if t]
+        with self.lock:
+            return [max(t) - min(t) for t in self._steps.values() if t]
+
     def _write(self, pod: str, want: agent.Report) -> None:
         try:
             self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {
-                keys.AGENT_REPORT: agent.report_payload(agent.Report(want.attempt, want.state, time=time.time()))}}})
+                keys.AGENT_REPORT: agent.report_payload(agent.Report(want.attempt, want.state, time=time.time(),
+                                                                     gang_orders=self.gang))}}})
         except Exception as exc:  # a pod deleted meanwhile: its report is moot
             if not self.stopped.is_set():
                 print(f"  agent stand-in: {pod}: {str(exc)[:100]}", flush=True)
@@ -364,7 +409,7 @@ class AgentStandIn:
     def crash(self, pod: str, attempt: int) -> None:
         self.crashed[pod] = attempt
         self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {keys.AGENT_REPORT: agent.report_payload(
-            agent.Report(attempt, "exited", 1, "simulated worker crash", time.time()))}}})
+            agent.Report(attempt, "exited", 1, "simulated worker crash", time.time(), gang_orders=self.gang))}}})
 
     def wanted(self, pod) -> agent.Report | None:
         meta = pod.metadata
@@ -372,6 +417,9 @@ class AgentStandIn:
             return None
         ann = meta.annotations or {}
         order = agent.parse_order(ann.get(keys.ORDER))
+        gang = self.order.for_pod(self.run, meta.name) if self.order is not None else None
+        if gang is not None and (order is None or (gang.attempt, gang.start) > (order.attempt, order.start)):
+            order = gang
         attempt = int((meta.labels or {}).get("trainium.dev/attempt", "1"))
         if order is not None and order.attempt >= attempt:
             if self.crashed.get(meta.name, 0) >= order.attempt:
@@ -382,6 +430,24 @@ class AgentStandIn:
         waits = any(e.name == agent.AWAIT_START_ENV for e in pod.spec.containers[0].env or [])
         return agent.Report(attempt, "ready" if waits else "running")
 
+    def _answer(self, pod) -> None:
+        want = self.wanted(pod)
+        have = agent.parse_report((pod.metadata.annotations or {}).get(keys.AGENT_REPORT))
+        key, name = (want.attempt, want.state) if want else None, pod.metadata.name
+        if want is not None and (have is None or (have.attempt, have.state) != key) and self.written.get(name) != key:
+            self.written[name] = key
+            self.writers.submit(self._write, name, want)
+
+    def _count_pod_order(self, pod, now: float) -> None:
+        text = (pod.metadata.annotations or {}).get(keys.ORDER)
+        if text and self._pod_orders.get(pod.metadata.name) != text:
+            self._pod_orders[pod.metadata.name] = text
+            order = agent.parse_order(text)
+            with self.lock:
+                self.order_writes += 1
+                if order is not None:
+                    self._steps.setdefault((order.attempt, order.start), []).append(now)
+
     def _loop(self) -> None:
         from kubernetes import watch
         while not self.stopped.is_set():
@@ -389,17 +455,68 @@ class AgentStandIn:
                 for event in watch.Watch().stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=30):
                     if self.stopped.is_set():
                         return
-                    pod = event["object"]
-                    want = self.wanted(pod) if event["type"] != "DELETED" else None
-                    have = agent.parse_report((pod.metadata.annotations or {}).get(keys.AGENT_REPORT))
-                    key, name = (want.attempt, want.state) if want else None, pod.metadata.name
-                    if want is not None and (have is None or (have.attempt, have.state) != key) \
-                            and self.written.get(name) != key:
-                        self.written[name] = key
-                        self.writers.submit(self._write, name, want)
+                    pod, now = event["object"], time.time()
+                    if event["type"] == "DELETED":
+                        self.pods.pop(pod.metadata.name, None)
+                        continue
+                    self.pods[pod.metadata.name] = pod
+                    self._count_pod_order(pod, now)
+                    self._answer(pod)
             except Exception as exc:  # a patch racing a deletion, a watch ended: watch again
                 if not self.stopped.is_set():
                     print(f"  agent stand-in: {str(exc)[:120]}; watching again", flush=True)
+                    time.sleep(0.2)
+
+    def _gang_events(self, core=None, since: str | None = None):
+        from kubernetes import watch
+        extra = {"resource_version": since} if since else {}
+        return watch.Watch().stream((core or self.core).list_namespaced_config_map, self.ns,
+                                    field_selector=f"metadata.name={gangorder.object_name(self.run)}",
+                                    timeout_seconds=300, **extra)
+
+    def _gang_loop(self) -> None:
+        """The gang order as the agents follow it: every pod answers it."""
+        while not self.stopped.is_set():
+            try:
+                for event in self._gang_events():
+                    if self.stopped.is_set():
+                        return
+                    cm = event["object"]
+                    if event["type"] == "DELETED":
+                        continue
+                    rv = cm.metadata.resource_version
+                    with self.lock:
+                        if rv not in self._gang_versions:
+                            self._gang_versions.append(rv)
+                            self.order_writes += 1
+                    self.order = gangorder.parse((cm.data or {}).get(gangorder.DATA_KEY))
+                    for pod in list(self.pods.values()):
+                        self._answer(pod)
+            except Exception as exc:
+                if not self.stopped.is_set():
+                    print(f"  agent stand-in (gang order): {str(exc)[:120]}; watching again", flush=True)
+                    time.sleep(0.2)
+
+    def _agent_watch(self) -> None:
+        """One agent's watch of the gang order: when each version first arrives here (a renewed
+        watch goes on from the last version it saw: no version is seen twice)."""
+        seen: set[str] = set()
+        last = None
+        while not self.stopped.is_set():
+            try:
+                for event in self._gang_events(self.watch_core, last):
+                    if self.stopped.is_set():
+                        return
+                    rv = event["object"].metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED") and rv not in seen:
+                        now = time.time()
+                        seen.add(rv)
+                        with self.lock:
+                            self._arrivals.setdefault(rv, []).append(now)
+                    last = rv
+            except Exception:
+                last = None  # (a 410: from the current state)
+                if not self.stopped.is_set():
                     time.sleep(0.2)
 
 
@@ -412,7 +529,8 @@ def inject(core, kind, ns, victim):
 
 
 PEERS = {"jobset": "jobset", "job": "indexed-job"}
-METHODS = {"ours": "operator, recreate (no agents)", "agents": "operator, in place / replace"}
+METHODS = {"gang": "operator, in place / replace, gang order", "agents": "operator, in place / replace, pod orders",
+           "ours": "operator, recreate (no agents)"}
 
 
 def main() -> None:
@@ -421,8 +539,9 @@ def main() -> None:
     ap.add_argument("--nodes", default="16")
     ap.add_argument("--faults", type=int, default=20, help="faults per method and gang size")
     ap.add_argument("--kinds", default="crash,not-ready,neuron-health")
-    ap.add_argument("--methods", default="agents,ours", help="comma-separated: agents (in-place restarts, the "
-                    "agents played by the benchmark), ours (no agents: the gang recreated)")
+    ap.add_argument("--methods", default="gang,agents,ours", help="comma-separated: gang (in-place restarts, the "
+                    "agents played by the benchmark, reading the gang order), agents (the same, agents of an older "
+                    "image: orders written on their pods), ours (no agents: the gang recreated)")
     ap.add_argument("--peers", default="jobset,job", help="comma-separated: jobset, job (Indexed Job)")
     ap.add_argument("--peer-timeout", type=float, default=30.0)
     args = ap.parse_args()
@@ -446,8 +565,8 @@ def main() -> None:
                 ns = f"bench-{method}-{n}"
                 b.namespace(ns)
                 res = getattr(b, method)(n, ns, kinds)
-                for kind, (det, rec, made) in res.items():
-                    rows.append((n, method, kind, det, rec, made))
+                for kind, (det, rec, made, *orders) in res.items():
+                    rows.append((n, method, kind, det, rec, made, orders[0] if orders else []))
             for node in b.core.list_node(label_selector="type=kwok").items:
                 b.core.delete_node(node.metadata.name)
     finally:
@@ -457,6 +576,13 @@ def main() -> None:
           "its one replacement pod is Running), and the pods each restart created (median)")
     print(table(["nodes", "method", "fault", "n", "detect p50", "detect p95", "recover p50", "recover p95",
                  "pods created"], result_rows(rows, kinds, methods, peers, args.peer_timeout)))
+    ordered = [m for m in ("gang", "agents") if m in methods]
+    if ordered:
+        print("\nThe orders of each restart: API writes of orders (median per fault kind), and each order's spread "
+              "from the first agent that had it to the last (gang order: across one watch per agent; pod orders: "
+              "across the pods' watch events)")
+        print(table(["nodes", "method", "fault", "order writes", "spread p50", "spread max"],
+                    order_rows(rows, b.spreads, kinds, ordered)))
 
 
 def result_rows(rows, kinds, methods, peers, cap):
@@ -476,6 +602,24 @@ def result_rows(rows, kinds, methods, peers, cap):
                     out.append([n, f"ratio {label} / {METHODS[methods[0]]}", kind, "",
                                 _ratio(pct(r[3], .5), pct(first[3], .5), cap), "",
                                 _ratio(pct(r[4], .5), pct(first[4], .5), cap), "", ""])
+    return out
+
+
+def order_rows(rows, spreads, kinds, ordered):
+    """Per gang size and fault: the order writes of each ordering, and the ratio pod orders /
+    gang order."""
+    out = []
+    for n in sorted({r[0] for r in rows}):
+        for kind in kinds:
+            writes = {m: pct(next(r for r in rows if r[0] == n and r[1] == m and r[2] == kind)[6], .5)
+                      for m in ordered}
+            for m in ordered:
+                spread = spreads.get((n, m), [])
+                out.append([n, METHODS[m], kind, fmt_count(writes[m]), fmt(pct(spread, .5)),
+                            fmt(max(spread) if spread else None)])
+            if len(ordered) == 2 and writes["gang"]:
+                out.append([n, "ratio pod orders / gang order", kind,
+                            f"{(writes['agents'] or 0) / writes['gang']:.0f}x", "", ""])
     return out
 
 
