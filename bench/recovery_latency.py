@@ -140,7 +140,9 @@ class Bench:
             "training": {"seqLen": 4096, "globalBatchSize": 1024, "microBatchSize": 1},
             "data": {"sources": [{"uri": "s3://d/"}], "tokenizer": "s3://d/t.json"},
             "checkpoint": {"uri": f"/tmp/bench-ckpt-{os.getpid()}"},
+            # (in place every time: the benchmark writes no checkpoint, which would end a streak)
             "faultTolerance": {"teardownGraceSeconds": 5, "restartBudget": {"application": 1000, "node": 1000},
+                               "inPlaceRestarts": 1000,
                                "budgetWindowMinutes": 1, "noProgressRestarts": 1000, "maxQuarantinedNodes": 1000}}}
 
     def ours(self, n, ns, kinds):

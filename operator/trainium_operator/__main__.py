@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="namespace of the Lease (default: this pod's, else default)")
     ap.add_argument("--leader-election-identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
                     help="this candidate's name (default: the pod name; a restarted container leads again at once)")
+    from . import ratelimit
+    ap.add_argument("--api-qps", type=float, default=float(os.environ.get("API_QPS", ratelimit.DEFAULT_QPS)),
+                    help="requests a second the operator's API client sends at most, watches aside (0: no limit; "
+                         f"default {ratelimit.DEFAULT_QPS:g}: ratelimit.py says how it is sized)")
+    ap.add_argument("--api-burst", type=int, default=int(os.environ.get("API_BURST", ratelimit.DEFAULT_BURST)),
+                    help=f"requests it may send at once above that pace (default {ratelimit.DEFAULT_BURST})")
     from trainium_api.fields import field_docs
 
     from .disruption_guard import DisruptionGuard
@@ -50,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     host = hostaccess.from_flags(args)
     try:
         host.validate()
+    except ValueError as exc:
+        ap.error(str(exc))
+    try:
+        bucket = ratelimit.TokenBucket(args.api_qps, args.api_burst)
     except ValueError as exc:
         ap.error(str(exc))
     guard = DisruptionGuard(**{f.name: getattr(args, f"disruption_{f.name}") for f in dataclasses.fields(DisruptionGuard)})
@@ -76,19 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     from .metrics import Metrics
     from .watcher import Options
 
+    metrics = Metrics()  # served while standing by too
+
     def kube_factory() -> Kube:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()
         else:
             config.load_kube_config()
-        return Kube(client.ApiClient())
+        return Kube(ratelimit.paced(client.ApiClient(), bucket, metrics.api_paced.inc))
 
     elector = None  # with leader election: passes write only while its lease is current
 
     def may_write() -> bool:  # a write started now ends (or gives up) before the lease could pass on
         return elector is None or elector.holds(margin=WRITE_TIMEOUT_SECONDS)
 
-    metrics = Metrics()  # served while standing by too
     registry = build_registry(Options(kube_factory, guard, may_write, host, metrics))
 
     @kopf.on.login(registry=registry)

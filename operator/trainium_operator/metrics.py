@@ -77,6 +77,9 @@ class Metrics:
                                      "is slow): hang and lost-node detection are held", registry=self.registry)
         self.reconcile_errors = Counter("trainium_reconcile_errors", "Reconcile passes that raised", RUN,
                                         registry=self.registry)
+        self.api_paced = Counter("trainium_operator_api_paced_seconds", "Seconds the operator's API requests "
+                                 "waited for its client's pace (--api-qps, --api-burst; ratelimit.py)",
+                                 registry=self.registry)
         self.reconcile_passes = Counter("trainium_reconcile_passes", "Reconcile passes of the run (a live run passes "
                                         "about once a second, a finished one only when something changes)", RUN,
                                         registry=self.registry)

@@ -50,7 +50,8 @@ def test_default_render_has_the_operator_and_nothing_optional():
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
                      "FlowSchema", "FlowSchema", "PriorityLevelConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                     "ValidatingAdmissionPolicyBinding"]
     lease_role = one(docs, "Role", "t-trainium-operator-leader-election")
     assert lease_role["metadata"]["namespace"] == "trainium-system"
     assert flatten(lease_role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
@@ -80,7 +81,10 @@ def test_chart_trainer_policy_is_the_generated_policy():
     assert (CHART / "templates" / "trainer-policy.yaml").read_text() == admission.render(), \
         "python -m trainium_operator.admission --write"
     docs = render()
-    assert [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")] == admission.trainer_policy()
+    def key(d):
+        return d["kind"], d["metadata"]["name"]
+    assert sorted((d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")), key=key) == sorted(
+        admission.trainer_policy(), key=key)
     assert not [d for d in render({"trainerPolicy": False}) if d["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
@@ -163,6 +167,21 @@ def test_disruption_guard_values_become_operator_flags_which_it_accepts():
                      "--disruption-culprit-wait-seconds=3", "--trust-pod-fault-reports"]
     res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "--disruption-max-hold-seconds" in res.stdout
+
+
+def test_the_client_pace_values_become_operator_flags_which_it_accepts():
+    import subprocess
+    import sys
+    default = one(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in default if a.startswith("--api-")]  # the operator's own defaults (ratelimit.py)
+    dep = one(render({"api": {"qps": 50, "burst": 100}}), "Deployment")
+    flags = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--api-")]
+    assert flags == ["--api-qps=50", "--api-burst=100"]
+    res = subprocess.run([sys.executable, "-m", "trainium_operator", *flags, "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "--api-burst" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "trainium_operator", "--api-burst=0", "--leader-election=off"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "--api-burst must be >= 1" in res.stderr
 
 
 def test_host_access_values_become_operator_flags_which_it_accepts():
