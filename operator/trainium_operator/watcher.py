@@ -178,6 +178,7 @@ class Watcher:
         self.mass = MassEvents()  # when each node turned NotReady or lost its Neuron devices
         self.settled: dict[tuple[str, str], Settled] = {}  # runs whose loop waits to be woken (Result.settled)
         self._zones: tuple[float, dict, dict, frozenset] = (0.0, {}, {}, frozenset())
+        self._zones_lock = threading.Lock()  # held by the one computation under way
         self._classes: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._classes_lock = threading.Lock()
         self._unindexed = Reread(WORKLOAD_REREAD_SECONDS)  # run: its Workload, when the index lacks it
@@ -206,16 +207,35 @@ class Watcher:
     def zones(self, cluster_nodes: Mapping) -> tuple[dict, dict[str, str], frozenset[str]]:
         """Node health per zone, the mass events in force (mass_events.finding), and the
         instance types with device-plugin Neuron nodes, over the whole cluster, computed at most
-        once a second."""
-        at, zones, events, plugin = self._zones
-        if time.monotonic() - at > ZONES_MAX_AGE:
-            every = [next(iter(cluster_nodes[n])) for n in cluster_nodes]
-            zones = zone_health(every)
-            events = mass_events.finding(self.guard, self.mass.observe(every, time.time(),
-                                                                       self.guard.mass_window_seconds), every)
-            plugin = frozenset(n.instance_type for n in every if n.neuron_capacity)
-            self._zones = (time.monotonic(), zones, events, plugin)
+        once a second, off the passes' path: a pass that finds them older starts one
+        computation in the background (one at a time) and goes on with the last (at 4,096 nodes
+        the scan takes tens of milliseconds, which the pass that did it inline paid at p99).
+        The first is computed inline: there is no last yet."""
+        at = self._zones[0]
+        if not at:
+            with self._zones_lock:
+                if not self._zones[0]:
+                    self._compute_zones(cluster_nodes)
+        elif time.monotonic() - at > ZONES_MAX_AGE and self._zones_lock.acquire(blocking=False):
+            def compute():
+                try:
+                    self._compute_zones(cluster_nodes)
+                except Exception:  # noqa: BLE001 - the next pass tries again; the last value stands
+                    log.exception("computing node health per zone failed")
+                finally:
+                    self._zones_lock.release()
+            threading.Thread(target=compute, name="zones", daemon=True).start()
+        _, zones, events, plugin = self._zones
         return zones, events, plugin
+
+    def _compute_zones(self, cluster_nodes: Mapping) -> None:
+        # (kopf changes its index meanwhile: a copy of the stores, each node's one view)
+        every = [view for store in list(cluster_nodes.values()) for view in list(store)[:1]]
+        zones = zone_health(every)
+        events = mass_events.finding(self.guard, self.mass.observe(every, time.time(), self.guard.mass_window_seconds),
+                                     every)
+        plugin = frozenset(n.instance_type for n in every if n.neuron_capacity)
+        self._zones = (time.monotonic(), zones, events, plugin)
 
     def device_classes(self) -> frozenset[str]:
         """The cluster's DRA DeviceClasses, read at most every DEVICE_CLASSES_MAX_AGE seconds (a
