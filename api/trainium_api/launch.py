@@ -40,11 +40,10 @@ AGENT_FLAG = "--agent"
 # Nodes that passed the run's pre-flight check recently (the operator's; the check is skipped
 # when every pod is on one), as a file: a list of thousands of node names in the environment
 # exceeds what the kernel lets a process start with (E2BIG, about 3,000 names). The operator
-# writes the list on the pod (PREFLIGHT_PASSED_ANNOTATION, one node_token a line), the
-# downward API puts it in a file, and this variable names the file. An in-place restart after a
-# hang starts its workers without it.
+# writes the list once, in a ConfigMap of the run shared by the pods given that list
+# (trainium_operator.plan.preflight_map, one node_token a line), mounted at PREFLIGHT_PASSED_DIR,
+# and this variable names the file. An in-place restart after a hang starts its workers without it.
 PREFLIGHT_PASSED_FILE_ENV = "TRAINER_PREFLIGHT_PASSED_FILE"
-PREFLIGHT_PASSED_ANNOTATION = "trainium.dev/preflight-passed"
 PREFLIGHT_PASSED_VOLUME = "trainium-preflight"
 PREFLIGHT_PASSED_DIR = "/etc/trainium-preflight"
 PREFLIGHT_PASSED_FILE = PREFLIGHT_PASSED_DIR + "/passed"

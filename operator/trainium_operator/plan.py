@@ -14,6 +14,7 @@ attempt's pods have the same spec.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 
 import yaml
@@ -249,18 +250,44 @@ NETWORK_WEIGHTS = {3: 100, 2: 50, 1: 25}
 """Preferred pod affinity weights per network layer: the nearest layer that holds the gang wins."""
 
 
-PREFLIGHT_LIST_MAX = 96 * 1024
-"""The most the list of passed nodes may take of the pod's annotations (the API server allows 256
-KiB in all, the pod template's own and the progress reports included): about 7,500 nodes. A
+PREFLIGHT_LIST_MAX = 512 * 1024
+"""The most the list of passed nodes may take (a ConfigMap holds 1 MiB): about 40,000 nodes. A
 longer list is left out, and the check runs (trusting too little costs only its time)."""
 
 
 def preflight_list(nodes, room: int = PREFLIGHT_LIST_MAX) -> str:
-    """The nodes that passed the run's pre-flight check recently, as the pod's annotation holds
-    them (launch.PREFLIGHT_PASSED_FILE_ENV): one token a line, sorted ("" for none, or too many:
+    """The nodes that passed the run's pre-flight check recently, as the pods read them
+    (launch.PREFLIGHT_PASSED_FILE_ENV): one token a line, sorted ("" for none, or too many:
     more than ``room`` bytes)."""
     listed = "".join(t + "\n" for t in sorted({launch.node_token(n) for n in nodes}))
     return listed if len(listed) <= room else ""
+
+
+def preflight_map(run: dict, spec: TrainingRunSpec, preflight_trusted) -> dict | None:
+    """The ConfigMap the pods given ``preflight_trusted`` read the list from (None when they get
+    none). One object per distinct list, named by its content (a list is never changed under
+    a pod that mounts it), owned by the run, and shared by every pod given that list: the list
+    is stored once, not on each pod (4,096 pods each carrying 4,096 nodes' tokens were 218 MB
+    in etcd)."""
+    listed = preflight_list(preflight_trusted) if spec.preflight_on() and not _preflight_file_taken(spec) else ""
+    if not listed:
+        return None
+    name = run["metadata"]["name"]
+    digest = hashlib.sha256(listed.encode()).hexdigest()[:PREFLIGHT_MAP_DIGEST]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-preflight-{digest}", "labels": {keys.RUN: name, **keys.MANAGED_BY},
+                         "ownerReferences": [owner_reference(run)]},
+            "data": {launch.PREFLIGHT_PASSED_FILE.rsplit("/", 1)[1]: listed}}
+
+
+PREFLIGHT_MAP_DIGEST = 10
+
+
+def with_list(run: dict, spec: TrainingRunSpec, preflight_trusted) -> list[dict]:
+    """What pods given ``preflight_trusted`` need made with them: the list's ConfigMap, if any
+    (the applier makes a pod's children first; a pod without it would wait to start)."""
+    made = preflight_map(run, spec, preflight_trusted)
+    return [made] if made else []
 
 
 def _preflight_file_taken(spec: TrainingRunSpec) -> bool:
@@ -360,10 +387,7 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
     if itype["neuron"] and spec.preflight_on() and "aws.amazon.com/neuron" in itype["resources"]:
         # the pre-flight check counts the container's devices (a DRA-only type's count is the claim's)
         env_list.append({"name": E.PREFLIGHT_DEVICES_ENV, "value": itype["resources"]["aws.amazon.com/neuron"]})
-    # (its room: what the pod template's own annotations leave of PREFLIGHT_LIST_MAX)
-    room = PREFLIGHT_LIST_MAX - sum(len(k) + len(v) for k, v in spec.pod_template.metadata.annotations.items())
-    trusted = (preflight_list(preflight_trusted, room) if spec.preflight_on() and not _preflight_file_taken(spec)
-               else "")
+    trusted = preflight_map(run, spec, preflight_trusted)  # (the callers ensure it with the pod)
     if trusted:
         env_list.append({"name": E.PREFLIGHT_PASSED_FILE_ENV, "value": launch.PREFLIGHT_PASSED_FILE})
     if await_start:
@@ -410,12 +434,11 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         spec_body["volumes"].insert(0, {"name": "config", "configMap": {"name": f"{name}-config"}})
     spec_body["containers"][0]["volumeMounts"] += [dict(m) for m in spec.volume_mounts]
     spec_body["volumes"] += [dict(v) for v in spec.volumes]
-    if trusted:  # the list, as a file (launch.PREFLIGHT_PASSED_FILE_ENV), from the pod's annotation
+    if trusted:  # the list, as a file (launch.PREFLIGHT_PASSED_FILE_ENV), from its ConfigMap
         spec_body["containers"][0]["volumeMounts"].append({"name": launch.PREFLIGHT_PASSED_VOLUME,
                                                            "mountPath": launch.PREFLIGHT_PASSED_DIR, "readOnly": True})
-        spec_body["volumes"].append({"name": launch.PREFLIGHT_PASSED_VOLUME, "downwardAPI": {"items": [{
-            "path": launch.PREFLIGHT_PASSED_FILE.rsplit("/", 1)[1],
-            "fieldRef": {"fieldPath": f"metadata.annotations['{launch.PREFLIGHT_PASSED_ANNOTATION}']"}}]}})
+        spec_body["volumes"].append({"name": launch.PREFLIGHT_PASSED_VOLUME,
+                                     "configMap": {"name": trusted["metadata"]["name"]}})
     if spec.trainer.working_dir:
         spec_body["containers"][0]["workingDir"] = spec.trainer.working_dir
     if dra:
@@ -431,7 +454,6 @@ def pod(run: dict, spec: TrainingRunSpec, attempt: int, index: int, excluded_nod
         "metadata": {"name": pod_name(name, attempt, index), "namespace": ns,
                      "labels": {keys.RUN: name, keys.ATTEMPT: str(attempt), keys.INDEX: str(index), **keys.MANAGED_BY},
                      "annotations": {keys.INSTANCE_TYPE: spec.instance_type,
-                                     **({keys.DO_NOT_DISRUPT: "true"} if spec.fault_tolerance.do_not_disrupt else {}),
-                                     **({launch.PREFLIGHT_PASSED_ANNOTATION: trusted} if trusted else {})},
+                                     **({keys.DO_NOT_DISRUPT: "true"} if spec.fault_tolerance.do_not_disrupt else {})},
                      "ownerReferences": [owner_reference(run)]},
         "spec": spec_body}, spec.pod_template, run["metadata"].get("labels") or {}))

@@ -268,6 +268,7 @@ def _supervise(p: Pass) -> None:
         p.effects += [Ensure(plan.pod(p.run, spec, old.attempt, i, kept_off(new),  # or the API server refused some
                                       p.host, old.current.preflight_trusted))
                       for i in range(spec.nodes) if i not in have]
+        p.effects += [Ensure(o) for o in plan.with_list(p.run, spec, old.current.preflight_trusted)]
         _act(p, gang, complete=False)
         return
     report_startup(p)

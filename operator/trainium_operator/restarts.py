@@ -188,8 +188,9 @@ def start_attempt(p: Pass, attempt: int, reason: str, message: str) -> None:
     new.phase, new.attempt = "Starting", attempt
     new.current = AttemptStatus(start_time=p.now, resume_checkpoint=resume,  # nothing of the last one carries over
                                 preflight_trusted=preflight_trusted(p))
-    p.effects += [Ensure(pod) for pod in plan.pods(p.run, p.spec, attempt, kept_off(new), p.host,
-                                                   new.current.preflight_trusted)]
+    p.effects += [Ensure(o) for o in plan.pods(p.run, p.spec, attempt, kept_off(new), p.host,
+                                               new.current.preflight_trusted)
+                  + plan.with_list(p.run, p.spec, new.current.preflight_trusted)]
     p.event(reason, f"attempt {attempt}: {message}")
 
 
@@ -318,8 +319,9 @@ def _teardown_replace(p: Pass) -> None:
         p.new.current.replacement = plan.pod_name(p.name, target, index)
         if p.new.current.replacement_since is None:
             p.new.current.replacement_since = p.now
-        p.effects.append(Ensure(plan.pod(p.run, p.spec, target, index, kept_off(p.new), p.host,
-                                         preflight_trusted(p), await_start=True)))
+        trusted = preflight_trusted(p)
+        p.effects += [Ensure(o) for o in [plan.pod(p.run, p.spec, target, index, kept_off(p.new), p.host, trusted,
+                                                   await_start=True), *plan.with_list(p.run, p.spec, trusted)]]
     elif may_start and inplace.ready([replacement], target):
         _start_in_place(p, target, replaced=replacement)
 

@@ -488,14 +488,18 @@ def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_
     r2 = reconcile_objects(restarting, [], nodes, now=300.0)
     made = [e.obj for e in r2.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
     env = {e["name"]: e.get("value") for e in made[0]["spec"]["containers"][0]["env"]}
-    # the list by file (the downward API projects the pod's annotation), never in the environment
+    # the list by file, from one ConfigMap every pod given it mounts (never in the environment,
+    # nor on each pod)
     assert env["TRAINER_PREFLIGHT_PASSED_FILE"] == "/etc/trainium-preflight/passed"
-    listed = made[0]["metadata"]["annotations"]["trainium.dev/preflight-passed"].split()
-    assert sorted(listed) == sorted(node_token(f"n{i}") for i in range(4))
+    (lists,) = [e.obj for e in r2.effects if e.kind == "ensure" and e.obj["kind"] == "ConfigMap"
+                and "-preflight-" in e.obj["metadata"]["name"]]
+    assert sorted(lists["data"]["passed"].split()) == sorted(node_token(f"n{i}") for i in range(4))
+    assert lists["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
     assert r2.after.current.preflight_trusted == ["n0", "n1", "n2", "n3"]
-    volume = next(v for v in made[0]["spec"]["volumes"] if v["name"] == "trainium-preflight")
-    assert volume["downwardAPI"]["items"] == [{"path": "passed", "fieldRef": {
-        "fieldPath": "metadata.annotations['trainium.dev/preflight-passed']"}}]
+    for made_pod in made:
+        volume = next(v for v in made_pod["spec"]["volumes"] if v["name"] == "trainium-preflight")
+        assert volume == {"name": "trainium-preflight", "configMap": {"name": lists["metadata"]["name"]}}
+        assert "trainium.dev/preflight-passed" not in made_pod["metadata"]["annotations"]
     assert {"name": "trainium-preflight", "mountPath": "/etc/trainium-preflight", "readOnly": True} in \
         made[0]["spec"]["containers"][0]["volumeMounts"]
     assert "--preflight" in made[0]["spec"]["containers"][0]["command"]
@@ -503,18 +507,24 @@ def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_
     r3 = reconcile_objects(restarting, [], nodes, now=100.0 + 3601)
     made = [e.obj for e in r3.effects if e.kind == "ensure" and e.obj["kind"] == "Pod"]
     assert "TRAINER_PREFLIGHT_PASSED" not in json.dumps(made[0]["spec"]["containers"][0]["env"])
-    assert "trainium.dev/preflight-passed" not in made[0]["metadata"]["annotations"]
     assert "trainium-preflight" not in json.dumps(made[0]["spec"]["volumes"])
+    assert not [e for e in r3.effects if e.kind == "ensure" and "-preflight-" in e.obj["metadata"]["name"]]
 
 
-def test_four_thousand_nodes_that_passed_fit_the_pods_annotations_and_never_its_environment():
+def test_four_thousand_nodes_that_passed_fit_one_config_map_and_never_the_environment():
     """Issue 48: the list of 4,096 EKS node names was about 180 KB in one environment variable, past
-    the kernel's 128 KB for one (E2BIG: the container would not start). As tokens in the pod's
-    annotation (the API server allows 256 KB of them) it is 53 KB."""
-    from trainium_operator.plan import preflight_list
+    the kernel's 128 KB for one (E2BIG: the container would not start). As tokens it is 53 KB,
+    stored once in a ConfigMap (1 MiB) that the pods given it share: the same list, the same
+    object (named by its content); another list, another object."""
+    from trainium_operator.plan import preflight_list, preflight_map
     names = [f"ip-10-{i // 250}-{i % 250}-{i % 7}.us-west-2.compute.internal" for i in range(4096)]
     listed = preflight_list(names)
-    assert len(listed.encode()) == 4096 * 13 and len(listed.encode()) < 256 * 1024 // 4
+    assert len(listed.encode()) == 4096 * 13 and len(listed.encode()) < 1024 * 1024 // 16
+    spec = parse(SPEC)  # (a Trainium type: the check is on)
+    one, same = preflight_map(RUN, spec, names), preflight_map(RUN, spec, list(reversed(names)))
+    assert one == same and one["data"]["passed"] == listed
+    assert preflight_map(RUN, spec, names[1:])["metadata"]["name"] != one["metadata"]["name"]
+    assert preflight_map(RUN, spec, []) is None
     assert len(set(listed.split())) == 4096  # no two of these names share a token
     assert preflight_list([]) == ""
     assert preflight_list(names, room=len(listed) - 1) == ""  # past its room: left out, the check runs
@@ -759,11 +769,12 @@ def test_the_preflight_lists_names_are_the_operators_and_a_run_accepted_before_k
             parse({**SPEC, **patch})
     with pytest.raises(ConfigError, match="TRAINER_PREFLIGHT_PASSED"):
         parse({**SPEC, "env": [{"name": "TRAINER_PREFLIGHT_PASSED", "value": "n0"}]}, accepted_before=True)
-    assert "trainium.dev/preflight-passed" in pod(RUN, parse(SPEC), 2, 0, [], preflight_trusted=["n0", "n1"])[
-        "metadata"]["annotations"]  # (a run of its own names has it)
+    from trainium_operator.plan import with_list
+    assert "configMap" in next(v for v in pod(RUN, parse(SPEC), 2, 0, [], preflight_trusted=["n0", "n1"])[
+        "spec"]["volumes"] if v["name"] == "trainium-preflight")  # (a run of its own names has it)
     kept = parse(own, accepted_before=True)
     made = pod(RUN, kept, 2, 0, [], preflight_trusted=["n0", "n1"])
-    assert "trainium.dev/preflight-passed" not in made["metadata"]["annotations"]
+    assert with_list(RUN, kept, ["n0", "n1"]) == []
     env = {e["name"]: e.get("value") for e in made["spec"]["containers"][0]["env"]}
     assert env["TRAINER_PREFLIGHT_PASSED_FILE"] == "/mine"  # the run's own, untouched
     assert [v["name"] for v in made["spec"]["volumes"]].count("trainium-preflight") == 1
