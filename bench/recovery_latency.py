@@ -137,7 +137,7 @@ class Bench:
         return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun", "metadata": {"name": name}, "spec": {
             "image": "trainer:bench", "nodes": n, "instanceType": "trn1.32xlarge", "model": {"preset": "llama2-7b"},
             "parallelism": {"tensor": 8, "sequenceParallel": True},
-            "training": {"seqLen": 4096, "globalBatchSize": 1024, "microBatchSize": 1},
+            "training": {"seqLen": 4096, "globalBatchSize": max(1024, 4 * n), "microBatchSize": 1},  # (DP is 4n)
             "data": {"sources": [{"uri": "s3://d/"}], "tokenizer": "s3://d/t.json"},
             "checkpoint": {"uri": f"/tmp/bench-ckpt-{os.getpid()}"},
             # (in place every time: the benchmark writes no checkpoint, which would end a streak)
