@@ -27,6 +27,7 @@ ORDER = PREFIX + "order"  # trainium_api.agent: the operator's order to a pod's 
 # a label on the run's gang order ConfigMap (trainium_api.agent.GangOrder): the operator's index of
 # them, and the admission policy that keeps every trainer from writing one, select by it
 GANG_ORDER = PREFIX + "gang-order"
+PREFLIGHT_LIST = PREFIX + "preflight-list"  # on a run's ConfigMap of nodes that passed the pre-flight check
 INSTANCE_TYPE = PREFIX + "instance-type"  # the instance type a pod was built for
 POLICY_DIGEST = PREFIX + "policy-digest"  # of a trainer policy's spec: replace only our own
 

@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leader-election-identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
                     help="this candidate's name (default: the pod name; a restarted container leads again at once)")
     from . import ratelimit
-    ap.add_argument("--api-qps", type=float, default=float(os.environ.get("API_QPS", ratelimit.DEFAULT_QPS)),
+    ap.add_argument("--api-qps", type=float, default=os.environ.get("API_QPS", ratelimit.DEFAULT_QPS),
                     help="requests a second the operator's API client sends at most, watches aside (0: no limit; "
                          f"default {ratelimit.DEFAULT_QPS:g}: ratelimit.py says how it is sized)")
-    ap.add_argument("--api-burst", type=int, default=int(os.environ.get("API_BURST", ratelimit.DEFAULT_BURST)),
+    ap.add_argument("--api-burst", type=int, default=os.environ.get("API_BURST", ratelimit.DEFAULT_BURST),
                     help=f"requests it may send at once above that pace (default {ratelimit.DEFAULT_BURST})")
     from trainium_api.fields import field_docs
 
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             config.load_incluster_config()
         else:
             config.load_kube_config()
-        return Kube(ratelimit.paced(client.ApiClient(), bucket, metrics.api_paced.inc))
+        from .applier import fence
+        return Kube(ratelimit.paced(client.ApiClient(), bucket, metrics.api_paced.inc, lambda: fence(may_write)))
 
     elector = None  # with leader election: passes write only while its lease is current
 

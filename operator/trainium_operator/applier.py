@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from trainium_api.agent import order_payload
 
 from .effects import (DeletePod, Ensure, Event, ObserveFailure, ObserveRecovery, OrderGang, OrderPod,
-                      PatchWorkload, Quarantine)
+                      PatchWorkload, PrunePreflightLists, Quarantine)
 from . import plan
-from .kube import Kube
+from .kube import Kube, NotOurs
 from .metrics import Metrics
 
 log = logging.getLogger("trainium_operator")
@@ -238,6 +238,7 @@ class ChildCache:
 
 
 CHILD_RECHECK_SECONDS = 30.0
+PREFLIGHT_LIST_MIN_AGE = 600.0  # a list this young may be mounted by a pod the pass has not seen yet
 
 
 def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may_write=lambda: True,
@@ -301,6 +302,8 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
                         raise
                     log.info("%s/%s: patching Workload %s failed (again next pass): %s", ns, name, workload_name,
                              _reason(exc))
+            case PrunePreflightLists(keep):
+                pod_calls.append((kube.prune_preflight_lists, (ns, name, keep, PREFLIGHT_LIST_MIN_AGE)))
             case _:
                 raise TypeError(f"unknown effect {eff!r}")
     if pod_calls:
@@ -308,16 +311,21 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
             fence(may_write)
             return fn(*args)
         futures = [(fn, args, pools.calls.submit(fenced, fn, *args)) for fn, args in pod_calls]
-        refused = []
-        for fn, args, f in futures:
+        refused, failed = [], None
+        for fn, args, f in futures:  # (every call's outcome, before any is raised)
             try:
                 f.result()
             except Exception as exc:
                 if isinstance(exc, NotLeading) or api_unreachable(exc, connection_only=True):
-                    raise  # the API server is away: the next pass retries
-                if fn != kube.ensure:
-                    raise  # a deletion or an order that failed: retried by the next pass
-                refused.append(f"cannot create Pod {args[0]['metadata']['name']}: {_reason(exc)}")
+                    failed = failed if isinstance(failed, NotLeading) else exc  # the next pass retries
+                elif isinstance(exc, NotOurs) and fn == kube.order_gang:  # (the pods are ordered instead)
+                    log.warning("%s/%s: %s", ns, name, exc)
+                elif fn != kube.ensure:
+                    failed = failed or exc  # a deletion or an order that failed: retried by the next pass
+                else:
+                    refused.append(f"cannot create Pod {args[0]['metadata']['name']}: {_reason(exc)}")
+        if failed is not None and (isinstance(failed, NotLeading) or api_unreachable(failed, connection_only=True)):
+            raise failed
         if refused:  # a quota, an admission webhook, PodSecurity: shown in status, and timed
             refused = [refused[0] + (f" (and {len(refused) - 1} more pods)" if len(refused) > 1 else "")]
             missing = "; ".join([missing, *refused] if missing else refused)
@@ -325,6 +333,8 @@ def apply(kube: Kube, run: dict, result, children: ChildCache | None = None, may
         children.set_error((ns, name), "; ".join(x for x in [missing, *optional] if x))
     if missing:
         raise ChildError(missing)
+    if pod_calls and failed is not None:
+        raise failed
     return merged
 
 

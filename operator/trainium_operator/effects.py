@@ -92,4 +92,14 @@ class PatchWorkload:
     kind: ClassVar[str] = "patch_workload"
 
 
-Effect = Union[Ensure, DeletePod, OrderPod, OrderGang, Quarantine, Event, ObserveFailure, ObserveRecovery, PatchWorkload]
+@dataclass(frozen=True)
+class PrunePreflightLists:
+    """Delete the run's ConfigMaps of pre-flight lists (plan.preflight_map) but ``keep`` (those a
+    pod of the run mounts, and the one this pass makes), once older than
+    applier.PREFLIGHT_LIST_MIN_AGE (a pod created since but not yet seen mounts one too)."""
+    keep: frozenset[str]
+    kind: ClassVar[str] = "prune_preflight_lists"
+
+
+Effect = Union[Ensure, DeletePod, OrderPod, OrderGang, Quarantine, Event, ObserveFailure, ObserveRecovery, PatchWorkload,
+               PrunePreflightLists]

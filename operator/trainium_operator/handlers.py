@@ -55,6 +55,12 @@ def configure(options: Options, settings: kopf.OperatorSettings, memo: kopf.Memo
     settings.posting.enabled = False  # we post our own events, one per decision
     settings.watching.server_timeout = 60
     settings.persistence.finalizer = keys.FINALIZER
+    # the indices' label filters, sent to the API server: kopf applies a handler's labels= on
+    # its side only, so without these it would list and watch every pod, ConfigMap and Workload
+    # of the cluster (tenants' included) to keep the few that are the runs'
+    settings.watching.label_selectors["pods"] = keys.RUN
+    settings.watching.label_selectors["configmaps"] = keys.GANG_ORDER
+    settings.watching.label_selectors[workload.GROUP, workload.WORKLOADS] = keys.RUN
     if "watcher" not in memo:
         memo.watcher = Watcher.start_up(options)
 

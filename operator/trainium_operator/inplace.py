@@ -124,17 +124,30 @@ def reads_gang_order(pod: PodView) -> bool:
     return pod.agent is not None and pod.agent.gang_orders
 
 
+# An order the gang order does not show this long after it was first given is written on the
+# pods too (an object of that name that is not the run's, writes refused): the agents watch both.
+GANG_ORDER_GRACE_SECONDS = 5.0
+
+
 def orders(run: str, gang_attempt: int, names: list[str], pods: list[PodView], order: Order,
-           seen: GangOrder | None, run_uid: str = "") -> list[Effect]:
+           seen: GangOrder | None, run_uid: str = "", late: bool = False) -> list[Effect]:
     """What gives ``order`` to ``pods``, of the gang whose pods are ``names`` by index (those of
     ``gang_attempt``, some replaced): the gang order, written once (not while ``seen``, the one
-    last seen, says it already), and, for each agent that does not read it (an older trainer
+    last seen, says it already, nor when it says a later step: a pass on a stale status must
+    not take the gang back), and, for each agent that does not read it (an older trainer
     image), the order on its pod until it carries it (a start with its index, as the gang order
-    gives it). Orders are written again until they land."""
+    gives it). ``late``: the order was first given GANG_ORDER_GRACE_SECONDS ago or more; while
+    the gang order still does not show it, every pod is ordered on its pod too. Orders are
+    written again until they land."""
     gang = GangOrder.of(order, run, gang_attempt, names, run_uid)
-    out: list[Effect] = [] if gang.same(seen) else [OrderGang(gang)]
-    return out + [OrderPod(x.name, (gang.for_pod(run, x.name) if order.start else None) or order)
-                  for x in unordered([x for x in pods if not reads_gang_order(x)], order)]
+    ahead_of = seen is not None and seen.run_uid == run_uid and (seen.order.attempt, seen.order.start) > (
+        order.attempt, order.start)
+    shown = gang.same(seen)
+    out: list[Effect] = [] if shown or ahead_of else [OrderGang(gang)]
+    by_pod = pods if late and not shown and not ahead_of else [x for x in pods if not reads_gang_order(x)]
+    return out + [OrderPod(x.name, (gang.for_pod(run, x.name) if order.start else None) or
+                           (replace(order, index=x.index) if order.start and x.index is not None else order))
+                  for x in unordered(by_pod, order)]
 
 
 def answer_within(ordered: float | None, grace: float) -> float:

@@ -4,6 +4,7 @@ restarted operator can redo any step."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timezone
 
 from kubernetes import client
@@ -231,8 +232,12 @@ class Kube:
 
     def order_gang(self, obj: dict) -> None:
         """Write the run's gang order (plan.gang_order_map): its data patched, or the object
-        created. One of that name that is not the run's (a user's ConfigMap) is not touched: an
-        error (the agents then get no order, and the gang is recreated when they do not answer)."""
+        created. The patch carries the resourceVersion it was decided on (a write in between:
+        refused, the next pass decides again), and an order of a later step already there is
+        left as it is (a pass on a stale status must not take the gang back). One of that name
+        that is not the run's (a user's ConfigMap, an earlier run's being collected) is not
+        touched: NotOurs (the pods are then ordered on their pods: inplace.orders)."""
+        from trainium_api import gangorder
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         try:
             have = self.core.read_namespaced_config_map(name, ns, **T)
@@ -245,14 +250,37 @@ class Kube:
                 self.core.create_namespaced_config_map(ns, obj, **T)
                 return
             except ApiException as exc:
-                if exc.status != 409:  # made meanwhile (another pass): patched below
+                if exc.status != 409:  # made meanwhile (another pass): the next pass sees it
                     raise
-                have = self.core.read_namespaced_config_map(name, ns, **T)
+                return
         owners = [r.uid for r in (have.metadata.owner_references or []) if r.controller]
         if owners != [obj["metadata"]["ownerReferences"][0]["uid"]]:
-            raise RuntimeError(f"ConfigMap {ns}/{name} exists and is not this run's: the gang order cannot be written")
-        self.core.patch_namespaced_config_map(name, ns, {"metadata": {"labels": obj["metadata"]["labels"]},
-                                                         "data": obj["data"]}, **T)
+            raise NotOurs(f"ConfigMap {ns}/{name} exists and is not this run's: the gang order is written on the pods")
+        there = gangorder.parse((have.data or {}).get(gangorder.DATA_KEY))
+        new = gangorder.parse(obj["data"][gangorder.DATA_KEY])
+        if there is not None and new is not None and there.run_uid == new.run_uid and (
+                there.order.attempt, there.order.start) > (new.order.attempt, new.order.start):
+            return
+        self.core.patch_namespaced_config_map(name, ns, {
+            "metadata": {"labels": obj["metadata"]["labels"], "resourceVersion": have.metadata.resource_version},
+            "data": obj["data"]}, **T)
+
+    def prune_preflight_lists(self, namespace: str, run: str, keep: frozenset[str], min_age: float) -> None:
+        """Delete run ``run``'s pre-flight list ConfigMaps (plan.preflight_map) but ``keep``,
+        those created at least ``min_age`` seconds ago (a pod created since, not yet seen, may
+        mount a younger one). One gone already is not an error."""
+        listed = self.core.list_namespaced_config_map(
+            namespace, label_selector=f"{keys.RUN}={run},{keys.PREFLIGHT_LIST}", **T)
+        now = time.time()
+        for cm in listed.items:
+            made = cm.metadata.creation_timestamp
+            if cm.metadata.name in keep or made is None or now - made.timestamp() < min_age:
+                continue
+            try:
+                self.core.delete_namespaced_config_map(cm.metadata.name, namespace, **T)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     # -- nodes ----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from datetime import datetime
 from trainium_api import keys
 from trainium_api import agent, gangorder, nodesignals, preflight, progress, runtimefaults, storefaults
 from trainium_api.checkpoints import RESTORE_SOURCES
+from trainium_api.launch import PREFLIGHT_PASSED_VOLUME
 from trainium_api.spec import Cause
 
 
@@ -88,6 +89,7 @@ class PodView:
     agent: agent.Report | None = None  # its agent's report (in-place restarts), None without one
     order: agent.Order | None = None  # the operator's newest order to its agent
     spare: bool = False  # a standby pod that has not taken an index (faultTolerance.spares)
+    preflight_map: str = ""  # the ConfigMap its list of nodes that passed the pre-flight check comes from
 
 
 def controller_uid(obj: dict) -> str | None:
@@ -142,7 +144,14 @@ def pod_view(pod: dict) -> PodView:
                    preflight_running=preflight.is_running(meta.get("annotations")),
                    agent=agent.parse_report((meta.get("annotations") or {}).get(keys.AGENT_REPORT)),
                    order=agent.parse_order((meta.get("annotations") or {}).get(keys.ORDER)),
-                   spare=labels.get(keys.SPARE) == "true")
+                   spare=labels.get(keys.SPARE) == "true", preflight_map=_preflight_map(pod))
+
+
+def _preflight_map(pod: dict) -> str:
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if isinstance(volume, dict) and volume.get("name") == PREFLIGHT_PASSED_VOLUME:
+            return str((volume.get("configMap") or {}).get("name") or "")
+    return ""
 
 
 @dataclass(frozen=True)

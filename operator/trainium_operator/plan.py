@@ -275,7 +275,8 @@ def preflight_map(run: dict, spec: TrainingRunSpec, preflight_trusted) -> dict |
     name = run["metadata"]["name"]
     digest = hashlib.sha256(listed.encode()).hexdigest()[:PREFLIGHT_MAP_DIGEST]
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"{name}-preflight-{digest}", "labels": {keys.RUN: name, **keys.MANAGED_BY},
+            "metadata": {"name": f"{name}-preflight-{digest}",
+                         "labels": {keys.RUN: name, keys.PREFLIGHT_LIST: "true", **keys.MANAGED_BY},
                          "ownerReferences": [owner_reference(run)]},
             "data": {launch.PREFLIGHT_PASSED_FILE.rsplit("/", 1)[1]: listed}}
 

@@ -56,15 +56,18 @@ class TokenBucket:
         return wait
 
 
-def paced(api_client, bucket: TokenBucket, on_wait=lambda seconds: None):
+def paced(api_client, bucket: TokenBucket, on_wait=lambda seconds: None, after_wait=lambda: None):
     """``api_client`` (kubernetes.client.ApiClient) with every request but a watch taking a
     token of ``bucket`` first (its call_api: every generated API method sends through it);
-    ``on_wait(seconds)`` after each request that waited."""
+    ``on_wait(seconds)`` after each request that waited, then ``after_wait()``, which may raise
+    to drop the request (the lease checked again: a write that waited here may no longer be
+    this replica's to send)."""
     send = api_client.call_api
 
     def call_api(method, url, *args, **kwargs):
         if not _is_watch(url) and (waited := bucket.take()):
             on_wait(waited)
+            after_wait()
         return send(method, url, *args, **kwargs)
 
     api_client.call_api = call_api

@@ -42,13 +42,14 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
+from trainium_api import keys
 from trainium_api.fields import ConfigError
 from trainium_api.load import changed_fields, to_dict
 from trainium_api.spec import INSTANCE_TYPES, TrainingRunSpec
 from trainium_api.status import HELD, MAX_FAILURES_KEPT, TERMINAL, Disruption, TrainingRunStatus
 
 from . import admission, inplace, plan, queueing, store
-from .effects import DeletePod, Effect, Ensure, Event
+from .effects import DeletePod, Effect, Ensure, Event, PrunePreflightLists
 from .judge import Clocks, Guards, Observed, judge
 from .observe import GangState, NodeView, PodView, gang_state
 from .observer import Snapshot, read_status, snapshot
@@ -131,6 +132,10 @@ def reconcile(snap: Snapshot) -> Result:
         also += [x.name for x in p.spares if not x.deleting] + created_spares
         p.effects.append(Ensure(plan.trainer_role(p.run, spec, p.new.attempt, p.new.current.gang_attempt,
                                                   p.new.current.pod_names, also)))
+    made = {e.obj["metadata"]["name"] for e in p.effects if isinstance(e, Ensure) and e.obj["kind"] == "ConfigMap"
+            and keys.PREFLIGHT_LIST in e.obj["metadata"].get("labels", {})}
+    if made:  # a new list: the ones no pod of the run mounts go (one object per list, not one per restart)
+        p.effects.append(PrunePreflightLists(frozenset(made | {x.preflight_map for x in snap.pods if x.preflight_map})))
     return Result(changed_fields(old, new), p.effects, spec, new, _time_brings(p) if new.phase in TERMINAL else None)
 
 

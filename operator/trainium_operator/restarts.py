@@ -247,7 +247,8 @@ def _teardown_in_place(p: Pass) -> None:
         _give_up_in_place(p, why)
         return
     if not ready:
-        _order(p, gang, _stop_order(p, target), inplace.gang_names(p.old, p.name, p.spec.nodes))
+        _order(p, gang, _stop_order(p, target), inplace.gang_names(p.old, p.name, p.spec.nodes),
+               since=p.old.current.teardown_start_time)
         return
     if _torn_down(p):
         _start_in_place(p, target)
@@ -302,7 +303,8 @@ def _teardown_replace(p: Pass) -> None:
                          f"be placed ({replacement.unschedulable[:300]}); the gang is recreated if it is not placed "
                          f"within {ft.schedule_timeout_seconds:.0f}s")
     order = _stop_order(p, target)
-    _order(p, kept, order, inplace.with_replaced(old, p.name, p.spec.nodes, index, p.new.current.replacement))
+    _order(p, kept, order, inplace.with_replaced(old, p.name, p.spec.nodes, index, p.new.current.replacement),
+           since=since)
     if replacement is not None and plan.is_spare_name(p.name, replacement.name) and (
             replacement.spare if inplace.reads_gang_order(replacement) else inplace.unordered([replacement], order)):
         p.effects.append(take_index(replacement, order, target, index))  # (until it is labelled, or carries the order)
@@ -423,14 +425,18 @@ def order_start(p: Pass, attempt: int) -> None:
     # on what it was started with
     start = Order(attempt, start=True, grace_seconds=float(p.grace), preflight=p.new.current.preflight_check,
                   master=plan.master_address(p.run, names[0]))
-    _order(p, p.gang + p.replacement, start, names, inplace.gang_attempt(p.new))
+    _order(p, p.gang + p.replacement, start, names, inplace.gang_attempt(p.new),
+           since=p.old.current.start_time if p.old.attempt == attempt else None)
 
 
-def _order(p: Pass, pods: list[PodView], order: Order, names: list[str], gang_attempt: int | None = None) -> None:
+def _order(p: Pass, pods: list[PodView], order: Order, names: list[str], gang_attempt: int | None = None,
+           since: float | None = None) -> None:
     """Give ``order`` to ``pods`` of the gang whose pods are ``names`` by index (inplace.orders):
-    one gang order, and orders on the pods of agents that do not read it."""
+    one gang order, and orders on the pods of agents that do not read it (of every agent, once
+    the order, first given at ``since``, is late to show in the gang order)."""
+    late = since is not None and p.now - since >= inplace.GANG_ORDER_GRACE_SECONDS
     p.effects += inplace.orders(p.name, gang_attempt or inplace.gang_attempt(p.old), names, pods, order, p.gang_order,
-                                p.run["metadata"].get("uid") or "")
+                                p.run["metadata"].get("uid") or "", late)
 
 
 def _note_teardown_progress(p: Pass) -> None:

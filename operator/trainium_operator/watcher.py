@@ -224,7 +224,10 @@ class Watcher:
                     log.exception("computing node health per zone failed")
                 finally:
                     self._zones_lock.release()
-            threading.Thread(target=compute, name="zones", daemon=True).start()
+            try:
+                threading.Thread(target=compute, name="zones", daemon=True).start()
+            except RuntimeError:  # (no thread to be had: the next pass tries again)
+                self._zones_lock.release()
         _, zones, events, plugin = self._zones
         return zones, events, plugin
 

@@ -24,7 +24,7 @@ OPERATOR_RULES = [  # (apiGroup, resource, verbs): each is an API call in traini
     ("trainium.dev", "trainingruns/status", {"get", "patch"}),  # Kube.patch_status
     ("", "pods", {"get", "list", "watch", "create", "delete", "patch"}),  # index, ensure, delete; patch: see rbac.yaml
     # Kube.ensure: create; a name taken is read for its owner
-    ("", "services", {"get", "create"}), ("", "configmaps", {"get", "list", "watch", "create", "patch"}),
+    ("", "services", {"get", "create"}), ("", "configmaps", {"get", "list", "watch", "create", "patch", "delete"}),
     # each run's trainer identity, checked for its owner like the others; the Role names the
     # current attempt's pods, so it is rewritten (update) when an attempt starts
     ("", "serviceaccounts", {"get", "create"}),

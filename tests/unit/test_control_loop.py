@@ -495,6 +495,10 @@ def test_nodes_that_passed_the_preflight_check_recently_are_trusted_by_the_next_
                 and "-preflight-" in e.obj["metadata"]["name"]]
     assert sorted(lists["data"]["passed"].split()) == sorted(node_token(f"n{i}") for i in range(4))
     assert lists["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
+    # and the run's lists no pod mounts go (the pods, read back, name the list they mount)
+    (prune,) = [e for e in r2.effects if e.kind == "prune_preflight_lists"]
+    assert prune.keep == {lists["metadata"]["name"]}
+    assert pod_view(made[0]).preflight_map == lists["metadata"]["name"]
     assert r2.after.current.preflight_trusted == ["n0", "n1", "n2", "n3"]
     for made_pod in made:
         volume = next(v for v in made_pod["spec"]["volumes"] if v["name"] == "trainium-preflight")

@@ -186,8 +186,10 @@ def test_the_agent_follows_its_own_runs_gang_order_and_the_newest_of_its_two_sou
     from types import SimpleNamespace as NS
     from trainer.pod.agent import Orders
 
-    def cm(gang: GangOrder) -> NS:
-        return NS(data={gangorder.DATA_KEY: gangorder.payload(gang)})
+    def cm(gang: GangOrder, owner: str | None = "u-1", labelled: bool = True) -> NS:
+        return NS(data={gangorder.DATA_KEY: gangorder.payload(gang)},
+                  metadata=NS(labels={"trainium.dev/gang-order": "true"} if labelled else {},
+                              owner_references=[NS(uid=owner, controller=True)] if owner else []))
 
     def pod_obj(order: agent.Order | None = None, uid: str = "u-1") -> NS:
         ann = {"trainium.dev/order": agent.order_payload(order)} if order else {}
@@ -202,6 +204,12 @@ def test_the_agent_follows_its_own_runs_gang_order_and_the_newest_of_its_two_sou
     # another run of the same name (created again): its order is not this pod's
     orders._seen_gang(cm(GangOrder.of(agent.Order(5, start=True), "r", 1, names, "u-0")))
     assert orders.latest.attempt == 2
+    # an object of that name someone else made (no label: no trainer may write one; another
+    # controller, or none) is not an order, whatever uid its data names
+    forged = GangOrder.of(agent.Order(7, start=True), "r", 1, names, "u-1")
+    for other in (cm(forged, labelled=False), cm(forged, owner="u-x"), cm(forged, owner=None)):
+        orders._seen_gang(other)
+        assert orders.latest.attempt == 2
     # an older order on the pod does not undo the gang's; a newer one wins
     orders._seen(pod_obj(agent.Order(1, start=True)))
     assert orders.latest.attempt == 2
@@ -212,3 +220,23 @@ def test_the_agent_follows_its_own_runs_gang_order_and_the_newest_of_its_two_sou
     spare_orders._seen(pod_obj())
     spare_orders._seen_gang(cm(GangOrder.of(agent.Order(2, start=True), "r", 1, names, "u-1")))
     assert spare_orders.latest is None
+
+
+def test_a_pass_on_a_stale_status_never_takes_the_gang_order_back_and_a_late_one_goes_on_the_pods():
+    from trainium_operator import inplace
+    names = ["r-a1-0", "r-a1-1"]
+    pods = [pod(i, report=gang_reads(2, "ready")) for i in range(2)]
+    started = GangOrder.of(agent.Order(2, start=True), "r", 1, names, "u-1")
+    # the index shows the start of attempt 2: a stop of attempt 2 computed from an older status is not written
+    assert inplace.orders("r", 1, names, pods, STOP, started, "u-1") == []
+    # (another run's object of the same name does not hold it back)
+    assert [e.kind for e in inplace.orders("r", 1, names, pods, STOP, GangOrder.of(
+        agent.Order(2, start=True), "r", 1, names, "u-0"), "u-1")] == ["order_gang"]
+    # not shown GANG_ORDER_GRACE_SECONDS after it was first given (an object not the run's, writes
+    # refused): every pod is ordered on its pod too, until it carries the order
+    late = inplace.orders("r", 1, names, pods, STOP, None, "u-1", late=True)
+    assert [e.kind for e in late] == ["order_gang", "order_pod", "order_pod"]
+    carried = [pod(i, report=gang_reads(2, "ready"), order={"attempt": 2, "start": False}) for i in range(2)]
+    assert [e.kind for e in inplace.orders("r", 1, names, carried, STOP, None, "u-1", late=True)] == ["order_gang"]
+    # shown: nothing, late or not
+    assert inplace.orders("r", 1, names, pods, STOP, GangOrder.of(STOP, "r", 1, names, "u-1"), "u-1", late=True) == []

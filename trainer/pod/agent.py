@@ -51,7 +51,8 @@ from ..contract.progress import REQUEST_TIMEOUT_SECONDS, connect_api
 
 WATCH_SECONDS = 60  # a watch is renewed this often (the API server ends long ones itself)
 RETRY_SECONDS = 1.0
-GANG_RETRY_SECONDS = 10.0  # while the gang order cannot be read at all (no grant: an older operator)
+GANG_RETRY_SECONDS = 10.0  # while the gang order cannot be read at all (no grant: an older operator),
+GANG_RETRY_MAX_SECONDS = 600.0  # doubling up to this
 GANG_KNOWN_WAIT_SECONDS = 2.0
 
 
@@ -71,7 +72,7 @@ class Orders:
         self.latest: protocol.Order | None = None
         self.changed = threading.Condition()
         self.run_uid: str | None = None  # the run's, from the pod's controller (a gang order names it)
-        self._gang: gangorder.GangOrder | None = None
+        self._gang: tuple[str | None, gangorder.GangOrder | None] = (None, None)  # (its controller, the order)
         self.reading_gang = threading.Event()
         self.gang_known = threading.Event()  # whether it can be read is known (the first try answered)
         self.on_reading_gang = lambda: None  # (the reports say it again, now with gangOrders)
@@ -103,42 +104,59 @@ class Orders:
         self._take(protocol.parse_order(((meta.annotations if meta else None) or {}).get(keys.ORDER)))
 
     def _seen_gang(self, config_map) -> None:
+        meta = config_map.metadata if config_map is not None else None
         data = (config_map.data if config_map is not None else None) or {}
-        self._gang = gangorder.parse(data.get(gangorder.DATA_KEY))
+        # whose object it is: the label no trainer may write (the admission policy), and the run
+        # as its controller (a ConfigMap of that name anyone else made is not an order)
+        owner = next((r.uid for r in (meta.owner_references or []) if r.controller), None) if meta else None
+        labelled = bool(meta and keys.GANG_ORDER in (meta.labels or {}))
+        self._gang = (owner if labelled else None, gangorder.parse(data.get(gangorder.DATA_KEY)))
         self._follow_gang()
 
     def _follow_gang(self) -> None:
-        """The gang order's word for this pod, once the pod's run is known: another run's (of the
-        same name, deleted and created again) is not this pod's."""
-        gang = self._gang
-        if gang is not None and self.run_uid is not None and gang.run_uid == self.run_uid:
+        """The gang order's word for this pod, once the pod's run is known, and only from the
+        run's own order object: another run's (of the same name, deleted and created again), or
+        an object someone else made under the name, is not this pod's."""
+        owner, gang = self._gang
+        if gang is not None and self.run_uid and owner == self.run_uid and gang.run_uid == self.run_uid:
             self._take(gang.for_pod(self.run, self.pod))
 
     def _watch(self, lister, name: str, seen, on_listed=None) -> None:
         """List ``name`` (``on_listed()`` once that is answered: the grant is there), then watch
-        it from the list's version, renewed; after an error (an API server away, a 410) from a
-        new list."""
+        it from the list's version; a watch that ends on its timeout is renewed from the last
+        version it saw (no new list: one request a minute per watch); after an error (an API
+        server away, a 410) a new list. A list refused outright (an older operator's Role grants
+        no read of the gang order) is asked again less and less often, up to GANG_RETRY_MAX_SECONDS."""
         from kubernetes import watch
+        version, refused = None, 0
         while True:
             try:
-                listed = lister(self.namespace, field_selector=f"metadata.name={name}",
-                                _request_timeout=REQUEST_TIMEOUT_SECONDS)
-                if on_listed is not None:
-                    on_listed()
-                for item in listed.items or []:
-                    seen(item)
-                stream = watch.Watch().stream(lister, self.namespace, field_selector=f"metadata.name={name}",
-                                              resource_version=listed.metadata.resource_version,
-                                              timeout_seconds=WATCH_SECONDS,
-                                              _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS)
-                for event in stream:
+                if version is None:
+                    listed = lister(self.namespace, field_selector=f"metadata.name={name}",
+                                    _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                    if on_listed is not None:
+                        on_listed()
+                    refused = 0
+                    for item in listed.items or []:
+                        seen(item)
+                    version = listed.metadata.resource_version
+                w = watch.Watch()
+                # (bookmarks keep the version fresh while the object does not change: else it
+                # falls out of the API server's window and the next renewal lists again)
+                for event in w.stream(lister, self.namespace, field_selector=f"metadata.name={name}",
+                                      resource_version=version, allow_watch_bookmarks=True,
+                                      timeout_seconds=WATCH_SECONDS,
+                                      _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS):
                     if event.get("type") in ("ADDED", "MODIFIED"):
                         seen(event.get("object"))
-            except Exception as exc:
-                gang_unread = on_listed is not None and not self.reading_gang.is_set()
-                if gang_unread:
+                version = w.resource_version or version
+            except Exception as exc:  # (a 410: the version left the API server's window)
+                version = None
+                wait = RETRY_SECONDS
+                if on_listed is not None and not self.reading_gang.is_set():
                     self.gang_known.set()
-                wait = GANG_RETRY_SECONDS if gang_unread else RETRY_SECONDS
+                    refused += 1
+                    wait = min(GANG_RETRY_SECONDS * 2 ** (refused - 1), GANG_RETRY_MAX_SECONDS)
                 log(f"watching {name} for orders failed ({str(exc)[:200]}); again in {wait:g}s")
                 time.sleep(wait)
 
