@@ -94,9 +94,10 @@ class Bench:
         self.cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
         self.cluster.wait_established("trainingruns.trainium.dev")
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
+        log = open(os.environ["BENCH_OPERATOR_LOG"], "ab") if os.environ.get("BENCH_OPERATOR_LOG") else subprocess.DEVNULL
         self.operator = subprocess.Popen([sys.executable, "-m", "trainium_operator", "--metrics-port", "0",
                                           "--liveness-port", str(free_base_port(26000))], env=env,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                         stdout=log, stderr=subprocess.STDOUT)  # (BENCH_OPERATOR_LOG: its log)
         self.jobset_controller = None
         self.spreads: dict[tuple[int, str], list[float]] = {}
 

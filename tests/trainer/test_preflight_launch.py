@@ -157,7 +157,7 @@ def test_a_gang_on_nodes_that_all_passed_recently_skips_the_check(tmp_path):
     """The operator names the nodes that passed this run's check recently; a slow node among
     them is not looked at again (that is what skipping means), so every launcher runs on."""
     from trainium_api.launch import node_token
-    passed = tmp_path / "passed"  # as the downward API projects the operator's annotation
+    passed = tmp_path / "passed"  # as the list's ConfigMap volume holds it (plan.preflight_map)
     passed.write_text("".join(node_token(f"node-{i}") + "\n" for i in range(3)))
     procs = launch(tmp_path, 3.0, two_free_ports(), TRAINER_PREFLIGHT_PASSED_FILE=str(passed))
     slower = slow(procs[2].pid, 0.5)
