@@ -311,7 +311,13 @@ class Bench:
         for i in range(self.args.faults):
             before = restarts()
             if wait(lambda: gang_running(before), 300) is None:
-                raise RuntimeError(f"JobSet attempt {before} did not come up")
+                # (at 1,024 pods: a crashed rank's Job not restarted 5 minutes on): the faults not
+                # injected count as never reacted to, the cap, and the table is still printed
+                print(f"  jobset n={n}: attempt {before}'s gang not Running after 300 s: no more faults", flush=True)
+                for j in range(i, self.args.faults):
+                    for column in results[kinds[j % len(kinds)]][:3]:
+                        column.append(None)
+                break
             kind = kinds[i % len(kinds)]
             gang = sorted(self.pods(ns, f"bench=jobset,jobset.sigs.k8s.io/restart-attempt={before}"),
                           key=lambda p: p.metadata.name)
