@@ -264,7 +264,9 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
         trainer_sa = f"system:serviceaccount:{namespace}:{trainer_identity(name)}"
         allowed = can_i_list(local_cluster, trainer_sa, namespace)
         assert allowed == {("", "pods"): (frozenset(f"{name}-a2-{i}" for i in range(4)),
-                                          frozenset({"get", "list", "patch", "watch"}))}
+                                          frozenset({"get", "list", "patch", "watch"})),
+                           ("", "configmaps"): (frozenset({f"{name}-order"}),  # the gang order: read only
+                                                frozenset({"get", "list", "watch"}))}
         assert can_i_list(local_cluster, trainer_sa, "default") == {}
         print(f"\ncan-i --list: operator {len(OPERATOR_RULES) + len(CLUSTER_RULES) + 1} rules as the chart's; "
               f"trainer {allowed}")

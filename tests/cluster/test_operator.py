@@ -700,7 +700,7 @@ def test_a_stale_ensure_never_moves_the_trainer_role_back_to_an_older_attempt(lo
 
     def names() -> set:
         return {n for r in rbac.read_namespaced_role(role(1)["metadata"]["name"], namespace).rules or []
-                for n in r.resource_names or []}
+                if r.resources == ["pods"] for n in r.resource_names or []}
     older = role(2)  # an earlier operator's Role: no attempt label; it is given one
     older["metadata"]["labels"] = {k: v for k, v in older["metadata"]["labels"].items() if k != keys.ATTEMPT}
     kube.ensure(older)
@@ -759,7 +759,7 @@ def test_a_trainer_token_reaches_only_its_runs_current_pods(local_cluster, core_
 
     def allowed(run: str) -> set:
         rules = rbac.read_namespaced_role(trainer_identity(run), namespace).rules or []
-        return {n for r in rules for n in r.resource_names or []}
+        return {n for r in rules if r.resources == ["pods"] for n in r.resource_names or []}  # (and its gang order)
     own, named = gang(core_api, namespace, "own", 1), gang(core_api, namespace, "named", 1)
     assert {p.spec.service_account_name for p in own} == {trainer_identity("own")}
     assert {p.spec.service_account_name for p in named} == {"team-sa"}

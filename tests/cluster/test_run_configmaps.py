@@ -24,32 +24,43 @@ def _run(namespace: str, uid: str = "u-1", name: str = "r") -> dict:
             "metadata": {"name": name, "namespace": namespace, "uid": uid}}
 
 
-def _order(attempt: int, start: bool, uid: str = "u-1") -> gangorder.GangOrder:
+def _order(attempt: int, start: bool, uid: str) -> gangorder.GangOrder:
     return gangorder.GangOrder.of(agent.Order(attempt, start=start), "r", 1, ["r-a1-0", "r-a1-1"], uid)
+
+
+def _map(run: dict, order: gangorder.GangOrder) -> dict:
+    """plan.gang_order_map, owned by the stand-in ConfigMap ``the-run`` instead of a TrainingRun."""
+    obj = plan.gang_order_map(run, order)
+    obj["metadata"]["ownerReferences"] = [{**obj["metadata"]["ownerReferences"][0], "apiVersion": "v1",
+                                           "kind": "ConfigMap", "name": "the-run"}]
+    return obj
 
 
 def test_the_gang_order_is_written_forward_only_and_never_over_another_objects(local_cluster, core_api, namespace):
     kube = Kube(local_cluster.api_client())
-    run = _run(namespace)
+    # an owner that exists (the garbage collector deletes what names a missing one): a ConfigMap
+    # stands in for the run, whose uid the order carries
+    uid = core_api.create_namespaced_config_map(namespace, {"metadata": {"name": "the-run"}}).metadata.uid
+    run = _run(namespace, uid)
 
     def held() -> gangorder.GangOrder:
         cm = core_api.read_namespaced_config_map(gangorder.object_name("r"), namespace)
-        assert cm.metadata.labels[keys.GANG_ORDER] == "true" and cm.metadata.owner_references[0].uid == "u-1"
+        assert cm.metadata.labels[keys.GANG_ORDER] == "true" and cm.metadata.owner_references[0].uid == uid
         return gangorder.parse(cm.data[gangorder.DATA_KEY])
 
-    kube.order_gang(plan.gang_order_map(run, _order(2, False)))  # created
-    assert held() == _order(2, False)
-    kube.order_gang(plan.gang_order_map(run, _order(2, True)))  # patched
-    assert held() == _order(2, True)
-    kube.order_gang(plan.gang_order_map(run, _order(2, False)))  # a stale pass's stop: not written back
-    assert held() == _order(2, True)
-    kube.order_gang(plan.gang_order_map(run, _order(3, False)))
-    assert held() == _order(3, False)
+    kube.order_gang(_map(run, _order(2, False, uid)))  # created
+    assert held() == _order(2, False, uid)
+    kube.order_gang(_map(run, _order(2, True, uid)))  # patched
+    assert held() == _order(2, True, uid)
+    kube.order_gang(_map(run, _order(2, False, uid)))  # a stale pass's stop: not written back
+    assert held() == _order(2, True, uid)
+    kube.order_gang(_map(run, _order(3, False, uid)))
+    assert held() == _order(3, False, uid)
     # a run created again under the name: its own order goes over the earlier run's once the object is its
     # own; an object someone else made under the name is left as it is
     core_api.create_namespaced_config_map(namespace, {"metadata": {"name": "s-order"}, "data": {"mine": "yes"}})
     with pytest.raises(NotOurs, match="not this run's"):
-        kube.order_gang(plan.gang_order_map(_run(namespace, name="s"), _order(2, False)))
+        kube.order_gang(_map(_run(namespace, uid, name="s"), _order(2, False, uid)))
     assert core_api.read_namespaced_config_map("s-order", namespace).data == {"mine": "yes"}
 
 
