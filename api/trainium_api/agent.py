@@ -128,8 +128,9 @@ def order_payload(order: Order) -> str:
 MASTER_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS name, as Kubernetes writes one
 
 
-def _load(text) -> dict | None:
-    if not isinstance(text, str) or not text or len(text) > MAX_LENGTH:
+def load(text, limit: int = MAX_LENGTH) -> dict | None:
+    """A JSON object of at most ``limit`` characters, or None (written by someone else: never raises)."""
+    if not isinstance(text, str) or not text or len(text) > limit:
         return None
     try:
         data = json.loads(text)
@@ -146,7 +147,7 @@ def _attempt(value) -> int | None:
 def parse_report(text) -> Report | None:
     """The agent's report, or None when absent or malformed in any field (the operator then
     treats the pod as one without an agent: never restarted in place). Never raises."""
-    data = _load(text)
+    data = load(text)
     if data is None:
         return None
     attempt, state, code, message, when = (data.get(k) for k in ("attempt", "state", "exitCode", "message", "time"))
@@ -168,7 +169,7 @@ def parse_report(text) -> Report | None:
 
 def parse_order(text) -> Order | None:
     """The operator's order on a pod, or None when absent or malformed. Never raises."""
-    data = _load(text)
+    data = load(text)
     return None if data is None else order_from(data)
 
 

@@ -25,7 +25,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 
-from .agent import MAX_ATTEMPT, Order, order_from, order_payload
+from .agent import MAX_ATTEMPT, Order, load, order_from, order_payload
 
 DATA_KEY = "order"
 MAX_LENGTH = 512 * 1024  # a ConfigMap holds 1 MiB; every index replaced at 4,096 nodes is ~300 KiB
@@ -96,13 +96,8 @@ def payload(gang: GangOrder) -> str:
 def parse(text) -> GangOrder | None:
     """The gang order in the ConfigMap's data, or None when absent or malformed in any field.
     Never raises."""
-    if not isinstance(text, str) or not text or len(text) > MAX_LENGTH:
-        return None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
+    data = load(text, MAX_LENGTH)
+    if data is None:
         return None
     order = order_from({k: v for k, v in data.items() if k not in ("index",)})
     gang_attempt, nodes, pods = data.get("gangAttempt"), data.get("nodes"), data.get("pods", {})
