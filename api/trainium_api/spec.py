@@ -295,9 +295,13 @@ class DataSource:
     SHORTHAND: ClassVar[str] = "uri"  # `- s3://bucket/shards/` is `- {uri: s3://bucket/shards/}`
 
     uri: Annotated[str, MinLen(1)]
-    """A file, a directory or a glob of .jsonl/.parquet/.arrow shards; local path or s3://."""
+    """A file, a directory or a glob of raw-text shards (.jsonl, .jsonl.gz, .jsonl.zst, .parquet,
+    .arrow; a datasets.save_to_disk folder), or a directory trainer.data.prepare wrote; local
+    path or s3://."""
     weight: PositiveNumber = 1.0
     """Relative sampling weight when several sources are mixed."""
+    text_field: str = ""
+    """The JSON key or column holding this source's text (empty: data.textField)."""
 
 
 @dataclass
@@ -307,11 +311,13 @@ class DataConfig:
     sources: Annotated[list[DataSource], MinLen(1)] = field(default_factory=list)
     """Training data: a list of {uri, weight} (mixed by weight) or of URIs (weight 1)."""
     tokenizer: str = ""
-    """Path (local or s3://) of a Hugging Face `tokenizers` JSON file. May be left out with
-    init.from a Hugging Face directory: its tokenizer.json is used."""
+    """Path (local or s3://) of a Hugging Face `tokenizers` JSON file, a SentencePiece
+    tokenizer.model, or a directory holding either (tokenizer.json first). May be left out with
+    init.from a Hugging Face directory: its tokenizer is used."""
     eos_token: str = "</s>"
     """Token appended after every document; must exist in the tokenizer."""
     text_field: str = "text"
+    """The JSON key or column holding the text, for every source that does not set its own."""
     packing: bool = True
     """Pack documents back to back into full rows; if false each row is one (truncated) document."""
     shuffle: bool = True
@@ -330,6 +336,9 @@ class DataConfig:
     sources are read from their beginning (continual pre-training on new data). A changed
     weight alone is not refused: the positions stay valid. Also refused: another eosToken,
     textField or packing. Our trainer only: a command trainer's checkpoints are its own."""
+
+    def text_field_of(self, source: DataSource) -> str:
+        return source.text_field or self.text_field
 
     def validate(self, tokenizer_optional: bool = False) -> None:
         if not self.sources:

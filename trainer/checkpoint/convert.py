@@ -27,6 +27,7 @@ from trainium_api import checkpoints
 from trainium_api.load import build
 
 from . import ckpt_store
+from ..data import tokenizer as tokenizer_files
 from ..model import hf
 from ..config import ConfigError, ModelConfig, to_dict
 
@@ -68,10 +69,16 @@ def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
         print(f"  wrote {name} (tensor-parallel rank {rank + 1}/{tensor})", flush=True)
     src_fs, src_root = _fs(hf_dir)
     tokenizer = ""
-    if src_fs.exists(f"{src_root}/{hf.TOKENIZER}"):
-        fs.pipe_file(f"{tag}/{hf.TOKENIZER}", src_fs.cat_file(f"{src_root}/{hf.TOKENIZER}"))
-        tokenizer = fs.unstrip_protocol(f"{tag}/{hf.TOKENIZER}") if "://" in out_root else f"{tag}/{hf.TOKENIZER}"
-        files.append(hf.TOKENIZER)
+    # the tokenizer the run will read (trainer.data.tokenizer): tokenizer.json, else SentencePiece's
+    # tokenizer.model; its tokenizer_config.json travels with it (add_bos_token)
+    for name in (tokenizer_files.JSON_NAME, tokenizer_files.SENTENCEPIECE_NAME):
+        if src_fs.exists(f"{src_root}/{name}"):
+            for part in (name, tokenizer_files.CONFIG_NAME):
+                if src_fs.exists(f"{src_root}/{part}"):
+                    fs.pipe_file(f"{tag}/{part}", src_fs.cat_file(f"{src_root}/{part}"))
+                    files.append(part)
+            tokenizer = fs.unstrip_protocol(f"{tag}/{name}") if "://" in out_root else f"{tag}/{name}"
+            break
     # The shape is complete without a preset name (none fits a converted model): leave it out.
     shape = {k: v for k, v in to_dict(model).items() if k != "preset"}
     meta = {"step": 0, "tokens": 0, "weightsOnly": True, "source": hf_dir, "model": shape,
@@ -146,13 +153,25 @@ def to_hf(checkpoint: str, out_dir: str, tokenizer: str | None = None) -> str:
     tok = tokenizer or meta.get("tokenizer")
     if tok:
         tok_fs, tok_path = fsspec.core.url_to_fs(tok)
-        fs.pipe_file(f"{out}/{hf.TOKENIZER}", tok_fs.cat_file(tok_path))
         eos = meta.get("eosToken", "</s>")
-        fs.pipe_file(f"{out}/tokenizer_config.json", json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=1).encode())
-        vocab = json.loads(tok_fs.cat_file(tok_path)).get("model", {}).get("vocab", {})
-        if isinstance(vocab, dict) and eos in vocab:
-            config["eos_token_id"] = vocab[eos]
+        if tok_path.endswith(".model"):  # SentencePiece: transformers reads it as a LlamaTokenizer
+            model = tok_fs.cat_file(tok_path)
+            fs.pipe_file(f"{out}/{tokenizer_files.SENTENCEPIECE_NAME}", model)
+            sentencepiece = tokenizer_files.SentencePieceTokenizer(model)
+            beside = tok_path.rsplit("/", 1)[0] + "/" + tokenizer_files.CONFIG_NAME
+            tok_config = tok_fs.cat_file(beside) if tok_fs.exists(beside) else json.dumps(
+                {"tokenizer_class": "LlamaTokenizer", "eos_token": eos, "add_bos_token": True,
+                 "add_eos_token": False}, indent=1).encode()  # LlamaTokenizer's own defaults
+            fs.pipe_file(f"{out}/{tokenizer_files.CONFIG_NAME}", tok_config)
+            if sentencepiece.token_to_id(eos) is not None:
+                config["eos_token_id"] = sentencepiece.token_to_id(eos)
+        else:
+            fs.pipe_file(f"{out}/{hf.TOKENIZER}", tok_fs.cat_file(tok_path))
+            fs.pipe_file(f"{out}/{tokenizer_files.CONFIG_NAME}", json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=1).encode())
+            vocab = json.loads(tok_fs.cat_file(tok_path)).get("model", {}).get("vocab", {})
+            if isinstance(vocab, dict) and eos in vocab:
+                config["eos_token_id"] = vocab[eos]
     else:
         print("  no tokenizer recorded in the checkpoint and none given (--tokenizer): writing the model only",
               file=sys.stderr)
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("to-hf", help="checkpoint tag (or root: its newest complete tag) -> Hugging Face directory")
     b.add_argument("checkpoint")
     b.add_argument("out_dir")
-    b.add_argument("--tokenizer", help="tokenizer.json to include (default: the one the run trained with)")
+    b.add_argument("--tokenizer", help="tokenizer.json or SentencePiece tokenizer.model to include (default: the one the run "
+                   "trained with)")
     args = ap.parse_args(argv)
     try:
         started = time.perf_counter()

@@ -11,8 +11,9 @@ Two kinds of source:
 - **prepared** (a directory ``python -m trainer.data.prepare`` wrote; trainer.data.prepared): token shards
   found by arithmetic. Every rank advances every source's row counter for the whole batch (no
   I/O) but reads only the byte ranges of its own rows; no tokenizer runs. For real runs.
-- **raw text**: .jsonl (one {"text": ...} object a line), .parquet or .arrow (IPC file or
-  stream) shards under a directory, a glob or one path. Documents must be tokenized in order
+- **raw text**: shards of any format of trainer.data.formats (JSON lines, one {"text": ...}
+  object a line, plain, gzip or zstd compressed; Parquet; Arrow IPC file or stream, so a
+  datasets.save_to_disk folder) under a directory, a glob or one path. Documents must be tokenized in order
   to know where rows begin, so every rank reads and tokenizes the whole stream and keeps its
   rows. For small runs and tests.
 
@@ -24,7 +25,6 @@ dict saved in every checkpoint.
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, replace
 
@@ -32,35 +32,13 @@ import fsspec
 import torch
 
 from ..store import node_reads
+from . import formats
+from .tokenizer import read_tokenizer
 from ..config import ConfigError, DataConfig
-from .prepared import MANIFEST, PARAMS, PreparedSource, is_being_prepared, is_prepared, shard_order, tokenizer_digest
-from ..store.errors import describe, retry
+from .prepared import MANIFEST, PARAMS, PreparedSource, is_being_prepared, is_prepared, shard_order
+from ..store.errors import retry
 
-SHARD_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 TOKENIZE_CHUNK = 256  # documents per encode_batch call
-
-
-def read_tokenizer(uri: str, eos_token: str):
-    """(tokenizer, sha256 of its JSON); the digest is what prepared data is checked against.
-    Read once per node (trainer.store.node_reads), retried while the store's errors are transient."""
-    from tokenizers import Tokenizer
-
-    try:
-        data = node_reads.read_object(uri)
-    except FileNotFoundError as exc:
-        raise ConfigError("data.tokenizer", f"file not found: {uri} ({describe(exc)})") from None
-    except OSError as exc:  # a refusal that persisted, an invalid request (trainer.store.errors)
-        raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
-    try:
-        # decoded as fsspec's text mode did (the locale's encoding, universal newlines), so the
-        # digest of a tokenizer is the one manifests already record
-        text = io.TextIOWrapper(io.BytesIO(data)).read()
-        tok = Tokenizer.from_str(text)
-    except Exception as exc:  # tokenizers raises plain Exception subclasses on bad JSON
-        raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
-    if tok.token_to_id(eos_token) is None:
-        raise ConfigError("data.eosToken", f"{eos_token!r} is not in the tokenizer {uri}")
-    return tok, tokenizer_digest(text)
 
 
 def load_tokenizer(cfg: DataConfig):
@@ -68,48 +46,71 @@ def load_tokenizer(cfg: DataConfig):
 
 
 def _find(fs, path: str) -> list[str]:
-    """Every file a source URI names (a glob, a directory's tree, or one file), [] when none."""
+    """Every file a source URI names (a glob's files, a directory's tree, or one file), [] when none."""
     if any(c in path for c in "*?["):
-        return fs.glob(path)
+        return [p for p, info in fs.glob(path, detail=True).items() if info.get("type") != "directory"]
     if fs.isdir(path):
         return fs.find(path)
     return [path] if fs.exists(path) else []
 
 
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def _shards_of(found: list[str], uri: str, field_path: str, shown=lambda p: p) -> list[str]:
+    """The readable shards among a listing, sorted; what no format reads is refused by name
+    (``shown``: a listed path as the user writes it, with its protocol)."""
+    dataset_dicts = sorted(_folder(p) for p in found if p.rsplit("/", 1)[-1] == formats.DATASET_DICT)
+    if dataset_dicts:
+        top = dataset_dicts[0]
+        splits = sorted({p[len(top) + 1:].split("/", 1)[0] for p in found
+                         if p.startswith(top + "/") and p.endswith("/state.json")})
+        example = shown(f"{top}/{splits[0] if splits else '<split>'}")
+        raise ConfigError(field_path, f"{uri} holds a datasets DatasetDict ({shown(top)}: splits "
+                          f"{', '.join(splits) or 'none found'}): name one split's folder as the source, "
+                          f"e.g. {example}")
+    # a prepared directory's own files are never text (a raw source above one must not read them)
+    prepared = {_folder(p) for p in found if p.rsplit("/", 1)[-1] in (MANIFEST, PARAMS)}
+    shards, unreadable = [], []
+    for p in sorted(found):
+        if _folder(p) in prepared or formats.ignorable(p):
+            continue
+        (shards if formats.format_of(p) else unreadable).append(p)
+    if unreadable:
+        more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
+        raise ConfigError(field_path, f"{uri} holds files in no format the trainer reads: "
+                          f"{', '.join(map(shown, unreadable[:3]))}{more}. Readable: {', '.join(formats.SUFFIXES)} "
+                          f"(JSON lines: one object a line with the text field). Convert them, move them "
+                          f"out, or name the shards with a glob (e.g. {uri.rstrip('/')}/*.jsonl)")
+    if not shards:
+        raise ConfigError(field_path, f"no {'/'.join(formats.SUFFIXES)} shards found at {uri}")
+    return shards
+
+
 def list_shards(uri: str, field_path: str) -> list[str]:
     """The raw-text shards under a source URI: listed once per node, retried while the store's
-    errors are transient; a store that answered and holds none names ``field_path``."""
+    errors are transient; a store that answered and holds none, or holds files no format reads,
+    names ``field_path``."""
     fs, path = fsspec.core.url_to_fs(uri)
     try:
         found = node_reads.query(uri, "list the shards of", lambda: _find(fs, path))
     except OSError as exc:  # only what retrying cannot mend reaches here (trainer.store.errors)
         raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
-    # a prepared directory's own files are never text (a raw source above one must not read them)
-    shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES) and p.rsplit("/", 1)[-1] not in (MANIFEST, PARAMS))
-    if not shards:
-        raise ConfigError(field_path, f"no {'/'.join(SHARD_SUFFIXES)} shards found at {uri}")
-    return [fs.unstrip_protocol(p) if "://" in uri else p for p in shards]
+    shown = fs.unstrip_protocol if "://" in uri else (lambda p: p)
+    return [shown(p) for p in _shards_of(found, uri, field_path, shown)]
 
 
 def read_texts(uri: str, text_field: str) -> list[str]:
     """All documents of one shard (shards are meant to be tens to hundreds of MB). The bytes are
     read whole, retried while the store's errors are transient, and parsed after: a shard that
-    does not parse is not retried."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    does not parse raises formats.ShardError, never retried."""
+    fmt = formats.format_of(uri)
+    if fmt is None:
+        raise formats.ShardError(f"{uri}: no format the trainer reads ({', '.join(formats.SUFFIXES)})")
     fs, path = fsspec.core.url_to_fs(uri)
     data = retry(lambda: fs.cat_file(path), f"read {uri}")
-    if uri.endswith((".jsonl", ".json")):
-        return [json.loads(line)[text_field] for line in io.BytesIO(data) if line.strip()]
-    if uri.endswith(".parquet"):
-        table = pq.read_table(pa.BufferReader(data), columns=[text_field])
-    else:
-        try:
-            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-        except pa.ArrowInvalid:
-            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    return table.column(text_field).to_pylist()
+    return formats.parse_texts(data, fmt, text_field, uri)
 
 
 @dataclass
@@ -126,8 +127,9 @@ class DocumentSource:
     random_access = False
 
     def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int,
-                 field: str = "data.sources"):
+                 field: str = "data.sources", text_field: str | None = None):
         self.index, self.cfg, self.tokenizer, self.eos_id, self.seed = index, cfg, tokenizer, eos_id, seed
+        self.text_field = text_field or cfg.text_field
         self.field_path = f"{field}[{index}].uri"
         if is_being_prepared(uri):  # else its prepare-params.json would read as a raw .json shard
             raise ConfigError(self.field_path, f"{uri} is being prepared: python -m trainer.data.prepare has not "
@@ -147,9 +149,11 @@ class DocumentSource:
         if self._loaded != key:
             uri = self.shards[self._order(self.pos.epoch)[self.pos.file]]
             try:
-                self._texts = read_texts(uri, self.cfg.text_field)
+                self._texts = read_texts(uri, self.text_field)
             except OSError as exc:  # listed, then gone or refused for good (trainer.store.errors)
                 raise ConfigError(self.field_path, f"cannot read {uri}: {exc}") from None
+            except formats.ShardError as exc:  # the bytes are what they are: fatal, named
+                raise ConfigError(self.field_path, f"a shard does not parse: {exc}") from None
             self._tokens = {}
             self._loaded = key
 
@@ -234,7 +238,7 @@ class PackedDataset:
         self.sources = [
             PreparedSource(i, s.uri, seed=seed, shuffle=cfg.shuffle, tokenizer_sha256=digest, eos_token=cfg.eos_token,
                            tokenizer_uri=cfg.tokenizer, packing=cfg.packing, vocab_size=vocab_size, field=field)
-            if is_prepared(s.uri) else DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed, field)
+            if is_prepared(s.uri) else DocumentSource(i, s.uri, cfg, self.tokenizer, eos, seed, field, cfg.text_field_of(s))
             for i, s in enumerate(cfg.sources)]
         total = sum(s.weight for s in cfg.sources)
         acc, self.cumulative = 0.0, []

@@ -1,6 +1,7 @@
 """Tokenize raw text once: ``python -m trainer.data.prepare --source RAW --tokenizer T --out DIR``.
 
-Each raw shard (.jsonl, .parquet, .arrow; local or s3://) becomes one Megatron ``.bin``/``.idx``
+Each raw shard (any format of trainer.data.formats: JSON lines, plain or gzip or zstd
+compressed, Parquet, Arrow, a datasets.save_to_disk folder; local or s3://) becomes one Megatron ``.bin``/``.idx``
 pair under DIR (trainer.data.indexed), in the raw shards' sorted order, every document followed by
 the end token, exactly the tokens the trainer's raw-text reader would make. ``prepared.json``
 is written last, once every shard is complete: a training run pointed at DIR (as a
@@ -27,6 +28,7 @@ import numpy as np
 
 from ..config import ConfigError, DataConfig
 from ..contract.podenv import PodEnv
+from .formats import ShardError
 from .packed import TOKENIZE_CHUNK, list_shards, read_texts, read_tokenizer
 from .indexed import IndexFormatError, decode_index, encode_index, token_dtype
 from .prepared import MANIFEST, PARAMS, Manifest, PreparedShard
@@ -112,7 +114,10 @@ class Preparer:
         return PreparedShard(name, index.documents, index.tokens, self.shards[k])
 
     def prepare_shard(self, k: int) -> PreparedShard:
-        texts = read_texts(self.shards[k], self.text_field)
+        try:
+            texts = read_texts(self.shards[k], self.text_field)
+        except ShardError as exc:  # named, not retried: rerun once the shard is mended or moved out
+            raise ConfigError("--source", f"a shard does not parse: {exc}") from None
         tokens, lengths = tokenize(texts, self.tokenizer, self.eos_id, self.dtype)
         name = shard_name(k)
         # tokens first, index second: an index is only ever next to complete tokens

@@ -37,9 +37,10 @@ FORMAT = "megatron-indexed"
 FORMAT_VERSION = 1
 
 
-def tokenizer_digest(text: str) -> str:
-    """What identifies a tokenizer: the sha256 of its JSON, so a renamed copy still matches."""
-    return hashlib.sha256(text.encode()).hexdigest()
+def tokenizer_digest(content: str | bytes) -> str:
+    """What identifies a tokenizer: the sha256 of its JSON text (or a SentencePiece model's
+    bytes), so a renamed copy still matches."""
+    return hashlib.sha256(content.encode() if isinstance(content, str) else content).hexdigest()
 
 
 def shard_order(seed: int, source_index: int, epoch: int, shards: int, shuffle: bool) -> list[int]:

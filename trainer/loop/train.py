@@ -53,7 +53,12 @@ _FROM = {"memory": "node memory", "peer": "a peer node's memory (on at least one
 
 def source_list(data) -> list[dict]:
     """data.sources as saved in a checkpoint's meta: what the data positions belong to."""
-    return [{"uri": src.uri, "weight": src.weight} for src in data.sources]
+    return [{"uri": src.uri, "weight": src.weight, "textField": data.text_field_of(src)} for src in data.sources]
+
+
+def _text_fields(sources: list[dict], default) -> list:
+    """Each source's text field (a checkpoint from before per-source fields: its data.textField)."""
+    return [s.get("textField", default) for s in sources]
 
 
 def _uris(sources: list[dict]) -> list[str]:
@@ -72,8 +77,14 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str,
     if kinds is not None and meta.get("dataSourceKinds", kinds) != kinds:  # a directory prepared in place
         return "data.sources", f"sources of kinds {json.dumps(meta['dataSourceKinds'])}", \
             f"{json.dumps(kinds)} (raw text or prepared token shards)"
-    for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("textField", data.text_field),
-                     ("packing", data.packing)):
+    if "textField" in meta:  # a source's text field changed: other tokens, so other positions
+        then = _text_fields(saved if saved is not None else [{}] * len(data.sources), meta["textField"])
+        now = _text_fields(source_list(data), None)
+        for i, (was, now_i) in enumerate(zip(then, now)):
+            if was != now_i:
+                own = data.sources[i].text_field
+                return (f"data.sources[{i}].textField" if own else "data.textField"), json.dumps(was), json.dumps(now_i)
+    for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("packing", data.packing)):
         if key in meta and meta[key] != now:
             return f"data.{key}", json.dumps(meta[key]), json.dumps(now)
     return None

@@ -26,10 +26,12 @@ import fsspec
 import torch
 
 from ..store import node_reads
+from ..data.tokenizer import JSON_NAME
 from ..config import ConfigError, ModelConfig, camel
 from ..store.errors import describe, retry
 
-CONFIG, INDEX, SINGLE, TOKENIZER = "config.json", "model.safetensors.index.json", "model.safetensors", "tokenizer.json"
+CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
+TOKENIZER = JSON_NAME  # trainer.data.tokenizer names the tokenizer files
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 

@@ -229,8 +229,8 @@ def _exists(fs, path: str) -> bool:
     try:
         fs.info(path)
         return True
-    except FileNotFoundError:  # the store answered: not there. Anything else is retried
-        return False
+    except (FileNotFoundError, NotADirectoryError):  # the store answered: not there (a path under a
+        return False                                 # local file: ENOTDIR). Anything else is retried
 
 
 def exists(uri: str) -> bool:

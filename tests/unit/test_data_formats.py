@@ -1,0 +1,219 @@
+"""The raw-text shard formats (trainer.data.formats) users bring: compressed JSON lines, Parquet,
+Arrow, and folders datasets.save_to_disk wrote, read by the trainer and by trainer.data.prepare.
+
+The reference for every format is plain JSON lines holding the same documents: each format,
+read at data-parallel degree 2, gives bitwise the same rows on each rank, and prepares into
+the same tokens. The writers are the libraries users write with (gzip, pyarrow, datasets);
+nothing is mocked. A shard that is malformed, or a folder the trainer cannot read, is a
+configuration error naming the source and the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from trainer.config import ConfigError, from_dict
+from trainer.data import formats
+from trainer.data.packed import PackedDataset
+from trainer.data.prepare import main as prepare_main
+from trainer.loop.train import changed_data, source_list
+
+DOCS = [f"document {i}: the {['cat', 'dog', 'fox', 'owl'][i % 4]} sat " * (1 + i % 3) for i in range(40)]
+SHARDS = [DOCS[:25], DOCS[25:]]  # two shards of unequal length
+
+
+def config(sources, tokenizer, **data):
+    return from_dict({"data": {"sources": sources, "tokenizer": tokenizer, **data}}).data
+
+
+def _jsonl(docs, field="text") -> bytes:
+    return "".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)).encode()
+
+
+def _table(docs, field="text"):
+    return pa.table({"id": list(range(len(docs))), field: docs})
+
+
+def write_format(root: Path, kind: str, field: str = "text") -> str:
+    """The corpus as ``kind`` under root; the URI a source names."""
+    root.mkdir(parents=True)
+    for k, docs in enumerate(SHARDS):
+        base = root / f"part-{k}"
+        if kind == "jsonl":
+            base.with_suffix(".jsonl").write_bytes(_jsonl(docs, field))
+        elif kind == "jsonl.gz":
+            base.with_suffix(".jsonl.gz").write_bytes(gzip.compress(_jsonl(docs, field)))
+        elif kind == "jsonl.zst":
+            with pa.CompressedOutputStream(str(base.with_suffix(".jsonl.zst")), "zstd") as out:
+                out.write(_jsonl(docs, field))
+        elif kind == "parquet":
+            pq.write_table(_table(docs, field), base.with_suffix(".parquet"))
+        elif kind == "arrow-file":
+            with pa.ipc.new_file(str(base.with_suffix(".arrow")), _table(docs, field).schema) as w:
+                w.write_table(_table(docs, field))
+        elif kind == "arrow-stream":
+            with pa.ipc.new_stream(str(base.with_suffix(".arrow")), _table(docs, field).schema) as w:
+                w.write_table(_table(docs, field))
+    if kind == "save_to_disk":
+        datasets = pytest.importorskip("datasets")  # the test extra installs it: a skip here is a broken venv
+        datasets.Dataset.from_dict({"id": list(range(len(DOCS))), field: DOCS}).save_to_disk(
+            str(root / "ds"), num_shards=2)
+        return str(root / "ds")
+    return str(root)
+
+
+KINDS = ["jsonl.gz", "jsonl.zst", "parquet", "arrow-file", "arrow-stream", "save_to_disk"]
+
+
+def rows(uri, tokenizer, dp_rank, steps=14, **data):
+    ds = PackedDataset(config([{"uri": uri, **data.pop("source", {})}], tokenizer, shuffle=False, **data),
+                       16, 7, 512)
+    return [ds.next_batch(8, dp_rank, 2) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_format_gives_the_rows_of_plain_json_lines_at_dp_2(tmp_path, tiny_data, kind):
+    reference = write_format(tmp_path / "jsonl", "jsonl")
+    uri = write_format(tmp_path / kind, kind)
+    for rank in (0, 1):
+        for (x, y), (rx, ry) in zip(rows(uri, tiny_data["tokenizer"], rank), rows(reference, tiny_data["tokenizer"], rank)):
+            assert torch.equal(x, rx) and torch.equal(y, ry)
+    # the stream wrapped past both shards, so every document of both was read in order
+    ds = PackedDataset(config([{"uri": uri}], tiny_data["tokenizer"], shuffle=False), 16, 7, 512)
+    for _ in range(14):
+        ds.next_batch(8)
+    assert ds.sources[0].pos.epoch >= 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_format_prepares_into_the_tokens_plain_json_lines_make(tmp_path, tiny_data, kind):
+    tok = tiny_data["tokenizer"]
+    outs = {}
+    for k in ("jsonl", kind):
+        src = write_format(tmp_path / f"src-{k}", k)
+        assert prepare_main(["--source", src, "--tokenizer", tok, "--out", str(tmp_path / f"prep-{k}")]) == 0
+        outs[k] = b"".join(p.read_bytes() for p in sorted((tmp_path / f"prep-{k}").glob("part-*.bin")))
+    assert outs[kind] == outs["jsonl"] and outs[kind]
+
+
+def test_a_text_field_per_source(tmp_path, tiny_data):
+    tok = tiny_data["tokenizer"]
+    reference = write_format(tmp_path / "ref", "jsonl")
+    content = write_format(tmp_path / "content", "parquet", field="content")
+    mine = rows(content, tok, 0, source={"textField": "content"})
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(mine, rows(reference, tok, 0)))
+    # the run-wide default still applies to sources without their own
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(rows(content, tok, 1, textField="content"),
+                                                     rows(reference, tok, 1)))
+
+
+def test_a_changed_text_field_of_one_source_is_refused_at_resume(tmp_path, tiny_data):
+    tok = tiny_data["tokenizer"]
+    a, b = write_format(tmp_path / "a", "jsonl"), write_format(tmp_path / "b", "jsonl")
+    before = config([{"uri": a}, {"uri": b}], tok)
+    meta = {"dataSources": source_list(before), "textField": before.text_field}
+    assert changed_data(meta, before) is None
+    after = config([{"uri": a}, {"uri": b, "textField": "body"}], tok)
+    assert changed_data(meta, after) == ("data.sources[1].textField", '"text"', '"body"')
+    # a checkpoint from before per-source fields: its data.textField stood for every source
+    old = {"dataSources": [{"uri": a, "weight": 1.0}, {"uri": b, "weight": 1.0}], "textField": "text"}
+    assert changed_data(old, before) is None
+    assert changed_data(old, config([{"uri": a}, {"uri": b}], tok, textField="body"))[0] == "data.textField"
+
+
+def _first_read_error(uri, tok, **data) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        ds = PackedDataset(config([{"uri": uri}], tok, shuffle=False, **data), 16, 7, 512)
+        ds.next_batch(8)
+    return err.value
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b'{"text": "fine"}\n{"text": "cut off\n', "line 2 is not JSON"),
+    (b'{"text": "fine"}\n[1, 2]\n', "line 2 is a JSON list"),
+    (b'{"text": "fine"}\n{"body": "x", "id": 3}\n', "line 2 has no 'text' field (its fields: body, id)"),
+    (b'{"text": null}\n', "line 1: 'text' is a JSON null"),
+    (b'\xff\xfe\n', "line 1 is not JSON"),
+])
+def test_a_malformed_json_lines_shard_is_a_configuration_error_naming_the_file_and_line(
+        tmp_path, tiny_data, content, expected):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    err = _first_read_error(str(bad), tiny_data["tokenizer"])
+    assert err.field == "data.sources[0].uri" and str(bad) in err.message and expected in err.message
+
+
+def test_broken_compressed_and_columnar_shards_are_named(tmp_path, tiny_data):
+    tok = tiny_data["tokenizer"]
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(_jsonl(DOCS))[:-30])
+    assert "not valid gzip data" in _first_read_error(str(cut), tok).message
+    fake = tmp_path / "fake.jsonl.zst"
+    fake.write_bytes(b"not zstd at all")
+    assert "not valid zstd data" in _first_read_error(str(fake), tok).message
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(pa.table({"body": ["a"], "id": [1]}), wrong)
+    err = _first_read_error(str(wrong), tok)
+    assert "no 'text' column (its columns: body, id)" in err.message and "textField" in err.message
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), numbers)
+    assert "not a string column" in _first_read_error(str(numbers), tok).message
+    holes = tmp_path / "holes.parquet"
+    pq.write_table(pa.table({"text": ["a", None, "c"]}), holes)
+    assert "null in row 1" in _first_read_error(str(holes), tok).message
+    junk = tmp_path / "junk.arrow"
+    junk.write_bytes(b"ARROW1 but not really")
+    assert "not a valid Arrow" in _first_read_error(str(junk), tok).message
+
+
+def test_a_datasets_dict_folder_is_refused_naming_its_splits(tmp_path, tiny_data):
+    datasets = pytest.importorskip("datasets")
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS[:30]}),
+                                   "test": datasets.Dataset.from_dict({"text": DOCS[30:]})})
+    splits.save_to_disk(str(tmp_path / "dd"))
+    err = _first_read_error(str(tmp_path / "dd"), tiny_data["tokenizer"])
+    assert "DatasetDict" in err.message and "splits test, train" in err.message
+    assert f"{tmp_path}/dd/test" in err.message
+    # one split's folder is a source
+    ds = PackedDataset(config([{"uri": str(tmp_path / "dd" / "train")}], tiny_data["tokenizer"]), 16, 7, 512)
+    assert ds.next_batch(4)[0].shape == (4, 16)
+
+
+def test_files_no_format_reads_are_refused_by_name_and_metadata_is_skipped(tmp_path, tiny_data):
+    tok = tiny_data["tokenizer"]
+    root = Path(write_format(tmp_path / "corpus", "jsonl"))
+    for name in ("README.md", "_SUCCESS", ".part-0.jsonl.crc", "LICENSE", "dataset_info.json"):
+        (root / name).write_text("{}")
+    PackedDataset(config([{"uri": str(root)}], tok), 16, 7, 512).next_batch(4)  # all skipped
+    (root / "more.jsonl.bz2").write_bytes(b"BZh9")
+    (root / "notes.txt").write_text("plain text")
+    err = _first_read_error(str(root), tok)
+    assert "no format the trainer reads" in err.message
+    assert str(root / "more.jsonl.bz2") in err.message and str(root / "notes.txt") in err.message
+    assert f"{root}/*.jsonl" in err.message  # how to name only the shards
+    # a glob naming the shards reads them
+    PackedDataset(config([{"uri": f"{root}/*.jsonl"}], tok), 16, 7, 512).next_batch(4)
+
+
+def test_prepare_names_a_shard_that_does_not_parse(tmp_path, tiny_data, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(_jsonl(DOCS))
+    (src / "b.jsonl").write_bytes(b'{"text": "x"}\nnot json\n')
+    code = prepare_main(["--source", str(src), "--tokenizer", tiny_data["tokenizer"], "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert f"{src / 'b.jsonl'} line 2 is not JSON" in capsys.readouterr().err
+
+
+def test_the_format_table_is_the_one_source_of_suffixes():
+    assert formats.format_of("s3://b/x/part-1.JSONL.GZ").compression == "gzip"
+    assert formats.format_of("a.json").container == "jsonl"
+    assert formats.format_of("a.jsonl.bz2") is None
+    assert set(formats.SUFFIXES) == {s for f in formats.FORMATS for s in f.suffixes}
