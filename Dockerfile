@@ -46,7 +46,7 @@ FROM ${NEURON_BASE_IMAGE} AS trainer
 COPY --from=source /src /src
 RUN pip install --no-cache-dir --no-deps /src \
     && pip install --no-cache-dir -c /src/tools/constraints.txt \
-       tokenizers pyarrow safetensors prometheus-client kubernetes s3fs pyyaml fsspec xxhash \
+       tokenizers sentencepiece pyarrow safetensors prometheus-client kubernetes s3fs pyyaml fsspec xxhash \
     && rm -rf /src \
     && python -c "import torch, torch_xla, torch_neuronx, neuronx_distributed; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"
 ENV PYTHONUNBUFFERED=1 MALLOC_ARENA_MAX=64
@@ -60,7 +60,7 @@ FROM ${TORCHNEURON_BASE_IMAGE} AS trainer-torchneuron
 COPY --from=source /src /src
 RUN pip install --no-cache-dir --no-deps /src \
     && pip install --no-cache-dir \
-       "tokenizers>=0.19" "pyarrow>=15" "safetensors>=0.4" "prometheus-client>=0.20" "kubernetes>=29" \
+       "tokenizers>=0.19" "sentencepiece>=0.2" "pyarrow>=15" "safetensors>=0.4" "prometheus-client>=0.20" "kubernetes>=29" \
        "s3fs>=2024.6" "pyyaml>=6" "fsspec>=2024.6" "xxhash>=3" \
     && rm -rf /src \
     && python -c "import torch, torch_neuronx; assert tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) > (2, 9), torch.__version__; print('torch', torch.__version__, 'torch-neuronx', torch_neuronx.__version__)"

@@ -45,6 +45,7 @@ from .runtimefaults import TERMINATION_MESSAGE_PATH
 # --------------------------------------------------------------------------------------------
 
 Family = Literal["llama", "neox"]
+RopeScaling = Literal["none", "linear", "llama3"]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Precision = Literal["bf16-sr", "mixed", "fp32"]
 Backend = Literal["auto", "neuron", "cuda", "cpu", "xla"]
@@ -83,6 +84,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                        num_kv_heads=8, vocab_size=32000, norm_eps=1e-5, rope_theta=1e4),
     "llama3-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                       num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5),
+    # Llama 3.1 8B's config.json: llama3-8b with its rope_scaling (meta-llama/Llama-3.1-8B)
+    "llama3.1-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                        num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5, rope_scaling="llama3",
+                        rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                        rope_original_max_positions=8192),
+    # Mistral 7B v0.3 (no sliding window), Qwen2.5 7B (qkv biases; its embeddings are untied)
+    "mistral-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                       num_kv_heads=8, vocab_size=32768, norm_eps=1e-5, rope_theta=1e6),
+    "qwen2.5-7b": dict(_LLAMA, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
+                       num_kv_heads=4, vocab_size=152064, norm_eps=1e-6, rope_theta=1e6, qkv_bias=True),
     "neox-20b": dict(_NEOX, hidden_size=6144, intermediate_size=24576, num_layers=44, num_heads=64,
                      num_kv_heads=64, vocab_size=50432),
     "pythia-6.9b": dict(_NEOX, hidden_size=4096, intermediate_size=16384, num_layers=32, num_heads=32,
@@ -206,6 +217,17 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rotary_pct: float = 1.0
     """Fraction of each head's dimensions that get rotary embedding (0.25 for GPT-NeoX/Pythia)."""
+    rope_scaling: RopeScaling = "none"
+    """RoPE frequency scaling, as Hugging Face's rope_type: 'none' (default), 'linear'
+    (frequencies / ropeFactor) or 'llama3' (Llama 3.1-3.3: low frequencies / ropeFactor, high
+    kept, a smooth ramp between, set by ropeLowFreqFactor, ropeHighFreqFactor and
+    ropeOriginalMaxPositions)."""
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: AtLeastOne = 8192
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2/2.5), in the Llama family."""
     init_std: float = 0.02
     """Std of the normal init; output projections use init_std / sqrt(2 * num_layers)."""
 
@@ -225,7 +247,7 @@ class ModelConfig:
         attn = h * (h + 2 * kv) + h * h
         mlp = (2 if self.family == "llama" else 1) * h * i + i * h
         norms = 2 * h if self.family == "llama" else 4 * h
-        biases = 0 if self.family == "llama" else (h + 2 * kv) + h + i + h
+        biases = ((h + 2 * kv) if self.qkv_bias else 0) if self.family == "llama" else (h + 2 * kv) + h + i + h
         return 2 * v * h + L * (attn + mlp + norms + biases) + (h if self.family == "llama" else 2 * h)
 
     def validate(self) -> None:
@@ -237,6 +259,14 @@ class ModelConfig:
             raise ConfigError("model.rotaryPct", f"must be in (0, 1], got {self.rotary_pct}")
         if int(self.head_dim() * self.rotary_pct) % 2:
             raise ConfigError("model.rotaryPct", "rotary dimensions per head must be even")
+        if self.rope_scaling != "none" and self.rope_factor < 1.0:
+            raise ConfigError("model.ropeFactor", f"must be at least 1 with ropeScaling {self.rope_scaling}, "
+                              f"got {self.rope_factor}")
+        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ConfigError("model.ropeHighFreqFactor", f"need 0 < ropeLowFreqFactor < ropeHighFreqFactor, got "
+                              f"{self.rope_low_freq_factor} and {self.rope_high_freq_factor}")
+        if self.qkv_bias and self.family != "llama":
+            raise ConfigError("model.qkvBias", "is for the llama family (GPT-NeoX has every bias already)")
 
 
 @dataclass

@@ -29,6 +29,21 @@ MODELS = {  # our model config (the tiny preset plus overrides) and the matching
                                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                                rms_norm_eps=1e-5, max_position_embeddings=256,
                                                tie_word_embeddings=False)),
+    # Llama 3.1's scaled RoPE, its original context (32) below the run's sequence (128) so it matters
+    "llama3.1": ({"preset": "tiny", "ropeScaling": "llama3", "ropeFactor": 8.0, "ropeOriginalMaxPositions": 32},
+                 lambda: transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=352,
+                                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                                  rms_norm_eps=1e-5, max_position_embeddings=256,
+                                                  tie_word_embeddings=False, rope_parameters={
+                                                      "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 32})),
+    "qwen2": ({"preset": "tiny", "qkvBias": True},
+              lambda: transformers.Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=352,
+                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                               rms_norm_eps=1e-5, max_position_embeddings=256,
+                                               tie_word_embeddings=False,
+                                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "neox": ({"preset": "tiny", "family": "neox", "numKvHeads": 4, "intermediateSize": 512, "rotaryPct": 0.25},
              lambda: transformers.GPTNeoXConfig(vocab_size=512, hidden_size=128, intermediate_size=512,
                                                 num_hidden_layers=4, num_attention_heads=4, layer_norm_eps=1e-5,
@@ -43,8 +58,7 @@ def hf_dirs(tiny_data, tmp_path_factory):
     out = {}
     for family, (_, make) in MODELS.items():
         torch.manual_seed(7)
-        cls = transformers.LlamaForCausalLM if family == "llama" else transformers.GPTNeoXForCausalLM
-        model = cls(make())
+        model = transformers.AutoModelForCausalLM.from_config(make())
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("bias") or "norm" in name:
@@ -77,7 +91,7 @@ def _hf_loss(hf_dir: Path, family: str, tiny) -> float:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
 
 
-@pytest.mark.parametrize("family", ["llama", "neox"])
+@pytest.mark.parametrize("family", ["llama", "llama3.1", "qwen2", "neox"])
 def test_init_from_hf_loss_equals_transformers_at_tp1_and_tp2(family, hf_dirs, tiny_data, tmp_path):
     expected = _hf_loss(hf_dirs[family], family, tiny_data)
     for tp in (1, 2):

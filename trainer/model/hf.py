@@ -1,8 +1,8 @@
 """Hugging Face checkpoints and ours: configs, a lazy safetensors reader, per-rank shards, merging.
 
 One table (:func:`param_map`) says how each of our parameters relates to Hugging Face's
-tensors, for the Llama family (``LlamaForCausalLM``) and GPT-NeoX (``GPTNeoXForCausalLM``);
-both directions use it:
+tensors, for the Llama family (``LLAMA_FAMILIES``: Llama 2 and 3.x, Mistral, Qwen2/2.5) and
+GPT-NeoX (``GPTNeoXForCausalLM``); both directions use it:
 
 ``rows``     column-parallel: split by rows over TP ranks (embeddings, lm_head, NeoX up_proj)
 ``blocks``   several HF tensors stacked, each split by rows: on rank r, qkv_proj is
@@ -134,34 +134,100 @@ def read_config(uri: str) -> dict:
     return _json(data, where)
 
 
+@dataclass(frozen=True)
+class HFFamily:
+    """One Hugging Face ``model_type`` our Llama-family model represents: its class, what it
+    fixes in our ModelConfig, and the config keys whose values we cannot represent (each refused
+    by name). Its weight names are Llama's (``param_map``). A new Llama-shaped family is an entry
+    here."""
+
+    model_type: str
+    architecture: str
+    fixed: tuple[tuple[str, object], ...] = ()  # our ModelConfig fields this family sets
+    refuse: tuple[tuple[str, object], ...] = ()  # (config key, a value we can represent) pairs
+
+
+LLAMA_FAMILIES: dict[str, HFFamily] = {f.model_type: f for f in (
+    HFFamily("llama", "LlamaForCausalLM", refuse=(("attention_bias", False), ("mlp_bias", False))),
+    # Mistral v0.3 is Llama's shape; v0.1's sliding window is not (every token attends to all before it here)
+    HFFamily("mistral", "MistralForCausalLM", refuse=(("sliding_window", None),)),
+    # Qwen2 and Qwen2.5: biases on q, k and v only
+    HFFamily("qwen2", "Qwen2ForCausalLM", fixed=(("qkv_bias", True),), refuse=(("use_sliding_window", False),)),
+)}
+
+# Hugging Face's rope_type -> ours, and the rope parameters each one reads (theirs -> our field)
+_ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+_ROPE_PARAMS = {"none": {}, "linear": {"factor": "rope_factor"},
+                "llama3": {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+                           "high_freq_factor": "rope_high_freq_factor",
+                           "original_max_position_embeddings": "rope_original_max_positions"}}
+
+
+def _rope_fields(hf: dict, where: str) -> dict:
+    """Our rope_* fields from config.json's rope_parameters (transformers 5) or rope_scaling (4.x)."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in _ROPE_TYPES:
+        raise ConfigError(where, f"rope type {kind!r} is not supported ({', '.join(_ROPE_TYPES)})")
+    ours = _ROPE_TYPES[kind]
+    out: dict = {"rope_scaling": ours}
+    for theirs, field in _ROPE_PARAMS[ours].items():
+        if theirs not in rope:
+            raise ConfigError(where, f"rope type {kind!r} without its {theirs!r}")
+        out[field] = int(rope[theirs]) if field == "rope_original_max_positions" else float(rope[theirs])
+    return out
+
+
+def _llama_fields(hf: dict, family: HFFamily, where: str) -> dict:
+    heads = hf["num_attention_heads"]
+    for key, representable in family.refuse:
+        if hf.get(key, representable) != representable:
+            raise ConfigError(where, f"{family.model_type} with {key}: {json.dumps(hf[key])} is not supported "
+                                     f"(only {json.dumps(representable)})")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError(where, f"activation {hf.get('hidden_act')!r} is not supported (silu)")
+    if (hf.get("head_dim") or hf["hidden_size"] // heads) != hf["hidden_size"] // heads:
+        raise ConfigError(where, "head_dim must equal hidden_size / num_attention_heads")
+    rope = hf.get("rope_parameters") or {}
+    return dict(family="llama", hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+                num_layers=hf["num_hidden_layers"], num_heads=heads,
+                num_kv_heads=hf.get("num_key_value_heads") or heads, vocab_size=hf["vocab_size"],
+                norm_eps=float(hf["rms_norm_eps"]),
+                rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), rotary_pct=1.0,
+                **{"qkv_bias": False, **_rope_fields(hf, where), **dict(family.fixed)})
+
+
 def model_fields(hf: dict, where: str = "init.from") -> dict:
     """Our ModelConfig fields from a Hugging Face config.json; refuses what we cannot represent."""
     kind = hf.get("model_type")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    heads = hf["num_attention_heads"]
-    if kind == "llama":
-        if rope.get("rope_type", "default") != "default":
-            raise ConfigError(where, f"rope type {rope.get('rope_type')!r} (scaled RoPE) is not supported")
-        if hf.get("attention_bias") or hf.get("mlp_bias"):
-            raise ConfigError(where, "Llama with attention or MLP biases is not supported")
-        if hf.get("head_dim", hf["hidden_size"] // heads) != hf["hidden_size"] // heads:
-            raise ConfigError(where, "head_dim must equal hidden_size / num_attention_heads")
-        return dict(family="llama", hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-                    num_layers=hf["num_hidden_layers"], num_heads=heads,
-                    num_kv_heads=hf.get("num_key_value_heads") or heads, vocab_size=hf["vocab_size"],
-                    norm_eps=float(hf["rms_norm_eps"]),
-                    rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), rotary_pct=1.0)
+    if kind in LLAMA_FAMILIES:
+        return _llama_fields(hf, LLAMA_FAMILIES[kind], where)
     if kind == "gpt_neox":
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        heads = hf["num_attention_heads"]
         if not hf.get("use_parallel_residual", True):
             raise ConfigError(where, "GPT-NeoX without the parallel residual is not supported")
         if hf.get("hidden_act", "gelu") != "gelu":
             raise ConfigError(where, f"GPT-NeoX activation {hf.get('hidden_act')!r} is not supported (gelu)")
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ConfigError(where, f"GPT-NeoX with rope type {rope.get('rope_type', rope.get('type'))!r} is not "
+                                     f"supported (default)")
         return dict(family="neox", hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
                     num_layers=hf["num_hidden_layers"], num_heads=heads, num_kv_heads=heads,
                     vocab_size=hf["vocab_size"], norm_eps=float(hf["layer_norm_eps"]),
                     rope_theta=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                     rotary_pct=float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))))
-    raise ConfigError(where, f"model_type {kind!r} is not supported (llama or gpt_neox)")
+    raise ConfigError(where, f"model_type {kind!r} is not supported ({', '.join([*LLAMA_FAMILIES, 'gpt_neox'])})")
+
+
+def hf_family(cfg: ModelConfig) -> HFFamily:
+    """The Hugging Face family a Llama-family ModelConfig goes out as: the first whose fixed
+    fields it has (Qwen2 for qkv biases), else Llama (Mistral v0.3 too: without a sliding
+    window it is Llama's computation, and LlamaForCausalLM loads it)."""
+    for family in LLAMA_FAMILIES.values():
+        if family.fixed and all(getattr(cfg, k) == v for k, v in family.fixed):
+            return family
+    return LLAMA_FAMILIES["llama"]
 
 
 def check_matches(ours: ModelConfig, hf: dict, uri: str) -> None:
@@ -180,10 +246,14 @@ def hf_config(cfg: ModelConfig) -> dict:
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, tie_word_embeddings=False,
                   initializer_range=cfg.init_std, torch_dtype="float32")
     if cfg.family == "llama":
-        return dict(common, model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
+        family = hf_family(cfg)
+        rope_type = {v: k for k, v in _ROPE_TYPES.items()}[cfg.rope_scaling]
+        rope = {"rope_type": rope_type, "rope_theta": cfg.rope_theta,
+                **{theirs: getattr(cfg, field) for theirs, field in _ROPE_PARAMS[cfg.rope_scaling].items()}}
+        return dict(common, model_type=family.model_type, architectures=[family.architecture], hidden_act="silu",
                     num_key_value_heads=cfg.num_kv_heads, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                    rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-                    attention_bias=False, mlp_bias=False, head_dim=cfg.head_dim())
+                    rope_parameters=rope, head_dim=cfg.head_dim(),
+                    **{key: representable for key, representable in family.refuse})
     return dict(common, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], hidden_act="gelu",
                 layer_norm_eps=cfg.norm_eps, use_parallel_residual=True, rotary_pct=cfg.rotary_pct,
                 rotary_emb_base=cfg.rope_theta, attention_bias=True,
@@ -216,6 +286,8 @@ def param_map(cfg: ModelConfig, hf_names=None) -> dict[str, Source]:
             attn = theirs + "self_attn."
             out[ours + "input_layernorm.weight"] = Source("full", (theirs + "input_layernorm.weight",))
             out[ours + "self_attn.qkv_proj.weight"] = Source("blocks", tuple(attn + f"{p}_proj.weight" for p in "qkv"))
+            if cfg.qkv_bias:
+                out[ours + "self_attn.qkv_proj.bias"] = Source("blocks", tuple(attn + f"{p}_proj.bias" for p in "qkv"))
             out[ours + "self_attn.o_proj.weight"] = Source("cols", (attn + "o_proj.weight",))
             out[ours + "post_attention_layernorm.weight"] = Source("full", (theirs + "post_attention_layernorm.weight",))
             out[ours + "mlp.gate_up_proj.weight"] = Source("blocks", (theirs + "mlp.gate_proj.weight",
@@ -293,7 +365,7 @@ def merge_to_hf(shards: list[dict[str, torch.Tensor]], cfg: ModelConfig) -> dict
 
 
 def _block_sizes(cfg: ModelConfig, ours: str, tp: int) -> list[int]:
-    if ours.endswith("qkv_proj.weight"):
+    if ours.endswith(("qkv_proj.weight", "qkv_proj.bias")):
         kv = cfg.num_kv_heads * cfg.kv_replicas(tp) * cfg.head_dim() // tp
         return [cfg.num_heads * cfg.head_dim() // tp, kv, kv]
     return [cfg.intermediate_size // tp] * 2  # gate_up
@@ -301,7 +373,7 @@ def _block_sizes(cfg: ModelConfig, ours: str, tp: int) -> list[int]:
 
 def _block_replicas(cfg: ModelConfig, ours: str, tp: int) -> list[int]:
     """How many ranks hold each block of a stacked weight (model.Attention's replicas)."""
-    if ours.endswith("qkv_proj.weight"):
+    if ours.endswith(("qkv_proj.weight", "qkv_proj.bias")):
         return [1, cfg.kv_replicas(tp), cfg.kv_replicas(tp)]
     return [1, 1]
 

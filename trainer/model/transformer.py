@@ -68,9 +68,27 @@ class Norm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def rotary_tables(cfg: ModelConfig, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies, scaled as cfg.rope_scaling says; computed as transformers'
+    modeling_rope_utils does for the same rope_type, so init.from a Hugging Face model matches."""
     rot = int(cfg.head_dim() * cfg.rotary_pct)
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.int64).float() / rot))
+    if cfg.rope_scaling == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_scaling == "llama3":
+        factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        old = cfg.rope_original_max_positions
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)  # long wavelengths: scaled
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotary_tables(cfg: ModelConfig, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = inverse_frequencies(cfg)
     freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -107,7 +125,7 @@ class Attention(nn.Module):
         splits = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
         neox = cfg.family == "neox"
         qkv_w = init.normal(sum(splits), h)
-        self.qkv_proj = tp.column_linear(qkv_w, splits, torch.zeros(sum(splits)) if neox else None,
+        self.qkv_proj = tp.column_linear(qkv_w, splits, torch.zeros(sum(splits)) if neox or cfg.qkv_bias else None,
                                          replicas=[1, kv_rep, kv_rep])
         self.o_proj = tp.row_linear(init.normal(h, h, output=True), torch.zeros(h) if neox else None)
 

@@ -1,0 +1,113 @@
+"""The Hugging Face families our Llama-family model represents (trainer.model.hf.LLAMA_FAMILIES):
+Llama 3.x with its scaled RoPE, Mistral v0.3 and Qwen2/2.5, each against transformers' own class
+on a tiny random-weight model: logits from init.from's reader equal transformers', and to-hf's
+config and tensors load back into the same class with the same logits. What we cannot represent
+is refused by name. (TP 2 runs under the real trainer: tests/trainer/test_continual_pretraining.py.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainer.config import ConfigError, ModelConfig, from_dict as _from_dict
+from trainer.model import hf
+from trainer.model.transformer import Transformer
+
+transformers = pytest.importorskip("transformers")
+
+
+def from_dict(raw: dict):
+    return _from_dict({**raw, "data": {"sources": ["/corpus"], "tokenizer": "/tokenizer.json"}})
+
+SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=False)
+LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+FAMILIES = {  # a transformers config per family, with what distinguishes it
+    "llama3.1": lambda: transformers.LlamaConfig(**SHAPE, rope_parameters=LLAMA31_ROPE),
+    "llama-linear": lambda: transformers.LlamaConfig(**SHAPE, rope_parameters={"rope_type": "linear",
+                                                                               "rope_theta": 10000.0, "factor": 4.0}),
+    "mistral": lambda: transformers.MistralConfig(**SHAPE, sliding_window=None,
+                                                  rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "qwen2": lambda: transformers.Qwen2Config(**SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+}
+
+
+def saved(tmp_path, name: str):
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[name]())
+    with torch.no_grad():  # non-zero biases and norms: a mapping mistake cannot hide behind zeros and ones
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias") or "norm" in pname:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path / name)
+    return model.eval(), tmp_path / name
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_init_from_reads_each_family_with_transformers_logits_and_to_hf_goes_back(tmp_path, name):
+    theirs, directory = saved(tmp_path, name)
+    fields = hf.model_fields(hf.read_config(str(directory)))
+    cfg = ModelConfig(**fields)
+    cfg.validate()
+    ours = Transformer(cfg, max_seq_len=200)
+    ours.load_state_dict(hf.read_shard(hf.SafetensorsDir(str(directory)), cfg, 1, 0))
+    ids = torch.randint(0, 256, (2, 200), generator=torch.Generator().manual_seed(1))  # past the original 64
+    with torch.no_grad():
+        expected = theirs(input_ids=ids).logits
+        assert torch.allclose(ours.logits(ids), expected, atol=2e-5), (ours.logits(ids) - expected).abs().max()
+    # to-hf: the config and the tensors merged from TP 2 shards load into the same class, same logits
+    shards = [hf.shard_of(hf.merge_to_hf([ours.state_dict()], cfg), cfg, 2, r) for r in (0, 1)]
+    out = tmp_path / f"{name}-back"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(hf.hf_config(cfg)))
+    from safetensors.torch import save_file
+    save_file(hf.merge_to_hf(shards, cfg), str(out / "model.safetensors"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    # Mistral v0.3 goes out as Llama (the same computation without a sliding window)
+    assert type(back).__name__ == ("LlamaForCausalLM" if name == "mistral" else type(theirs).__name__)
+    with torch.no_grad():
+        assert torch.equal(back(input_ids=ids).logits, expected)
+    assert hf.model_fields(json.loads((out / "config.json").read_text())) == fields
+
+
+def test_llama31_preset_is_what_its_config_json_says():
+    config = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rms_norm_eps=1e-5,
+                  rope_theta=500000.0, rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 8192, "rope_type": "llama3"})
+    hf.check_matches(from_dict({"model": {"preset": "llama3.1-8b"}}).model, config, "meta-llama/Llama-3.1-8B")
+    with pytest.raises(ConfigError) as err:
+        hf.check_matches(from_dict({"model": {"preset": "llama3-8b"}}).model, config, "meta-llama/Llama-3.1-8B")
+    assert err.value.field == "model.ropeScaling"
+
+
+@pytest.mark.parametrize("config,named", [
+    (dict(model_type="mistral", sliding_window=4096), "sliding_window: 4096"),
+    (dict(model_type="qwen2", use_sliding_window=True), "use_sliding_window: true"),
+    (dict(model_type="llama", attention_bias=True), "attention_bias: true"),
+    (dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn'"),
+    (dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0}), "without its 'low_freq_factor'"),
+    (dict(model_type="llama", head_dim=32), "head_dim"),
+    (dict(model_type="qwen3"), "model_type 'qwen3' is not supported"),
+])
+def test_what_we_cannot_represent_is_refused_by_name(config, named):
+    base = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                vocab_size=100, rms_norm_eps=1e-6)
+    with pytest.raises(ConfigError) as err:
+        hf.model_fields({**base, **config})
+    assert err.value.field == "init.from" and named in err.value.message
+
+
+def test_qkv_bias_is_counted_and_only_for_the_llama_family():
+    plain = from_dict({"model": {"preset": "tiny"}}).model
+    biased = from_dict({"model": {"preset": "tiny", "qkvBias": True}}).model
+    assert biased.num_params() - plain.num_params() == plain.num_layers * (128 + 2 * 2 * 32)
+    assert sum(p.numel() for p in Transformer(biased, max_seq_len=8).parameters()) == biased.num_params()
+    with pytest.raises(ConfigError) as err:
+        from_dict({"model": {"preset": "tiny", "family": "neox", "numKvHeads": 4, "qkvBias": True}})
+    assert err.value.field == "model.qkvBias"
