@@ -207,3 +207,67 @@ def test_shape_mismatch_is_refused_naming_the_field(hf_dirs, tiny_data, tmp_path
                                              "training.steps=1", "checkpoint.uri="))
     assert wrong_family.returncode == exitcodes.FATAL
     assert "model.family: llama in this run's model config but neox" in wrong_family.stderr
+
+
+def test_llama31_with_a_sentencepiece_tokenizer_on_a_parquet_corpus(hf_dirs, tiny_data, tmp_path):
+    """Continual pre-training as a team starts it today: a Llama 3.1-shaped model (scaled RoPE) whose
+    directory ships only a SentencePiece tokenizer.model, on a Parquet corpus. init.from at TP 2
+    reads the directory's tokenizer; the first-step loss equals transformers' on the same batch,
+    the run trains, and to-hf gives transformers a directory whose tokenizer reads the same ids."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import sentencepiece
+
+    texts = [json.loads(line)["text"] for f in sorted(Path(tiny_data["stories"]).glob("*.jsonl"))
+             for line in f.read_text().splitlines()]
+    hf_dir = tmp_path / "llama31-spm"
+    shutil.copytree(hf_dirs["llama3.1"], hf_dir)
+    (hf_dir / "tokenizer.json").unlink()
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts[:2000]), model_writer=model, vocab_size=480, model_type="bpe", bos_id=1,
+        eos_id=2, unk_id=0, pad_id=-1, byte_fallback=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, minloglevel=2)
+    (hf_dir / "tokenizer.model").write_bytes(model.getvalue())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
+                                                             "add_bos_token": True, "eos_token": "</s>"}))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for k in range(2):
+        pq.write_table(pa.table({"id": list(range(len(texts[k::2]))), "content": texts[k::2]}),
+                       corpus / f"part-{k}.parquet")
+    model_cfg = json.dumps(MODELS["llama3.1"][0])
+    common = [f"model={model_cfg}", f"data.sources=[{{uri: {corpus}, textField: content}}]", "data.tokenizer=",
+              f"init.from={hf_dir}", "parallelism.tensor=2", "training.globalBatchSize=8",
+              "training.microBatchSize=4", "training.warmupSteps=2", "training.steps=12", "training.lr=3.0e-3",
+              f"logging.lossesFile={tmp_path / 'run.jsonl'}", "logging.interval=1",
+              f"checkpoint.uri={tmp_path / 'ckpt'}", "checkpoint.intervalSteps=12", "checkpoint.keep=0"]
+    res = run_trainer(2, common)
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = read_losses(tmp_path / "run.jsonl")
+
+    from trainer.config import load
+    from trainer.data.packed import PackedDataset
+    cfg = load(str(TINY_CONFIG), common)
+    assert cfg.data.tokenizer == f"{hf_dir}/tokenizer.json"  # init.from's; read as its tokenizer.model
+    inputs, targets = PackedDataset(cfg.data, cfg.training.seq_len, cfg.training.seed, 512).next_batch(8)
+    assert (inputs == 1).sum() > 0  # the SentencePiece BOS (id 1) starts documents
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = F.cross_entropy(theirs(input_ids=inputs).logits.flatten(0, 1), targets.flatten()).item()
+    print(f"llama3.1 + SentencePiece + Parquet, TP 2: first loss {losses[1]['loss']:.7f} transformers {expected:.7f}, "
+          f"step 12 {losses[12]['loss']:.4f}")
+    assert losses[1]["loss"] == pytest.approx(expected, abs=1e-5)
+    assert losses[12]["loss"] < losses[1]["loss"]
+
+    out = tmp_path / "back"
+    back = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "to-hf", str(tmp_path / "ckpt"), str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert back.returncode == 0, back.stderr
+    assert transformers.AutoConfig.from_pretrained(out).rope_parameters["rope_type"] == "llama3"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    from trainer.data.tokenizer import read_tokenizer
+    ours, _ = read_tokenizer(str(hf_dir / "tokenizer.model"), "</s>")
+    assert tokenizer.encode(texts[5]) == ours.encode_batch([texts[5]])[0].ids

@@ -152,6 +152,11 @@ def to_hf(checkpoint: str, out_dir: str, tokenizer: str | None = None) -> str:
     config["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     tok = tokenizer or meta.get("tokenizer")
     if tok:
+        try:  # what the run read: a directory's (or init.from's tokenizer.json's) SentencePiece model too
+            tok = tokenizer_files.locate(tok)
+        except FileNotFoundError as exc:
+            flag = "--tokenizer" if tokenizer else "the checkpoint's tokenizer"
+            raise ConfigError(flag, f"{exc}; pass --tokenizer with the file the run trained with") from None
         tok_fs, tok_path = fsspec.core.url_to_fs(tok)
         eos = meta.get("eosToken", "</s>")
         if tok_path.endswith(".model"):  # SentencePiece: transformers reads it as a LlamaTokenizer

@@ -69,6 +69,16 @@ def _candidates(uri: str) -> list[str]:
     return [f"{root}/{JSON_NAME}", f"{root}/{SENTENCEPIECE_NAME}"]
 
 
+def locate(uri: str) -> str:
+    """The file data.tokenizer ``uri`` reads (a directory's tokenizer.json, else its
+    tokenizer.model); FileNotFoundError naming what was tried when none is there."""
+    tried = _candidates(uri)
+    for path in tried:
+        if node_reads.exists(path):
+            return path
+    raise FileNotFoundError(f"no tokenizer at {uri} (tried {', '.join(tried)})")
+
+
 def _add_bos(directory: str) -> bool:
     """A directory's tokenizer_config.json ``add_bos_token`` (Hugging Face's default: true)."""
     try:
