@@ -89,6 +89,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                         num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5, rope_scaling="llama3",
                         rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                         rope_original_max_positions=8192),
+    # Llama 3.2 1B and 3B (meta-llama/Llama-3.2-1B, -3B config.json): Llama 3.1's RoPE with factor 32, tied
+    "llama3.2-1b": dict(_LLAMA, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+                        num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5, rope_scaling="llama3",
+                        rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                        rope_original_max_positions=8192, tie_embeddings=True),
+    "llama3.2-3b": dict(_LLAMA, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
+                        num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5, rope_scaling="llama3",
+                        rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                        rope_original_max_positions=8192, tie_embeddings=True),
     # Mistral 7B v0.3 (no sliding window), Qwen2.5 7B (qkv biases; its embeddings are untied)
     "mistral-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                        num_kv_heads=8, vocab_size=32768, norm_eps=1e-5, rope_theta=1e6),
@@ -228,6 +237,9 @@ class ModelConfig:
     rope_original_max_positions: AtLeastOne = 8192
     qkv_bias: bool = False
     """Biases on the query, key and value projections (Qwen2/2.5), in the Llama family."""
+    tie_embeddings: bool = False
+    """The LM head is the embedding matrix, one parameter (Llama 3.2 1B/3B, Qwen2.5 0.5B-3B:
+    Hugging Face's tie_word_embeddings). Not with pipeline parallelism."""
     init_std: float = 0.02
     """Std of the normal init; output projections use init_std / sqrt(2 * num_layers)."""
 
@@ -241,14 +253,15 @@ class ModelConfig:
         return max(1, tensor // self.num_kv_heads)
 
     def num_params(self) -> int:
-        """Parameter count (untied embeddings), used for MFU and reports."""
+        """Parameter count (the embeddings once when tied), used for MFU and reports."""
         h, i, v, L = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
         kv = self.num_kv_heads * self.head_dim()
         attn = h * (h + 2 * kv) + h * h
         mlp = (2 if self.family == "llama" else 1) * h * i + i * h
         norms = 2 * h if self.family == "llama" else 4 * h
         biases = ((h + 2 * kv) if self.qkv_bias else 0) if self.family == "llama" else (h + 2 * kv) + h + i + h
-        return 2 * v * h + L * (attn + mlp + norms + biases) + (h if self.family == "llama" else 2 * h)
+        embeddings = (1 if self.tie_embeddings else 2) * v * h
+        return embeddings + L * (attn + mlp + norms + biases) + (h if self.family == "llama" else 2 * h)
 
     def validate(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -479,6 +492,9 @@ class RunConfig:
     def validate(self) -> None:
         for group in (self.model, self.training, self.health):  # the others' rules are all field constraints
             group.validate()
+        if self.model.tie_embeddings and self.parallelism.pipeline > 1:
+            raise ConfigError("model.tieEmbeddings", f"a tied embedding lives on the first pipeline stage and the "
+                              f"LM head on the last: not with parallelism.pipeline {self.parallelism.pipeline}")
         self.data.validate(tokenizer_optional=self.init.is_hf())
 
     def digest(self) -> str:

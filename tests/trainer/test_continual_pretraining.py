@@ -38,6 +38,12 @@ MODELS = {  # our model config (the tiny preset plus overrides) and the matching
                                                       "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 32})),
+    # Llama 3.2 1B/3B's shape: the head is the embedding (one parameter, trained through both uses)
+    "llama3.2": ({"preset": "tiny", "tieEmbeddings": True},
+                 lambda: transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=352,
+                                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                                  rms_norm_eps=1e-5, max_position_embeddings=256,
+                                                  tie_word_embeddings=True)),
     "qwen2": ({"preset": "tiny", "qkvBias": True},
               lambda: transformers.Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=352,
                                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -91,7 +97,7 @@ def _hf_loss(hf_dir: Path, family: str, tiny) -> float:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
 
 
-@pytest.mark.parametrize("family", ["llama", "llama3.1", "qwen2", "neox"])
+@pytest.mark.parametrize("family", ["llama", "llama3.1", "llama3.2", "qwen2", "neox"])
 def test_init_from_hf_loss_equals_transformers_at_tp1_and_tp2(family, hf_dirs, tiny_data, tmp_path):
     expected = _hf_loss(hf_dirs[family], family, tiny_data)
     for tp in (1, 2):

@@ -203,3 +203,18 @@ def test_changed_data_sources_are_refused_at_resume_unless_allowed(tiny_data, tm
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stderr and "the new data is read from its beginning" in res.stderr
     assert sorted(read_losses(tmp_path / "d.jsonl")) == [1, 2, 3, 4]
+
+
+def test_tied_embeddings_train_with_zero1_and_resume_exactly(tiny_data, tmp_path):
+    """model.tieEmbeddings (Llama 3.2 1B/3B): one parameter for the embedding and the head, sharded
+    by ZeRO-1 over 2 data-parallel ranks, saved and resumed: the resumed losses equal the
+    uninterrupted run's bitwise."""
+    tied = ['model={"preset": "tiny", "tieEmbeddings": true}', "parallelism.zero1=true", "training.microBatchSize=2",
+            "checkpoint.intervalSteps=3"]
+    full = run_trainer(2, overrides(tiny_data, tmp_path, "full", *tied, "training.steps=6"))
+    assert full.returncode == 0, full.stderr[-3000:]
+    for steps in (3, 6):
+        part = run_trainer(2, overrides(tiny_data, tmp_path, "part", *tied, f"training.steps={steps}"))
+        assert part.returncode == 0, part.stderr[-3000:]
+    a, b = read_losses(tmp_path / "full.jsonl"), read_losses(tmp_path / "part.jsonl")
+    assert [a[s]["loss"] for s in (4, 5, 6)] == [b[s]["loss"] for s in (4, 5, 6)]

@@ -34,6 +34,11 @@ FAMILIES = {  # a transformers config per family, with what distinguishes it
     "mistral": lambda: transformers.MistralConfig(**SHAPE, sliding_window=None,
                                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     "qwen2": lambda: transformers.Qwen2Config(**SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    # Llama 3.2 1B/3B: Llama 3.1's RoPE and one matrix for the embedding and the head
+    "llama3.2-tied": lambda: transformers.LlamaConfig(**{**SHAPE, "tie_word_embeddings": True},
+                                                      rope_parameters=LLAMA31_ROPE),
+    "qwen2.5-small-tied": lambda: transformers.Qwen2Config(**{**SHAPE, "tie_word_embeddings": True},
+                                                           rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
 }
 
 
@@ -73,6 +78,29 @@ def test_init_from_reads_each_family_with_transformers_logits_and_to_hf_goes_bac
     with torch.no_grad():
         assert torch.equal(back(input_ids=ids).logits, expected)
     assert hf.model_fields(json.loads((out / "config.json").read_text())) == fields
+    if cfg.tie_embeddings:  # one parameter in our model, one tensor in the export, tied in transformers
+        assert ours.lm_head.weight is ours.model.embed_tokens.weight
+        assert "lm_head.weight" not in hf.merge_to_hf([ours.state_dict()], cfg)
+        assert back.lm_head.weight.data_ptr() == back.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_tied_head_trains_as_one_parameter():
+    """Gradients from the embedding and the head land on one tensor, which the optimizer sees once."""
+    cfg = from_dict({"model": {"preset": "tiny", "tieEmbeddings": True}}).model
+    model = Transformer(cfg, max_seq_len=16)
+    names = [n for n, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(ids[:, :-1], ids[:, 1:]).backward()
+    untied = Transformer(from_dict({"model": {"preset": "tiny"}}).model, max_seq_len=16)
+    untied.lm_head.weight = untied.model.embed_tokens.weight  # the same tie made by hand: the same gradient
+    untied(ids[:, :-1], ids[:, 1:]).backward()
+    assert torch.equal(model.model.embed_tokens.weight.grad, untied.model.embed_tokens.weight.grad)
+    with pytest.raises(ConfigError) as err:
+        _from_dict({"model": {"preset": "tiny", "tieEmbeddings": True}, "parallelism": {"pipeline": 2},
+                    "data": {"sources": ["/c"], "tokenizer": "/t.json"}})
+    assert err.value.field == "model.tieEmbeddings"
 
 
 def test_llama31_preset_is_what_its_config_json_says():

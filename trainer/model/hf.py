@@ -194,6 +194,7 @@ def _llama_fields(hf: dict, family: HFFamily, where: str) -> dict:
                 num_kv_heads=hf.get("num_key_value_heads") or heads, vocab_size=hf["vocab_size"],
                 norm_eps=float(hf["rms_norm_eps"]),
                 rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), rotary_pct=1.0,
+                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 **{"qkv_bias": False, **_rope_fields(hf, where), **dict(family.fixed)})
 
 
@@ -209,6 +210,8 @@ def model_fields(hf: dict, where: str = "init.from") -> dict:
             raise ConfigError(where, "GPT-NeoX without the parallel residual is not supported")
         if hf.get("hidden_act", "gelu") != "gelu":
             raise ConfigError(where, f"GPT-NeoX activation {hf.get('hidden_act')!r} is not supported (gelu)")
+        if hf.get("tie_word_embeddings"):
+            raise ConfigError(where, "GPT-NeoX with tie_word_embeddings is not supported")
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ConfigError(where, f"GPT-NeoX with rope type {rope.get('rope_type', rope.get('type'))!r} is not "
                                      f"supported (default)")
@@ -243,7 +246,8 @@ def check_matches(ours: ModelConfig, hf: dict, uri: str) -> None:
 def hf_config(cfg: ModelConfig) -> dict:
     """A config.json that transformers loads as LlamaForCausalLM or GPTNeoXForCausalLM."""
     common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, tie_word_embeddings=False,
+                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                  tie_word_embeddings=cfg.tie_embeddings,
                   initializer_range=cfg.init_std, torch_dtype="float32")
     if cfg.family == "llama":
         family = hf_family(cfg)
@@ -278,7 +282,9 @@ def param_map(cfg: ModelConfig, hf_names=None) -> dict[str, Source]:
     out: dict[str, Source] = {}
     if cfg.family == "llama":
         out["model.embed_tokens.weight"] = Source("rows", ("model.embed_tokens.weight",))
-        head = "lm_head.weight" if hf_names is None or "lm_head.weight" in hf_names else "model.embed_tokens.weight"
+        # tied: the head is the embedding (merging writes it once); a checkpoint without a head is tied too
+        untied = not cfg.tie_embeddings and (hf_names is None or "lm_head.weight" in hf_names)
+        head = "lm_head.weight" if untied else "model.embed_tokens.weight"
         out["lm_head.weight"] = Source("rows", (head,))
         out["model.norm.weight"] = Source("full", ("model.norm.weight",))
         for n in range(cfg.num_layers):

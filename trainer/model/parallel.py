@@ -473,6 +473,8 @@ def to_device(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn
     parameters once per rank and skip the sequence-parallel gradient sums."""
     marks = {name: dict(vars(p)) for name, p in module.named_parameters() if vars(p)}
     module.to(device=device, dtype=dtype)
+    if hasattr(module, "retie"):  # a tied LM head shares the embedding's (maybe new) Parameter
+        module.retie()
     for name, p in module.named_parameters():
         for attr, value in marks.get(name, {}).items():
             if not hasattr(p, attr):

@@ -246,11 +246,19 @@ class Transformer(nn.Module):
         self.full_ckpt = activation_checkpointing == "full"
         init = _Init(cfg, seed)
         self.model = Decoder(cfg, self.tp, init, activation_checkpointing, stage)
-        head = init.normal(cfg.vocab_size, cfg.hidden_size)
+        head = init.normal(cfg.vocab_size, cfg.hidden_size)  # drawn when tied too: the same stream after it
         self.lm_head = self.tp.column_linear(head) if self.last else None
+        self.retie()
         cos, sin = rotary_tables(cfg, max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def retie(self) -> None:
+        """With cfg.tie_embeddings the LM head's weight is the embedding's Parameter (both
+        vocabulary-parallel by rows, so the shards line up at any tensor degree). Called again
+        after a move that makes new Parameter objects (parallel.to_device on XLA)."""
+        if self.cfg.tie_embeddings and self.lm_head is not None and self.model.embed_tokens is not None:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.loss(self.logits(ids), targets)
