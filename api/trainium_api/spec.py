@@ -101,6 +101,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Mistral 7B v0.3 (no sliding window), Qwen2.5 7B (qkv biases; its embeddings are untied)
     "mistral-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                        num_kv_heads=8, vocab_size=32768, norm_eps=1e-5, rope_theta=1e6),
+    # Qwen3 0.6B and 8B (Qwen/Qwen3-0.6B, -8B config.json): q/k norms, head_dim 128
+    "qwen3-0.6b": dict(_LLAMA, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                       num_kv_heads=8, head_size=128, vocab_size=151936, norm_eps=1e-6, rope_theta=1e6,
+                       qk_norm=True, tie_embeddings=True),
+    "qwen3-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
+                     num_kv_heads=8, head_size=128, vocab_size=151936, norm_eps=1e-6, rope_theta=1e6, qk_norm=True),
     "qwen2.5-7b": dict(_LLAMA, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
                        num_kv_heads=4, vocab_size=152064, norm_eps=1e-6, rope_theta=1e6, qkv_bias=True),
     "neox-20b": dict(_NEOX, hidden_size=6144, intermediate_size=24576, num_layers=44, num_heads=64,
@@ -221,6 +227,9 @@ class ModelConfig:
     num_heads: AtLeastOne = 4
     num_kv_heads: AtLeastOne = 2
     """Key/value heads for grouped-query attention; equal to num_heads for multi-head attention."""
+    head_size: AtLeastOne | None = None
+    """Dimensions per attention head (Hugging Face's head_dim); default hiddenSize / numHeads.
+    Qwen3's small models set it apart (0.6B: 1024 / 16 heads, head_dim 128)."""
     vocab_size: AtLeastOne = 512
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -237,6 +246,8 @@ class ModelConfig:
     rope_original_max_positions: AtLeastOne = 8192
     qkv_bias: bool = False
     """Biases on the query, key and value projections (Qwen2/2.5), in the Llama family."""
+    qk_norm: bool = False
+    """RMSNorm on each query and key head before RoPE (Qwen3)."""
     tie_embeddings: bool = False
     """The LM head is the embedding matrix, one parameter (Llama 3.2 1B/3B, Qwen2.5 0.5B-3B:
     Hugging Face's tie_word_embeddings). Not with pipeline parallelism."""
@@ -244,7 +255,7 @@ class ModelConfig:
     """Std of the normal init; output projections use init_std / sqrt(2 * num_layers)."""
 
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     def kv_replicas(self, tensor: int) -> int:
         """Tensor-parallel ranks that hold each key/value head: 1 while the heads split over
@@ -255,17 +266,20 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count (the embeddings once when tied), used for MFU and reports."""
         h, i, v, L = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
-        kv = self.num_kv_heads * self.head_dim()
-        attn = h * (h + 2 * kv) + h * h
+        q, kv = self.num_heads * self.head_dim(), self.num_kv_heads * self.head_dim()
+        attn = h * (q + 2 * kv) + q * h + (2 * self.head_dim() if self.qk_norm else 0)
         mlp = (2 if self.family == "llama" else 1) * h * i + i * h
         norms = 2 * h if self.family == "llama" else 4 * h
-        biases = ((h + 2 * kv) if self.qkv_bias else 0) if self.family == "llama" else (h + 2 * kv) + h + i + h
+        biases = ((q + 2 * kv) if self.qkv_bias else 0) if self.family == "llama" else (q + 2 * kv) + h + i + h
         embeddings = (1 if self.tie_embeddings else 2) * v * h
         return embeddings + L * (attn + mlp + norms + biases) + (h if self.family == "llama" else 2 * h)
 
     def validate(self) -> None:
-        if self.hidden_size % self.num_heads:
-            raise ConfigError("model.numHeads", f"{self.num_heads} does not divide model.hiddenSize ({self.hidden_size})")
+        if self.hidden_size % self.num_heads and self.head_size is None:
+            raise ConfigError("model.numHeads", f"{self.num_heads} does not divide model.hiddenSize ({self.hidden_size}); "
+                              f"or set model.headSize")
+        if self.qk_norm and self.family != "llama":
+            raise ConfigError("model.qkNorm", "is for the llama family")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("model.numKvHeads", f"{self.num_kv_heads} does not divide model.numHeads ({self.num_heads})")
         if not 0.0 < self.rotary_pct <= 1.0:

@@ -44,6 +44,13 @@ MODELS = {  # our model config (the tiny preset plus overrides) and the matching
                                                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                                   rms_norm_eps=1e-5, max_position_embeddings=256,
                                                   tie_word_embeddings=True)),
+    # Qwen3 0.6B's shape: q/k norms, head_dim (64) apart from hidden / heads (32), tied
+    "qwen3": ({"preset": "tiny", "qkNorm": True, "headSize": 64, "tieEmbeddings": True},
+              lambda: transformers.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=352,
+                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=256,
+                                               tie_word_embeddings=True,
+                                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "qwen2": ({"preset": "tiny", "qkvBias": True},
               lambda: transformers.Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=352,
                                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -97,7 +104,7 @@ def _hf_loss(hf_dir: Path, family: str, tiny) -> float:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
 
 
-@pytest.mark.parametrize("family", ["llama", "llama3.1", "llama3.2", "qwen2", "neox"])
+@pytest.mark.parametrize("family", ["llama", "llama3.1", "llama3.2", "qwen2", "qwen3", "neox"])
 def test_init_from_hf_loss_equals_transformers_at_tp1_and_tp2(family, hf_dirs, tiny_data, tmp_path):
     expected = _hf_loss(hf_dirs[family], family, tiny_data)
     for tp in (1, 2):

@@ -37,6 +37,9 @@ FAMILIES = {  # a transformers config per family, with what distinguishes it
     # Llama 3.2 1B/3B: Llama 3.1's RoPE and one matrix for the embedding and the head
     "llama3.2-tied": lambda: transformers.LlamaConfig(**{**SHAPE, "tie_word_embeddings": True},
                                                       rope_parameters=LLAMA31_ROPE),
+    # Qwen3 0.6B's shape: q/k norms, head_dim (32) apart from hidden / heads (16), tied
+    "qwen3": lambda: transformers.Qwen3Config(**{**SHAPE, "tie_word_embeddings": True}, head_dim=32,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     "qwen2.5-small-tied": lambda: transformers.Qwen2Config(**{**SHAPE, "tie_word_embeddings": True},
                                                            rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
 }
@@ -120,8 +123,8 @@ def test_llama31_preset_is_what_its_config_json_says():
     (dict(model_type="llama", attention_bias=True), "attention_bias: true"),
     (dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn'"),
     (dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0}), "without its 'low_freq_factor'"),
-    (dict(model_type="llama", head_dim=32), "head_dim"),
-    (dict(model_type="qwen3"), "model_type 'qwen3' is not supported"),
+    (dict(model_type="qwen3", attention_bias=True), "attention_bias: true"),
+    (dict(model_type="gemma2"), "model_type 'gemma2' is not supported"),
 ])
 def test_what_we_cannot_represent_is_refused_by_name(config, named):
     base = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

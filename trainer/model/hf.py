@@ -1,7 +1,7 @@
 """Hugging Face checkpoints and ours: configs, a lazy safetensors reader, per-rank shards, merging.
 
 One table (:func:`param_map`) says how each of our parameters relates to Hugging Face's
-tensors, for the Llama family (``LLAMA_FAMILIES``: Llama 2 and 3.x, Mistral, Qwen2/2.5) and
+tensors, for the Llama family (``LLAMA_FAMILIES``: Llama 2 and 3.x, Mistral, Qwen2/2.5, Qwen3) and
 GPT-NeoX (``GPTNeoXForCausalLM``); both directions use it:
 
 ``rows``     column-parallel: split by rows over TP ranks (embeddings, lm_head, NeoX up_proj)
@@ -153,6 +153,9 @@ LLAMA_FAMILIES: dict[str, HFFamily] = {f.model_type: f for f in (
     HFFamily("mistral", "MistralForCausalLM", refuse=(("sliding_window", None),)),
     # Qwen2 and Qwen2.5: biases on q, k and v only
     HFFamily("qwen2", "Qwen2ForCausalLM", fixed=(("qkv_bias", True),), refuse=(("use_sliding_window", False),)),
+    # Qwen3: an RMSNorm on each query and key head, no biases, head_dim apart from hidden / heads
+    HFFamily("qwen3", "Qwen3ForCausalLM", fixed=(("qk_norm", True),),
+             refuse=(("attention_bias", False), ("use_sliding_window", False))),
 )}
 
 # Hugging Face's rope_type -> ours, and the rope parameters each one reads (theirs -> our field)
@@ -186,8 +189,7 @@ def _llama_fields(hf: dict, family: HFFamily, where: str) -> dict:
                                      f"(only {json.dumps(representable)})")
     if hf.get("hidden_act", "silu") != "silu":
         raise ConfigError(where, f"activation {hf.get('hidden_act')!r} is not supported (silu)")
-    if (hf.get("head_dim") or hf["hidden_size"] // heads) != hf["hidden_size"] // heads:
-        raise ConfigError(where, "head_dim must equal hidden_size / num_attention_heads")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     rope = hf.get("rope_parameters") or {}
     return dict(family="llama", hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
                 num_layers=hf["num_hidden_layers"], num_heads=heads,
@@ -195,7 +197,8 @@ def _llama_fields(hf: dict, family: HFFamily, where: str) -> dict:
                 norm_eps=float(hf["rms_norm_eps"]),
                 rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), rotary_pct=1.0,
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                **{"qkv_bias": False, **_rope_fields(hf, where), **dict(family.fixed)})
+                head_size=None if head_dim * heads == hf["hidden_size"] else head_dim,
+                **{"qkv_bias": False, "qk_norm": False, **_rope_fields(hf, where), **dict(family.fixed)})
 
 
 def model_fields(hf: dict, where: str = "init.from") -> dict:
@@ -294,6 +297,9 @@ def param_map(cfg: ModelConfig, hf_names=None) -> dict[str, Source]:
             out[ours + "self_attn.qkv_proj.weight"] = Source("blocks", tuple(attn + f"{p}_proj.weight" for p in "qkv"))
             if cfg.qkv_bias:
                 out[ours + "self_attn.qkv_proj.bias"] = Source("blocks", tuple(attn + f"{p}_proj.bias" for p in "qkv"))
+            if cfg.qk_norm:
+                for p in "qk":
+                    out[ours + f"self_attn.{p}_norm.weight"] = Source("full", (attn + f"{p}_norm.weight",))
             out[ours + "self_attn.o_proj.weight"] = Source("cols", (attn + "o_proj.weight",))
             out[ours + "post_attention_layernorm.weight"] = Source("full", (theirs + "post_attention_layernorm.weight",))
             out[ours + "mlp.gate_up_proj.weight"] = Source("blocks", (theirs + "mlp.gate_proj.weight",

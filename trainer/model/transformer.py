@@ -127,15 +127,21 @@ class Attention(nn.Module):
         qkv_w = init.normal(sum(splits), h)
         self.qkv_proj = tp.column_linear(qkv_w, splits, torch.zeros(sum(splits)) if neox or cfg.qkv_bias else None,
                                          replicas=[1, kv_rep, kv_rep])
-        self.o_proj = tp.row_linear(init.normal(h, h, output=True), torch.zeros(h) if neox else None)
+        self.o_proj = tp.row_linear(init.normal(h, cfg.num_heads * hd, output=True), torch.zeros(h) if neox else None)
+        # Qwen3: an RMSNorm over each query and key head (weights shared by the heads, replicated)
+        self.q_norm = Norm(hd, cfg.norm_eps, False, tp) if cfg.qk_norm else None
+        self.k_norm = Norm(hd, cfg.norm_eps, False, tp) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         b, s, _ = qkv.shape
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                              self.kv_heads * self.head_dim], dim=-1)
-        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(b, s, self.heads, self.head_dim)
+        k = k.view(b, s, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         repeat = self.heads // self.kv_heads
         if self.selective_ckpt and self.training:
@@ -224,7 +230,7 @@ def _skip_layer(cfg: ModelConfig, init: _Init) -> None:
     later stages get the same values as in a single process."""
     h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim()
     init.normal(cfg.num_heads * hd + 2 * cfg.num_kv_heads * hd, h)
-    init.normal(h, h, output=True)
+    init.normal(h, cfg.num_heads * hd, output=True)
     if cfg.family == "llama":
         init.normal(2 * i, h)
     else:
