@@ -198,3 +198,24 @@ def test_the_preflight_check_runs_the_trn1_xla_path_on_torch_xlas_cpu_device(nxd
     env = {k: v for k, v in nxd_env.items() if k != "NXD_CPU_MODE"}
     summary = _preflight({**env, "PJRT_DEVICE": "CPU"}, "neuron", 1, tmp_path)
     assert "1 nodes, 1 ranks, xla on the XLA device" in summary, summary
+
+
+# Every model feature of the newer families at once (trainer.model.hf.LLAMA_FAMILIES): Llama 3.1's
+# scaled RoPE, Qwen2's q/k/v biases, Qwen3's q/k norms and head size apart from hidden / heads,
+# and a head tied to the embedding (Llama 3.2, small Qwen)
+MODERN = ['model={"preset": "tiny", "ropeScaling": "llama3", "ropeFactor": 8.0, "ropeOriginalMaxPositions": 32, '
+          '"qkvBias": true, "qkNorm": true, "headSize": 64, "tieEmbeddings": true}']
+
+
+def test_nxd_layers_take_the_newer_families_features(nxd_env, tiny_data, tmp_path):
+    """The same model through NxD's layers at TP 2 (biased column-parallel q/k/v, replicated
+    q/k norms, a ColumnParallelLinear head sharing ParallelEmbedding's weight) against the
+    PyTorch backend in one process."""
+    ref = run_trainer(1, overrides(tiny_data, tmp_path, "ref", *STEPS, *MODERN, held_out(tiny_data),
+                                   "checkpoint.uri="))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    res = run_trainer(2, overrides(tiny_data, tmp_path, "nxd", *STEPS, *NEURON, *MODERN, held_out(tiny_data),
+                                   "checkpoint.uri=", "parallelism.tensor=2"), env=nxd_env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"neuronx-distributed \S+ in CPU mode", res.stderr), res.stderr[-2000:]
+    _assert_matches(tmp_path / "nxd.jsonl", tmp_path / "ref.jsonl", "modern tp2")

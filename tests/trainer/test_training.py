@@ -218,3 +218,19 @@ def test_tied_embeddings_train_with_zero1_and_resume_exactly(tiny_data, tmp_path
         assert part.returncode == 0, part.stderr[-3000:]
     a, b = read_losses(tmp_path / "full.jsonl"), read_losses(tmp_path / "part.jsonl")
     assert [a[s]["loss"] for s in (4, 5, 6)] == [b[s]["loss"] for s in (4, 5, 6)]
+
+
+def test_newer_family_features_at_tp2_match_one_process(tiny_data, tmp_path):
+    """Llama 3.1's scaled RoPE, Qwen2's q/k/v biases, Qwen3's q/k norms and head size, and a tied
+    head, at TP 2 against one process, step by step: each rank normalises only its own heads, so
+    the q/k norms' gradients are summed over the TP group (without it the copies drift apart by
+    step 3, relative 1e-4 in the gradient norm and growing)."""
+    from tests.nxd.test_nxd_cpu_mode import MODERN
+    steps = ["training.steps=4", "training.warmupSteps=2", "checkpoint.uri="]
+    one = run_trainer(1, overrides(tiny_data, tmp_path, "one", *MODERN, *steps))
+    two = run_trainer(2, overrides(tiny_data, tmp_path, "two", *MODERN, *steps, "parallelism.tensor=2"))
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    a, b = read_losses(tmp_path / "one.jsonl"), read_losses(tmp_path / "two.jsonl")
+    for s in (1, 2, 3, 4):
+        assert b[s]["loss"] == pytest.approx(a[s]["loss"], rel=1e-6)
+        assert b[s]["gradNorm"] == pytest.approx(a[s]["gradNorm"], rel=1e-4)

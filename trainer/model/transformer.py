@@ -131,6 +131,11 @@ class Attention(nn.Module):
         # Qwen3: an RMSNorm over each query and key head (weights shared by the heads, replicated)
         self.q_norm = Norm(hd, cfg.norm_eps, False, tp) if cfg.qk_norm else None
         self.k_norm = Norm(hd, cfg.norm_eps, False, tp) if cfg.qk_norm else None
+        if cfg.qk_norm and tp.size > 1:
+            # Each rank normalises only its own heads, so its gradient of these shared weights is
+            # partial: the optimizer sums it over the TP group (as for sequence-parallel norms).
+            for norm in (self.q_norm, self.k_norm):
+                norm.weight.sequence_partial = True  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
