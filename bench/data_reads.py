@@ -8,6 +8,11 @@ Per rank: object-store requests and bytes (what the proxy forwarded), tokenizer 
 raw-text reader (every rank reads and tokenizes every shard), measured in the same run.
 
     python -m bench.data_reads [--docs 16000] [--batch 64] [--seq-len 256] [--dp 1,2,4,8]
+                               [--format jsonl|jsonl.gz|jsonl.zst|parquet|arrow]
+
+With --format the raw shards are written in that format (trainer.data.formats) before upload:
+the raw reader reads it, and the prepared shards are made from it (the same tokens whatever the
+format, so the prepared rows' figures do not change).
 """
 
 from __future__ import annotations
@@ -24,6 +29,39 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from bench.common import free_port, table
 
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "arrow")
+
+
+def convert(folder: str, fmt: str) -> None:
+    """The generated .jsonl shards of ``folder`` rewritten as ``fmt`` (each with the same documents)."""
+    import gzip
+    import json
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if fmt == "jsonl":
+        return
+    for name in sorted(os.listdir(folder)):
+        path = f"{folder}/{name}"
+        data = open(path, "rb").read()
+        base = path[:-len(".jsonl")]
+        if fmt == "jsonl.gz":
+            open(f"{base}.jsonl.gz", "wb").write(gzip.compress(data))
+        elif fmt == "jsonl.zst":
+            with pa.CompressedOutputStream(f"{base}.jsonl.zst", "zstd") as out:
+                out.write(data)
+        else:
+            table_ = pa.table({"text": [json.loads(line)["text"] for line in data.splitlines() if line.strip()]})
+            if fmt == "parquet":
+                pq.write_table(table_, f"{base}.parquet")
+            else:
+                with pa.ipc.new_file(f"{base}.arrow", table_.schema) as writer:
+                    writer.write_table(table_)
+        os.remove(path)
 
 
 class CountingProxy:
@@ -113,6 +151,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="global batch, rows")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--dp", default="1,2,4,8")
+    ap.add_argument("--format", choices=FORMATS, default="jsonl", help="the raw shards' format")
     args = ap.parse_args()
     import os
 
@@ -129,6 +168,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="bench-data-")
     print(f"generating {args.docs} stories in {work} ...", flush=True)
     paths = tinydata.generate(work, docs=args.docs)
+    convert(paths["stories"], args.format)
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,7 +202,7 @@ def main() -> None:
         tokens = probe.tokens_per_epoch
         prepared_bytes = tokens * probe.dtype.itemsize
         steps = -(-tokens // (args.batch * (args.seq_len + 1)))  # one epoch
-        print(f"corpus: {raw_bytes / 1e6:.1f} MB raw text in 4 shards, {tokens} tokens "
+        print(f"corpus: {raw_bytes / 1e6:.1f} MB raw text ({args.format}) in 4 shards, {tokens} tokens "
               f"({prepared_bytes / 1e6:.1f} MB prepared, made in {prep_wall:.1f} s, {prep_cpu:.1f} CPU s); "
               f"one epoch = {steps} steps of {args.batch} x {args.seq_len + 1} tokens\n", flush=True)
 

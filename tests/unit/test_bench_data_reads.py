@@ -13,9 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.s3
 
 
-def test_the_data_reads_benchmark_runs_and_a_prepared_rank_reads_its_share():
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_the_data_reads_benchmark_runs_and_a_prepared_rank_reads_its_share(fmt):
+    """Whatever the raw format, the prepared shards made from it are read per rank."""
     res = subprocess.run([sys.executable, "-m", "bench.data_reads", "--docs", "800", "--batch", "16",
-                          "--seq-len", "32", "--dp", "1,2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--seq-len", "32", "--dp", "1,2", "--format", fmt], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert f"raw text ({fmt})" in res.stdout
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = [row for row in (line.split("|") for line in res.stdout.splitlines() if line.startswith("|"))
             if row[1].strip() == "prepared"]
