@@ -234,3 +234,28 @@ def test_newer_family_features_at_tp2_match_one_process(tiny_data, tmp_path):
     for s in (1, 2, 3, 4):
         assert b[s]["loss"] == pytest.approx(a[s]["loss"], rel=1e-6)
         assert b[s]["gradNorm"] == pytest.approx(a[s]["gradNorm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("before, after", [((2, True), (1, False)), ((1, False), (2, True))],
+                         ids=["dp2-zero1-to-dp1", "dp1-to-dp2-zero1"])
+def test_resume_at_another_data_parallel_degree(before, after, tiny_data, tmp_path):
+    """A run checkpointed at one data-parallel degree resumes at another (a node pool shrank or
+    grew): the model files are per (tensor, pipeline) rank and the optimizer's ZeRO-1 slices
+    are re-cut with the same moments (tests/unit/test_optim_reshard.py). From the checkpoint on,
+    the losses are an uninterrupted run's at the new degree, to the tolerance of a degree change
+    (the order of the gradient sums)."""
+    def run(name: str, dp_zero1, steps: int, uri: Path):
+        dp, zero1 = dp_zero1
+        res = run_trainer(dp, overrides(tiny_data, tmp_path, name, f"training.steps={steps}", "training.warmupSteps=2",
+                                        f"parallelism.zero1={str(zero1).lower()}", f"checkpoint.uri={uri}",
+                                        "checkpoint.intervalSteps=3"))
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res
+    run("moved", before, 3, tmp_path / "moved-ckpt")
+    resumed = run("moved", after, 6, tmp_path / "moved-ckpt")
+    assert "at step 3" in resumed.stderr and "resharded from" in resumed.stderr
+    run("still", after, 6, tmp_path / "still-ckpt")
+    a, b = read_losses(tmp_path / "moved.jsonl"), read_losses(tmp_path / "still.jsonl")
+    for s in (4, 5, 6):
+        print(f"step {s}: resumed at the new degree {a[s]['loss']:.7f}, uninterrupted there {b[s]['loss']:.7f}")
+        assert a[s]["loss"] == pytest.approx(b[s]["loss"], rel=1e-4)

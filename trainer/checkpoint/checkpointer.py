@@ -57,6 +57,7 @@ from ..store import errors as store_errors
 from ..contract.busy import busy
 from ..contract.podenv import PodEnv
 from ..config import CheckpointConfig, ConfigError
+from . import memtier
 from .memtier import MemoryTier
 from ..model.parallel import ParallelState
 
@@ -514,11 +515,14 @@ class Checkpointer:
         # save (trainer.checkpoint.memtier, which checks its own digests), else from the store; the small
         # files always from the store
         saved = meta.get("layout", {})
-        restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"), bool(saved.get("zero1")))
+        if self._same_optimizer_layout(saved, layout):
+            restored = self.memory.restore(tag.tag, meta.get("step"), meta.get("saveId"), bool(saved.get("zero1")))
+        else:  # the memory copies are slices of the old layout: the store's files are resharded
+            restored = memtier.Restored(None, memtier.STORE, memtier.STORE)
         self.restore_source = restored.gang_source
         state = None
         try:
-            state = self._read_state(tag_dir, meta, restored.state)
+            state = self._read_state(tag_dir, meta, restored.state, layout)
         except Damaged as exc:
             why = str(exc)
         why = self._agree_damage(why)
@@ -542,16 +546,28 @@ class Checkpointer:
                                                 "give it as init.from, not under the run's checkpoint.uri")
         saved = meta.get("layout", {})
         dims = ("tensor", "pipeline", "data")
-        if any(saved.get(d, 1) != layout[d] for d in dims):
-            field = next(d for d in dims if saved.get(d, 1) != layout[d])
-            raise ConfigError(f"parallelism.{field}" if field != "data" else "nodes",
+        # another data-parallel degree is resharded on load (_read_state): the model files are
+        # per (tensor, pipeline) rank, and the optimizer's ZeRO-1 slices are re-cut
+        if any(saved.get(d, 1) != layout[d] for d in ("tensor", "pipeline")):
+            field = next(d for d in ("tensor", "pipeline") if saved.get(d, 1) != layout[d])
+            raise ConfigError(f"parallelism.{field}",
                               f"checkpoint {tag.tag} was written with "
                               + " ".join(f"{d}={saved.get(d, 1)}" for d in dims) + "; this run has "
                               + " ".join(f"{d}={layout[d]}" for d in dims)
-                              + " (NxD checkpoints load only with the same layout)")
+                              + " (another tensor or pipeline degree: reshard it first, python -m "
+                                "trainer.checkpoint.convert reshard)")
 
-    def _read_state(self, tag_dir: str, meta: dict, from_memory: dict | None) -> dict:
-        """This rank's files of the tag, each checked against its record (Damaged if not)."""
+    @staticmethod
+    def _same_optimizer_layout(saved: dict, layout: dict) -> bool:
+        """Whether this rank's optimizer file of the tag is its state as it is (same data-parallel
+        degree and ZeRO-1 setting), or the state must be cut from the tag's slices."""
+        return saved.get("data", 1) == layout["data"] and bool(saved.get("zero1")) == bool(layout.get("zero1"))
+
+    def _read_state(self, tag_dir: str, meta: dict, from_memory: dict | None, layout: dict) -> dict:
+        """This rank's files of the tag, each checked against its record (Damaged if not). At
+        another data-parallel degree (or ZeRO-1 setting) "optim" is the list of the tag's
+        optimizer slices for this rank's (tensor, pipeline) coordinates, in data-parallel order:
+        the optimizer cuts its own slice from them (model.optim.ShardedAdamW.load_state_dict)."""
         ps, saved = self.ps, meta.get("layout", {})
         records = meta.get(DIGESTS)
         if records is not None and not isinstance(records, dict):
@@ -561,6 +577,14 @@ class Checkpointer:
             return self._read_file(tag_dir, path, None if records is None else _record(records, path))
         if from_memory is not None:
             state = from_memory
+        elif not self._same_optimizer_layout(saved, layout):
+            slices = range(saved.get("data", 1)) if saved.get("zero1") else [0]
+            state = {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
+                     "optim": [read(f"optim/{ckpt_store.shard_name(d, ps.tp_rank, ps.pp_rank)}") for d in slices]}
+            if ps.rank == 0:
+                log.info("restore: checkpoint written at data=%s zero1=%s, this run data=%s zero1=%s: the "
+                         "optimizer's state is resharded from %d slice(s)", saved.get("data", 1),
+                         bool(saved.get("zero1")), layout["data"], bool(layout.get("zero1")), len(slices))
         else:
             optim_dp = ps.dp_rank if saved.get("zero1") else 0
             state = {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),

@@ -305,6 +305,35 @@ class ShardedAdamW:
 
     # -- checkpoint state ------------------------------------------------------------------
 
+    def _cut(self, slices: list[dict]) -> dict:
+        """This rank's state from the slices of another data-parallel layout, in their order:
+        the moments laid end to end are the whole flat vector (the parameters in the same
+        order: same names, same tensor and pipeline rank), padded for the old degree; this
+        rank's slice is cut from it with this layout's padding. Exact: the same moments."""
+        numel = self.total - self.pad
+        for i, part in enumerate(slices):
+            if part["param_names"] != self.names:
+                raise ValueError("optimizer state does not match this model (other parameters: another "
+                                 "tensor or pipeline layout, or another model)")
+            if part["step"] != slices[0]["step"]:
+                raise ValueError(f"optimizer slices at different steps ({part['step']} and {slices[0]['step']})")
+            start, length, total = part["shard"]
+            if start != i * length or total != length * len(slices):
+                raise ValueError(f"optimizer slice {i} covers [{start}, {start + length}) of {total}: not one of "
+                                 f"{len(slices)} equal slices in order")
+        if slices[0]["shard"][2] < numel:
+            raise ValueError(f"optimizer state holds {slices[0]['shard'][2]} values, this model {numel}")
+        mine = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            whole = torch.cat([part[key].detach().to("cpu", torch.float32) for part in slices])[:numel]
+            whole = torch.cat([whole, torch.zeros(self.pad)]) if self.pad else whole
+            mine[key] = whole[self.start:self.start + self.shard_len].to(slices[0][key].dtype)
+        # the stochastic-rounding generator (bf16-sr) of the slice this rank held, else the first:
+        # ranks change with the degree, so its stream does too (fp32 does not use it)
+        same = slices[self.ps.dp_rank] if self.ps.dp_rank < len(slices) else slices[0]
+        return {**mine, "step": slices[0]["step"], "generator": same["generator"],
+                "shard": [self.start, self.shard_len, self.total], "param_names": self.names, "zero1": self.zero1}
+
     def state_dict(self) -> dict:
         if self.lazy:  # read at a checkpoint only (a host sync there is expected)
             self.step_count = int(self.step_tensor.item())
@@ -312,7 +341,12 @@ class ShardedAdamW:
                 "generator": self.gen.get_state(), "shard": [self.start, self.shard_len, self.total],
                 "param_names": self.names, "zero1": self.zero1}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """This rank's state; or every data-parallel slice of a checkpoint written at another
+        data-parallel degree or ZeRO-1 setting (trainer.checkpoint.checkpointer), from which
+        this rank's slice is cut."""
+        if isinstance(state, list):
+            state = self._cut(state)
         if state["shard"] != [self.start, self.shard_len, self.total] or state["param_names"] != self.names:
             raise ValueError("optimizer state does not match this model and layout "
                              "(checkpoints load only with the same tensor and data parallel degrees)")
