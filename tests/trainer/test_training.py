@@ -6,6 +6,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -258,4 +259,63 @@ def test_resume_at_another_data_parallel_degree(before, after, tiny_data, tmp_pa
     a, b = read_losses(tmp_path / "moved.jsonl"), read_losses(tmp_path / "still.jsonl")
     for s in (4, 5, 6):
         print(f"step {s}: resumed at the new degree {a[s]['loss']:.7f}, uninterrupted there {b[s]['loss']:.7f}")
+        assert a[s]["loss"] == pytest.approx(b[s]["loss"], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tp2_dp2_checkpoint(tiny_data, tmp_path_factory):
+    """A run at TP 2 x DP 2 with ZeRO-1, checkpointed at step 3."""
+    tmp = tmp_path_factory.mktemp("tp2dp2")
+    res = run_trainer(4, overrides(tiny_data, tmp, "source", "training.steps=3", "training.warmupSteps=2",
+                                   "parallelism.tensor=2", "parallelism.zero1=true", f"checkpoint.uri={tmp / 'ckpt'}",
+                                   "checkpoint.intervalSteps=3"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return tmp / "ckpt"
+
+
+@pytest.mark.parametrize("target, layout, reshard", [
+    ("tp1-dp2", ["parallelism.tensor=1"], ["--tensor", "1"]),
+    ("tp2-dp1", ["parallelism.tensor=2"], None),  # a data-parallel change alone: resharded on load
+    ("tp1-pp2", ["parallelism.pipeline=2"], ["--tensor", "1", "--pipeline", "2"]),
+])
+def test_a_tp2_dp2_checkpoint_resumes_at_other_degrees(target, layout, reshard, tp2_dp2_checkpoint, tiny_data,
+                                                         tmp_path):
+    """issue 47: TP 2 x DP 2 -> TP 1 x DP 2, TP 2 x DP 1 and TP 1 x PP 2. With other tensor or
+    pipeline degrees, trainer.checkpoint.convert reshard writes a new tag whose weights and
+    optimizer moments, merged, equal the original's bitwise; the resumed losses equal an
+    uninterrupted run at the new layout to the tolerance of a layout change."""
+    import torch
+
+    from trainer.checkpoint import reshard as reshard_module
+    from trainer.checkpoint.convert import _fs, read_tag
+    from trainer.model.hf import merge_to_hf
+
+    import shutil
+
+    uri = tmp_path / "copy"  # the resumed run writes on: the module's checkpoint stays at step 3
+    shutil.copytree(tp2_dp2_checkpoint, uri)
+    if reshard is not None:
+        out = tmp_path / "resharded"
+        conv = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(uri / "step_3"), str(out),
+                               *reshard], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert conv.returncode == 0, conv.stderr
+        uri = out
+
+        def merged(tag):
+            meta, cfg, shards = read_tag(str(tag))
+            fs, path = _fs(str(tag))
+            olds = [reshard_module._old_rank(fs, path, meta["layout"], r, s) for r, s in enumerate(shards)]
+            return [merge_to_hf(shards, cfg), merge_to_hf([o[1] for o in olds], cfg),
+                    merge_to_hf([o[2] for o in olds], cfg)]
+        for a, b in zip(merged(tp2_dp2_checkpoint / "step_3"), merged(out / "step_3")):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    common = ["training.steps=6", "training.warmupSteps=2", "checkpoint.intervalSteps=3", *layout]
+    resumed = run_trainer(2, overrides(tiny_data, tmp_path, "moved", *common, f"checkpoint.uri={uri}"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 3" in resumed.stderr
+    still = run_trainer(2, overrides(tiny_data, tmp_path, "still", *common, f"checkpoint.uri={tmp_path / 'still'}"))
+    assert still.returncode == 0, still.stderr[-3000:]
+    a, b = read_losses(tmp_path / "moved.jsonl"), read_losses(tmp_path / "still.jsonl")
+    for s in (4, 5, 6):
+        print(f"{target} step {s}: resumed {a[s]['loss']:.7f}, uninterrupted at this layout {b[s]['loss']:.7f}")
         assert a[s]["loss"] == pytest.approx(b[s]["loss"], rel=1e-4)

@@ -2,6 +2,7 @@
 
     python -m trainer.checkpoint.convert from-hf HF_DIR OUT_ROOT [--tensor N]
     python -m trainer.checkpoint.convert to-hf CHECKPOINT OUT_DIR [--tokenizer PATH]
+    python -m trainer.checkpoint.convert reshard CHECKPOINT OUT_ROOT --tensor T [--pipeline P]
 
 ``from-hf`` writes ``OUT_ROOT/step_0``: a checkpoint tag of ours holding only the model, split
 for tensor-parallel degree N, with the tokenizer; give it to a run as ``init.from`` (keep it out
@@ -196,10 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("out_dir")
     b.add_argument("--tokenizer", help="tokenizer.json or SentencePiece tokenizer.model to include (default: the one the run "
                    "trained with)")
+    c = sub.add_parser("reshard", help="checkpoint tag (or root: its newest complete tag) -> OUT_ROOT/<tag> at "
+                                       "other tensor and pipeline degrees (any data-parallel degree resumes from it)")
+    c.add_argument("checkpoint")
+    c.add_argument("out_root")
+    c.add_argument("--tensor", type=int, required=True, help="the new tensor-parallel degree")
+    c.add_argument("--pipeline", type=int, default=1, help="the new pipeline degree (default 1)")
     args = ap.parse_args(argv)
     try:
         started = time.perf_counter()
-        if args.cmd == "from-hf":
+        if args.cmd == "reshard":
+            from .reshard import reshard
+            tag = reshard(args.checkpoint, args.out_root, args.tensor, args.pipeline)
+            print(f"wrote {tag} ({time.perf_counter() - started:.1f}s); resume from it: checkpoint.uri: "
+                  f"{args.out_root}")
+        elif args.cmd == "from-hf":
             tag = from_hf(args.hf_dir, args.out_root, args.tensor)
             print(f"wrote {tag} ({time.perf_counter() - started:.1f}s); use it as init.from")
         else:
