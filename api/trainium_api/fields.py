@@ -141,6 +141,15 @@ class NoServerDefault:
 
 
 @dataclass(frozen=True)
+class Newer:
+    """A field trainer images older than ``release`` do not know (they refuse an unknown key).
+    Where an older image may read the config (the operator renders it for the image a run
+    names: load.to_dict ``older_words``), the field is written only when set away from its
+    default, so a run that does not use it still starts on an older image."""
+    release: str
+
+
+@dataclass(frozen=True)
 class Key:
     """The YAML/CRD key when it is not the camelCase of the Python name (``async``, ``from``)."""
     name: str

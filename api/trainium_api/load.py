@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any, Callable, Mapping, get_args, get_origin
 
-from .fields import Aliases, ConfigError, FieldInfo, IntOrString, OneOrList, api_fields, camel, literal_values, snake
+from .fields import Aliases, ConfigError, FieldInfo, IntOrString, Newer, OneOrList, api_fields, camel, literal_values, snake
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -170,13 +170,15 @@ def to_dict(obj: Any, drop_none: bool = False, older_words: bool = False) -> Any
     """Dataclass -> camelCase dict (the YAML/CRD form); derived fields are left out, and with
     ``drop_none`` so are fields that are not set (None). ``older_words``: an enumeration with
     Aliases is written with its older word, which every release reads (the trainer image a run
-    names may predate the current words)."""
+    names may predate the current words), and a field marked Newer is left out at its default."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {}
         for f in api_fields(type(obj)):
             value = getattr(obj, f.name)
             if drop_none and value is None:
                 continue
+            if older_words and f.mark(Newer) is not None and value == f.default:
+                continue  # an older trainer image refuses the key it does not know
             aliases = f.mark(Aliases) if older_words else None
             if aliases is not None:
                 value = aliases.older(value)

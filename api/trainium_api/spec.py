@@ -29,6 +29,7 @@ from .fields import (
     canonical_words,
     Min,
     MinLen,
+    Newer,
     NoServerDefault,
     OneOrList,
     Positive,
@@ -227,7 +228,7 @@ class ModelConfig:
     num_heads: AtLeastOne = 4
     num_kv_heads: AtLeastOne = 2
     """Key/value heads for grouped-query attention; equal to num_heads for multi-head attention."""
-    head_size: AtLeastOne | None = None
+    head_size: Annotated[int | None, Min(1), Newer("0.2")] = None
     """Dimensions per attention head (Hugging Face's head_dim); default hiddenSize / numHeads.
     Qwen3's small models set it apart (0.6B: 1024 / 16 heads, head_dim 128)."""
     vocab_size: AtLeastOne = 512
@@ -235,20 +236,24 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rotary_pct: float = 1.0
     """Fraction of each head's dimensions that get rotary embedding (0.25 for GPT-NeoX/Pythia)."""
-    rope_scaling: RopeScaling = "none"
+    rope_scaling: Annotated[RopeScaling, Newer("0.2")] = "none"
     """RoPE frequency scaling, as Hugging Face's rope_type: 'none' (default), 'linear'
     (frequencies / ropeFactor) or 'llama3' (Llama 3.1-3.3: low frequencies / ropeFactor, high
     kept, a smooth ramp between, set by ropeLowFreqFactor, ropeHighFreqFactor and
     ropeOriginalMaxPositions)."""
-    rope_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_positions: AtLeastOne = 8192
-    qkv_bias: bool = False
+    rope_factor: Annotated[float, Newer("0.2")] = 1.0
+    """ropeScaling's factor: how much longer the context is than the original's."""
+    rope_low_freq_factor: Annotated[float, Newer("0.2")] = 1.0
+    """llama3 scaling: wavelengths above ropeOriginalMaxPositions / this are divided by ropeFactor."""
+    rope_high_freq_factor: Annotated[float, Newer("0.2")] = 4.0
+    """llama3 scaling: wavelengths below ropeOriginalMaxPositions / this are kept."""
+    rope_original_max_positions: Annotated[int, Min(1), Newer("0.2")] = 8192
+    """llama3 scaling: the context length the model was first trained at."""
+    qkv_bias: Annotated[bool, Newer("0.2")] = False
     """Biases on the query, key and value projections (Qwen2/2.5), in the Llama family."""
-    qk_norm: bool = False
+    qk_norm: Annotated[bool, Newer("0.2")] = False
     """RMSNorm on each query and key head before RoPE (Qwen3)."""
-    tie_embeddings: bool = False
+    tie_embeddings: Annotated[bool, Newer("0.2")] = False
     """The LM head is the embedding matrix, one parameter (Llama 3.2 1B/3B, Qwen2.5 0.5B-3B:
     Hugging Face's tie_word_embeddings). Not with pipeline parallelism."""
     init_std: float = 0.02
@@ -357,7 +362,7 @@ class DataSource:
     path or s3://."""
     weight: PositiveNumber = 1.0
     """Relative sampling weight when several sources are mixed."""
-    text_field: str = ""
+    text_field: Annotated[str, Newer("0.2")] = ""
     """The JSON key or column holding this source's text (empty: data.textField)."""
 
 

@@ -287,7 +287,7 @@ def test_a_tp2_dp2_checkpoint_resumes_at_other_degrees(target, layout, reshard, 
     import torch
 
     from trainer.checkpoint import reshard as reshard_module
-    from trainer.checkpoint.convert import _fs, read_tag
+    from trainer.checkpoint.tags import _fs, read_tag
     from trainer.model.hf import merge_to_hf
 
     import shutil

@@ -121,3 +121,44 @@ def test_a_failure_record_needs_only_its_identity_and_time():
     assert lenient(FailureRecord, {"id": 4, "time": 1.0, "cause": "cosmic-ray"}).cause == "application"
     with pytest.raises(ConfigError):
         lenient(FailureRecord, {"time": 1.0})
+
+
+def test_fields_newer_than_older_trainer_images_are_left_out_of_their_config_at_default():
+    """A run may name a trainer image older than the operator (docs/install.md), which refuses
+    keys it does not know: the config the operator renders for it (load.to_dict older_words)
+    carries a field marked Newer only when the run sets it away from its default."""
+    import dataclasses
+
+    from trainium_api.fields import Newer, api_fields
+    from trainium_api.load import to_dict
+    from trainium_api.spec import RunConfig
+    from trainer.config import from_dict
+
+    def newer_keys(cls, out):
+        for f in api_fields(cls):
+            if f.mark(Newer) is not None:
+                out.add(f.key)
+            for tp in (f.type, *getattr(f.type, "__args__", ())):
+                if dataclasses.is_dataclass(tp):
+                    newer_keys(tp, out)
+        return out
+    newer = newer_keys(RunConfig, set())
+    assert {"textField", "headSize", "ropeScaling", "qkvBias", "qkNorm", "tieEmbeddings"} <= newer
+
+    def keys(d, out):
+        if isinstance(d, dict):
+            for k, v in d.items():
+                out.add(k)
+                keys(v, out)
+        elif isinstance(d, list):
+            for v in d:
+                keys(v, out)
+        return out
+    plain = from_dict({"model": {"preset": "llama2-7b"}, "data": {"sources": ["/c"], "tokenizer": "/t.json"}})
+    assert not keys(to_dict(plain, older_words=True), set()) & (newer - {"textField"})  # data.textField is older
+    assert "textField" not in keys(to_dict(plain, older_words=True)["data"]["sources"], set())
+    used = from_dict({"model": {"preset": "llama3.1-8b"}, "data": {"sources": [{"uri": "/c", "textField": "body"}],
+                                                                    "tokenizer": "/t.json"}})
+    rendered = to_dict(used, older_words=True)
+    assert rendered["model"]["ropeScaling"] == "llama3" and rendered["data"]["sources"][0]["textField"] == "body"
+    assert "qkvBias" not in rendered["model"]  # still at its default

@@ -31,6 +31,7 @@ from ..config import ConfigError, ModelConfig
 from ..model import hf
 from ..model.transformer import stage_layers
 from .checkpointer import DIGESTS
+from .tags import _check_tensor, _fs, read_tag, resolve_tag
 
 
 def _load(fs, path: str):
@@ -79,8 +80,6 @@ def _old_rank(fs, tag: str, layout: dict, tp: int, model_shard: dict) -> tuple[l
 
 def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int = 1) -> str:
     """Write OUT_ROOT/<the tag's name> at ``tensor`` x ``pipeline``; returns the new tag's URI."""
-    from .convert import _check_tensor, _fs, read_tag, resolve_tag
-
     tag_uri = resolve_tag(checkpoint)
     meta, cfg, model_shards = read_tag(tag_uri)
     if meta.get("weightsOnly"):

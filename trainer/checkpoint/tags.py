@@ -1,0 +1,62 @@
+"""Reading our checkpoint tags whole, for the offline tools (trainer.checkpoint.convert and
+trainer.checkpoint.reshard): a tag's meta, model config and every tensor-parallel model shard."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import fsspec
+import torch
+
+from trainium_api import checkpoints
+from trainium_api.load import build
+
+from . import ckpt_store
+from ..config import ConfigError, ModelConfig
+
+
+def _fs(uri: str):
+    fs, path = fsspec.core.url_to_fs(uri.rstrip("/"))
+    return fs, path.rstrip("/")
+
+
+def _check_tensor(model: ModelConfig, tp: int) -> None:
+    for name, value in (("numHeads", model.num_heads), ("intermediateSize", model.intermediate_size),
+                        ("vocabSize", model.vocab_size)):
+        if value % tp:
+            raise ConfigError("--tensor", f"{tp} does not divide model.{name} ({value})")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError("--tensor", f"{tp} neither divides nor is a multiple of model.numKvHeads "
+                                      f"({model.num_kv_heads})")
+
+
+def resolve_tag(uri: str) -> str:
+    """A complete tag: the URI itself, or the newest complete tag under a checkpoint root."""
+    fs, path = _fs(uri)
+    if fs.exists(f"{path}/{checkpoints.DONE}"):
+        return uri.rstrip("/")
+    newest = checkpoints.newest_complete(uri)
+    if newest is None:
+        raise ConfigError("CHECKPOINT", f"{uri} is neither a complete checkpoint tag nor a root holding one")
+    return newest.uri
+
+
+def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tensor]]]:
+    """meta.json, the model config and every tensor-parallel model shard of a complete tag."""
+    fs, tag = _fs(tag_uri)
+    meta = json.loads(fs.cat_file(f"{tag}/{checkpoints.META}"))
+    if not meta.get("model"):
+        raise ConfigError("CHECKPOINT", f"{tag_uri}/meta.json has no model config (written before this "
+                                        "release); re-save it with a current trainer")
+    # A checkpoint records the complete shape; its preset is only a label (from-hf wrote
+    # "from-hf" before this release, which is no preset), so it is not read.
+    model = build(ModelConfig, {k: v for k, v in meta["model"].items() if k != "preset"}, "model")
+    shards = []
+    for rank in range(meta["layout"]["tensor"]):
+        shard: dict = {}  # every pipeline stage's part of this tensor-parallel rank
+        for stage in range(meta["layout"].get("pipeline", 1)):
+            with fs.open(f"{tag}/model/{ckpt_store.shard_name(0, rank, stage)}", "rb") as fh:
+                shard.update(torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False))
+        shards.append(shard)
+    return meta, model, shards
