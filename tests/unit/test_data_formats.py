@@ -217,3 +217,57 @@ def test_the_format_table_is_the_one_source_of_suffixes():
     assert formats.format_of("a.json").container == "jsonl"
     assert formats.format_of("a.jsonl.bz2") is None
     assert set(formats.SUFFIXES) == {s for f in formats.FORMATS for s in f.suffixes}
+
+
+def test_listings_skip_what_tools_leave_beside_data_and_keep_data_with_documentation_names(tmp_path, tiny_data):
+    """Review findings: hidden and underscore folders (a Hugging Face download's .cache/, Jupyter's
+    .ipynb_checkpoints/, Spark's _temporary/) are skipped; a shard named like documentation is
+    data; a datasets folder's cache files from a map are not."""
+    from trainer.data.packed import list_shards
+
+    root = Path(write_format(tmp_path / "corpus", "jsonl"))
+    for junk in (".cache/huggingface/download/part-0.jsonl.metadata", ".ipynb_checkpoints/part-0-checkpoint.jsonl",
+                 "_temporary/0/task/part-9.parquet"):
+        (root / junk).parent.mkdir(parents=True, exist_ok=True)
+        (root / junk).write_text("{}")
+    (root / "readme-qa.jsonl").write_bytes(_jsonl(["a question", "an answer"]))
+    assert [p.rsplit("/", 1)[-1] for p in list_shards(str(root), "data.sources[0].uri")] == \
+        ["part-0.jsonl", "part-1.jsonl", "readme-qa.jsonl"]
+    datasets = pytest.importorskip("datasets")
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": DOCS[:10]}).save_to_disk(str(saved))
+    mapped = datasets.load_from_disk(str(saved)).map(lambda row: {"text": row["text"].upper()})
+    assert any(f["filename"].startswith(str(saved)) for f in mapped.cache_files)  # the cache file is there
+    assert [p.rsplit("/", 1)[-1] for p in list_shards(str(saved), "x")] == ["data-00000-of-00001.arrow"]
+
+
+def test_malformed_sources_found_by_review_are_named(tmp_path, tiny_data):
+    tok = tiny_data["tokenizer"]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([{"text": "a"}, {"text": "b"}], indent=1))
+    assert "is a JSON array, not JSON lines" in _first_read_error(str(array), tok).message
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"text": "fine"}\n{"text": "\\ud800"}\n')
+    assert "line 2: 'text' is not valid Unicode" in _first_read_error(str(surrogate), tok).message
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for k in range(2):
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty / f"part-{k}.parquet")
+    assert "none of the 2 shards holds a document" in _first_read_error(str(empty), tok).message
+    # categorical (dictionary) and string_view columns are text too
+    cats = tmp_path / "cats.parquet"
+    pq.write_table(pa.table({"text": pa.array(DOCS[:5]).dictionary_encode()}), cats)
+    PackedDataset(config([{"uri": str(cats)}], tok), 16, 7, 512).next_batch(2)
+    ndjson = tmp_path / "x.ndjson"
+    ndjson.write_bytes(_jsonl(DOCS))
+    PackedDataset(config([{"uri": str(ndjson)}], tok), 16, 7, 512).next_batch(2)
+
+
+def test_object_store_folder_markers_are_not_files():
+    """s3fs's find lists the zero-byte keys the S3 console's "Create folder" writes (``dir/``), and
+    EMR writes ``dir_$folder$``: neither is a shard nor a file to refuse."""
+    from trainer.data.packed import _shards_of
+
+    found = ["bkt/data/a.jsonl", "bkt/data/empty/", "bkt/data/sub/", "bkt/data/sub/b.jsonl", "bkt/data/old_$folder$"]
+    assert _shards_of(found, "s3://bkt/data", "data.sources[0].uri", root="bkt/data") == \
+        ["bkt/data/a.jsonl", "bkt/data/sub/b.jsonl"]

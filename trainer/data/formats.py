@@ -33,7 +33,7 @@ class ShardFormat:
 
 
 FORMATS: tuple[ShardFormat, ...] = (
-    ShardFormat("JSON lines", (".jsonl", ".json"), "jsonl"),
+    ShardFormat("JSON lines", (".jsonl", ".json", ".ndjson"), "jsonl"),
     ShardFormat("gzip JSON lines", (".jsonl.gz", ".json.gz"), "jsonl", "gzip"),
     ShardFormat("zstd JSON lines", (".jsonl.zst", ".json.zst", ".jsonl.zstd"), "jsonl", "zstd"),
     ShardFormat("Parquet", (".parquet",), "parquet"),
@@ -43,7 +43,7 @@ SUFFIXES: tuple[str, ...] = tuple(s for f in FORMATS for s in f.suffixes)
 
 # datasets.save_to_disk's metadata beside its .arrow files (a DatasetDict adds dataset_dict.json)
 DATASETS_METADATA = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
-DATASET_DICT = "dataset_dict.json"
+DATASET_DICT, DATASETS_STATE = "dataset_dict.json", "state.json"
 _DOCUMENTATION = (".md", ".rst")
 _DOCUMENTATION_NAMES = ("README", "LICENSE", "LICENCE", "NOTICE", "COPYING")
 
@@ -57,11 +57,22 @@ def format_of(path: str) -> ShardFormat | None:
     return None
 
 
-def ignorable(path: str, also: frozenset[str] = frozenset()) -> bool:
-    """A file a listing skips without reading: metadata, hidden or underscore files, documentation."""
-    name = path.rstrip("/").rsplit("/", 1)[-1]
-    return (name in DATASETS_METADATA or name in also or name.startswith((".", "_"))
-            or name.lower().endswith(_DOCUMENTATION) or name.upper().startswith(_DOCUMENTATION_NAMES))
+def ignorable(relative: str) -> bool:
+    """A listed path (relative to the source's root) a listing skips without reading: an object
+    store's folder marker (``dir/``, EMR's ``dir_$folder$``), anything under or named with a
+    leading ``.`` or ``_`` (``.cache/`` of a Hugging Face download, ``.ipynb_checkpoints/``,
+    Spark's ``_temporary/`` and ``_SUCCESS``, ``.crc`` files), ``datasets``' metadata, and
+    documentation that is in no readable format (``README.md``; ``readme-qa.jsonl`` is data)."""
+    if relative.endswith("/") or relative.endswith("_$folder$"):
+        return True
+    parts = [part for part in relative.split("/") if part]
+    if not parts or any(part.startswith((".", "_")) for part in parts):
+        return True
+    name = parts[-1]
+    if name in DATASETS_METADATA:
+        return True
+    return format_of(name) is None and (name.lower().endswith(_DOCUMENTATION)
+                                        or name.upper().startswith(_DOCUMENTATION_NAMES))
 
 
 def _decompressed(data: bytes, fmt: ShardFormat, name: str) -> bytes:
@@ -77,6 +88,9 @@ def _decompressed(data: bytes, fmt: ShardFormat, name: str) -> bytes:
 
 def _jsonl_texts(data: bytes, text_field: str, name: str) -> list[str]:
     texts = []
+    if data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"[":
+        raise ShardError(f"{name} is a JSON array, not JSON lines (one object a line): convert it, e.g. "
+                         f"jq -c '.[]' < file > file.jsonl")
     for number, line in enumerate(io.BytesIO(data), 1):
         if not line.strip():
             continue
@@ -94,6 +108,10 @@ def _jsonl_texts(data: bytes, text_field: str, name: str) -> list[str]:
         if not isinstance(text, str):
             raise ShardError(f"{name} line {number}: {text_field!r} is a JSON "
                              f"{'null' if text is None else type(text).__name__}, not a string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800) the tokenizer cannot take
+            raise ShardError(f"{name} line {number}: {text_field!r} is not valid Unicode ({exc.reason})") from None
         texts.append(text)
     return texts
 
@@ -116,6 +134,13 @@ def _arrow_table(data: bytes, fmt: ShardFormat, text_field: str, name: str):
         raise ShardError(f"{name} is not a valid {fmt.name} file ({exc})") from None
 
 
+def _stringlike(tp) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(tp) or pa.types.is_large_string(tp) or \
+        (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(tp))
+
+
 def _column_texts(table, text_field: str, name: str) -> list[str]:
     import pyarrow as pa
 
@@ -123,8 +148,11 @@ def _column_texts(table, text_field: str, name: str) -> list[str]:
         raise ShardError(f"{name} has no {text_field!r} column (its columns: "
                          f"{', '.join(table.column_names[:8]) or 'none'}); set the source's textField")
     column = table.column(text_field)
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+    if pa.types.is_dictionary(column.type) and _stringlike(column.type.value_type):  # pandas categoricals
+        column = column.cast(column.type.value_type)
+    if not _stringlike(column.type):
         raise ShardError(f"{name}: column {text_field!r} is {column.type}, not a string column")
+    column = column.cast(pa.large_string())  # string_view (Polars) and string alike
     if column.null_count:
         first = column.is_null().to_pylist().index(True)
         raise ShardError(f"{name}: column {text_field!r} is null in row {first} ({column.null_count} null rows)")

@@ -26,6 +26,7 @@ dict saved in every checkpoint.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 
 import fsspec
@@ -58,9 +59,25 @@ def _folder(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
-def _shards_of(found: list[str], uri: str, field_path: str, shown=lambda p: p) -> list[str]:
+def _listing_root(path: str) -> str:
+    """The folder a listing's paths are relative to: a glob's folder before its first wildcard,
+    else the path itself (a folder; a single file's own name is then its whole relative path)."""
+    if any(c in path for c in "*?["):
+        return _folder(re.split(r"[*?\[]", path, maxsplit=1)[0])
+    return path.rstrip("/")
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root) + 1:] if path.startswith(root + "/") else path.rsplit("/", 1)[-1]
+
+
+def _shards_of(found: list[str], uri: str, field_path: str, shown=lambda p: p, root: str = "",
+               saved_files: dict[str, set[str]] | None = None) -> list[str]:
     """The readable shards among a listing, sorted; what no format reads is refused by name
-    (``shown``: a listed path as the user writes it, with its protocol)."""
+    (``shown``: a listed path as the user writes it, with its protocol; ``root``: the folder the
+    paths are relative to; ``saved_files``: for a datasets.save_to_disk folder, the data files
+    its state.json lists; its other files, such as ``cache-*.arrow`` from a map, are skipped)."""
+    saved_files = saved_files or {}
     dataset_dicts = sorted(_folder(p) for p in found if p.rsplit("/", 1)[-1] == formats.DATASET_DICT)
     if dataset_dicts:
         top = dataset_dicts[0]
@@ -74,8 +91,11 @@ def _shards_of(found: list[str], uri: str, field_path: str, shown=lambda p: p) -
     prepared = {_folder(p) for p in found if p.rsplit("/", 1)[-1] in (MANIFEST, PARAMS)}
     shards, unreadable = [], []
     for p in sorted(found):
-        if _folder(p) in prepared or formats.ignorable(p):
+        if _folder(p) in prepared or formats.ignorable(_relative(p, root)):
             continue
+        listed = saved_files.get(_folder(p))
+        if listed is not None and p.rsplit("/", 1)[-1] not in listed:
+            continue  # beside a save_to_disk folder's data: a map's or filter's cache file
         (shards if formats.format_of(p) else unreadable).append(p)
     if unreadable:
         more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
@@ -98,7 +118,20 @@ def list_shards(uri: str, field_path: str) -> list[str]:
     except OSError as exc:  # only what retrying cannot mend reaches here (trainer.store.errors)
         raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
     shown = fs.unstrip_protocol if "://" in uri else (lambda p: p)
-    return [shown(p) for p in _shards_of(found, uri, field_path, shown)]
+    root = _listing_root(path)
+    saved = {_folder(p): _saved_files(fs, p, uri) for p in found if p.rsplit("/", 1)[-1] == formats.DATASETS_STATE}
+    return [shown(p) for p in _shards_of(found, uri, field_path, shown, root,
+                                         {k: v for k, v in saved.items() if v is not None})]
+
+
+def _saved_files(fs, state_path: str, uri: str) -> set[str] | None:
+    """The data files a datasets.save_to_disk folder's state.json lists (None: not one we can
+    read, and the folder's files are then taken by the general rule)."""
+    try:
+        state = json.loads(retry(lambda: fs.cat_file(state_path), f"read {state_path} of {uri}"))
+        return {entry["filename"] for entry in state["_data_files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_texts(uri: str, text_field: str) -> list[str]:
@@ -176,10 +209,14 @@ class DocumentSource:
                 self.pos.epoch += 1
 
     def _current(self) -> list[int]:
+        empty = 0
         while True:
             self._ensure_loaded()
             if self._texts:
                 return self._doc_tokens(self.pos.doc)
+            empty += 1
+            if empty > len(self.shards):  # a whole epoch without a document: it would loop for ever
+                raise ConfigError(self.field_path, f"none of the {len(self.shards)} shards holds a document")
             self._advance_doc()  # empty shard
 
     def take(self, n: int) -> list[int]:
