@@ -102,12 +102,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Mistral 7B v0.3 (no sliding window), Qwen2.5 7B (qkv biases; its embeddings are untied)
     "mistral-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                        num_kv_heads=8, vocab_size=32768, norm_eps=1e-5, rope_theta=1e6),
-    # Qwen3 0.6B and 8B (Qwen/Qwen3-0.6B, -8B config.json): q/k norms, head_dim 128
+    # Qwen3 0.6B and 8B (Qwen/Qwen3-0.6B, -8B config.json): q/k norms, head_dim 128 (8B: hidden / heads)
     "qwen3-0.6b": dict(_LLAMA, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
                        num_kv_heads=8, head_size=128, vocab_size=151936, norm_eps=1e-6, rope_theta=1e6,
                        qk_norm=True, tie_embeddings=True),
     "qwen3-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
-                     num_kv_heads=8, head_size=128, vocab_size=151936, norm_eps=1e-6, rope_theta=1e6, qk_norm=True),
+                     num_kv_heads=8, vocab_size=151936, norm_eps=1e-6, rope_theta=1e6, qk_norm=True),
     "qwen2.5-7b": dict(_LLAMA, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
                        num_kv_heads=4, vocab_size=152064, norm_eps=1e-6, rope_theta=1e6, qkv_bias=True),
     "neox-20b": dict(_NEOX, hidden_size=6144, intermediate_size=24576, num_layers=44, num_heads=64,
@@ -262,6 +262,16 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.head_size or self.hidden_size // self.num_heads
 
+    def same_field(self, name: str, theirs) -> bool:
+        """Whether this config's field ``name`` (snake case) says what ``theirs`` says: numbers
+        to 1e-9, and a head size by the dimension it gives (unset is hidden / heads)."""
+        if name == "head_size":
+            return self.head_dim() == (theirs or self.hidden_size // self.num_heads)
+        mine = getattr(self, name)
+        if isinstance(theirs, float) and isinstance(mine, (int, float)) and not isinstance(mine, bool):
+            return abs(mine - theirs) <= 1e-9 * max(abs(mine), abs(theirs))
+        return mine == theirs
+
     def kv_replicas(self, tensor: int) -> int:
         """Tensor-parallel ranks that hold each key/value head: 1 while the heads split over
         the ranks, tensor / numKvHeads beyond (Llama 2 70B's 8 heads at TP 32: 4), as NxD's
@@ -283,8 +293,14 @@ class ModelConfig:
         if self.hidden_size % self.num_heads and self.head_size is None:
             raise ConfigError("model.numHeads", f"{self.num_heads} does not divide model.hiddenSize ({self.hidden_size}); "
                               f"or set model.headSize")
-        if self.qk_norm and self.family != "llama":
-            raise ConfigError("model.qkNorm", "is for the llama family")
+        if self.family != "llama":  # GPT-NeoX's layout has none of these (trainer.model.hf)
+            for name, value in (("qkNorm", self.qk_norm), ("headSize", self.head_size),
+                                ("tieEmbeddings", self.tie_embeddings)):
+                if value:
+                    raise ConfigError(f"model.{name}", "is for the llama family")
+        if self.qk_norm and self.qkv_bias:  # no Hugging Face family has both: it could not go out
+            raise ConfigError("model.qkNorm", "with model.qkvBias: no family has both (Qwen2 has the "
+                                              "biases, Qwen3 the norms)")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("model.numKvHeads", f"{self.num_kv_heads} does not divide model.numHeads ({self.num_heads})")
         if not 0.0 < self.rotary_pct <= 1.0:

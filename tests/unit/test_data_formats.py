@@ -271,3 +271,13 @@ def test_object_store_folder_markers_are_not_files():
     found = ["bkt/data/a.jsonl", "bkt/data/empty/", "bkt/data/sub/", "bkt/data/sub/b.jsonl", "bkt/data/old_$folder$"]
     assert _shards_of(found, "s3://bkt/data", "data.sources[0].uri", root="bkt/data") == \
         ["bkt/data/a.jsonl", "bkt/data/sub/b.jsonl"]
+
+
+def test_a_prepared_sources_text_field_is_not_its_position(tmp_path, tiny_data):
+    """A prepared source's tokens are made: another textField on it does not move its position."""
+    tok = tiny_data["tokenizer"]
+    before = config([{"uri": tiny_data["stories_prepared"]}], tok)
+    meta = {"dataSources": source_list(before), "textField": "text"}
+    after = config([{"uri": tiny_data["stories_prepared"], "textField": "content"}], tok)
+    assert changed_data(meta, after, ["prepared"]) is None
+    assert changed_data(meta, after, ["raw"])[0] == "data.sources[0].textField"

@@ -142,3 +142,27 @@ def test_qkv_bias_is_counted_and_only_for_the_llama_family():
     with pytest.raises(ConfigError) as err:
         from_dict({"model": {"preset": "tiny", "family": "neox", "numKvHeads": 4, "qkvBias": True}})
     assert err.value.field == "model.qkvBias"
+
+
+def test_review_findings_on_presets_mfu_and_combinations():
+    # qwen3-8b's head size is hidden / heads: its config.json's head_dim 128 matches the preset
+    qwen3_8b = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                    rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False)
+    hf.check_matches(from_dict({"model": {"preset": "qwen3-8b"}}).model, qwen3_8b, "Qwen/Qwen3-8B")
+    explicit = from_dict({"model": {"preset": "qwen3-8b", "headSize": 128}}).model  # said outright: the same
+    hf.check_matches(explicit, qwen3_8b, "Qwen/Qwen3-8B")
+    # a tied head is a matmul: MFU counts it (num_params counts the matrix once)
+    from trainer.model.metrics import flops_per_token
+    tied = from_dict({"model": {"preset": "llama3.2-1b"}}).model
+    untied = from_dict({"model": {"preset": "llama3.2-1b", "tieEmbeddings": False}}).model
+    assert flops_per_token(tied, 2048) == flops_per_token(untied, 2048)
+    for model, field in (({"preset": "tiny", "qkvBias": True, "qkNorm": True}, "model.qkNorm"),
+                         ({"preset": "pythia-6.9b", "headSize": 64}, "model.headSize"),
+                         ({"preset": "pythia-6.9b", "tieEmbeddings": True}, "model.tieEmbeddings")):
+        with pytest.raises(ConfigError) as err:
+            from_dict({"model": model})
+        assert err.value.field == field
+    # to-hf of a scaled RoPE writes it both ways and a context past the original
+    out = hf.hf_config(from_dict({"model": {"preset": "llama3.1-8b"}}).model)
+    assert out["rope_scaling"] == out["rope_parameters"] and out["max_position_embeddings"] == 65536

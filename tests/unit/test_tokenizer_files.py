@@ -152,3 +152,17 @@ def test_convert_carries_a_sentencepiece_tokenizer_both_ways(spm_model, tmp_path
     theirs = transformers.AutoTokenizer.from_pretrained(str(back))
     assert ours.encode_batch([TEXTS[7]])[0].ids == theirs.encode(TEXTS[7])
     assert json.loads((back / "config.json").read_text())["eos_token_id"] == 2
+
+
+def test_data_prepared_without_bos_is_not_taken_by_a_run_that_adds_it(spm_model, tmp_path):
+    """Review finding: the ids depend on the directory's add_bos_token too, so the digest does."""
+    src = corpus(tmp_path)
+    no_bos = hf_directory(tmp_path, spm_model, add_bos=False)
+    assert prepare_main(["--source", src, "--tokenizer", str(no_bos), "--out", str(tmp_path / "prep")]) == 0
+    assert torch.equal(first_rows(str(tmp_path / "prep"), str(no_bos)), first_rows(src, str(no_bos)))
+    with pytest.raises(ConfigError) as err:
+        first_rows(str(tmp_path / "prep"), str(spm_model))  # the bare model adds BOS
+    assert err.value.field == "data.tokenizer"
+    # the usual BOS keeps the file's own digest (data prepared before this check still matches)
+    import hashlib
+    assert read_tokenizer(str(spm_model), "</s>")[1] == hashlib.sha256(spm_model.read_bytes()).hexdigest()

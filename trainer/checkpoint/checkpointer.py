@@ -410,9 +410,11 @@ class Checkpointer:
         if saved != tp:
             raise ConfigError("parallelism.tensor", f"init.from {tag_uri} was written with tensor={saved}, this "
                                                     f"run has {tp} (convert it: python -m trainer.checkpoint.convert)")
+        from trainium_api.fields import snake
+
         from ..config import camel, to_dict
         for key, value in (meta.get("model") or {}).items():
-            if key != "preset" and to_dict(model).get(key) != value:
+            if key != "preset" and hasattr(model, snake(key)) and not model.same_field(snake(key), value):
                 raise ConfigError(f"model.{camel(key)}", f"{to_dict(model).get(key)} in this run's model config "
                                                          f"but {value} in {tag_uri}")
         shard: dict = {}

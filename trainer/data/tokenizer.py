@@ -109,8 +109,11 @@ def read_tokenizer(uri: str, eos_token: str):
     try:
         if path.endswith(".model"):
             directory = path.rsplit("/", 1)[0] if path.endswith("/" + SENTENCEPIECE_NAME) else None
-            tok = SentencePieceTokenizer(data, _add_bos(directory) if directory else True)
-            digest = tokenizer_digest(data)
+            add_bos = _add_bos(directory) if directory else True
+            tok = SentencePieceTokenizer(data, add_bos)
+            # the ids it makes depend on the BOS choice too: data prepared without BOS is not taken
+            # for a run that adds it (a model's usual BOS keeps the file's own digest)
+            digest = tokenizer_digest(data if add_bos else data + b"\0add_bos_token=false")
         else:
             # decoded as fsspec's text mode did (the locale's encoding, universal newlines), so the
             # digest of a tokenizer is the one manifests already record

@@ -81,7 +81,7 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str,
         then = _text_fields(saved if saved is not None else [{}] * len(data.sources), meta["textField"])
         now = _text_fields(source_list(data), None)
         for i, (was, now_i) in enumerate(zip(then, now)):
-            if was != now_i:
+            if was != now_i and (kinds is None or kinds[i] != "prepared"):  # a prepared source's tokens are made
                 own = data.sources[i].text_field
                 return (f"data.sources[{i}].textField" if own else "data.textField"), json.dumps(was), json.dumps(now_i)
     for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("packing", data.packing)):

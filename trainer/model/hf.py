@@ -240,8 +240,7 @@ def check_matches(ours: ModelConfig, hf: dict, uri: str) -> None:
     """Refuse, naming our field, any shape or constant that differs from the checkpoint's."""
     for name, theirs in model_fields(hf).items():
         mine = getattr(ours, name)
-        same = math.isclose(mine, theirs, rel_tol=1e-9) if isinstance(theirs, float) else mine == theirs
-        if not same:
+        if not ours.same_field(name, theirs):
             raise ConfigError(f"model.{camel(name)}", f"{mine} in this run's model config but {theirs} in "
                                                       f"{uri}/{CONFIG}; set it to match (or pick another preset)")
 
@@ -257,9 +256,16 @@ def hf_config(cfg: ModelConfig) -> dict:
         rope_type = {v: k for k, v in _ROPE_TYPES.items()}[cfg.rope_scaling]
         rope = {"rope_type": rope_type, "rope_theta": cfg.rope_theta,
                 **{theirs: getattr(cfg, field) for theirs, field in _ROPE_PARAMS[cfg.rope_scaling].items()}}
+        scaled = {}
+        if cfg.rope_scaling != "none":
+            # rope_scaling too: transformers 4.x and other readers take the scaling from there; and a
+            # context past the original (transformers warns when it is not, and caps at 2048 without it)
+            scaled = dict(rope_scaling=rope, max_position_embeddings=int(
+                cfg.rope_original_max_positions * cfg.rope_factor) if cfg.rope_scaling == "llama3" else
+                int(2048 * cfg.rope_factor))
         return dict(common, model_type=family.model_type, architectures=[family.architecture], hidden_act="silu",
                     num_key_value_heads=cfg.num_kv_heads, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                    rope_parameters=rope, head_dim=cfg.head_dim(),
+                    rope_parameters=rope, head_dim=cfg.head_dim(), **scaled,
                     **{key: representable for key, representable in family.refuse})
     return dict(common, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], hidden_act="gelu",
                 layer_norm_eps=cfg.norm_eps, use_parallel_residual=True, rotary_pct=cfg.rotary_pct,

@@ -18,7 +18,8 @@ PEAK_FLOPS = {
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """6N + 12 L H Q T (PaLM appendix B; nanoGPT estimate_mfu): N parameters without the
     input embedding, L layers, H heads, Q head dimension, T sequence length."""
-    n = cfg.num_params() - cfg.vocab_size * cfg.hidden_size
+    # the input embedding's lookup is no matmul; a tied head is one (num_params counts the matrix once)
+    n = cfg.num_params() - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size)
     return 6 * n + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim() * seq_len
 
 
