@@ -194,8 +194,9 @@ def test_documented_convert_round_trip_runs_as_written(hf_dirs, tmp_path):
     """docs/trainer.md's two convert commands, one after the other, with its placeholders filled in
     the way a user would (to-hf reads what from-hf wrote: OUT_ROOT/step_0) and the optional
     arguments left out: transformers loads the result and its logits equal the original's."""
-    from_hf, to_hf = _readme_commands("python -m trainer.checkpoint.convert ")
-    assert " from-hf " in from_hf and " to-hf " in to_hf, (from_hf, to_hf)
+    commands = _readme_commands("python -m trainer.checkpoint.convert ")
+    from_hf = next(c for c in commands if " from-hf " in c)
+    to_hf = next(c for c in commands if " to-hf " in c)
     out_root, back = tmp_path / "ours", tmp_path / "back"
     filled = {"HF_DIR": hf_dirs["llama"], "OUT_ROOT": out_root, "CHECKPOINT": out_root / "step_0", "OUT_DIR": back}
     for line in (from_hf, to_hf):
