@@ -304,7 +304,7 @@ def test_a_tp2_dp2_checkpoint_resumes_at_other_degrees(target, layout, reshard, 
         def merged(tag):
             meta, cfg, shards = read_tag(str(tag))
             fs, path = _fs(str(tag))
-            olds = [reshard_module._old_rank(fs, path, meta["layout"], r, s) for r, s in enumerate(shards)]
+            olds = [reshard_module._old_rank(fs, path, meta, r, s) for r, s in enumerate(shards)]
             return [merge_to_hf(shards, cfg), merge_to_hf([o[1] for o in olds], cfg),
                     merge_to_hf([o[2] for o in olds], cfg)]
         for a, b in zip(merged(tp2_dp2_checkpoint / "step_3"), merged(out / "step_3")):

@@ -70,3 +70,27 @@ def test_slices_that_do_not_fit_are_refused():
         _optim(1, 0, False).load_state_dict([slices[0], other])
     with pytest.raises(ValueError, match="different steps"):
         _optim(1, 0, False).load_state_dict([slices[0], dict(slices[1], step=8)])
+
+
+def test_a_rank_needs_only_the_old_slices_its_range_overlaps_and_keeps_none_of_them():
+    """The checkpointer reads only the overlapping slices (a rank's memory and reads stay about one
+    slice, whatever the degrees); the result has its own storage, not a view of an old slice."""
+    from trainer.model.optim import shard_geometry
+
+    slices, whole_avg, _ = _written(4, True)
+    numel = whole_avg.numel()
+    for rank in range(3):
+        opt = _optim(3, rank, True)
+        start, length, _ = shard_geometry(numel, 3, rank)
+        old_len = slices[0]["shard"][1]
+        wanted = range(start // old_len, -(-min(start + length, numel) // old_len))
+        assert len(wanted) <= 2
+        opt.load_state_dict({"slices": {i: slices[i] for i in wanted}, "count": 4})
+        expected = torch.cat([whole_avg, torch.zeros(opt.pad)])[opt.start:opt.start + opt.shard_len]
+        assert torch.equal(opt.exp_avg, expected)
+    lonely = _optim(3, 1, True)
+    with pytest.raises(ValueError, match="was not read"):
+        lonely.load_state_dict({"slices": {0: slices[0]}, "count": 4})
+    cut = _optim(1, 0, False)._cut(dict(enumerate(slices)), 4)
+    assert all(cut["exp_avg"].untyped_storage().data_ptr() != s["exp_avg"].untyped_storage().data_ptr()
+               for s in slices)

@@ -227,12 +227,7 @@ class Checkpointer:
         return self.results[-1] if self.results else None
 
     def _files(self, meta: dict) -> list[str]:
-        lay = meta["layout"]
-        tps, pps = range(lay["tensor"]), range(lay.get("pipeline", 1))
-        files = [f"model/{ckpt_store.shard_name(0, t, p)}" for p in pps for t in tps]
-        dps = range(lay["data"]) if lay["zero1"] else [0]
-        files += [f"optim/{ckpt_store.shard_name(d, t, p)}" for p in pps for d in dps for t in tps]
-        return files + ["scheduler.pt", "user_content.pt", checkpoints.META]
+        return tag_files(meta["layout"])
 
     def _save_id(self) -> str:
         """What tells this save from every other one, a save of the same step included: rank
@@ -559,6 +554,32 @@ class Checkpointer:
                               + " (another tensor or pipeline degree: reshard it first, python -m "
                                 "trainer.checkpoint.convert reshard)")
 
+    def _overlapping_slices(self, read, saved: dict, layout: dict, model: dict) -> dict:
+        """The tag's optimizer slices (this rank's tensor and pipeline coordinates) that this
+        rank's new ZeRO-1 range overlaps, by index: a rank reads about one old slice, not the
+        whole optimizer, whatever the degrees (model.optim.ShardedAdamW._cut takes them)."""
+        from ..model.optim import shard_geometry
+
+        ps = self.ps
+        count = saved.get("data", 1) if saved.get("zero1") else 1
+
+        def name(d: int) -> str:
+            return f"optim/{ckpt_store.shard_name(d, ps.tp_rank, ps.pp_rank)}"
+        first = read(name(0))
+        if not isinstance(first, dict) or "param_names" not in first or "shard" not in first:
+            raise Damaged(f"{name(0)} is not an optimizer state")
+        try:
+            numel = sum(model[n].numel() for n in first["param_names"])
+        except KeyError as exc:
+            raise Damaged(f"{name(0)} names a parameter the model file lacks ({exc})") from None
+        new_parts = layout["data"] if layout.get("zero1") else 1
+        start, length, _ = shard_geometry(numel, new_parts, ps.dp_rank if layout.get("zero1") else 0)
+        old_len = first["shard"][1]
+        hi = min(start + length, numel)
+        wanted = range(start // old_len, -(-hi // old_len)) if hi > start and old_len else range(0)
+        slices = {d: first if d == 0 else read(name(d)) for d in wanted if d < count}
+        return {"slices": slices or {0: first}, "count": count}
+
     @staticmethod
     def _same_optimizer_layout(saved: dict, layout: dict) -> bool:
         """Whether this rank's optimizer file of the tag is its state as it is (same data-parallel
@@ -580,13 +601,13 @@ class Checkpointer:
         if from_memory is not None:
             state = from_memory
         elif not self._same_optimizer_layout(saved, layout):
-            slices = range(saved.get("data", 1)) if saved.get("zero1") else [0]
-            state = {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
-                     "optim": [read(f"optim/{ckpt_store.shard_name(d, ps.tp_rank, ps.pp_rank)}") for d in slices]}
+            model = read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}")
+            state = {"model": model, "optim": self._overlapping_slices(read, saved, layout, model)}
             if ps.rank == 0:
                 log.info("restore: checkpoint written at data=%s zero1=%s, this run data=%s zero1=%s: the "
-                         "optimizer's state is resharded from %d slice(s)", saved.get("data", 1),
-                         bool(saved.get("zero1")), layout["data"], bool(layout.get("zero1")), len(slices))
+                         "optimizer's state is resharded from %d of %d slice(s)", saved.get("data", 1),
+                         bool(saved.get("zero1")), layout["data"], bool(layout.get("zero1")),
+                         len(state["optim"]["slices"]), state["optim"]["count"])
         else:
             optim_dp = ps.dp_rank if saved.get("zero1") else 0
             state = {"model": read(f"model/{ckpt_store.shard_name(0, ps.tp_rank, ps.pp_rank)}"),
@@ -619,6 +640,15 @@ class Checkpointer:
             raise Damaged(f"{path} is missing") from exc
         except Exception as exc:  # noqa: BLE001 - unreadable or unparsable: damaged, whatever the cause
             raise Damaged(f"{path}: cannot read or parse it ({type(exc).__name__}: {_one_line(exc)})") from exc
+
+
+def tag_files(lay: dict) -> list[str]:
+    """Every file of a tag written at layout ``lay`` (meta.json's ``files``)."""
+    tps, pps = range(lay["tensor"]), range(lay.get("pipeline", 1))
+    files = [f"model/{ckpt_store.shard_name(0, t, p)}" for p in pps for t in tps]
+    dps = range(lay["data"]) if lay["zero1"] else [0]
+    files += [f"optim/{ckpt_store.shard_name(d, t, p)}" for p in pps for d in dps for t in tps]
+    return files + ["scheduler.pt", "user_content.pt", checkpoints.META]
 
 
 def _read_all(fs, path: str) -> bytes:

@@ -25,7 +25,6 @@ import fsspec
 import torch
 
 from trainium_api import checkpoints
-from trainium_api.load import build
 
 from . import ckpt_store
 from .tags import _check_tensor, _fs, read_tag, resolve_tag
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("checkpoint")
     c.add_argument("out_root")
     c.add_argument("--tensor", type=int, required=True, help="the new tensor-parallel degree")
-    c.add_argument("--pipeline", type=int, default=1, help="the new pipeline degree (default 1)")
+    c.add_argument("--pipeline", type=int, help="the new pipeline degree (default: the checkpoint's)")
     args = ap.parse_args(argv)
     try:
         started = time.perf_counter()

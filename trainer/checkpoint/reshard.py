@@ -9,8 +9,9 @@ new degrees: a moment has its parameter's shape and layout, so it travels by the
 Exact: the same weights and moments, in fp32 as saved. The optimizer is written without ZeRO-1
 slices (one per tensor and pipeline rank), which a run at any data-parallel degree cuts its own
 slice from on load (model.optim.ShardedAdamW); the data position, step, scheduler and RNG states
-are copied. The new tag goes under OUT_ROOT (another root than the checkpoint's): point the
-run's ``checkpoint.uri`` there, or give the tag as ``checkpoint.resume``.
+are copied (the stochastic-rounding generator, bf16-sr only, is the first rank's for every new
+rank). The new tag goes under OUT_ROOT (a new root): point the run's ``checkpoint.uri`` there.
+Every file read is checked against the tag's records; a tag marked damaged is refused.
 
 One process reads the whole model and its moments (three times the fp32 model in memory): a
 tool for a layout change between runs, not a step of every restart.
@@ -18,7 +19,6 @@ tool for a layout change between runs, not a step of every restart.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 
@@ -30,13 +30,8 @@ from . import ckpt_store, store_write
 from ..config import ConfigError, ModelConfig
 from ..model import hf
 from ..model.transformer import stage_layers
-from .checkpointer import DIGESTS
-from .tags import _check_tensor, _fs, read_tag, resolve_tag
-
-
-def _load(fs, path: str):
-    with fs.open(path, "rb") as fh:
-        return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+from .checkpointer import DIGESTS, tag_files
+from .tags import _check_tensor, _fs, load_checked, read_tag, resolve_tag
 
 
 def _stage_of(name: str, cfg: ModelConfig, pipeline: int) -> int:
@@ -58,12 +53,13 @@ def _unflatten(flat: torch.Tensor, names: list[str], shapes: dict[str, torch.Siz
     return out
 
 
-def _old_rank(fs, tag: str, layout: dict, tp: int, model_shard: dict) -> tuple[list[str], dict, dict, list]:
+def _old_rank(fs, tag: str, meta: dict, tp: int, model_shard: dict) -> tuple[list[str], dict, dict, list]:
     """One old tensor-parallel rank over every pipeline stage: its parameter names in the
     optimizer's order, and its two moments by name (ZeRO-1 slices laid end to end)."""
+    layout = meta["layout"]
     names, avg, sq, states = [], {}, {}, []
     for pp in range(layout.get("pipeline", 1)):
-        slices = [_load(fs, f"{tag}/optim/{ckpt_store.shard_name(d, tp, pp)}")
+        slices = [load_checked(fs, tag, f"optim/{ckpt_store.shard_name(d, tp, pp)}", meta)
                   for d in (range(layout["data"]) if layout.get("zero1") else [0])]
         stage_names = slices[0]["param_names"]
         shapes = {n: model_shard[n].shape for n in stage_names}
@@ -78,10 +74,15 @@ def _old_rank(fs, tag: str, layout: dict, tp: int, model_shard: dict) -> tuple[l
     return names, avg, sq, states
 
 
-def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int = 1) -> str:
-    """Write OUT_ROOT/<the tag's name> at ``tensor`` x ``pipeline``; returns the new tag's URI."""
+def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = None) -> str:
+    """Write OUT_ROOT/<the tag's name> at ``tensor`` x ``pipeline`` (None: the tag's own);
+    returns the new tag's URI."""
+    for flag, degree in (("--tensor", tensor), ("--pipeline", pipeline)):
+        if degree is not None and degree < 1:
+            raise ConfigError(flag, f"must be at least 1, got {degree}")
     tag_uri = resolve_tag(checkpoint)
     meta, cfg, model_shards = read_tag(tag_uri)
+    pipeline = pipeline or meta["layout"].get("pipeline", 1)
     if meta.get("weightsOnly"):
         raise ConfigError("CHECKPOINT", f"{tag_uri} holds weights only (from-hf): convert from-hf again with "
                                         f"--tensor {tensor}")
@@ -99,7 +100,9 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int = 1) -> s
     layout = meta["layout"]
     print(f"reshard {tag_uri}: tensor={layout['tensor']} pipeline={layout.get('pipeline', 1)} -> "
           f"tensor={tensor} pipeline={pipeline}", flush=True)
-    olds = [_old_rank(src_fs, src, layout, r, shard) for r, shard in enumerate(model_shards)]
+    if fs.exists(f"{root}/{name}"):
+        raise ConfigError("OUT_ROOT", f"{out_root}/{name} exists: write the resharded tag under a new root")
+    olds = [_old_rank(src_fs, src, meta, r, shard) for r, shard in enumerate(model_shards)]
     order = olds[0][0]  # every parameter in model order: the optimizer's, stage after stage
     whole = {"model": hf.merge_to_hf(model_shards, cfg),
              "exp_avg": hf.merge_to_hf([o[1] for o in olds], cfg),
@@ -127,11 +130,15 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int = 1) -> s
             records[optim_path] = store_write.save_torch(fs, f"{tag}/{optim_path}", optim)
             print(f"  wrote tensor rank {r + 1}/{tensor}, stage {p + 1}/{pipeline}", flush=True)
     for small in ("scheduler.pt", "user_content.pt"):
+        load_checked(src_fs, src, small, meta)  # checked against its record before it is carried
         data = src_fs.cat_file(f"{src}/{small}")
         store_write.write_bytes(fs, f"{tag}/{small}", data)
         records[small] = store_write.record_of(data)
-    new_meta = {k: v for k, v in meta.items() if k not in ("saveId", DIGESTS)}
-    new_meta.update(layout={"tensor": tensor, "pipeline": pipeline, "data": 1, "zero1": False},
+    new_layout = {"tensor": tensor, "pipeline": pipeline, "data": 1, "zero1": False}
+    # not the old gang's: no writer (a fence in OUT_ROOT would take this tag for a late one and
+    # retention would delete it), no save id (no memory copy is of it), its own files and time
+    new_meta = {k: v for k, v in meta.items() if k not in ("saveId", "writer", DIGESTS)}
+    new_meta.update(layout=new_layout, files=tag_files(new_layout), time=time.time(),
                     reshardedFrom={"tag": tag_uri, "layout": layout, "time": time.time()})
     new_meta[DIGESTS] = records
     store_write.write_bytes(fs, f"{tag}/{checkpoints.META}", json.dumps(new_meta, indent=1).encode())

@@ -32,9 +32,14 @@ def _check_tensor(model: ModelConfig, tp: int) -> None:
 
 
 def resolve_tag(uri: str) -> str:
-    """A complete tag: the URI itself, or the newest complete tag under a checkpoint root."""
+    """A complete tag: the URI itself, or the newest complete tag under a checkpoint root. A tag
+    a restore marked damaged is refused (its files would be carried into what is made from it)."""
     fs, path = _fs(uri)
     if fs.exists(f"{path}/{checkpoints.DONE}"):
+        if fs.exists(f"{path}/{checkpoints.DAMAGED}"):
+            raise ConfigError("CHECKPOINT", f"{uri} is marked damaged ({checkpoints.DAMAGED}: "
+                                            f"{fs.cat_file(f'{path}/{checkpoints.DAMAGED}')[:300]!r}); use an "
+                                            f"older tag or the root (its newest complete tag)")
         return uri.rstrip("/")
     newest = checkpoints.newest_complete(uri)
     if newest is None:
@@ -56,7 +61,23 @@ def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tens
     for rank in range(meta["layout"]["tensor"]):
         shard: dict = {}  # every pipeline stage's part of this tensor-parallel rank
         for stage in range(meta["layout"].get("pipeline", 1)):
-            with fs.open(f"{tag}/model/{ckpt_store.shard_name(0, rank, stage)}", "rb") as fh:
-                shard.update(torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False))
+            shard.update(load_checked(fs, tag, f"model/{ckpt_store.shard_name(0, rank, stage)}", meta))
         shards.append(shard)
     return meta, model, shards
+
+
+def load_checked(fs, tag: str, name: str, meta: dict):
+    """One file of a tag, loaded after its bytes matched meta.json's record of it (a tag written
+    before records: trusted); a file that does not match is refused by name."""
+    from .checkpointer import DIGESTS
+    from .store_write import mismatch, record_of
+
+    data = fs.cat_file(f"{tag}/{name}")
+    records = meta.get(DIGESTS)
+    if isinstance(records, dict):
+        recorded = records.get(name)
+        why = f"{name} has no record in {checkpoints.META}" if not isinstance(recorded, dict) else \
+            mismatch(name, recorded, record_of(data))
+        if why is not None:
+            raise ConfigError("CHECKPOINT", f"{tag} is damaged: {why}")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)

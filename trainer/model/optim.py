@@ -60,6 +60,14 @@ def sum_sq(t: torch.Tensor) -> torch.Tensor:
     return t.dot(t)
 
 
+def shard_geometry(numel: int, parts: int, index: int) -> tuple[int, int, int]:
+    """(start, length, total) of slice ``index`` of a flat vector of ``numel`` values cut into
+    ``parts`` equal slices (ZeRO-1 over the data-parallel group), padded to ``total``."""
+    total = -(-numel // parts) * parts
+    length = total // parts
+    return index * length, length, total
+
+
 class ShardedAdamW:
     """AdamW over flat buffers. At construction every parameter's storage moves into one
     contiguous buffer and every gradient becomes a view of a second one (as DDP's
@@ -79,10 +87,8 @@ class ShardedAdamW:
         self.zero1 = zero1 and ps.dp > 1
         self.bf16_sr = cfg.precision == "bf16-sr"
         numel = sum(p.numel() for p in self.params)
-        parts = ps.dp if self.zero1 else 1
-        self.total = -(-numel // parts) * parts  # padded so every shard has the same length
-        self.shard_len = self.total // parts
-        self.start = (ps.dp_rank if self.zero1 else 0) * self.shard_len
+        self.start, self.shard_len, self.total = shard_geometry(numel, ps.dp if self.zero1 else 1,
+                                                                ps.dp_rank if self.zero1 else 0)
         dev, dtype = ps.device, self.params[0].dtype
         self.lazy = ps.runtime.lazy
         self.pad = self.total - numel
@@ -305,33 +311,41 @@ class ShardedAdamW:
 
     # -- checkpoint state ------------------------------------------------------------------
 
-    def _cut(self, slices: list[dict]) -> dict:
-        """This rank's state from the slices of another data-parallel layout, in their order:
-        the moments laid end to end are the whole flat vector (the parameters in the same
-        order: same names, same tensor and pipeline rank), padded for the old degree; this
-        rank's slice is cut from it with this layout's padding. Exact: the same moments."""
+    def _cut(self, slices: dict[int, dict], count: int) -> dict:
+        """This rank's state from slices of another data-parallel layout (``count`` of them,
+        ``slices`` those this rank's range overlaps, by index): laid end to end they are the
+        whole flat vector (the parameters in the same order: same names, same tensor and
+        pipeline rank), padded for the old degree; this rank's range is copied out of the
+        ones it overlaps, padded for this layout. Exact: the same moments."""
         numel = self.total - self.pad
-        for i, part in enumerate(slices):
+        first = next(iter(slices.values()))
+        for i, part in slices.items():
             if part["param_names"] != self.names:
                 raise ValueError("optimizer state does not match this model (other parameters: another "
                                  "tensor or pipeline layout, or another model)")
-            if part["step"] != slices[0]["step"]:
-                raise ValueError(f"optimizer slices at different steps ({part['step']} and {slices[0]['step']})")
+            if part["step"] != first["step"]:
+                raise ValueError(f"optimizer slices at different steps ({part['step']} and {first['step']})")
             start, length, total = part["shard"]
-            if start != i * length or total != length * len(slices):
+            if start != i * length or total != length * count:
                 raise ValueError(f"optimizer slice {i} covers [{start}, {start + length}) of {total}: not one of "
-                                 f"{len(slices)} equal slices in order")
-        if slices[0]["shard"][2] < numel:
-            raise ValueError(f"optimizer state holds {slices[0]['shard'][2]} values, this model {numel}")
+                                 f"{count} equal slices in order")
+        old_len, old_total = first["shard"][1], first["shard"][2]
+        if old_total < numel:
+            raise ValueError(f"optimizer state holds {old_total} values, this model {numel}")
         mine = {}
+        lo, hi = self.start, min(self.start + self.shard_len, numel)  # past numel: this layout's padding
         for key in ("exp_avg", "exp_avg_sq"):
-            whole = torch.cat([part[key].detach().to("cpu", torch.float32) for part in slices])[:numel]
-            whole = torch.cat([whole, torch.zeros(self.pad)]) if self.pad else whole
-            mine[key] = whole[self.start:self.start + self.shard_len].to(slices[0][key].dtype)
-        # the stochastic-rounding generator (bf16-sr) of the slice this rank held, else the first:
-        # ranks change with the degree, so its stream does too (fp32 does not use it)
-        same = slices[self.ps.dp_rank] if self.ps.dp_rank < len(slices) else slices[0]
-        return {**mine, "step": slices[0]["step"], "generator": same["generator"],
+            out = torch.zeros(self.shard_len, dtype=first[key].dtype)  # its own storage: no old slice kept
+            for i in range(lo // old_len, -(-hi // old_len)) if hi > lo else ():
+                if i not in slices:
+                    raise ValueError(f"optimizer slice {i} of {count} is needed for [{lo}, {hi}) and was not read")
+                a, b = max(lo, i * old_len), min(hi, (i + 1) * old_len)
+                out[a - lo:b - lo] = slices[i][key].detach().to("cpu")[a - i * old_len:b - i * old_len]
+            mine[key] = out
+        # the stochastic-rounding generator (bf16-sr) of the slice this rank held, else the first
+        # read: ranks change with the degree, so its stream does too (fp32 does not use it)
+        same = slices.get(self.ps.dp_rank, first)
+        return {**mine, "step": first["step"], "generator": same["generator"],
                 "shard": [self.start, self.shard_len, self.total], "param_names": self.names, "zero1": self.zero1}
 
     def state_dict(self) -> dict:
@@ -342,14 +356,17 @@ class ShardedAdamW:
                 "param_names": self.names, "zero1": self.zero1}
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
-        """This rank's state; or every data-parallel slice of a checkpoint written at another
-        data-parallel degree or ZeRO-1 setting (trainer.checkpoint.checkpointer), from which
-        this rank's slice is cut."""
+        """This rank's state; or, from a checkpoint written at another data-parallel degree or
+        ZeRO-1 setting, the old slices this rank's range needs (trainer.checkpoint.checkpointer:
+        ``{"slices": {index: state}, "count": n}``; a list is all of them), from which its slice
+        is cut."""
         if isinstance(state, list):
-            state = self._cut(state)
+            state = {"slices": dict(enumerate(state)), "count": len(state)}
+        if "slices" in state:
+            state = self._cut(state["slices"], state["count"])
         if state["shard"] != [self.start, self.shard_len, self.total] or state["param_names"] != self.names:
-            raise ValueError("optimizer state does not match this model and layout "
-                             "(checkpoints load only with the same tensor and data parallel degrees)")
+            raise ValueError("optimizer state does not match this model and layout (another tensor or pipeline "
+                             "degree: python -m trainer.checkpoint.convert reshard)")
         self.step_count = state["step"]
         if self.lazy:
             self.step_tensor.fill_(float(self.step_count))
