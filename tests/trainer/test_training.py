@@ -221,15 +221,16 @@ def test_tied_embeddings_train_with_zero1_and_resume_exactly(tiny_data, tmp_path
     assert [a[s]["loss"] for s in (4, 5, 6)] == [b[s]["loss"] for s in (4, 5, 6)]
 
 
-def test_newer_family_features_at_tp2_match_one_process(tiny_data, tmp_path):
+@pytest.mark.parametrize("model", ["qwen3-like", "qwen2-like"])
+def test_newer_family_features_at_tp2_match_one_process(model, tiny_data, tmp_path):
     """Llama 3.1's scaled RoPE, Qwen2's q/k/v biases, Qwen3's q/k norms and head size, and a tied
     head, at TP 2 against one process, step by step: each rank normalises only its own heads, so
     the q/k norms' gradients are summed over the TP group (without it the copies drift apart by
     step 3, relative 1e-4 in the gradient norm and growing)."""
     from tests.nxd.test_nxd_cpu_mode import MODERN
     steps = ["training.steps=4", "training.warmupSteps=2", "checkpoint.uri="]
-    one = run_trainer(1, overrides(tiny_data, tmp_path, "one", *MODERN, *steps))
-    two = run_trainer(2, overrides(tiny_data, tmp_path, "two", *MODERN, *steps, "parallelism.tensor=2"))
+    one = run_trainer(1, overrides(tiny_data, tmp_path, "one", *MODERN[model], *steps))
+    two = run_trainer(2, overrides(tiny_data, tmp_path, "two", *MODERN[model], *steps, "parallelism.tensor=2"))
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
     a, b = read_losses(tmp_path / "one.jsonl"), read_losses(tmp_path / "two.jsonl")
     for s in (1, 2, 3, 4):
@@ -309,6 +310,20 @@ def test_a_tp2_dp2_checkpoint_resumes_at_other_degrees(target, layout, reshard, 
                     merge_to_hf([o[2] for o in olds], cfg)]
         for a, b in zip(merged(tp2_dp2_checkpoint / "step_3"), merged(out / "step_3")):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        meta = json.loads((out / "step_3" / "meta.json").read_text())
+        assert "writer" not in meta and meta["reshardedFrom"]["layout"]["tensor"] == 2
+        assert all((out / "step_3" / f).exists() for f in meta["files"])  # its own layout's files
+        source = tmp_path / "copy" / "step_3"
+        again = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),
+                                str(out), *reshard], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert again.returncode == 2 and "exists" in again.stderr
+        if target == "tp1-dp2":  # a damaged tag is refused, not laundered into a new whole one
+            (source / checkpoints.DAMAGED).write_text('{"reason": "test"}')
+            bad = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),
+                                  str(tmp_path / "laundered"), *reshard], capture_output=True, text=True, cwd=ROOT,
+                                 timeout=300)
+            assert bad.returncode == 2 and "marked damaged" in bad.stderr
+            (source / checkpoints.DAMAGED).unlink()
     common = ["training.steps=6", "training.warmupSteps=2", "checkpoint.intervalSteps=3", *layout]
     resumed = run_trainer(2, overrides(tiny_data, tmp_path, "moved", *common, f"checkpoint.uri={uri}"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
