@@ -31,7 +31,7 @@ from ..config import ConfigError, ModelConfig
 from ..model import hf
 from ..model.transformer import stage_layers
 from .checkpointer import DIGESTS, tag_files
-from .tags import _check_tensor, _fs, load_checked, read_tag, resolve_tag
+from .tags import _check_tensor, _fs, load_checked, read_checked, read_tag, resolve_tag
 
 
 def _stage_of(name: str, cfg: ModelConfig, pipeline: int) -> int:
@@ -130,8 +130,7 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
             records[optim_path] = store_write.save_torch(fs, f"{tag}/{optim_path}", optim)
             print(f"  wrote tensor rank {r + 1}/{tensor}, stage {p + 1}/{pipeline}", flush=True)
     for small in ("scheduler.pt", "user_content.pt"):
-        load_checked(src_fs, src, small, meta)  # checked against its record before it is carried
-        data = src_fs.cat_file(f"{src}/{small}")
+        data = read_checked(src_fs, src, small, meta)  # checked against its record before it is carried
         store_write.write_bytes(fs, f"{tag}/{small}", data)
         records[small] = store_write.record_of(data)
     new_layout = {"tensor": tensor, "pipeline": pipeline, "data": 1, "zero1": False}

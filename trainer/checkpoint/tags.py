@@ -69,6 +69,11 @@ def read_tag(tag_uri: str) -> tuple[dict, ModelConfig, list[dict[str, torch.Tens
 def load_checked(fs, tag: str, name: str, meta: dict):
     """One file of a tag, loaded after its bytes matched meta.json's record of it (a tag written
     before records: trusted); a file that does not match is refused by name."""
+    return torch.load(io.BytesIO(read_checked(fs, tag, name, meta)), map_location="cpu", weights_only=False)
+
+
+def read_checked(fs, tag: str, name: str, meta: dict) -> bytes:
+    """One file's bytes, read once and checked against meta.json's record (load_checked)."""
     from .checkpointer import DIGESTS
     from .store_write import mismatch, record_of
 
@@ -80,4 +85,4 @@ def load_checked(fs, tag: str, name: str, meta: dict):
             mismatch(name, recorded, record_of(data))
         if why is not None:
             raise ConfigError("CHECKPOINT", f"{tag} is damaged: {why}")
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    return data
