@@ -133,6 +133,10 @@ class ProgressReport:
     loss: float | None = _number(float, -1e9, 1e9, digits=5)
     """Likewise."""
     last_checkpoint_step: int | None = _number(*_STEP)
+    last_checkpoint_time: float | None = _number(float, 0.0, 1e11, digits=3)
+    """When the step of ``last_checkpoint_step`` ended (epoch seconds), None where the writer does
+    not know (a checkpoint an earlier process wrote): the operator counts the steps trained
+    after it, lost to a failure, by their own time rather than by the run's step time."""
     start_step: int | None = _number(*_STEP, default=0)
     """The step this process resumed at, 0 on a fresh start."""
     eval_perplexity: float | None = _number(float, 0.0, 1e30, digits=4)

@@ -153,6 +153,10 @@ class FailureRecord(_Written):
     step: int | None = None
     """The failed attempt's newest step."""
     checkpoint_step: int | None = None
+    checkpoint_time: float | None = None
+    """When the failed attempt's step ``checkpoint_step`` ended, where its trainer said so
+    (progress ``lastCheckpointTime``): the recompute phase is then the time from it to
+    ``last_progress_time``, not the steps between them times ``step_seconds``."""
     step_seconds: float | None = None
     teardown_done_time: float | None = None
     recovered_time: float | None = None

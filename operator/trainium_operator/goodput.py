@@ -67,6 +67,7 @@ def _walk(total: LostSeconds, previous_end: float, failures: list[FailureRecord]
     none yet). Returns where the timeline ends."""
     for i, f in enumerate(failures):
         lost = LostSeconds()
+        began = previous_end  # the failed attempt's training start
         detected = f.time
         nxt = failures[i + 1].time if i + 1 < len(failures) else after
         last_step = max(f.last_progress_time or previous_end, previous_end)
@@ -87,7 +88,13 @@ def _walk(total: LostSeconds, previous_end: float, failures: list[FailureRecord]
         if f.teardown_done_time:
             lost.schedule += max(0.0, resumed - max(f.teardown_done_time, last_step))
         previous_end = max(resumed, torn_down)
-        if step is not None and step_s:
+        if f.checkpoint_time and base == f.checkpoint_step and f.last_progress_time and \
+                began - step_s <= f.checkpoint_time <= f.last_progress_time:
+            # the trainer said when the checkpointed step ended: the steps since, by their own
+            # time (step times drift; the run's smoothed one is off by seconds on a busy host).
+            # A time outside the attempt (a clock far off, user code) is not used.
+            lost.recompute += max(0.0, f.last_progress_time - max(f.checkpoint_time, began))
+        elif step is not None and step_s:
             lost.recompute += max(0, step - (base or 0)) * step_s
         _add(total, lost)
         if by_restart is not None and f.restart in RESTART_FIELDS:

@@ -276,6 +276,7 @@ class GangState:
     loss: float | None
     last_checkpoint_step: int | None
     last_progress_time: float | None
+    last_checkpoint_time: float | None = None  # when last_checkpoint_step's step ended, where a pod says
     start_step: int | None = None  # where the reporting processes began (their checkpoint), if known
     first_step_time: float | None = None  # when their first step ended (the last pod's), where they say
     eval_perplexity: float | None = None  # newest held-out perplexity, when the run evaluates
@@ -292,15 +293,17 @@ class GangState:
 def gang_state(pods: list[PodView]) -> GangState:
     reports = [p.progress for p in pods if p.progress]
     newest = max(reports, key=lambda r: r.step, default=None)
+    checkpointed = max((r.last_checkpoint_step for r in reports if r.last_checkpoint_step is not None), default=None)
     return GangState(
         pods=pods, running=sum(p.phase == "Running" and not p.deleting for p in pods),
         scheduled=sum(bool(p.node) for p in pods), succeeded=sum(succeeded(p) for p in pods),
         step=newest.step if newest else None,
         tokens_per_second=newest.tokens_per_second if newest else None,
         loss=newest.loss if newest else None,
-        last_checkpoint_step=max((r.last_checkpoint_step for r in reports if r.last_checkpoint_step is not None),
-                                 default=None),
+        last_checkpoint_step=checkpointed,
         last_progress_time=max((r.time for r in reports if r.time), default=None),
+        last_checkpoint_time=max((r.last_checkpoint_time for r in reports
+                                  if r.last_checkpoint_step == checkpointed and r.last_checkpoint_time), default=None),
         start_step=newest.start_step if newest else None,
         first_step_time=max((r.first_step_time for r in reports if r.first_step_time), default=None),
         eval_perplexity=next((r.eval_perplexity for r in sorted(reports, key=lambda r: -r.step)

@@ -88,6 +88,8 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
         # stale when the failure is found in the pass that first sees the gang's last steps
         last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
         step=gang.step, checkpoint_step=seen.checkpoint_step, step_seconds=old.step_seconds, restart=action.restart,
+        # the failed attempt's trainer saved that step itself and says when it ended
+        checkpoint_time=gang.last_checkpoint_time if gang.last_checkpoint_step == seen.checkpoint_step else None,
         exempt="capacity" if failure.capacity else "voluntary" if failure.voluntary else None,
         runtime_status=failure.runtime_status or None)
     timeline = history + [record]

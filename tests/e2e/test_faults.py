@@ -279,6 +279,13 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     assert spans[0][1][1] < spans[1][1][0]
     # the operator's goodput against the trainer's own clock
     assert abs(gp["effectiveRatio"] - truth.ratio) <= 0.02, (gp, truth)
+    # the steps after the checkpoint the run resumed from were counted by their own time: the
+    # failed attempt's trainer saved that step and said when it ended (its step log's time)
+    failure = st["failures"][-1]
+    if failure.get("checkpointStep") == failure.get("resumedStep") and failure.get("checkpointStep"):
+        # (the gang's newest of its pods' reports: the ranks end a step within a collective's time)
+        ended = truth_step_end(d, failure["checkpointStep"], fault_time)
+        assert ended is not None and abs(failure.get("checkpointTime", 0) - ended) < 0.25, (failure, ended)
     # the restarted attempt said what reading and loading its checkpoint took: its own phase
     # (the tiny model restores in hundredths of a second: 0.0 once rounded is a report too)
     assert st["current"].get("restoreSeconds") is not None, st["current"]
@@ -287,6 +294,12 @@ def survive(e2e, reference: drill.Truth, ns: str, body: dict, fault: str, source
     # where it read from: an in-place restart keeps the pods and their memory (checkpoint.memory),
     # a new pod has none and reads the store (the slowest rank's source is the run's)
     assert st["current"].get("restoreSource") == (source or ("memory" if fault in IN_PLACE else "store")), st["current"]
+
+
+def truth_step_end(d: Drill, step: int, before: float) -> float | None:
+    """When the attempt that failed at ``before`` ended ``step``, by the trainer's step log."""
+    ends = [r["time"] for r in drill.read_losses(d.losses_path) if r["step"] == step and r["time"] < before]
+    return ends[-1] if ends else None
 
 
 def gang_ordered(d: Drill, name: str, st: dict) -> None:

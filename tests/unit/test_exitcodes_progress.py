@@ -20,7 +20,8 @@ def test_progress_payload_roundtrip():
     text = ProgressReport(step=12, time=1700000000.0, tokens_per_second=1234.567, loss=2.345678,
                           last_checkpoint_step=10).to_annotation()
     assert json.loads(text) == {"step": 12, "time": 1700000000.0, "tokensPerSecond": 1234.57,
-                                "loss": 2.34568, "lastCheckpointStep": 10, "startStep": 0, "evalPerplexity": None,
+                                "loss": 2.34568, "lastCheckpointStep": 10, "lastCheckpointTime": None, "startStep": 0,
+                                "evalPerplexity": None,
                                 "computeSeconds": None, "preflightSeconds": None, "restoreSeconds": None,
                                 "restoreSource": None, "attempt": None, "firstStepTime": None, "checkpoint": None,
                                 "storeError": None, "saveFailure": None, "skippedCheckpoint": None}
@@ -30,6 +31,8 @@ def test_progress_payload_roundtrip():
         return ProgressReport(step=12, time=time.time(), tokens_per_second=1.0, loss=2.0, last_checkpoint_step=10,
                               **fields).to_annotation()
     assert progress.parse(written(first_step_time=1700000000.12345)).first_step_time == 1700000000.123
+    assert progress.parse(written(last_checkpoint_time=1700000000.5)).last_checkpoint_time == 1700000000.5
+    assert ProgressReport.parse(json.dumps({"step": 3, "lastCheckpointTime": "soon"}))[0].last_checkpoint_time is None
     with_eval = written(eval_perplexity=7.123456)
     assert progress.parse(with_eval).eval_perplexity == 7.1235
     assert progress.parse(written(restore_seconds=3.14159)).restore_seconds == 3.14
@@ -47,7 +50,8 @@ def test_progress_payload_roundtrip():
 def test_the_wire_fields_come_from_the_report():
     """FIELDS is derived from ProgressReport (one source): every attribute but the store is one
     camelCase wire field, in order, then the store's four."""
-    assert progress.FIELDS == ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep", "startStep",
+    assert progress.FIELDS == ("step", "time", "tokensPerSecond", "loss", "lastCheckpointStep",
+                               "lastCheckpointTime", "startStep",
                                "evalPerplexity", "computeSeconds", "preflightSeconds", "restoreSeconds",
                                "restoreSource", "attempt", "firstStepTime", "checkpoint", "storeError",
                                "saveFailure", "skippedCheckpoint")

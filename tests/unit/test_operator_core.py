@@ -208,6 +208,26 @@ def test_goodput_accounting():
     assert g["productiveSeconds"] == 175.0 and g["effectiveRatio"] == 0.875
 
 
+def test_goodput_recompute_by_the_steps_own_time_where_the_trainer_said():
+    """Steps 91-95 took 2 s in all, not 5 x the run's 1 s step time: the trainer said when step
+    90 (its checkpoint) ended (found by the e2e S3 drill: under CPU contention the smoothed step
+    time was off, and the status 2.4 points below the trainer's own log)."""
+    failure = {"time": 100.0, "lastProgressTime": 98.0, "teardownDoneTime": 103.0, "resumedTime": 110.0,
+               "resumedSteps": 1, "resumedStep": 90, "step": 95, "checkpointStep": 90, "checkpointTime": 96.0}
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[failure],
+                 now=200.0)
+    assert g["lostSeconds"]["recompute"] == 2.0 and g["lostSeconds"]["detect"] == 2.0
+    # resumed from another checkpoint than the one timed: back to the estimate
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0,
+                 failures=[{**failure, "resumedStep": 85}], now=200.0)
+    assert g["lostSeconds"]["recompute"] == 10.0
+    # a time outside the attempt (a clock off, user code) is not used
+    for outside in (1.0, 99.0):
+        g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0,
+                     failures=[{**failure, "checkpointTime": outside}], now=200.0)
+        assert g["lostSeconds"]["recompute"] == 5.0
+
+
 def test_goodput_of_a_graceful_stop_counts_the_steps_it_finished():
     # a SIGTERMed gang trained past detection (to 101) and saved step 97, where it resumed
     g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0, failures=[

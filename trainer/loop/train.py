@@ -137,6 +137,8 @@ class Trainer:
         self.first_step_time: float | None = None  # when this process's first step ended (epoch)
         self.tokens = 0
         self.last_ckpt_step: int | None = None
+        self.last_ckpt_time: float | None = None  # when that step ended, where this process trained it
+        self._saved_step_ends: dict[int, float] = {}  # saves in flight: step -> when it ended
         self._failed_seen = 0  # failed saves already counted in the metrics
         # what this pod says of its store (the operator cannot read it): the newest complete tag
         # (resumed from or saved; a save is dated when this rank first saw it complete) and why the
@@ -245,6 +247,8 @@ class Trainer:
                 "packing": self.cfg.data.packing,
                 "eosToken": self.cfg.data.eos_token}
         user = {"health": self.health.state(), "torch_rng": torch.get_rng_state(), "step": self.step}
+        if hasattr(self, "_last") and self._last[0] == self.step:
+            self._saved_step_ends[self.step] = self._last[3]
         result = self.ckpt.save(self.step, self.model.state_dict(), self.optim.state_dict(),
                                 {"last_step": self.step, "lr": lr_at(max(self.step - 1, 0), self.cfg.training)},
                                 user, meta)
@@ -256,6 +260,8 @@ class Trainer:
         for r in self.ckpt.results:
             if r.ok and (self.last_ckpt_step is None or r.step > self.last_ckpt_step):
                 self.last_ckpt_step = r.step
+                self.last_ckpt_time = self._saved_step_ends.get(r.step)
+                self._saved_step_ends = {s: t for s, t in self._saved_step_ends.items() if s > r.step}
                 self.metrics.ckpt_step.set(r.step)
                 self.checkpoint_seen = CheckpointSeen(r.tag, r.step, time.time())
                 newer = True
@@ -523,8 +529,8 @@ class Trainer:
             self.progress.report(ProgressReport(
                 step=step, time=ended, tokens_per_second=tps,
                 loss=None if loss is None else loss if math.isfinite(loss) else -1.0,
-                last_checkpoint_step=self.last_ckpt_step, start_step=self.start_step,
-                eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
+                last_checkpoint_step=self.last_ckpt_step, last_checkpoint_time=self.last_ckpt_time,
+                start_step=self.start_step, eval_perplexity=self.eval_perplexity, compute_seconds=self.compute_seconds,
                 preflight_seconds=self.preflight_seconds, restore_seconds=self.restore_seconds,
                 restore_source=self.ckpt.restore_source, first_step_time=self.first_step_time,
                 store=self.store_report()), force=force)
