@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,65 +22,15 @@ from trainium_api import exitcodes
 pytestmark = pytest.mark.trainer
 transformers = pytest.importorskip("transformers")
 
-MODELS = {  # our model config (the tiny preset plus overrides) and the matching transformers config
-    "llama": ({"preset": "tiny"},
-              lambda: transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=352,
-                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                               rms_norm_eps=1e-5, max_position_embeddings=256,
-                                               tie_word_embeddings=False)),
-    # Llama 3.1's scaled RoPE, its original context (32) below the run's sequence (128) so it matters
-    "llama3.1": ({"preset": "tiny", "ropeScaling": "llama3", "ropeFactor": 8.0, "ropeOriginalMaxPositions": 32},
-                 lambda: transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=352,
-                                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                                  rms_norm_eps=1e-5, max_position_embeddings=256,
-                                                  tie_word_embeddings=False, rope_parameters={
-                                                      "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                      "original_max_position_embeddings": 32})),
-    # Llama 3.2 1B/3B's shape: the head is the embedding (one parameter, trained through both uses)
-    "llama3.2": ({"preset": "tiny", "tieEmbeddings": True},
-                 lambda: transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=352,
-                                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                                  rms_norm_eps=1e-5, max_position_embeddings=256,
-                                                  tie_word_embeddings=True)),
-    # Qwen3 0.6B's shape: q/k norms, head_dim (64) apart from hidden / heads (32), tied
-    "qwen3": ({"preset": "tiny", "qkNorm": True, "headSize": 64, "tieEmbeddings": True},
-              lambda: transformers.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=352,
-                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                               head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=256,
-                                               tie_word_embeddings=True,
-                                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    "qwen2": ({"preset": "tiny", "qkvBias": True},
-              lambda: transformers.Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=352,
-                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                               rms_norm_eps=1e-5, max_position_embeddings=256,
-                                               tie_word_embeddings=False,
-                                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    "neox": ({"preset": "tiny", "family": "neox", "numKvHeads": 4, "intermediateSize": 512, "rotaryPct": 0.25},
-             lambda: transformers.GPTNeoXConfig(vocab_size=512, hidden_size=128, intermediate_size=512,
-                                                num_hidden_layers=4, num_attention_heads=4, layer_norm_eps=1e-5,
-                                                max_position_embeddings=256)),
-}
+from tests.hf_models import MODELS, llama31_sentencepiece_parquet, save_tiny, texts_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def hf_dirs(tiny_data, tmp_path_factory):
-    """A tiny transformers model per family, saved with our tokenizer (biases and norms perturbed
-    so that a mapping mistake cannot hide behind zeros and ones)."""
-    out = {}
-    for family, (_, make) in MODELS.items():
-        torch.manual_seed(7)
-        model = transformers.AutoModelForCausalLM.from_config(make())
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("bias") or "norm" in name:
-                    p.add_(torch.randn_like(p) * 0.1)
-        path = tmp_path_factory.mktemp(f"hf-{family}")
-        # Llama sharded (model.safetensors.index.json + several files), NeoX in one file.
-        model.save_pretrained(path, max_shard_size="400KB" if family == "llama" else "1GB")
-        shutil.copy(tiny_data["tokenizer"], path / "tokenizer.json")
-        out[family] = path
-    return out
+    """A tiny transformers model per family, saved with our tokenizer. Llama sharded
+    (model.safetensors.index.json + several files), the others in one file."""
+    return {family: save_tiny(family, tmp_path_factory.mktemp(f"hf-{family}"), tiny_data["tokenizer"],
+                              max_shard_size="400KB" if family == "llama" else "1GB") for family in MODELS}
 
 
 def _overrides(tiny, tmp: Path, name: str, family: str, *extra: str) -> list[str]:
@@ -228,30 +177,8 @@ def test_llama31_with_a_sentencepiece_tokenizer_on_a_parquet_corpus(hf_dirs, tin
     directory ships only a SentencePiece tokenizer.model, on a Parquet corpus. init.from at TP 2
     reads the directory's tokenizer; the first-step loss equals transformers' on the same batch,
     the run trains, and to-hf gives transformers a directory whose tokenizer reads the same ids."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import sentencepiece
-
-    texts = [json.loads(line)["text"] for f in sorted(Path(tiny_data["stories"]).glob("*.jsonl"))
-             for line in f.read_text().splitlines()]
-    hf_dir = tmp_path / "llama31-spm"
-    shutil.copytree(hf_dirs["llama3.1"], hf_dir)
-    (hf_dir / "tokenizer.json").unlink()
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts[:2000]), model_writer=model, vocab_size=480, model_type="bpe", bos_id=1,
-        eos_id=2, unk_id=0, pad_id=-1, byte_fallback=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, minloglevel=2)
-    (hf_dir / "tokenizer.model").write_bytes(model.getvalue())
-    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
-                                                             "add_bos_token": True, "eos_token": "</s>"}))
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for k in range(2):
-        pq.write_table(pa.table({"id": list(range(len(texts[k::2]))), "content": texts[k::2]}),
-                       corpus / f"part-{k}.parquet")
+    texts = texts_of(tiny_data["stories"])
+    hf_dir, corpus = llama31_sentencepiece_parquet(hf_dirs["llama3.1"], tiny_data["stories"], tmp_path)
     model_cfg = json.dumps(MODELS["llama3.1"][0])
     common = [f"model={model_cfg}", f"data.sources=[{{uri: {corpus}, textField: content}}]", "data.tokenizer=",
               f"init.from={hf_dir}", "parallelism.tensor=2", "training.globalBatchSize=8",

@@ -238,7 +238,7 @@ def test_init_from_hugging_face_weights_on_s3_equals_local(s3, tmp_path, tiny_da
 
     import torch
 
-    from tests.trainer.test_continual_pretraining import MODELS
+    from tests.hf_models import MODELS
     torch.manual_seed(3)
     model_cfg, make = MODELS["llama"]
     local = tmp_path / "hf"
