@@ -31,7 +31,7 @@ from bench.common import free_port, table
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "arrow")
+FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "arrow")  # those convert() writes (trainer.data.formats reads them)
 
 
 def convert(folder: str, fmt: str) -> None:
@@ -39,6 +39,7 @@ def convert(folder: str, fmt: str) -> None:
     import gzip
     import json
     import os
+    from pathlib import Path
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -47,10 +48,10 @@ def convert(folder: str, fmt: str) -> None:
         return
     for name in sorted(os.listdir(folder)):
         path = f"{folder}/{name}"
-        data = open(path, "rb").read()
+        data = Path(path).read_bytes()
         base = path[:-len(".jsonl")]
         if fmt == "jsonl.gz":
-            open(f"{base}.jsonl.gz", "wb").write(gzip.compress(data))
+            Path(f"{base}.jsonl.gz").write_bytes(gzip.compress(data))
         elif fmt == "jsonl.zst":
             with pa.CompressedOutputStream(f"{base}.jsonl.zst", "zstd") as out:
                 out.write(data)
@@ -160,7 +161,7 @@ def main() -> None:
 
     from trainer.data import tinydata
     from trainer.config import from_dict
-    from trainer.data.packed import read_tokenizer
+    from trainer.data.tokenizer import read_tokenizer
     from trainer.data.prepare import main as prepare
     from trainer.data.prepared import PreparedSource
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, get_args
@@ -99,7 +100,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                         num_kv_heads=8, vocab_size=128256, norm_eps=1e-5, rope_theta=5e5, rope_scaling="llama3",
                         rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                         rope_original_max_positions=8192, tie_embeddings=True),
-    # Mistral 7B v0.3 (no sliding window), Qwen2.5 7B (qkv biases; its embeddings are untied)
+    # Mistral 7B v0.3 (no sliding window)
     "mistral-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                        num_kv_heads=8, vocab_size=32768, norm_eps=1e-5, rope_theta=1e6),
     # Qwen3 0.6B and 8B (Qwen/Qwen3-0.6B, -8B config.json): q/k norms, head_dim 128 (8B: hidden / heads)
@@ -108,6 +109,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                        qk_norm=True, tie_embeddings=True),
     "qwen3-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                      num_kv_heads=8, vocab_size=151936, norm_eps=1e-6, rope_theta=1e6, qk_norm=True),
+    # Qwen2.5 7B: q/k/v biases; its embeddings are untied
     "qwen2.5-7b": dict(_LLAMA, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
                        num_kv_heads=4, vocab_size=152064, norm_eps=1e-6, rope_theta=1e6, qkv_bias=True),
     "neox-20b": dict(_NEOX, hidden_size=6144, intermediate_size=24576, num_layers=44, num_heads=64,
@@ -269,7 +271,7 @@ class ModelConfig:
             return self.head_dim() == (theirs or self.hidden_size // self.num_heads)
         mine = getattr(self, name)
         if isinstance(theirs, float) and isinstance(mine, (int, float)) and not isinstance(mine, bool):
-            return abs(mine - theirs) <= 1e-9 * max(abs(mine), abs(theirs))
+            return math.isclose(mine, theirs, rel_tol=1e-9)
         return mine == theirs
 
     def kv_replicas(self, tensor: int) -> int:
@@ -387,7 +389,7 @@ class DataConfig:
     SERVER_DEFAULTS: ClassVar[bool] = False  # data sources have no meaningful default
 
     sources: Annotated[list[DataSource], MinLen(1)] = field(default_factory=list)
-    """Training data: a list of {uri, weight} (mixed by weight) or of URIs (weight 1)."""
+    """Training data: a list of {uri, weight, textField} (mixed by weight) or of URIs (weight 1)."""
     tokenizer: str = ""
     """Path (local or s3://) of a Hugging Face `tokenizers` JSON file, a SentencePiece
     tokenizer.model, or a directory holding either (tokenizer.json first). May be left out with

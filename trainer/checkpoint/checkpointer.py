@@ -588,9 +588,10 @@ class Checkpointer:
 
     def _read_state(self, tag_dir: str, meta: dict, from_memory: dict | None, layout: dict) -> dict:
         """This rank's files of the tag, each checked against its record (Damaged if not). At
-        another data-parallel degree (or ZeRO-1 setting) "optim" is the list of the tag's
-        optimizer slices for this rank's (tensor, pipeline) coordinates, in data-parallel order:
-        the optimizer cuts its own slice from them (model.optim.ShardedAdamW.load_state_dict)."""
+        another data-parallel degree (or ZeRO-1 setting) "optim" is ``{"slices": {index: state},
+        "count": n}``: only those of the tag's n optimizer slices for this rank's (tensor, pipeline)
+        coordinates that its own range overlaps, by data-parallel index; the optimizer cuts its
+        slice from them (model.optim.ShardedAdamW.load_state_dict)."""
         ps, saved = self.ps, meta.get("layout", {})
         records = meta.get(DIGESTS)
         if records is not None and not isinstance(records, dict):

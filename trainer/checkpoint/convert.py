@@ -8,8 +8,8 @@
 for tensor-parallel degree N, with the tokenizer; give it to a run as ``init.from`` (keep it out
 of the run's own ``checkpoint.uri``). ``to-hf`` reads a complete tag (or the newest complete
 tag under a checkpoint root), merges its tensor-parallel shards and writes ``model.safetensors``
-(split with an index above 4 GiB), ``config.json``, ``tokenizer.json`` and
-``tokenizer_config.json``: ``transformers`` loads the directory as it is. Paths are local or
+(split with an index above 4 GiB), ``config.json``, the tokenizer the run read
+(``tokenizer.json``, or SentencePiece's ``tokenizer.model``) and ``tokenizer_config.json``: ``transformers`` loads the directory as it is. Paths are local or
 any fsspec URL (s3://).
 """
 
@@ -57,14 +57,21 @@ def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
     tokenizer = ""
     # the tokenizer the run will read (trainer.data.tokenizer): tokenizer.json, else SentencePiece's
     # tokenizer.model; its tokenizer_config.json travels with it (add_bos_token)
-    for name in (tokenizer_files.JSON_NAME, tokenizer_files.SENTENCEPIECE_NAME):
-        if src_fs.exists(f"{src_root}/{name}"):
-            for part in (name, tokenizer_files.CONFIG_NAME):
-                if src_fs.exists(f"{src_root}/{part}"):
-                    fs.pipe_file(f"{tag}/{part}", src_fs.cat_file(f"{src_root}/{part}"))
-                    files.append(part)
-            tokenizer = fs.unstrip_protocol(f"{tag}/{name}") if "://" in out_root else f"{tag}/{name}"
-            break
+    try:
+        found, data = tokenizer_files.find(hf_dir)
+    except FileNotFoundError:
+        found = None
+    if found is not None:
+        name = found.rsplit("/", 1)[-1]
+        fs.pipe_file(f"{tag}/{name}", data)
+        files.append(name)
+        try:
+            fs.pipe_file(f"{tag}/{tokenizer_files.CONFIG_NAME}",
+                         src_fs.cat_file(f"{src_root}/{tokenizer_files.CONFIG_NAME}"))
+            files.append(tokenizer_files.CONFIG_NAME)
+        except FileNotFoundError:
+            pass
+        tokenizer = fs.unstrip_protocol(f"{tag}/{name}") if "://" in out_root else f"{tag}/{name}"
     # The shape is complete without a preset name (none fits a converted model): leave it out.
     shape = {k: v for k, v in to_dict(model).items() if k != "preset"}
     meta = {"step": 0, "tokens": 0, "weightsOnly": True, "source": hf_dir, "model": shape,
@@ -108,28 +115,28 @@ def to_hf(checkpoint: str, out_dir: str, tokenizer: str | None = None) -> str:
     tok = tokenizer or meta.get("tokenizer")
     if tok:
         try:  # what the run read: a directory's (or init.from's tokenizer.json's) SentencePiece model too
-            tok = tokenizer_files.locate(tok)
+            tok_path, data = tokenizer_files.find(tok)
         except FileNotFoundError as exc:
             flag = "--tokenizer" if tokenizer else "the checkpoint's tokenizer"
             raise ConfigError(flag, f"{exc}; pass --tokenizer with the file the run trained with") from None
-        tok_fs, tok_path = fsspec.core.url_to_fs(tok)
         eos = meta.get("eosToken", "</s>")
         if tok_path.endswith(".model"):  # SentencePiece: transformers reads it as a LlamaTokenizer
-            model = tok_fs.cat_file(tok_path)
-            fs.pipe_file(f"{out}/{tokenizer_files.SENTENCEPIECE_NAME}", model)
-            sentencepiece = tokenizer_files.SentencePieceTokenizer(model)
-            beside = tok_path.rsplit("/", 1)[0] + "/" + tokenizer_files.CONFIG_NAME
-            tok_config = tok_fs.cat_file(beside) if tok_fs.exists(beside) else json.dumps(
-                {"tokenizer_class": "LlamaTokenizer", "eos_token": eos, "add_bos_token": True,
-                 "add_eos_token": False}, indent=1).encode()  # LlamaTokenizer's own defaults
+            fs.pipe_file(f"{out}/{tokenizer_files.SENTENCEPIECE_NAME}", data)
+            eos_id = tokenizer_files.SentencePieceTokenizer(data).token_to_id(eos)
+            tok_fs, tok_file = fsspec.core.url_to_fs(tok_path)
+            try:
+                tok_config = tok_fs.cat_file(tok_file.rsplit("/", 1)[0] + "/" + tokenizer_files.CONFIG_NAME)
+            except FileNotFoundError:
+                tok_config = json.dumps({"tokenizer_class": "LlamaTokenizer", "eos_token": eos, "add_bos_token": True,
+                                         "add_eos_token": False}, indent=1).encode()  # LlamaTokenizer's own defaults
             fs.pipe_file(f"{out}/{tokenizer_files.CONFIG_NAME}", tok_config)
-            if sentencepiece.token_to_id(eos) is not None:
-                config["eos_token_id"] = sentencepiece.token_to_id(eos)
+            if eos_id is not None:
+                config["eos_token_id"] = eos_id
         else:
-            fs.pipe_file(f"{out}/{hf.TOKENIZER}", tok_fs.cat_file(tok_path))
+            fs.pipe_file(f"{out}/{tokenizer_files.JSON_NAME}", data)
             fs.pipe_file(f"{out}/{tokenizer_files.CONFIG_NAME}", json.dumps(
                 {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=1).encode())
-            vocab = json.loads(tok_fs.cat_file(tok_path)).get("model", {}).get("vocab", {})
+            vocab = json.loads(data).get("model", {}).get("vocab", {})
             if isinstance(vocab, dict) and eos in vocab:
                 config["eos_token_id"] = vocab[eos]
     else:

@@ -13,6 +13,8 @@ from trainium_api import checkpoints
 from trainium_api.load import build
 
 from . import ckpt_store
+from .checkpointer import DIGESTS, Damaged, _check, _record
+from .store_write import record_of
 from ..config import ConfigError, ModelConfig
 
 
@@ -73,16 +75,13 @@ def load_checked(fs, tag: str, name: str, meta: dict):
 
 
 def read_checked(fs, tag: str, name: str, meta: dict) -> bytes:
-    """One file's bytes, read once and checked against meta.json's record (load_checked)."""
-    from .checkpointer import DIGESTS
-    from .store_write import mismatch, record_of
-
+    """One file's bytes, read once and checked against meta.json's record (load_checked), as a
+    restore checks them (trainer.checkpoint.checkpointer)."""
     data = fs.cat_file(f"{tag}/{name}")
     records = meta.get(DIGESTS)
     if isinstance(records, dict):
-        recorded = records.get(name)
-        why = f"{name} has no record in {checkpoints.META}" if not isinstance(recorded, dict) else \
-            mismatch(name, recorded, record_of(data))
-        if why is not None:
-            raise ConfigError("CHECKPOINT", f"{tag} is damaged: {why}")
+        try:
+            _check(name, _record(records, name), record_of(data))
+        except Damaged as exc:
+            raise ConfigError("CHECKPOINT", f"{tag} is damaged: {exc}") from None
     return data

@@ -42,10 +42,6 @@ from ..store.errors import retry
 TOKENIZE_CHUNK = 256  # documents per encode_batch call
 
 
-def load_tokenizer(cfg: DataConfig):
-    return read_tokenizer(cfg.tokenizer, cfg.eos_token)[0]
-
-
 def _find(fs, path: str) -> list[str]:
     """Every file a source URI names (a glob's files, a directory's tree, or one file), [] when none."""
     if any(c in path for c in "*?["):
@@ -160,11 +156,11 @@ class DocumentSource:
     random_access = False
 
     def __init__(self, index: int, uri: str, cfg: DataConfig, tokenizer, eos_id: int, seed: int,
-                 field: str = "data.sources", text_field: str | None = None):
+                 field: str, text_field: str):
         self.index, self.cfg, self.tokenizer, self.eos_id, self.seed = index, cfg, tokenizer, eos_id, seed
-        self.text_field = text_field or cfg.text_field
+        self.text_field = text_field  # DataConfig.text_field_of: the source's, else data.textField
         self.field_path = f"{field}[{index}].uri"
-        if is_being_prepared(uri):  # else its prepare-params.json would read as a raw .json shard
+        if is_being_prepared(uri):  # said plainly, rather than "no readable shards"
             raise ConfigError(self.field_path, f"{uri} is being prepared: python -m trainer.data.prepare has not "
                               f"finished there (no {MANIFEST} yet). Wait for it (or run it again to finish) "
                               f"and restart")

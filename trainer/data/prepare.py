@@ -29,9 +29,10 @@ import numpy as np
 from ..config import ConfigError, DataConfig
 from ..contract.podenv import PodEnv
 from .formats import ShardError
-from .packed import TOKENIZE_CHUNK, list_shards, read_texts, read_tokenizer
+from .packed import TOKENIZE_CHUNK, list_shards, read_texts
 from .indexed import IndexFormatError, decode_index, encode_index, token_dtype
 from .prepared import MANIFEST, PARAMS, Manifest, PreparedShard
+from .tokenizer import read_tokenizer
 
 
 def shard_name(k: int) -> str:

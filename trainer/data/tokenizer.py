@@ -56,10 +56,6 @@ class SentencePieceTokenizer:
         return [Encoded(self.bos + ids) for ids in self.sp.encode(texts)]
 
 
-def _read(uri: str) -> bytes:
-    return node_reads.read_object(uri)
-
-
 def _candidates(uri: str) -> list[str]:
     if uri.endswith("/" + JSON_NAME):  # what init.from a directory names: SentencePiece-only ones too
         return [uri, uri[:-len(JSON_NAME)] + SENTENCEPIECE_NAME]
@@ -69,20 +65,23 @@ def _candidates(uri: str) -> list[str]:
     return [f"{root}/{JSON_NAME}", f"{root}/{SENTENCEPIECE_NAME}"]
 
 
-def locate(uri: str) -> str:
-    """The file data.tokenizer ``uri`` reads (a directory's tokenizer.json, else its
-    tokenizer.model); FileNotFoundError naming what was tried when none is there."""
+def find(uri: str) -> tuple[str, bytes]:
+    """(path, bytes) of the file data.tokenizer ``uri`` reads: a directory's tokenizer.json, else
+    its tokenizer.model. FileNotFoundError naming what was tried when none is there; the store's
+    other errors (trainer.store.errors) as they come."""
     tried = _candidates(uri)
     for path in tried:
-        if node_reads.exists(path):
-            return path
+        try:
+            return path, node_reads.read_object(path)
+        except FileNotFoundError:
+            continue
     raise FileNotFoundError(f"no tokenizer at {uri} (tried {', '.join(tried)})")
 
 
 def _add_bos(directory: str) -> bool:
     """A directory's tokenizer_config.json ``add_bos_token`` (Hugging Face's default: true)."""
     try:
-        config = json.loads(_read(f"{directory}/{CONFIG_NAME}"))
+        config = json.loads(node_reads.read_object(f"{directory}/{CONFIG_NAME}"))
     except (FileNotFoundError, ValueError):
         return True
     value = config.get("add_bos_token", True) if isinstance(config, dict) else True
@@ -94,18 +93,13 @@ def read_tokenizer(uri: str, eos_token: str):
     store's errors are transient; what cannot be a tokenizer names data.tokenizer."""
     from tokenizers import Tokenizer
 
-    tried = _candidates(uri)
-    for path in tried:
-        try:
-            data = _read(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:  # a refusal that persisted, an invalid request (trainer.store.errors)
-            raise ConfigError("data.tokenizer", f"cannot read tokenizer {path}: {exc}") from None
-        break
-    else:
-        raise ConfigError("data.tokenizer", f"no tokenizer at {uri} (tried {', '.join(tried)}): name a "
-                          f"tokenizers JSON file, a SentencePiece .model, or a directory holding either")
+    try:
+        path, data = find(uri)
+    except FileNotFoundError as exc:
+        raise ConfigError("data.tokenizer", f"{exc}: name a tokenizers JSON file, a SentencePiece .model, "
+                          f"or a directory holding either") from None
+    except OSError as exc:  # a refusal that persisted, an invalid request (trainer.store.errors)
+        raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
     try:
         if path.endswith(".model"):
             directory = path.rsplit("/", 1)[0] if path.endswith("/" + SENTENCEPIECE_NAME) else None

@@ -56,11 +56,6 @@ def source_list(data) -> list[dict]:
     return [{"uri": src.uri, "weight": src.weight, "textField": data.text_field_of(src)} for src in data.sources]
 
 
-def _text_fields(sources: list[dict], default) -> list:
-    """Each source's text field (a checkpoint from before per-source fields: its data.textField)."""
-    return [s.get("textField", default) for s in sources]
-
-
 def _uris(sources: list[dict]) -> list[str]:
     return [str(s["uri"]).rstrip("/") for s in sources]  # a trailing slash names the same folder
 
@@ -78,8 +73,10 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str,
         return "data.sources", f"sources of kinds {json.dumps(meta['dataSourceKinds'])}", \
             f"{json.dumps(kinds)} (raw text or prepared token shards)"
     if "textField" in meta:  # a source's text field changed: other tokens, so other positions
-        then = _text_fields(saved if saved is not None else [{}] * len(data.sources), meta["textField"])
-        now = _text_fields(source_list(data), None)
+        now = [data.text_field_of(s) for s in data.sources]
+        # a checkpoint from before per-source fields: its data.textField, for every source
+        then = [s.get("textField", meta["textField"]) for s in saved] if saved is not None else \
+            [meta["textField"]] * len(now)
         for i, (was, now_i) in enumerate(zip(then, now)):
             if was != now_i and (kinds is None or kinds[i] != "prepared"):  # a prepared source's tokens are made
                 own = data.sources[i].text_field

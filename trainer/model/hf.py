@@ -26,12 +26,10 @@ import fsspec
 import torch
 
 from ..store import node_reads
-from ..data.tokenizer import JSON_NAME
 from ..config import ConfigError, ModelConfig, camel
 from ..store.errors import describe, retry
 
 CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
-TOKENIZER = JSON_NAME  # trainer.data.tokenizer names the tokenizer files
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
@@ -246,7 +244,8 @@ def check_matches(ours: ModelConfig, hf: dict, uri: str) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    """A config.json that transformers loads as LlamaForCausalLM or GPTNeoXForCausalLM."""
+    """A config.json that transformers loads as its family's class (LlamaForCausalLM,
+    MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or GPTNeoXForCausalLM)."""
     common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                   tie_word_embeddings=cfg.tie_embeddings,
