@@ -88,7 +88,7 @@ def _walk(total: LostSeconds, previous_end: float, failures: list[FailureRecord]
         if f.teardown_done_time:
             lost.schedule += max(0.0, resumed - max(f.teardown_done_time, last_step))
         previous_end = max(resumed, torn_down)
-        if f.checkpoint_time and base == f.checkpoint_step and f.last_progress_time and \
+        if f.checkpoint_time and base is not None and base == f.checkpoint_step and f.last_progress_time and \
                 began - step_s <= f.checkpoint_time <= f.last_progress_time:
             # the trainer said when the checkpointed step ended: the steps since, by their own
             # time (step times drift; the run's smoothed one is off by seconds on a busy host).

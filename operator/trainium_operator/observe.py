@@ -303,7 +303,8 @@ def gang_state(pods: list[PodView]) -> GangState:
         last_checkpoint_step=checkpointed,
         last_progress_time=max((r.time for r in reports if r.time), default=None),
         last_checkpoint_time=max((r.last_checkpoint_time for r in reports
-                                  if r.last_checkpoint_step == checkpointed and r.last_checkpoint_time), default=None),
+                                  if checkpointed is not None and r.last_checkpoint_step == checkpointed
+                                  and r.last_checkpoint_time), default=None),
         start_step=newest.start_step if newest else None,
         first_step_time=max((r.first_step_time for r in reports if r.first_step_time), default=None),
         eval_perplexity=next((r.eval_perplexity for r in sorted(reports, key=lambda r: -r.step)

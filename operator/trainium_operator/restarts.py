@@ -89,7 +89,8 @@ def act_on(p: Pass, verdict: Verdict, seen: Standing, gang: GangState) -> None:
         last_progress_time=max(old.last_progress_time or 0.0, gang.last_progress_time or 0.0) or None,
         step=gang.step, checkpoint_step=seen.checkpoint_step, step_seconds=old.step_seconds, restart=action.restart,
         # the failed attempt's trainer saved that step itself and says when it ended
-        checkpoint_time=gang.last_checkpoint_time if gang.last_checkpoint_step == seen.checkpoint_step else None,
+        checkpoint_time=gang.last_checkpoint_time if seen.checkpoint_step is not None
+        and gang.last_checkpoint_step == seen.checkpoint_step else None,
         exempt="capacity" if failure.capacity else "voluntary" if failure.voluntary else None,
         runtime_status=failure.runtime_status or None)
     timeline = history + [record]

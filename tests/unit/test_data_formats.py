@@ -114,6 +114,31 @@ def test_a_text_field_per_source(tmp_path, tiny_data):
                                                      rows(reference, tok, 1)))
 
 
+def test_a_raw_folder_listing_other_files_at_resume_is_refused_naming_the_source(tmp_path, tiny_data):
+    """A raw source's position counts files of its listing: a file added (or one the listing rules
+    now skip, or read) would make the same position name other documents, or none (a crash
+    loop). The checkpoint records the listing; another is refused like a changed source (and
+    data.allowChangedSources starts the source over). A position from before the record loads."""
+    tok = tiny_data["tokenizer"]
+    a = write_format(tmp_path / "a", "jsonl")
+    cfg = config([{"uri": a}], tok)
+    data = PackedDataset(cfg, 16, 7, 512)
+    data.next_batch(4)
+    meta = {"dataSources": source_list(cfg), "textField": cfg.text_field, "data": data.state()}
+    assert changed_data(meta, cfg, data.kinds, data.listings) is None
+    (Path(a) / "zz-new.jsonl").write_text('{"text": "late"}\n')
+    later = PackedDataset(cfg, 16, 7, 512)
+    field, then, now = changed_data(meta, cfg, later.kinds, later.listings)
+    files = len(data.sources[0].shards)
+    assert field == "data.sources[0].uri" and then.startswith(f"{files} files") and now.startswith(f"{files + 1} files")
+    # a checkpoint from before the record: its position loads as it is
+    old = {k: v for k, v in data.state()["sources"][0].items() if k not in ("files", "listing")}
+    assert changed_data({**meta, "data": {"row": 4, "sources": [old]}}, cfg, later.kinds, later.listings) is None
+    later.load_state({"row": 4, "sources": [old]})
+    later.load_state(data.state())  # the recorded listing is not part of the position
+    assert vars(later.sources[0].pos) == vars(data.sources[0].pos)
+
+
 def test_a_changed_text_field_of_one_source_is_refused_at_resume(tmp_path, tiny_data):
     tok = tiny_data["tokenizer"]
     a, b = write_format(tmp_path / "a", "jsonl"), write_format(tmp_path / "b", "jsonl")
@@ -249,6 +274,9 @@ def test_malformed_sources_found_by_review_are_named(tmp_path, tiny_data):
     surrogate = tmp_path / "surrogate.jsonl"
     surrogate.write_text('{"text": "fine"}\n{"text": "\\ud800"}\n')
     assert "line 2: 'text' is not valid Unicode" in _first_read_error(str(surrogate), tok).message
+    deep = tmp_path / "deep.jsonl"  # deeper than json's parser recurses: a named error, not a crash loop
+    deep.write_text('{"text": "fine"}\n{"m": ' + "[" * 200_000 + "]" * 200_000 + ', "text": "x"}\n')
+    assert "line 2 is JSON nested too deeply to read" in _first_read_error(str(deep), tok).message
     empty = tmp_path / "empty"
     empty.mkdir()
     for k in range(2):

@@ -221,6 +221,10 @@ def test_goodput_recompute_by_the_steps_own_time_where_the_trainer_said():
     g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0,
                  failures=[{**failure, "resumedStep": 85}], now=200.0)
     assert g["lostSeconds"]["recompute"] == 10.0
+    # a time without a checkpoint (user code's report; a run that never saved) is not used
+    g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0,
+                 failures=[{**failure, "checkpointStep": None, "resumedStep": None}], now=200.0)
+    assert g["lostSeconds"]["recompute"] == 95.0
     # a time outside the attempt (a clock off, user code) is not used
     for outside in (1.0, 99.0):
         g = _account(created=0.0, first_progress=10.0, first_progress_steps=1, step_seconds=1.0,

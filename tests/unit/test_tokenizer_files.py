@@ -97,6 +97,12 @@ def test_rows_from_a_directory_equal_rows_from_its_file(tmp_path, tiny_data, spm
     # init.from a directory names <dir>/tokenizer.json: a SentencePiece-only directory reads its model
     assert torch.equal(first_rows(src, str(spm_only / "tokenizer.json")), first_rows(src, str(spm_model)))
     assert torch.equal(first_rows(src, f"{spm_only}/"), first_rows(src, str(spm_model)))
+    # a file of another name (Tokenizer.save takes any; read by these rules before SentencePiece
+    # came): JSON by its first byte, else SentencePiece
+    shutil.copy(tiny_data["tokenizer"], tmp_path / "llama3-tok")
+    shutil.copy(spm_model, tmp_path / "spm.bin")
+    assert torch.equal(first_rows(src, str(tmp_path / "llama3-tok")), first_rows(src, tiny_data["tokenizer"]))
+    assert torch.equal(first_rows(src, str(tmp_path / "spm.bin")), first_rows(src, str(spm_model)))
 
 
 def test_what_is_not_a_tokenizer_names_the_field(tmp_path, spm_model):

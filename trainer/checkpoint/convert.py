@@ -120,7 +120,7 @@ def to_hf(checkpoint: str, out_dir: str, tokenizer: str | None = None) -> str:
             flag = "--tokenizer" if tokenizer else "the checkpoint's tokenizer"
             raise ConfigError(flag, f"{exc}; pass --tokenizer with the file the run trained with") from None
         eos = meta.get("eosToken", "</s>")
-        if tok_path.endswith(".model"):  # SentencePiece: transformers reads it as a LlamaTokenizer
+        if tokenizer_files.is_sentencepiece(tok_path, data):  # transformers reads it as a LlamaTokenizer
             fs.pipe_file(f"{out}/{tokenizer_files.SENTENCEPIECE_NAME}", data)
             eos_id = tokenizer_files.SentencePieceTokenizer(data).token_to_id(eos)
             tok_fs, tok_file = fsspec.core.url_to_fs(tok_path)

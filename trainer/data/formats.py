@@ -98,6 +98,8 @@ def _jsonl_texts(data: bytes, text_field: str, name: str) -> list[str]:
             row = json.loads(line)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             raise ShardError(f"{name} line {number} is not JSON ({exc})") from None
+        except RecursionError:  # nested deeper than the parser goes: a named error, not a crash loop
+            raise ShardError(f"{name} line {number} is JSON nested too deeply to read") from None
         if not isinstance(row, dict):
             raise ShardError(f"{name} line {number} is a JSON {type(row).__name__}, not an object with "
                              f"{text_field!r}")

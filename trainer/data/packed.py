@@ -25,6 +25,7 @@ dict saved in every checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, replace
@@ -236,12 +237,19 @@ class DocumentSource:
     def next_row(self, n: int, packing: bool) -> list[int]:
         return self.take(n) if packing else self.take_document(n)
 
+    @property
+    def listing(self) -> dict:
+        """What the position's file index counts in: the shards listed, by number and digest of
+        their names. A position is only valid in the same listing (trainer.loop.train.changed_data)."""
+        names = "\n".join(self.shards).encode()
+        return {"files": len(self.shards), "listing": hashlib.sha256(names).hexdigest()[:16]}
+
     def state(self) -> dict:
-        return vars(self.pos).copy()
+        return {**vars(self.pos), **self.listing}
 
     def load_state(self, state: dict) -> None:
         try:
-            self.pos = SourcePosition(**state)
+            self.pos = SourcePosition(**{k: v for k, v in state.items() if k not in self.listing})
         except TypeError:
             raise ConfigError(self.field_path, f"the checkpoint's position for this source ({json.dumps(state)}) is "
                               f"not a raw-text position") from None
@@ -284,6 +292,11 @@ class PackedDataset:
     def kinds(self) -> list[str]:
         """Each source's kind, saved with its position: a position of one kind means nothing to the other."""
         return ["prepared" if src.random_access else "raw" for src in self.sources]
+
+    @property
+    def listings(self) -> list[dict | None]:
+        """Each raw source's listing (DocumentSource.listing), None for a prepared one."""
+        return [None if src.random_access else src.listing for src in self.sources]
 
     @property
     def reads_all_rows(self) -> bool:

@@ -5,8 +5,10 @@
 - a Hugging Face ``tokenizers`` JSON file (``tokenizer.json``), read by ``tokenizers``;
 - a SentencePiece model (``tokenizer.model``, Llama 2's and Mistral's), read by ``sentencepiece``,
   the library that wrote it;
-- a Hugging Face tokenizer or model directory (any other name): its ``tokenizer.json``, else
-  its ``tokenizer.model``.
+- a Hugging Face tokenizer or model directory: its ``tokenizer.json``, else its
+  ``tokenizer.model``;
+- a file of another name (``Tokenizer.save`` takes any): JSON when it starts with ``{``, else a
+  SentencePiece model.
 
 Either way a document's tokens are what the model's own tokenizer makes of it, special tokens
 included (a ``tokenizer.json``'s post-processor adds Llama 3's ``<|begin_of_text|>``; a
@@ -62,7 +64,16 @@ def _candidates(uri: str) -> list[str]:
     if uri.endswith((".json", ".model")):
         return [uri]
     root = uri.rstrip("/")
-    return [f"{root}/{JSON_NAME}", f"{root}/{SENTENCEPIECE_NAME}"]
+    # a file of any other name (tokenizers' Tokenizer.save takes any), else a directory
+    return [uri, f"{root}/{JSON_NAME}", f"{root}/{SENTENCEPIECE_NAME}"]
+
+
+def is_sentencepiece(path: str, data: bytes) -> bool:
+    """Whether the tokenizer file ``path`` holding ``data`` is a SentencePiece model (a
+    protobuf) rather than a tokenizers JSON file: by its name, else by its first byte."""
+    if path.endswith((".model", ".json")):
+        return path.endswith(".model")
+    return data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] != b"{"
 
 
 def find(uri: str) -> tuple[str, bytes]:
@@ -73,7 +84,7 @@ def find(uri: str) -> tuple[str, bytes]:
     for path in tried:
         try:
             return path, node_reads.read_object(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # the store: not there
             continue
     raise FileNotFoundError(f"no tokenizer at {uri} (tried {', '.join(tried)})")
 
@@ -101,7 +112,7 @@ def read_tokenizer(uri: str, eos_token: str):
     except OSError as exc:  # a refusal that persisted, an invalid request (trainer.store.errors)
         raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
     try:
-        if path.endswith(".model"):
+        if is_sentencepiece(path, data):
             directory = path.rsplit("/", 1)[0] if path.endswith("/" + SENTENCEPIECE_NAME) else None
             add_bos = _add_bos(directory) if directory else True
             tok = SentencePieceTokenizer(data, add_bos)

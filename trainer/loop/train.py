@@ -60,10 +60,13 @@ def _uris(sources: list[dict]) -> list[str]:
     return [str(s["uri"]).rstrip("/") for s in sources]  # a trailing slash names the same folder
 
 
-def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str, str, str] | None:
+def changed_data(meta: dict, data, kinds: list[str] | None = None,
+                 listings: list[dict | None] | None = None) -> tuple[str, str, str] | None:
     """(field, then, now) when the checkpoint's data positions do not belong to ``data``: other
     source URIs (a prefix changed, a source added, removed or reordered), another tokenizer,
-    end-of-document token, text field or packing. None when they do (a weight may change: the
+    end-of-document token, text field or packing, or a raw source whose folder lists other files
+    (``listings``: PackedDataset.listings; its position counts files of its listing, which
+    another trainer's listing rules or files added or removed change). None when they do (a weight may change: the
     positions stay valid, the mix going forward follows the new weights), or when the
     checkpoint predates the record."""
     saved = meta.get("dataSources")
@@ -81,6 +84,12 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None) -> tuple[str,
             if was != now_i and (kinds is None or kinds[i] != "prepared"):  # a prepared source's tokens are made
                 own = data.sources[i].text_field
                 return (f"data.sources[{i}].textField" if own else "data.textField"), json.dumps(was), json.dumps(now_i)
+    positions = (meta.get("data") or {}).get("sources") or []
+    for i, (listing, pos) in enumerate(zip(listings or [], positions)):
+        if listing and isinstance(pos, dict) and "listing" in pos and pos["listing"] != listing["listing"]:
+            return (f"data.sources[{i}].uri", f"{pos.get('files')} files (listing {pos['listing']})",
+                    f"{listing['files']} files (listing {listing['listing']}): files were added, removed or "
+                    f"renamed, so its position would name other documents")
     for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("packing", data.packing)):
         if key in meta and meta[key] != now:
             return f"data.{key}", json.dumps(meta[key]), json.dumps(now)
@@ -185,7 +194,7 @@ class Trainer:
         state = self.ckpt.load(tag, self.layout_meta())
         tag, meta = state["tag"], state["meta"]
         self.checkpoint_seen = CheckpointSeen(tag.tag, meta["step"], tag.done_mtime)  # reported (store.py)
-        changed = changed_data(meta, self.cfg.data, self.data.kinds)
+        changed = changed_data(meta, self.cfg.data, self.data.kinds, self.data.listings)
         if changed and not self.cfg.data.allow_changed_sources:
             raise exitcodes.FatalError(f"{changed[0]}: checkpoint {tag.tag} was written with {changed[1]}, the config "
                                        f"now has {changed[2]}; its data positions belong to the old data. Set "
