@@ -166,6 +166,10 @@ class DocumentSource:
                               f"finished there (no {MANIFEST} yet). Wait for it (or run it again to finish) "
                               f"and restart")
         self.shards = list_shards(uri, self.field_path)
+        # what the position's file index counts in: the shards listed, by number and digest of
+        # their names; a position is only valid in the same listing (trainer.loop.train.changed_data)
+        self.listing = {"files": len(self.shards),
+                        "listing": hashlib.sha256("\n".join(self.shards).encode()).hexdigest()[:16]}
         self.pos = SourcePosition()
         self._loaded: tuple[int, int] | None = None  # (epoch, file) whose texts are cached
         self._texts: list[str] = []
@@ -236,13 +240,6 @@ class DocumentSource:
 
     def next_row(self, n: int, packing: bool) -> list[int]:
         return self.take(n) if packing else self.take_document(n)
-
-    @property
-    def listing(self) -> dict:
-        """What the position's file index counts in: the shards listed, by number and digest of
-        their names. A position is only valid in the same listing (trainer.loop.train.changed_data)."""
-        names = "\n".join(self.shards).encode()
-        return {"files": len(self.shards), "listing": hashlib.sha256(names).hexdigest()[:16]}
 
     def state(self) -> dict:
         return {**vars(self.pos), **self.listing}
