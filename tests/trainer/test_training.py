@@ -317,6 +317,14 @@ def test_a_tp2_dp2_checkpoint_resumes_at_other_degrees(target, layout, reshard, 
         again = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),
                                 str(out), *reshard], capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert again.returncode == 2 and "exists" in again.stderr
+        # a reshard interrupted before its done (a drain, out of memory) is started over, not refused
+        (out / "step_3" / checkpoints.DONE).unlink()
+        cut = next((out / "step_3" / "model").iterdir())
+        cut.write_bytes(cut.read_bytes()[:100])
+        again = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),
+                                str(out), *reshard], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert again.returncode == 0 and "unfinished reshard" in again.stdout, again.stderr
+        assert (out / "step_3" / checkpoints.DONE).exists()
         if target == "tp1-dp2":  # a damaged tag is refused, not laundered into a new whole one
             (source / checkpoints.DAMAGED).write_text('{"reason": "test"}')
             bad = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),

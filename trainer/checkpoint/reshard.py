@@ -13,8 +13,10 @@ are copied (the stochastic-rounding generator, bf16-sr only, is the first rank's
 rank). The new tag goes under OUT_ROOT (a new root): point the run's ``checkpoint.uri`` there.
 Every file read is checked against the tag's records; a tag marked damaged is refused.
 
-One process reads the whole model and its moments (three times the fp32 model in memory): a
-tool for a layout change between runs, not a step of every restart.
+One process reads the whole model and its moments (about five times the fp32 model in memory
+at its peak, while the old shards are merged; three times after): a tool for a layout change
+between runs, not a step of every restart. A rerun after an interrupted reshard (no ``done``)
+starts that tag over; a complete one is never replaced.
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ def _unflatten(flat: torch.Tensor, names: list[str], shapes: dict[str, torch.Siz
     return out
 
 
-def _old_rank(fs, tag: str, meta: dict, tp: int, model_shard: dict) -> tuple[list[str], dict, dict, list]:
+def _old_rank(fs, tag: str, meta: dict, tp: int, model_shard: dict) -> tuple[list[str], dict, dict, dict]:
     """One old tensor-parallel rank over every pipeline stage: its parameter names in the
-    optimizer's order, and its two moments by name (ZeRO-1 slices laid end to end)."""
+    optimizer's order, its two moments by name (ZeRO-1 slices laid end to end), and the first
+    slice's step and generator (the moments' own copies are not kept)."""
     layout = meta["layout"]
-    names, avg, sq, states = [], {}, {}, []
+    names, avg, sq, first = [], {}, {}, None
     for pp in range(layout.get("pipeline", 1)):
         slices = [load_checked(fs, tag, f"optim/{ckpt_store.shard_name(d, tp, pp)}", meta)
                   for d in (range(layout["data"]) if layout.get("zero1") else [0])]
@@ -67,11 +70,12 @@ def _old_rank(fs, tag: str, meta: dict, tp: int, model_shard: dict) -> tuple[lis
         for key, into in (("exp_avg", avg), ("exp_avg_sq", sq)):
             into.update(_unflatten(torch.cat([s[key].float() for s in slices])[:numel], stage_names, shapes))
         names += stage_names
-        states.append(slices[0])
+        first = first or {k: slices[0][k] for k in ("step", "generator")}
+        del slices
     for moments in (avg, sq):  # a tied head is the embedding's parameter: its moments too
         if "lm_head.weight" in model_shard and "lm_head.weight" not in moments:
             moments["lm_head.weight"] = moments["model.embed_tokens.weight"]
-    return names, avg, sq, states
+    return names, avg, sq, first
 
 
 def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = None) -> str:
@@ -100,15 +104,19 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
     layout = meta["layout"]
     print(f"reshard {tag_uri}: tensor={layout['tensor']} pipeline={layout.get('pipeline', 1)} -> "
           f"tensor={tensor} pipeline={pipeline}", flush=True)
-    if fs.exists(f"{root}/{name}"):
+    tag = f"{root}/{name}"
+    if fs.exists(f"{tag}/{checkpoints.DONE}"):
         raise ConfigError("OUT_ROOT", f"{out_root}/{name} exists: write the resharded tag under a new root")
+    if fs.exists(tag):  # a reshard interrupted (a drain, out of memory): never complete, started over
+        print(f"  {out_root}/{name} is an unfinished reshard (no {checkpoints.DONE}): removing it", flush=True)
+        fs.rm(tag, recursive=True)
     olds = [_old_rank(src_fs, src, meta, r, shard) for r, shard in enumerate(model_shards)]
-    order = olds[0][0]  # every parameter in model order: the optimizer's, stage after stage
+    order, first_state = olds[0][0], olds[0][3]  # every parameter in model order: the optimizer's
+    dtypes = {k: v.dtype for k, v in model_shards[0].items()}  # as saved: bf16 weights stay bf16
     whole = {"model": hf.merge_to_hf(model_shards, cfg),
              "exp_avg": hf.merge_to_hf([o[1] for o in olds], cfg),
              "exp_avg_sq": hf.merge_to_hf([o[2] for o in olds], cfg)}
-    first_state = olds[0][3][0]
-    tag = f"{root}/{name}"
+    del model_shards, olds  # merged: the old shards' memory goes
     fs.makedirs(f"{tag}/model", exist_ok=True)
     fs.makedirs(f"{tag}/optim", exist_ok=True)
     store_write.write_bytes(fs, f"{tag}/{checkpoints.BEGIN}", b"")
@@ -119,9 +127,8 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
             keys = [n for n in ours["model"] if _stage_of(n, cfg, pipeline) == p]
             names = [n for n in order if _stage_of(n, cfg, pipeline) == p]
             model_path = f"model/{ckpt_store.shard_name(0, r, p)}"
-            dtypes = model_shards[0]  # as saved (shard_of reads into fp32): bf16 weights stay bf16
             records[model_path] = store_write.save_torch(fs, f"{tag}/{model_path}", {
-                k: ours["model"][k].to(dtypes[k].dtype) for k in keys})
+                k: ours["model"][k].to(dtypes[k]) for k in keys})
             flat = {k: torch.cat([ours[k][n].reshape(-1) for n in names]) for k in ("exp_avg", "exp_avg_sq")}
             total = flat["exp_avg"].numel()
             optim = {"step": first_state["step"], **flat, "generator": first_state["generator"],
@@ -137,8 +144,9 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
     # not the old gang's: no writer (a fence in OUT_ROOT would take this tag for a late one and
     # retention would delete it), no save id (no memory copy is of it), its own files and time
     new_meta = {k: v for k, v in meta.items() if k not in ("saveId", "writer", DIGESTS)}
-    new_meta.update(layout=new_layout, files=tag_files(new_layout), time=time.time(),
-                    reshardedFrom={"tag": tag_uri, "layout": layout, "time": time.time()})
+    now = time.time()
+    new_meta.update(layout=new_layout, files=tag_files(new_layout), time=now,
+                    reshardedFrom={"tag": tag_uri, "layout": layout, "time": now})
     new_meta[DIGESTS] = records
     store_write.write_bytes(fs, f"{tag}/{checkpoints.META}", json.dumps(new_meta, indent=1).encode())
     store_write.write_bytes(fs, f"{tag}/{checkpoints.DONE}", b"")
