@@ -264,6 +264,18 @@ def test_listings_skip_what_tools_leave_beside_data_and_keep_data_with_documenta
     mapped = datasets.load_from_disk(str(saved)).map(lambda row: {"text": row["text"].upper()})
     assert any(f["filename"].startswith(str(saved)) for f in mapped.cache_files)  # the cache file is there
     assert [p.rsplit("/", 1)[-1] for p in list_shards(str(saved), "x")] == ["data-00000-of-00001.arrow"]
+    # a state.json cut short would let the cache files read as data: refused by name; one that
+    # lists a file the folder lacks (a copy cut short) too; another program's state.json is not ours
+    state = saved / "state.json"
+    good = state.read_text()
+    state.write_text(good[:len(good) // 2])
+    with pytest.raises(ConfigError, match="is not a readable datasets state.json"):
+        list_shards(str(saved), "x")
+    state.write_text(good.replace("data-00000-of-00001.arrow", "data-00000-of-00002.arrow"))
+    with pytest.raises(ConfigError, match="lists data files that are not there: data-00000-of-00002.arrow"):
+        list_shards(str(saved), "x")
+    state.write_text('{"step": 3}')
+    assert "data-00000-of-00001.arrow" in [p.rsplit("/", 1)[-1] for p in list_shards(str(saved), "x")]
 
 
 def test_malformed_sources_found_by_review_are_named(tmp_path, tiny_data):

@@ -116,19 +116,37 @@ def list_shards(uri: str, field_path: str) -> list[str]:
         raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
     shown = fs.unstrip_protocol if "://" in uri else (lambda p: p)
     root = _listing_root(path)
-    saved = {_folder(p): _saved_files(fs, p, uri) for p in found if p.rsplit("/", 1)[-1] == formats.DATASETS_STATE}
-    return [shown(p) for p in _shards_of(found, uri, field_path, shown, root,
-                                         {k: v for k, v in saved.items() if v is not None})]
+    saved = {_folder(p): _saved_files(fs, p, uri, field_path, shown)
+             for p in found if p.rsplit("/", 1)[-1] == formats.DATASETS_STATE}
+    present = set(found)
+    saved = {folder: files for folder, files in saved.items() if files is not None}
+    for folder, files in saved.items():  # what it lists and the listing lacks: a copy cut short
+        missing = sorted(f for f in files if f"{folder}/{f}" not in present)
+        if missing:
+            raise ConfigError(field_path, f"{shown(folder)}'s state.json lists data files that are not there: "
+                              f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return [shown(p) for p in _shards_of(found, uri, field_path, shown, root, saved)]
 
 
-def _saved_files(fs, state_path: str, uri: str) -> set[str] | None:
-    """The data files a datasets.save_to_disk folder's state.json lists (None: not one we can
-    read, and the folder's files are then taken by the general rule)."""
+def _saved_files(fs, state_path: str, uri: str, field_path: str, shown) -> set[str] | None:
+    """The data files a datasets.save_to_disk folder's state.json lists; None for a JSON object
+    without ``_data_files`` (a state.json of something else: the folder's files are taken by the
+    general rule). One cut short or garbled is refused by name: taken by the general rule, the
+    folder's cache files (a map's, a filter's) would be read as data too."""
     try:
         state = json.loads(retry(lambda: fs.cat_file(state_path), f"read {state_path} of {uri}"))
-        return {entry["filename"] for entry in state["_data_files"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except OSError as exc:  # only what retrying cannot mend reaches here (trainer.store.errors)
+        raise ConfigError(field_path, f"cannot read {shown(state_path)}: {exc}") from None
+    except (ValueError, RecursionError):
+        state = None
+    if isinstance(state, dict) and "_data_files" not in state:
         return None
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    files = [e.get("filename") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    if not files or len(files) != len(entries) or not all(isinstance(f, str) for f in files):
+        raise ConfigError(field_path, f"{shown(state_path)} is not a readable datasets state.json (its "
+                          f"_data_files list of {{filename}}): save the dataset again with save_to_disk")
+    return set(files)
 
 
 def read_texts(uri: str, text_field: str) -> list[str]:
