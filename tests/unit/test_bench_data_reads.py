@@ -19,8 +19,8 @@ def test_the_data_reads_benchmark_runs_and_a_prepared_rank_reads_its_share(fmt):
     res = subprocess.run([sys.executable, "-m", "bench.data_reads", "--docs", "800", "--batch", "16",
                           "--seq-len", "32", "--dp", "1,2", "--format", fmt], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
-    assert f"raw text ({fmt})" in res.stdout
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert f"raw text ({fmt})" in res.stdout
     rows = [row for row in (line.split("|") for line in res.stdout.splitlines() if line.startswith("|"))
             if row[1].strip() == "prepared"]
     assert len(rows) == 2
