@@ -17,7 +17,7 @@ import kopf
 
 from trainium_api import API_GROUP, API_VERSION, PLURAL, keys
 
-from . import workload
+from . import kopf_toggles, workload
 from .observe import gang_order_view, node_view, pod_view
 from .reconcile import reconcile
 from .watcher import Options, Settled, Watcher
@@ -27,6 +27,7 @@ def build_registry(options: Options) -> kopf.OperatorRegistry:
     """A fresh registry of the operator's handlers, configured by ``options``; run it with
     ``kopf.operator(registry=..., memo=...)``: a memo that already holds a Watcher (the command
     line keeps one across leadership terms) keeps it."""
+    kopf_toggles.install()  # kopf's start-up barrier, linear in the objects indexed (why: kopf_toggles.py)
     registry = kopf.OperatorRegistry()
     kopf.on.startup(id="configure", registry=registry)(functools.partial(configure, options))
     kopf.on.startup(id="api_probe", registry=registry)(start_api_probe)
