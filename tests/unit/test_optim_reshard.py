@@ -94,3 +94,23 @@ def test_a_rank_needs_only_the_old_slices_its_range_overlaps_and_keeps_none_of_t
     cut = _optim(1, 0, False)._cut(dict(enumerate(slices)), 4)
     assert all(cut["exp_avg"].untyped_storage().data_ptr() != s["exp_avg"].untyped_storage().data_ptr()
                for s in slices)
+
+
+def test_copies_of_the_same_values_round_alike_under_bf16_sr():
+    """bf16-sr's rounding generator: one stream for the data-parallel replicas without ZeRO-1
+    (each rounds the whole buffer: different noise made them drift apart) and for the tensor
+    ranks (their replicated norms and key/value heads sit at the same offsets); with ZeRO-1 one
+    per slice, each slice being one rank's alone."""
+    import dataclasses
+
+    def state(dp: int, dp_rank: int, tp_rank: int, zero1: bool) -> torch.Tensor:
+        params = [(f"p{i}", torch.nn.Parameter(torch.zeros(shape))) for i, shape in enumerate(SHAPES)]
+        training = dataclasses.replace(from_dict({"data": {"sources": ["/c"], "tokenizer": "/t"}}).training,
+                                       precision="bf16-sr")
+        ps = dataclasses.replace(_ps(dp, dp_rank), tp_rank=tp_rank, rank=dp_rank * 2 + tp_rank)
+        return ShardedAdamW(params, training, ps, zero1).gen.get_state()
+
+    assert torch.equal(state(2, 0, 0, False), state(2, 1, 0, False))  # data-parallel replicas
+    assert torch.equal(state(2, 0, 0, False), state(2, 0, 1, False))  # tensor ranks
+    assert not torch.equal(state(2, 0, 0, True), state(2, 1, 0, True))  # ZeRO-1: a stream per slice
+    assert torch.equal(state(2, 1, 0, True), state(2, 1, 1, True))

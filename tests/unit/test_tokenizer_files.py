@@ -172,3 +172,25 @@ def test_data_prepared_without_bos_is_not_taken_by_a_run_that_adds_it(spm_model,
     # the usual BOS keeps the file's own digest (data prepared before this check still matches)
     import hashlib
     assert read_tokenizer(str(spm_model), "</s>")[1] == hashlib.sha256(spm_model.read_bytes()).hexdigest()
+
+
+def test_a_tokenizer_file_changed_under_the_same_name_is_refused_at_resume(tmp_path, tiny_data, spm_model):
+    """A raw source's position counts its tokens: a checkpoint records the tokenizer's digest,
+    and another file under the same data.tokenizer is refused like another tokenizer (the case
+    found by review: a directory whose tokenizer.json went away reads its tokenizer.model)."""
+    from trainer.loop.train import changed_data
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    shutil.copy(tiny_data["tokenizer"], hf_dir / "tokenizer.json")
+    shutil.copy(spm_model, hf_dir / "tokenizer.model")
+    data = from_dict({"data": {"sources": [corpus(tmp_path)], "tokenizer": f"{hf_dir}/tokenizer.json",
+                               "eosToken": "</s>"}}).data
+    saved = PackedDataset(data, 16, 1, 512)
+    meta = {"tokenizer": data.tokenizer, "tokenizerDigest": saved.tokenizer_digest}
+    assert changed_data(meta, data, tokenizer_digest=saved.tokenizer_digest) is None
+    (hf_dir / "tokenizer.json").unlink()
+    now = PackedDataset(data, 16, 1, 512)
+    field, then, later = changed_data(meta, data, tokenizer_digest=now.tokenizer_digest)
+    assert field == "data.tokenizer" and "its file changed" in later, (then, later)
+    assert changed_data({"tokenizer": data.tokenizer}, data, tokenizer_digest=now.tokenizer_digest) is None  # older

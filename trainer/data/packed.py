@@ -286,6 +286,7 @@ class PackedDataset:
     def __init__(self, cfg: DataConfig, seq_len: int, seed: int, vocab_size: int, field: str = "data.sources"):
         self.cfg, self.seq_len, self.seed = cfg, seq_len, seed
         self.tokenizer, digest = read_tokenizer(cfg.tokenizer, cfg.eos_token)
+        self.tokenizer_digest = digest  # saved with the position: raw text's tokens depend on it
         if self.tokenizer.get_vocab_size() > vocab_size:
             raise ConfigError("model.vocabSize", f"{vocab_size} is smaller than the tokenizer's vocabulary "
                               f"({self.tokenizer.get_vocab_size()}, {cfg.tokenizer})")

@@ -61,12 +61,15 @@ def _uris(sources: list[dict]) -> list[str]:
 
 
 def changed_data(meta: dict, data, kinds: list[str] | None = None,
-                 listings: list[dict | None] | None = None) -> tuple[str, str, str] | None:
+                 listings: list[dict | None] | None = None,
+                 tokenizer_digest: str | None = None) -> tuple[str, str, str] | None:
     """(field, then, now) when the checkpoint's data positions do not belong to ``data``: other
     source URIs (a prefix changed, a source added, removed or reordered), another tokenizer,
     end-of-document token, text field or packing, or a raw source whose folder lists other files
     (``listings``: PackedDataset.listings; its position counts files of its listing, which
-    another trainer's listing rules or files added or removed change). None when they do (a weight may change: the
+    another trainer's listing rules or files added or removed change), or a tokenizer file whose
+    bytes changed under the same name (``tokenizer_digest``: a file replaced, or a directory whose
+    tokenizer.json went and whose tokenizer.model is read instead). None when they do (a weight may change: the
     positions stay valid, the mix going forward follows the new weights), or when the
     checkpoint predates the record."""
     saved = meta.get("dataSources")
@@ -93,6 +96,9 @@ def changed_data(meta: dict, data, kinds: list[str] | None = None,
     for key, now in (("tokenizer", data.tokenizer), ("eosToken", data.eos_token), ("packing", data.packing)):
         if key in meta and meta[key] != now:
             return f"data.{key}", json.dumps(meta[key]), json.dumps(now)
+    if tokenizer_digest and meta.get("tokenizerDigest") not in (None, tokenizer_digest):
+        return ("data.tokenizer", f"{data.tokenizer} with sha256 {meta['tokenizerDigest'][:12]}",
+                f"the same name with sha256 {tokenizer_digest[:12]} (its file changed)")
     return None
 
 
@@ -194,7 +200,7 @@ class Trainer:
         state = self.ckpt.load(tag, self.layout_meta())
         tag, meta = state["tag"], state["meta"]
         self.checkpoint_seen = CheckpointSeen(tag.tag, meta["step"], tag.done_mtime)  # reported (store.py)
-        changed = changed_data(meta, self.cfg.data, self.data.kinds, self.data.listings)
+        changed = changed_data(meta, self.cfg.data, self.data.kinds, self.data.listings, self.data.tokenizer_digest)
         if changed and not self.cfg.data.allow_changed_sources:
             raise exitcodes.FatalError(f"{changed[0]}: checkpoint {tag.tag} was written with {changed[1]}, the config "
                                        f"now has {changed[2]}; its data positions belong to the old data. Set "
@@ -249,6 +255,7 @@ class Trainer:
                 "configDigest": self.cfg.digest(), "layout": self.layout_meta(),
                 "model": to_dict(self.cfg.model), "tokenizer": self.cfg.data.tokenizer,
                 "dataSources": source_list(self.cfg.data), "dataSourceKinds": self.data.kinds,
+                "tokenizerDigest": self.data.tokenizer_digest,
                 "textField": self.cfg.data.text_field,
                 "packing": self.cfg.data.packing,
                 "eosToken": self.cfg.data.eos_token}

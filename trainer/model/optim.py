@@ -34,6 +34,11 @@ def lr_at(step: int, cfg: TrainingConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def rounding_seed(seed: int, pp_rank: int, slice_index: int) -> int:
+    """The stochastic-rounding generator's seed of a pipeline stage's slice (ShardedAdamW)."""
+    return (seed * 100_003 + pp_rank) * 100_003 + slice_index
+
+
 def stochastic_round_to_bf16(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Round fp32 to bf16 up or down with probability proportional to the distance."""
     noise = torch.randint(0, 1 << 16, x.shape, generator=gen, dtype=torch.int32, device=x.device)
@@ -140,10 +145,16 @@ class ShardedAdamW:
         # On a lazy device (XLA) the update runs without host decisions (step_on_device): the
         # count of applied updates then lives on the device too.
         self.step_tensor = torch.zeros((), device=dev) if self.lazy else None
-        # Stochastic rounding noise: a generator per rank, saved with the optimizer state. On
-        # XLA the Neuron runtime rounds (NEURON_RT_STOCHASTIC_ROUNDING_EN), so the generator is
-        # a host one that only keeps the state format the same across backends.
-        self.gen = torch.Generator(device="cpu" if self.lazy else dev).manual_seed(cfg.seed * 100_003 + ps.rank)
+        # Stochastic rounding noise: a generator per copy of the values it rounds, saved with the
+        # optimizer state. Copies of the same values must round alike or they drift apart: the
+        # data-parallel replicas without ZeRO-1, and the tensor-parallel ranks' replicated
+        # parameters (norms, replicated key/value heads: same offsets in every rank's buffer).
+        # So the seed is the pipeline stage's and, with ZeRO-1, the slice's (each slice is one
+        # rank's alone), never the tensor rank's, nor the data rank's without ZeRO-1. On XLA the
+        # Neuron runtime rounds (NEURON_RT_STOCHASTIC_ROUNDING_EN), so the generator is a host
+        # one that only keeps the state format the same across backends.
+        self.gen = torch.Generator(device="cpu" if self.lazy else dev).manual_seed(
+            rounding_seed(cfg.seed, ps.pp_rank, ps.dp_rank if self.zero1 else 0))
 
     def _shard(self, buf: torch.Tensor) -> torch.Tensor:
         return buf[self.start:self.start + self.shard_len]
