@@ -492,6 +492,7 @@ def main() -> None:
         procs.append(peer)
         time.sleep(args.seconds / 2)
         peer_rss = max(rss_mib(peer.pid) for _ in range(5) if time.sleep(1) is None)
+        stop_process(peer)  # measured: it must not compete with what --finished measures next
         n = c1 - c0
         diff = [(le, c - dict(b0).get(le, 0.0)) for le, c in b1]
         rows = [["trainium-operator", args.runs, running, f"{idle_rss:.0f}", f"{ours_rss:.0f}",
