@@ -21,7 +21,6 @@ import json
 import sys
 import time
 
-import fsspec
 import torch
 
 from trainium_api import checkpoints
@@ -53,24 +52,20 @@ def from_hf(hf_dir: str, out_root: str, tensor: int = 1) -> str:
         fs.pipe_file(f"{tag}/{name}", buf.getvalue())
         files.append(name)
         print(f"  wrote {name} (tensor-parallel rank {rank + 1}/{tensor})", flush=True)
-    src_fs, src_root = _fs(hf_dir)
     tokenizer = ""
     # the tokenizer the run will read (trainer.data.tokenizer): tokenizer.json, else SentencePiece's
     # tokenizer.model; its tokenizer_config.json travels with it (add_bos_token)
     try:
         found, data = tokenizer_files.find(hf_dir)
     except FileNotFoundError:
-        found = None
+        found = None  # a model without a tokenizer: the run names its own
     if found is not None:
         name = found.rsplit("/", 1)[-1]
-        fs.pipe_file(f"{tag}/{name}", data)
-        files.append(name)
-        try:
-            fs.pipe_file(f"{tag}/{tokenizer_files.CONFIG_NAME}",
-                         src_fs.cat_file(f"{src_root}/{tokenizer_files.CONFIG_NAME}"))
-            files.append(tokenizer_files.CONFIG_NAME)
-        except FileNotFoundError:
-            pass
+        carried = {name: data, tokenizer_files.CONFIG_NAME: tokenizer_files.config_beside(found)}
+        for part, content in carried.items():
+            if content is not None:
+                fs.pipe_file(f"{tag}/{part}", content)
+                files.append(part)
         tokenizer = fs.unstrip_protocol(f"{tag}/{name}") if "://" in out_root else f"{tag}/{name}"
     # The shape is complete without a preset name (none fits a converted model): leave it out.
     shape = {k: v for k, v in to_dict(model).items() if k != "preset"}
@@ -123,12 +118,9 @@ def to_hf(checkpoint: str, out_dir: str, tokenizer: str | None = None) -> str:
         if tokenizer_files.is_sentencepiece(tok_path, data):  # transformers reads it as a LlamaTokenizer
             fs.pipe_file(f"{out}/{tokenizer_files.SENTENCEPIECE_NAME}", data)
             eos_id = tokenizer_files.SentencePieceTokenizer(data).token_to_id(eos)
-            tok_fs, tok_file = fsspec.core.url_to_fs(tok_path)
-            try:
-                tok_config = tok_fs.cat_file(tok_file.rsplit("/", 1)[0] + "/" + tokenizer_files.CONFIG_NAME)
-            except FileNotFoundError:
-                tok_config = json.dumps({"tokenizer_class": "LlamaTokenizer", "eos_token": eos, "add_bos_token": True,
-                                         "add_eos_token": False}, indent=1).encode()  # LlamaTokenizer's own defaults
+            tok_config = tokenizer_files.config_beside(tok_path) or json.dumps(
+                {"tokenizer_class": "LlamaTokenizer", "eos_token": eos, "add_bos_token": True,
+                 "add_eos_token": False}, indent=1).encode()  # LlamaTokenizer's own defaults
             fs.pipe_file(f"{out}/{tokenizer_files.CONFIG_NAME}", tok_config)
             if eos_id is not None:
                 config["eos_token_id"] = eos_id

@@ -116,10 +116,9 @@ def list_shards(uri: str, field_path: str) -> list[str]:
         raise ConfigError(field_path, f"cannot list {uri}: {exc}") from None
     shown = fs.unstrip_protocol if "://" in uri else (lambda p: p)
     root = _listing_root(path)
-    saved = {_folder(p): _saved_files(fs, p, uri, field_path, shown)
-             for p in found if p.rsplit("/", 1)[-1] == formats.DATASETS_STATE}
+    saved = {_folder(p): files for p in found if p.rsplit("/", 1)[-1] == formats.DATASETS_STATE
+             if (files := _saved_files(fs, p, uri, field_path, shown)) is not None}
     present = set(found)
-    saved = {folder: files for folder, files in saved.items() if files is not None}
     for folder, files in saved.items():  # what it lists and the listing lacks: a copy cut short
         missing = sorted(f for f in files if f"{folder}/{f}" not in present)
         if missing:

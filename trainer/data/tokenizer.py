@@ -89,11 +89,20 @@ def find(uri: str) -> tuple[str, bytes]:
     raise FileNotFoundError(f"no tokenizer at {uri} (tried {', '.join(tried)})")
 
 
-def _add_bos(directory: str) -> bool:
-    """A directory's tokenizer_config.json ``add_bos_token`` (Hugging Face's default: true)."""
+def config_beside(path: str) -> bytes | None:
+    """The tokenizer_config.json beside the tokenizer file ``path`` (add_bos_token, the
+    tokenizer class transformers reads), None where there is none."""
     try:
-        config = json.loads(node_reads.read_object(f"{directory}/{CONFIG_NAME}"))
-    except (FileNotFoundError, ValueError):
+        return node_reads.read_object(f"{path.rsplit('/', 1)[0]}/{CONFIG_NAME}")
+    except FileNotFoundError:
+        return None
+
+
+def _add_bos(path: str) -> bool:
+    """``add_bos_token`` of the tokenizer_config.json beside ``path`` (Hugging Face's default: true)."""
+    try:
+        config = json.loads(config_beside(path) or b"{}")
+    except ValueError:
         return True
     value = config.get("add_bos_token", True) if isinstance(config, dict) else True
     return value if isinstance(value, bool) else True
@@ -113,8 +122,7 @@ def read_tokenizer(uri: str, eos_token: str):
         raise ConfigError("data.tokenizer", f"cannot read tokenizer {uri}: {exc}") from None
     try:
         if is_sentencepiece(path, data):
-            directory = path.rsplit("/", 1)[0] if path.endswith("/" + SENTENCEPIECE_NAME) else None
-            add_bos = _add_bos(directory) if directory else True
+            add_bos = _add_bos(path) if path.endswith("/" + SENTENCEPIECE_NAME) else True
             tok = SentencePieceTokenizer(data, add_bos)
             # the ids it makes depend on the BOS choice too: data prepared without BOS is not taken
             # for a run that adds it (a model's usual BOS keeps the file's own digest)
