@@ -302,9 +302,12 @@ def gang_state(pods: list[PodView]) -> GangState:
         loss=newest.loss if newest else None,
         last_checkpoint_step=checkpointed,
         last_progress_time=max((r.time for r in reports if r.time), default=None),
+        # a pod's time of that step, if no later than its own newest step (one pod's garbage, a
+        # time in the future, must not take the others' away)
         last_checkpoint_time=max((r.last_checkpoint_time for r in reports
                                   if checkpointed is not None and r.last_checkpoint_step == checkpointed
-                                  and r.last_checkpoint_time), default=None),
+                                  and r.last_checkpoint_time and r.time and r.last_checkpoint_time <= r.time),
+                                 default=None),
         start_step=newest.start_step if newest else None,
         first_step_time=max((r.first_step_time for r in reports if r.first_step_time), default=None),
         eval_perplexity=next((r.eval_perplexity for r in sorted(reports, key=lambda r: -r.step)

@@ -317,8 +317,14 @@ def test_a_tp2_dp2_checkpoint_resumes_at_other_degrees(target, layout, reshard, 
         again = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),
                                 str(out), *reshard], capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert again.returncode == 2 and "exists" in again.stderr
-        # a reshard interrupted before its done (a drain, out of memory) is started over, not refused
+        # a tag without done that no reshard of this source is writing (a run's save in progress):
+        # never deleted
         (out / "step_3" / checkpoints.DONE).unlink()
+        again = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),
+                                str(out), *reshard], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert again.returncode == 2 and "is not an unfinished reshard" in again.stderr, again.stderr
+        # a reshard of this source interrupted before its done (a drain, out of memory) is started over
+        (out / "step_3" / reshard_module.RESHARDING).write_text(str(source))
         cut = next((out / "step_3" / "model").iterdir())
         cut.write_bytes(cut.read_bytes()[:100])
         again = subprocess.run([sys.executable, "-m", "trainer.checkpoint.convert", "reshard", str(source),

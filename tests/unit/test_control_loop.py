@@ -782,3 +782,20 @@ def test_the_preflight_lists_names_are_the_operators_and_a_run_accepted_before_k
     env = {e["name"]: e.get("value") for e in made["spec"]["containers"][0]["env"]}
     assert env["TRAINER_PREFLIGHT_PASSED_FILE"] == "/mine"  # the run's own, untouched
     assert [v["name"] for v in made["spec"]["volumes"]].count("trainium-preflight") == 1
+
+
+def test_the_gangs_checkpoint_time_is_its_pods_own_and_one_pods_garbage_does_not_take_it_away():
+    """gang_state's lastCheckpointTime: the pods' time of the newest checkpointed step, from
+    reports whose time of it is not after their own newest step (a time in the future written
+    by user code would make goodput drop the others' and fall back to the estimate)."""
+    def pod(i: int, report: dict):
+        return pod_view({"metadata": {"name": f"r-a1-{i}", "labels": {"trainium.dev/attempt": "1",
+                                                                      "trainium.dev/index": str(i)},
+                                      "annotations": {"trainium.dev/progress": json.dumps(report)}},
+                         "spec": {"nodeName": f"n{i}"}, "status": {"phase": "Running"}})
+    good = {"step": 18, "time": 1000.0, "lastCheckpointStep": 15, "lastCheckpointTime": 998.5}
+    assert gang_state([pod(0, good), pod(1, {**good, "lastCheckpointTime": 998.6})]).last_checkpoint_time == 998.6
+    future = {**good, "lastCheckpointTime": 9e10}
+    assert gang_state([pod(0, good), pod(1, future)]).last_checkpoint_time == 998.5
+    # a time without a checkpoint step is not one
+    assert gang_state([pod(0, {"step": 3, "time": 10.0, "lastCheckpointTime": 9.0})]).last_checkpoint_time is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -131,6 +132,12 @@ def test_a_raw_folder_listing_other_files_at_resume_is_refused_naming_the_source
     field, then, now = changed_data(meta, cfg, later.kinds, later.listings)
     files = len(data.sources[0].shards)
     assert field == "data.sources[0].uri" and then.startswith(f"{files} files") and now.startswith(f"{files + 1} files")
+    # the same files elsewhere (another mount, another working directory): the same listing
+    moved = tmp_path / "moved"
+    shutil.copytree(a, moved)
+    (moved / "zz-new.jsonl").unlink()
+    there = PackedDataset(config([{"uri": str(moved)}], tok), 16, 7, 512)
+    assert there.listings == data.listings
     # a checkpoint from before the record: its position loads as it is
     old = {k: v for k, v in data.state()["sources"][0].items() if k not in ("files", "listing")}
     assert changed_data({**meta, "data": {"row": 4, "sources": [old]}}, cfg, later.kinds, later.listings) is None
@@ -274,8 +281,9 @@ def test_listings_skip_what_tools_leave_beside_data_and_keep_data_with_documenta
     state.write_text(good.replace("data-00000-of-00001.arrow", "data-00000-of-00002.arrow"))
     with pytest.raises(ConfigError, match="lists data files that are not there: data-00000-of-00002.arrow"):
         list_shards(str(saved), "x")
-    state.write_text('{"step": 3}')
-    assert "data-00000-of-00001.arrow" in [p.rsplit("/", 1)[-1] for p in list_shards(str(saved), "x")]
+    for other in ('{"step": 3}', '[{"text": "a"}]'):  # found by review: a JSON array is not a datasets state
+        state.write_text(other)
+        assert "data-00000-of-00001.arrow" in [p.rsplit("/", 1)[-1] for p in list_shards(str(saved), "x")]
 
 
 def test_malformed_sources_found_by_review_are_named(tmp_path, tiny_data):

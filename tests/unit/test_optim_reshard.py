@@ -114,3 +114,17 @@ def test_copies_of_the_same_values_round_alike_under_bf16_sr():
     assert torch.equal(state(2, 0, 0, False), state(2, 0, 1, False))  # tensor ranks
     assert not torch.equal(state(2, 0, 0, True), state(2, 1, 0, True))  # ZeRO-1: a stream per slice
     assert torch.equal(state(2, 1, 0, True), state(2, 1, 1, True))
+
+
+def test_replicas_that_lose_zero1_on_load_take_one_rounding_stream():
+    """A ZeRO-1 checkpoint (a stream per slice) resumed without ZeRO-1: every data-parallel
+    replica rounds the whole buffer, so each takes the same (the lowest slice's) stream, not the
+    slice of its own index (found by review: the replicas drifted apart again)."""
+    slices, _, _ = _written(2, True)
+    assert not torch.equal(slices[0]["generator"], slices[1]["generator"])
+    loaded = []
+    for rank in range(2):
+        opt = _optim(2, rank, False)
+        opt.load_state_dict(slices)
+        loaded.append(opt.gen.get_state())
+    assert torch.equal(loaded[0], loaded[1]) and torch.equal(loaded[0], slices[0]["generator"])

@@ -15,8 +15,9 @@ Every file read is checked against the tag's records; a tag marked damaged is re
 
 One process reads the whole model and its moments (at its peak about 2.4 times the state in
 memory, measured at 134M by bench/reshard.py, where DCP's planner needs 1 time): a tool for a layout change
-between runs, not a step of every restart. A rerun after an interrupted reshard (no ``done``)
-starts that tag over; a complete one is never replaced.
+between runs, not a step of every restart. A rerun after an interrupted reshard of the same tag
+(no ``done``; its ``resharding`` marker names the source) starts that tag over; a complete tag,
+or one without the marker (a run's save in progress), is never touched.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from ..model import hf
 from ..model.transformer import stage_layers
 from .checkpointer import DIGESTS, tag_files
 from .tags import _check_tensor, _fs, load_checked, read_checked, read_tag, resolve_tag
+
+
+RESHARDING = "resharding"  # in a tag a reshard is writing, naming its source; removed before done
 
 
 def _stage_of(name: str, cfg: ModelConfig, pipeline: int) -> int:
@@ -107,7 +111,17 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
     tag = f"{root}/{name}"
     if fs.exists(f"{tag}/{checkpoints.DONE}"):
         raise ConfigError("OUT_ROOT", f"{out_root}/{name} exists: write the resharded tag under a new root")
-    if fs.exists(tag):  # a reshard interrupted (a drain, out of memory): never complete, started over
+    if fs.exists(tag):
+        # a reshard of this tag interrupted (a drain, out of memory) is started over; anything
+        # else without done (a run's save in progress, another writer's) is not ours to delete
+        try:
+            ours = fs.cat_file(f"{tag}/{RESHARDING}").decode(errors="replace") == tag_uri
+        except FileNotFoundError:
+            ours = False
+        if not ours:
+            raise ConfigError("OUT_ROOT", f"{out_root}/{name} exists without {checkpoints.DONE} and is not an "
+                                          f"unfinished reshard of {tag_uri} (a save in progress, another writer's): "
+                                          f"write the resharded tag under a new root")
         print(f"  {out_root}/{name} is an unfinished reshard (no {checkpoints.DONE}): removing it", flush=True)
         fs.rm(tag, recursive=True)
     olds = [_old_rank(src_fs, src, meta, r, shard) for r, shard in enumerate(model_shards)]
@@ -119,6 +133,7 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
     del model_shards, olds  # merged: the old shards' memory goes
     fs.makedirs(f"{tag}/model", exist_ok=True)
     fs.makedirs(f"{tag}/optim", exist_ok=True)
+    store_write.write_bytes(fs, f"{tag}/{RESHARDING}", tag_uri.encode())
     store_write.write_bytes(fs, f"{tag}/{checkpoints.BEGIN}", b"")
     records: dict = {}
     for r in range(tensor):
@@ -149,5 +164,6 @@ def reshard(checkpoint: str, out_root: str, tensor: int, pipeline: int | None = 
                     reshardedFrom={"tag": tag_uri, "layout": layout, "time": now})
     new_meta[DIGESTS] = records
     store_write.write_bytes(fs, f"{tag}/{checkpoints.META}", json.dumps(new_meta, indent=1).encode())
+    fs.rm(f"{tag}/{RESHARDING}")
     store_write.write_bytes(fs, f"{tag}/{checkpoints.DONE}", b"")
     return fs.unstrip_protocol(tag) if "://" in out_root else tag

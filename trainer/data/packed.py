@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -128,18 +129,19 @@ def list_shards(uri: str, field_path: str) -> list[str]:
 
 
 def _saved_files(fs, state_path: str, uri: str, field_path: str, shown) -> set[str] | None:
-    """The data files a datasets.save_to_disk folder's state.json lists; None for a JSON object
-    without ``_data_files`` (a state.json of something else: the folder's files are taken by the
-    general rule). One cut short or garbled is refused by name: taken by the general rule, the
-    folder's cache files (a map's, a filter's) would be read as data too."""
+    """The data files a datasets.save_to_disk folder's state.json lists; None for JSON that is not
+    an object with ``_data_files`` (a state.json of something else: the folder's files are taken
+    by the general rule). One cut short or garbled is refused by name: taken by the general rule,
+    the folder's cache files (a map's, a filter's) would be read as data too."""
     try:
         state = json.loads(retry(lambda: fs.cat_file(state_path), f"read {state_path} of {uri}"))
     except OSError as exc:  # only what retrying cannot mend reaches here (trainer.store.errors)
         raise ConfigError(field_path, f"cannot read {shown(state_path)}: {exc}") from None
     except (ValueError, RecursionError):
-        state = None
-    if isinstance(state, dict) and "_data_files" not in state:
-        return None
+        state = None  # not JSON: a datasets state.json cut short
+    else:
+        if not isinstance(state, dict) or "_data_files" not in state:
+            return None
     entries = state.get("_data_files") if isinstance(state, dict) else None
     files = [e.get("filename") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
     if not files or len(files) != len(entries) or not all(isinstance(f, str) for f in files):
@@ -184,9 +186,12 @@ class DocumentSource:
                               f"and restart")
         self.shards = list_shards(uri, self.field_path)
         # what the position's file index counts in: the shards listed, by number and digest of
-        # their names; a position is only valid in the same listing (trainer.loop.train.changed_data)
-        self.listing = {"files": len(self.shards),
-                        "listing": hashlib.sha256("\n".join(self.shards).encode()).hexdigest()[:16]}
+        # their names below the source's common folder (the same data read through another
+        # mount or working directory has the same listing); a position is only valid in the
+        # same listing (trainer.loop.train.changed_data)
+        common = len(os.path.commonprefix(self.shards).rpartition("/")[0])
+        names = "\n".join(s[common:] for s in self.shards)
+        self.listing = {"files": len(self.shards), "listing": hashlib.sha256(names.encode()).hexdigest()[:16]}
         self.pos = SourcePosition()
         self._loaded: tuple[int, int] | None = None  # (epoch, file) whose texts are cached
         self._texts: list[str] = []

@@ -353,9 +353,11 @@ class ShardedAdamW:
                 a, b = max(lo, i * old_len), min(hi, (i + 1) * old_len)
                 out[a - lo:b - lo] = slices[i][key].detach().to("cpu")[a - i * old_len:b - i * old_len]
             mine[key] = out
-        # the stochastic-rounding generator (bf16-sr) of the slice this rank held, else the first
-        # read: ranks change with the degree, so its stream does too (fp32 does not use it)
-        same = slices.get(self.ps.dp_rank, first)
+        # the stochastic-rounding generator (bf16-sr; fp32 does not use it): with ZeRO-1 the one
+        # of the slice this rank held, else the first read (ranks change with the degree, so its
+        # stream does too); without, the lowest slice's for every replica, so that the copies
+        # round alike (rounding_seed)
+        same = slices.get(self.ps.dp_rank, first) if self.zero1 else slices[min(slices)]
         return {**mine, "step": first["step"], "generator": same["generator"],
                 "shard": [self.start, self.shard_len, self.total], "param_names": self.names, "zero1": self.zero1}
 
