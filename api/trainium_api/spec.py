@@ -506,6 +506,12 @@ class LoggingConfig:
     losses_file: str = ""
     """If set, rank 0 appends one JSON line per step (step, loss, grad norm, lr, end time, and the
     step this process resumed at) here."""
+    tensorboard: str = ""
+    """If set, rank 0 writes TensorBoard scalars here, every step: loss, learning rate, gradient
+    norm, tokens/s, MFU, step time, and held-out loss and perplexity. A local directory (on a
+    volume the pod mounts) or any fsspec URL such as s3://bucket/runs/name/ (uploaded off the
+    step's path: a closed event file every 5 minutes and at each checkpoint). A resumed process
+    replaces the steps it trains again (TensorBoard's purge step)."""
 
 
 @dataclass(kw_only=True)

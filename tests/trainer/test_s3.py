@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, data_overrides, read_losses, run_trainer, trainer_cmd, trainer_env
+from tests.conftest import (ROOT, data_overrides, eval_losses, held_out, read_losses, run_trainer, trainer_cmd,
+                            trainer_env)
 from trainium_api import checkpoints, exitcodes
 
 pytestmark = [pytest.mark.trainer, pytest.mark.s3]
@@ -140,20 +141,46 @@ def store_env(env):
 
 
 def test_s3_data_checkpoints_and_exact_resume(s3, tmp_path, tiny_data):
+    """...and TensorBoard scalars on S3 (logging.tensorboard), read back by TensorBoard's reader."""
     env = s3["env"]
     store_env(env)
-    first = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=6", "checkpoint.intervalSteps=3"), env=env)
+    logged = ["logging.tensorboard=s3://ckpt/tensorboard/run", held_out(tiny_data), "data.evalIntervalSteps=3"]
+    first = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=6", "checkpoint.intervalSteps=3", *logged),
+                        env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     assert checkpoints.newest_complete("s3://ckpt/run").step == 6
     tag = checkpoints.newest_complete("s3://ckpt/run")
     assert tag.uri == "s3://ckpt/run/step_6" and tag.meta["layout"]["data"] == 2
     # Continue the same run to step 9 from S3, and compare with an uninterrupted 9-step run.
-    cont = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=9", "checkpoint.intervalSteps=3"), env=env)
+    cont = run_trainer(2, s3_overrides(tmp_path, "run", "training.steps=9", "checkpoint.intervalSteps=3", *logged),
+                       env=env)
     assert cont.returncode == 0 and "resumed from s3://ckpt/run/step_6" in cont.stderr, cont.stderr[-3000:]
     ref = run_trainer(2, s3_overrides(tmp_path, "ref", "training.steps=9", "checkpoint.intervalSteps=0"), env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
     got, want = read_losses(tmp_path / "run.jsonl"), read_losses(tmp_path / "ref.jsonl")
     assert all(got[s]["loss"] == want[s]["loss"] for s in range(1, 10))
+
+    # TensorBoard: the two processes' event files, downloaded from S3, read as one run
+    import fsspec
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from trainer.loop import tensorboard as tb
+    fs = fsspec.filesystem("s3")
+    events = tmp_path / "tensorboard"
+    fs.get("ckpt/tensorboard/run/", str(events), recursive=True)
+    assert len(list(events.iterdir())) >= 2  # the first process's closed files, then the second's
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    assert [s for s, _ in scalars[tb.LOSS]] == list(range(1, 10))  # each step once, in order
+    assert [v for _, v in scalars[tb.LOSS]] == [pytest.approx(got[s]["loss"], rel=1e-6) for s in range(1, 10)]
+    assert [v for _, v in scalars[tb.GRAD_NORM]] == [pytest.approx(got[s]["gradNorm"], rel=1e-6)
+                                                      for s in range(1, 10)]
+    assert [v for _, v in scalars[tb.LEARNING_RATE]] == [pytest.approx(got[s]["lr"], rel=1e-6) for s in range(1, 10)]
+    assert all(v > 0 for _, v in scalars[tb.TOKENS_PER_SECOND] + scalars[tb.STEP_SECONDS])
+    held = eval_losses(tmp_path / "run.jsonl")
+    assert [s for s, _ in scalars[tb.EVAL_LOSS]] == [3, 6, 9]
+    assert [v for _, v in scalars[tb.EVAL_LOSS]] == [pytest.approx(held[s], rel=1e-6) for s in (3, 6, 9)]
+    assert [s for s, _ in scalars[tb.EVAL_PERPLEXITY]] == [3, 6, 9]
 
 
 def _run_with_fault(s3, tmp_path, name: str, steps: int, transient: bool):

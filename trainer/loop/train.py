@@ -23,7 +23,9 @@ from ..contract.podenv import PodEnv
 from ..checkpoint.checkpointer import Checkpointer
 from ..config import ConfigError, RunConfig, derive_layout, to_dict
 from ..data.packed import PackedDataset, heldout_batches
+from . import tensorboard
 from .health import GradNormMonitor, finite
+from .tensorboard import ScalarLog
 from ..model.metrics import TrainerMetrics, mfu
 from ..model.transformer import Transformer
 from ..model.optim import ShardedAdamW, lr_at
@@ -170,6 +172,8 @@ class Trainer:
         if cfg.logging.losses_file and ps.rank == 0 and not self.precompile_steps:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
             self.losses_fh = open(cfg.logging.losses_file, "a")
+        # logging.tensorboard's writer: opened at the first step, when the resumed step is known
+        self.scalars: ScalarLog | None = None
 
     def _pipeline(self):
         """The stage's schedule when the model is split into pipeline stages, else None."""
@@ -266,6 +270,8 @@ class Trainer:
                                 {"last_step": self.step, "lr": lr_at(max(self.step - 1, 0), self.cfg.training)},
                                 user, meta)
         self.metrics.ckpt_stall.set(result.stall_seconds)
+        if self.scalars is not None:
+            self.scalars.persist()  # a fault loses no logged step up to the checkpoint it resumes from
         self._note_finished_saves()
 
     def _note_finished_saves(self) -> None:
@@ -329,6 +335,8 @@ class Trainer:
         loss, ppl = self.evaluate()
         self.eval_perplexity = ppl
         self.metrics.eval_loss.set(loss), self.metrics.eval_perplexity.set(ppl)
+        if self.scalars is not None:
+            self.scalars.scalars(self.step, {tensorboard.EVAL_LOSS: loss, tensorboard.EVAL_PERPLEXITY: ppl})
         if self.ps.rank == 0:
             log.info("step %d held-out loss %.4f perplexity %.3f (%d batches)", self.step, loss, ppl,
                      len(self.heldout))
@@ -530,6 +538,13 @@ class Trainer:
             self.losses_fh.write(json.dumps({"step": step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
                                              "time": round(self._last[3], 3), "startStep": self.start_step}) + "\n")
             self.losses_fh.flush()
+        if cfg.logging.tensorboard and ps.rank == 0 and not self.precompile_steps:
+            if self.scalars is None:
+                self.scalars = ScalarLog(cfg.logging.tensorboard, first_step=self.start_step + 1)
+            self.scalars.scalars(step, {tensorboard.LOSS: loss, tensorboard.LEARNING_RATE: lr,
+                                        tensorboard.GRAD_NORM: grad_norm, tensorboard.TOKENS_PER_SECOND: tps,
+                                        tensorboard.MFU: util, tensorboard.STEP_SECONDS: dt},
+                                 walltime=self._last[3])
         if ps.rank == 0 and param_norm is not None:
             log.info("step %d/%d loss %.4f lr %.2e grad_norm %.3f%s param_norm %.2f tokens/s %.0f mfu %s step %.3fs",
                      step, cfg.training.steps, loss, lr, grad_norm, " (SPIKE)" if spike else "", param_norm,
@@ -555,4 +570,6 @@ class Trainer:
         self.metrics.close()
         if self.losses_fh:
             self.losses_fh.close()
+        if self.scalars is not None:
+            self.scalars.close()
 
