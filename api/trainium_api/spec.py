@@ -506,6 +506,10 @@ class LoggingConfig:
     losses_file: str = ""
     """If set, rank 0 appends one JSON line per step (step, loss, grad norm, lr, end time, and the
     step this process resumed at) here."""
+    peak_flops: NonNegativeNumber = 0.0
+    """Peak FLOP/s of one rank's device, for MFU: overrides the trainer's table (Trainium,
+    H100/H200/A100), for a device it lacks (a CPU has no published bf16 peak: no MFU without
+    this). 0: the table's figure."""
     tensorboard: str = ""
     """If set, rank 0 writes TensorBoard scalars here, every step: loss, learning rate, gradient
     norm, tokens/s, MFU, step time, and held-out loss and perplexity. A local directory (on a

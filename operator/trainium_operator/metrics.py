@@ -13,9 +13,10 @@ from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from trainium_api.checkpoints import RESTORE_SOURCES
 from trainium_api.spec import CAUSES, TrainingRunSpec
 from trainium_api.status import PHASES as PHASES_OF_RUN
-from trainium_api.status import FailureRecord, TrainingRunStatus
+from trainium_api.status import RESTART_KINDS, FailureRecord, TrainingRunStatus
 
 from .goodput import PHASES, RESTART_FIELDS
 from .judge import hang_timeout
@@ -43,6 +44,15 @@ class Metrics:
                                       "take a lost pod's place (status.spares; faultTolerance.spares wanted)")
         self.restarts_replaced = run_gauge("trainium_run_restarts_replaced", "Of the gang restarts, those that "
                                            "replaced only the failed pod, the others kept (status.restartsReplaced)")
+        self.restarts_by_kind = run_gauge("trainium_run_restarts_by_kind", "Gang restarts so far by how each was "
+                                          "done (restart: inPlace, replace, recreate)", ["restart"])
+        self.restore_source = run_gauge("trainium_run_restore_source", "1 for where the current attempt's restore "
+                                        "read its state from (status.current.restoreSource: memory, peer or store), "
+                                        "0 for the others; absent before it resumed", ["source"])
+        self.pod_node = run_gauge("trainium_run_pod_node", "1 for each pod of the current attempt placed on a node: "
+                                  "its node and the node's EC2 instance id (spec.providerID), to join the node's "
+                                  "own series (neuron-monitor's, labelled instance_id) to the run",
+                                  ["pod", "node", "instance_id"])
         self.goodput_ratio = run_gauge("trainium_run_effective_training_ratio", "Productive / wall time since creation")
         self.lost = run_gauge("trainium_run_lost_seconds", "Lost time by phase (detect, teardown, schedule, recompute)",
                               ["phase"])
@@ -98,6 +108,7 @@ class Metrics:
                         self.created_time, self.quarantined, self.stragglers, self.restarts_in_place,
                         self.restarts_replaced, self.spares_ready)
         self._runs: set[tuple[str, str]] = set()  # the runs this operator exports series of
+        self._pod_nodes: dict[tuple[str, str], set[tuple[str, str, str]]] = {}  # run -> its pod_node series
 
     def serve(self, port: int):
         """/metrics on ``port``, from a daemon thread; returns (server, thread) to stop it."""
@@ -107,10 +118,25 @@ class Metrics:
         """ApiHealth's on_change: 1 while the API server is unreachable."""
         self.api_unreachable.set(1 if away else 0)
 
-    def observe_run(self, namespace: str, run: str, spec: TrainingRunSpec | None, status: TrainingRunStatus) -> None:
-        """Export one run's state (its status after this pass)."""
+    def observe_run(self, namespace: str, run: str, spec: TrainingRunSpec | None, status: TrainingRunStatus,
+                    placed: dict[str, tuple[str, str]] | None = None) -> None:
+        """Export one run's state (its status after this pass); ``placed``: the current attempt's
+        pods on nodes, pod -> (node, instance id), from the pass's snapshot (None: unchanged)."""
         labels = (namespace, run)
         self._runs.add(labels)
+        # restartCount counts every gang restart; in place and replaced are its parts, the rest recreated
+        recreated = max(0, status.restart_count - status.restarts_in_place - status.restarts_replaced)
+        for kind, count in zip(RESTART_KINDS, (status.restarts_in_place, status.restarts_replaced, recreated)):
+            self.restarts_by_kind.labels(*labels, kind).set(count)
+        source = status.current.restore_source
+        for s in RESTORE_SOURCES:
+            if source is None:
+                with suppress(KeyError):
+                    self.restore_source.remove(*labels, s)
+            else:
+                self.restore_source.labels(*labels, s).set(1 if s == source else 0)
+        if placed is not None:
+            self._place(labels, {(pod, node, iid) for pod, (node, iid) in placed.items()})
         for p in PHASE_NAMES:
             self.phase.labels(*labels, p).set(1 if (status.phase or "Pending") == p else 0)
         for cause in CAUSES:
@@ -142,6 +168,15 @@ class Metrics:
             _set(self.checkpoint_interval, labels, expected_checkpoint_interval(spec, status.step_seconds))
             _set(self.hang_timeout_seconds, labels, hang_timeout(spec, status.step_seconds))
 
+    def _place(self, labels: tuple[str, str], series: set[tuple[str, str, str]]) -> None:
+        old = self._pod_nodes.get(labels, set())
+        for gone in old - series:  # pods of an earlier attempt, or moved
+            with suppress(KeyError):
+                self.pod_node.remove(*labels, *gone)
+        for new in series:
+            self.pod_node.labels(*labels, *new).set(1)
+        self._pod_nodes[labels] = series
+
     def observe_failure(self, failure: FailureRecord) -> None:
         """A failure newly recorded in status.failures (once per record: reconcile's effect)."""
         if failure.detected_after is not None:
@@ -170,6 +205,12 @@ class Metrics:
             for p in PHASES:
                 with suppress(KeyError):
                     self.lost_by_restart.remove(*labels, kind, p)
+        for gauge, extra in ((self.restarts_by_kind, RESTART_KINDS), (self.restore_source, RESTORE_SOURCES)):
+            for value in extra:
+                with suppress(KeyError):
+                    gauge.remove(*labels, value)
+        self._place(labels, set())
+        self._pod_nodes.pop(labels, None)
         for gauge in self._single + (self.reconcile_errors, self.reconcile_passes):
             _set(gauge, labels, None)
 
@@ -179,6 +220,19 @@ class Metrics:
         runs that have since ended or gone while another replica led."""
         for namespace, run in list(self._runs):
             self.forget(namespace, run)
+
+
+def instance_id(provider_id: str) -> str:
+    """The EC2 instance id in a node's spec.providerID (aws:///<zone>/<instance-id>); "" for
+    another provider or none."""
+    last = provider_id.rstrip("/").rsplit("/", 1)[-1]
+    return last if provider_id.startswith("aws://") and last.startswith("i-") else ""
+
+
+def placed_pods(attempt: int, pods, nodes) -> dict[str, tuple[str, str]]:
+    """The attempt's pods on nodes (spares left out: they train nothing): pod -> (node, instance id)."""
+    return {p.name: (p.node, instance_id(nodes[p.node].provider_id) if p.node in nodes else "")
+            for p in pods if p.attempt == attempt and p.node and not p.spare and not p.deleting}
 
 
 def expected_checkpoint_interval(spec: TrainingRunSpec, step_seconds: float | None) -> float | None:

@@ -32,7 +32,7 @@ from .apihealth import ApiHealth, ApiProbe
 from .applier import ChildCache, ChildError, NotLeading, Pools, api_unreachable, apply, conflict, fence
 from .hostaccess import HostAccess
 from .kube import Kube
-from .metrics import Metrics
+from .metrics import Metrics, placed_pods
 from .observe import NodeView, PodView, draining, node_view, pod_view
 from . import queueing, workload
 from .workload import FlavorView, WorkloadView
@@ -346,7 +346,8 @@ class Watcher:
         run = snap.run
         fence(self.may_write)
         written = apply(self.kube, run, result, self.children, self.may_write, self.pools, self.metrics)
-        self.metrics.observe_run(run["metadata"]["namespace"], run["metadata"]["name"], result.spec, result.after)
+        self.metrics.observe_run(run["metadata"]["namespace"], run["metadata"]["name"], result.spec, result.after,
+                                 placed_pods(result.after.attempt, snap.pods, snap.nodes))
         return written != run["status"]
 
     @contextlib.contextmanager

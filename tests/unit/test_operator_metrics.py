@@ -91,3 +91,37 @@ def test_latency_histograms_exist_for_every_cause_before_any_failure():
     for cause in ("application", "node", "neuron-device", "hang", "eviction", "scheduling"):
         assert f'trainium_failure_detection_seconds_count{{cause="{cause}"}}' in text
         assert f'trainium_failure_recovery_seconds_count{{cause="{cause}"}}' in text
+
+
+def test_restarts_by_kind_restore_source_and_the_pods_nodes():
+    st = read_status({**STATUS, "restartCount": 5, "restartsInPlace": 2, "restartsReplaced": 1, "attempt": 3,
+                      "current": {"restoreSource": "peer"}})
+    placed = {"k-a3-0": ("n1", "i-0aaa"), "k-a3-1": ("n2", "")}
+    M.observe_run("ml", "k", spec(), st, placed)
+    s = series("k")
+    for kind, count in (("inPlace", 2), ("replace", 1), ("recreate", 2)):
+        assert s[f'trainium_run_restarts_by_kind{{namespace="ml",restart="{kind}",run="k"}}'] == count
+    assert s['trainium_run_restore_source{namespace="ml",run="k",source="peer"}'] == 1
+    assert s['trainium_run_restore_source{namespace="ml",run="k",source="store"}'] == 0
+    assert s['trainium_run_pod_node{instance_id="i-0aaa",namespace="ml",node="n1",pod="k-a3-0",run="k"}'] == 1
+    # the next attempt's pods replace the last's; a pass without the snapshot's pods changes nothing
+    M.observe_run("ml", "k", spec(), st, {"k-a4-0": ("n3", "i-0ccc")})
+    M.observe_run("ml", "k", spec(), st)
+    assert [k for k in series("k") if k.startswith("trainium_run_pod_node")] == [
+        'trainium_run_pod_node{instance_id="i-0ccc",namespace="ml",node="n3",pod="k-a4-0",run="k"}']
+    # before a restore, no source at all (absent, not 0)
+    M.observe_run("ml", "k", spec(), read_status(STATUS))
+    assert not any(k.startswith("trainium_run_restore_source") for k in series("k"))
+    M.forget("ml", "k")
+    assert series("k") == {}
+
+
+def test_instance_id_and_placed_pods():
+    from trainium_operator.observe import NodeView, PodView
+    assert metrics.instance_id("aws:///us-west-2d/i-0123456789abcdef0") == "i-0123456789abcdef0"
+    assert metrics.instance_id("") == metrics.instance_id("kind://docker/kind/n1") == ""
+    nodes = {"n1": NodeView("n1", "True", provider_id="aws:///us-west-2d/i-01")}
+    pods = [PodView("r-a2-0", 2, 0, "Running", "n1", False), PodView("r-a2-1", 2, 1, "Pending", None, False),
+            PodView("r-a1-0", 1, 0, "Running", "n1", True), PodView("r-a2-2", 2, 2, "Running", "n9", False),
+            PodView("r-s-0", 2, -1, "Running", "n1", False, spare=True)]
+    assert metrics.placed_pods(2, pods, nodes) == {"r-a2-0": ("n1", "i-01"), "r-a2-2": ("n9", "")}

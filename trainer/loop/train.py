@@ -167,7 +167,7 @@ class Trainer:
         self.metrics = TrainerMetrics(cfg.logging.metrics_port if is_reporter else 0,
                                       {"run": env.training_run or "local", "node_rank": env.node_rank})
         self.progress = ProgressReporter(cfg.logging.progress_interval_seconds, env=env) if is_reporter else None
-        self.peak = backend.peak_flops()
+        self.peak = cfg.logging.peak_flops or backend.peak_flops()
         self.losses_fh = None
         if cfg.logging.losses_file and ps.rank == 0 and not self.precompile_steps:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
@@ -282,6 +282,8 @@ class Trainer:
                 self.last_ckpt_time = self._saved_step_ends.get(r.step)
                 self._saved_step_ends = {s: t for s, t in self._saved_step_ends.items() if s > r.step}
                 self.metrics.ckpt_step.set(r.step)
+                if r.durable_seconds:  # known where the marker was written (rank 0)
+                    self.metrics.ckpt_durable.set(r.durable_seconds)
                 self.checkpoint_seen = CheckpointSeen(r.tag, r.step, time.time())
                 newer = True
         failed = sum(1 for r in self.ckpt.results if not r.ok)

@@ -57,6 +57,8 @@ class TrainerMetrics:
         self.tokens = counter("trainer_tokens", "Tokens trained on")
         self.ckpt_stall = gauge("trainer_checkpoint_stall_seconds", "Loop time blocked by the last save")
         self.ckpt_step = gauge("trainer_checkpoint_last_step", "Step of the newest complete checkpoint")
+        self.ckpt_durable = gauge("trainer_checkpoint_durable_seconds", "From the newest complete checkpoint's save "
+                                  "call until it was complete in the store (rank 0's pod only: it writes the marker)")
         self.ckpt_failures = counter("trainer_checkpoint_failures", "Checkpoint saves that did not complete")
         self.restore_seconds = gauge("trainer_restore_seconds",
                                      "Time this attempt took to read and load the checkpoint it resumed from")
