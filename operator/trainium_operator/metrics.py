@@ -229,10 +229,12 @@ def instance_id(provider_id: str) -> str:
     return last if provider_id.startswith("aws://") and last.startswith("i-") else ""
 
 
-def placed_pods(attempt: int, pods, nodes) -> dict[str, tuple[str, str]]:
-    """The attempt's pods on nodes (spares left out: they train nothing): pod -> (node, instance id)."""
+def placed_pods(current: list[str], pods, nodes) -> dict[str, tuple[str, str]]:
+    """The pods named ``current`` (the attempt in force's: inplace.gang_names, as an in-place
+    restart keeps an earlier attempt's pods) on nodes: pod -> (node, instance id)."""
+    names = set(current)
     return {p.name: (p.node, instance_id(nodes[p.node].provider_id) if p.node in nodes else "")
-            for p in pods if p.attempt == attempt and p.node and not p.spare and not p.deleting}
+            for p in pods if p.name in names and p.node and not p.deleting}
 
 
 def expected_checkpoint_interval(spec: TrainingRunSpec, step_seconds: float | None) -> float | None:

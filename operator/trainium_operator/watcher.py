@@ -32,6 +32,7 @@ from .apihealth import ApiHealth, ApiProbe
 from .applier import ChildCache, ChildError, NotLeading, Pools, api_unreachable, apply, conflict, fence
 from .hostaccess import HostAccess
 from .kube import Kube
+from .inplace import gang_names
 from .metrics import Metrics, placed_pods
 from .observe import NodeView, PodView, draining, node_view, pod_view
 from . import queueing, workload
@@ -347,7 +348,8 @@ class Watcher:
         fence(self.may_write)
         written = apply(self.kube, run, result, self.children, self.may_write, self.pools, self.metrics)
         self.metrics.observe_run(run["metadata"]["namespace"], run["metadata"]["name"], result.spec, result.after,
-                                 placed_pods(result.after.attempt, snap.pods, snap.nodes))
+                                 placed_pods(gang_names(result.after, run["metadata"]["name"], result.spec.nodes)
+                                             if result.spec else [], snap.pods, snap.nodes))
         return written != run["status"]
 
     @contextlib.contextmanager

@@ -13,14 +13,10 @@ Prometheus.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,11 +26,11 @@ from tests.cluster.test_operator import (create, gang, manifest, release_quarant
                                         wait_running_gang)
 from tests.conftest import wait_until
 from tests.chart.helpers import (ALL_ON, CHART, CLUSTER_RULES, KUBE_VERSION, MONITORING_CRDS, OPERATOR_RULES, helm,
-                                 set_args, tool)
+                                 set_args)
+from tests.chart.monitoring import Prometheus
 from trainium_api.spec import trainer_identity
 
 pytestmark = [pytest.mark.chart, pytest.mark.cluster]
-DASHBOARD = CHART / "files" / "dashboard.json"
 
 
 @pytest.fixture(scope="module")
@@ -146,67 +142,6 @@ def sa_kubeconfig(local_cluster, namespace: str, sa: str, path: Path) -> Path:
     return path
 
 
-class Prometheus:
-    def __init__(self, workdir: Path, target_port: int, rules: Path):
-        from localcluster.cluster import free_base_port
-        self.port = free_base_port(start=19090, span=1)
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [str(rules)],
-                  "scrape_configs": [{"job_name": "trainium-operator",
-                                      "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}]}
-        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        check = subprocess.run([tool("promtool"), "check", "config", str(workdir / "prometheus.yml")],
-                               capture_output=True, text=True)
-        assert check.returncode == 0, check.stdout + check.stderr
-        self.log = open(workdir / "prometheus.log", "wb")
-        self.proc = subprocess.Popen([tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={workdir / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(lambda: self._ready(), timeout=60, what="prometheus ready")
-
-    def _ready(self) -> bool:
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2).status == 200
-        except OSError:
-            return False
-
-    def api(self, path: str, **params) -> dict:
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
-        try:
-            body = urllib.request.urlopen(url, timeout=10).read()
-        except urllib.error.HTTPError as err:  # 400 = the query does not parse
-            body = err.read()
-        return json.loads(body)
-
-    def query(self, expr: str) -> dict:
-        return self.api("query", query=expr)
-
-    def value(self, expr: str) -> float | None:
-        res = self.query(expr)["data"]["result"]
-        return float(res[0]["value"][1]) if res else None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(20)
-        self.log.close()
-
-
-def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
-    """(panel title, PromQL) with the dashboard's variables as Grafana would expand them."""
-    dash = json.loads(DASHBOARD.read_text())
-    subst = {"$namespace": namespace, "$run": ".*", "$__rate_interval": "2m", "$__range": "10m"}
-    out = []
-    for p in dash["panels"]:
-        for t in p.get("targets", []):
-            expr = t["expr"]
-            for k, v in subst.items():
-                expr = expr.replace(k, v)
-            assert "$" not in expr, f"{p['title']}: unexpanded variable in {expr}"
-            out.append((p["title"], expr))
-    return out
-
-
 def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_returns_data(
         local_cluster, monitoring_crds, namespace, core_api, tmp_path):
     from kubernetes import client
@@ -250,7 +185,7 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
         broken = gang(core_api, namespace, name, 1)[0].spec.node_name
         faults.node_not_ready(core_api, broken)
         wait_running_gang(core_api, custom, namespace, name, 2, nodes=4)
-        report(core_api, namespace, name, 2, 14, ckpt=10)
+        report(core_api, namespace, name, 2, 14, ckpt=10, restored_from="store")  # a new gang reads the store
         st = wait_until(lambda: (s := status(custom, namespace, name)).get("phase") == "Running" and s,
                         timeout=60, what="Running again")[0]
         assert st["restarts"] == {"node": 1} and st["quarantinedNodes"] == [broken]
@@ -283,17 +218,8 @@ def test_prometheus_scrapes_operator_through_failure_and_every_dashboard_query_r
         ratio = prom.value(f"trainium_run_effective_training_ratio{{{sel}}}")
         assert ratio is not None and 0 <= ratio < 1
 
-        failures = []
-        for title, expr in dashboard_queries(namespace):
-            res = prom.query(expr)
-            if res.get("status") != "success":
-                failures.append(f"{title}: {expr}: {res.get('error')}")
-                continue
-            values = [float(r["value"][1]) for r in res["data"]["result"]]
-            if not any(not math.isnan(v) for v in values):
-                failures.append(f"{title}: {expr}: no data ({res['data']['result']})")
-            else:
-                print(f"  {title:38s} {min(values):10.3f} .. {max(values):10.3f}  ({len(values)} series)")
+        # the panels over the operator's series (the trainers' and neuron-monitor's: tests/e2e/test_dashboard.py)
+        failures = prom.empty_panels(namespace, sources={"operator"})
         assert not failures, "\n".join(failures)
         # The dashboard's variables (label_values queries) find the run.
         assert namespace in prom.api("label/namespace/values", **{"match[]": "trainium_run_phase"})["data"]

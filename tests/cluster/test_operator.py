@@ -133,14 +133,16 @@ def wait_running_gang(core_api, custom, ns, name, attempt, nodes=16, timeout=60)
     return wait_until(ok, timeout=timeout, what=f"attempt {attempt} running")[1]
 
 
-def report(core_api, ns, name, attempt, step, ckpt=None) -> None:
+def report(core_api, ns, name, attempt, step, ckpt=None, restored_from: str | None = None) -> None:
     """Progress annotations exactly as the trainer's local rank 0 writes them (with a held-out
     perplexity, as a run with data.heldOut reports; ``ckpt``: the newest complete checkpoint the
-    pod sees in its store, which the operator never reads)."""
+    pod sees in its store, which the operator never reads; ``restored_from``: the pods resumed
+    from ``ckpt``, read from there: memory, peer or store)."""
     store = progress.StoreReport(progress.CheckpointSeen(f"step_{ckpt}", ckpt, time.time())) if ckpt else None
+    resumed = {"start_step": ckpt, "restore_seconds": 0.5, "restore_source": restored_from} if restored_from else {}
     body = progress.ProgressReport(step=step, time=time.time(), tokens_per_second=24000.0 * 16, loss=2.0,
                                    last_checkpoint_step=ckpt, eval_perplexity=7.5,
-                                   store=store or progress.StoreReport()).to_annotation()
+                                   store=store or progress.StoreReport(), **resumed).to_annotation()
     for p in gang(core_api, ns, name, attempt):
         core_api.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": {keys.PROGRESS: body}}})
 
