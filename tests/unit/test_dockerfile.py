@@ -51,3 +51,28 @@ def test_neuron_targets_install_the_trainers_dependencies_but_never_torch():
                  and "constraints.txt" not in w}
         assert named == wanted, (target, named ^ wanted)
         assert check in stage and 'ENTRYPOINT ["python", "-m", "trainer.launch"]' in stage
+
+
+def test_local_images_install_their_dependencies_before_the_code(tmp_path):
+    """operator and trainer-cpu: the extra's dependencies (pyproject.toml's lists, as the requirements
+    stage writes them) install in a layer of their own before the code is copied, so a change to the
+    code rebuilds from the layer cache without installing torch again (tools/images); then the
+    package itself, as README.md documents, with pip's download cache in a build cache mount."""
+    import tomllib
+    text = (ROOT / "Dockerfile").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    code = re.search(r'^RUN python -c "(.*)"$', _stage(text, "requirements"), flags=re.M).group(1)
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    exec(code.replace("/deps/", f"{tmp_path}/"), {})
+    for target, extra in (("operator", "operator"), ("trainer-cpu", "trainer")):
+        written = (tmp_path / f"{extra}.txt").read_text().splitlines()
+        assert written == project["dependencies"] + project["optional-dependencies"][extra]
+        stage = _stage(text, target)
+        deps = stage.index(f"pip install -r /deps/{extra}.txt -c /deps/constraints.txt")
+        assert stage.index(f"COPY --from=requirements /deps/{extra}.txt /deps/constraints.txt /deps/") < deps
+        package = stage.index(f'pip install "/src[{extra}]" -c /src/tools/constraints.txt')
+        assert deps < stage.index("COPY --from=source /src /src") < package
+        assert stage.count("RUN --mount=type=cache,target=/root/.cache/pip") == 2 and "--no-cache-dir" not in stage
+    # UID and GID 65532 as the chart's securityContext; not a user named operator: Debian's group of
+    # that name (GID 37) made useradd fail (tests/images builds the image)
+    assert "useradd --uid 65532 --gid 65532" in _stage(text, "operator")
