@@ -316,3 +316,13 @@ def test_readme_values_table_documents_every_value():
     documented = set(re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", table, re.M))
     missing = [k for k in leaf_keys(values) if k not in documented]
     assert not missing, f"docs/install.md values table lacks {missing}"
+
+
+def test_image_by_digest_when_given_and_a_malformed_digest_is_refused():
+    digest = "sha256:" + "ab" * 32
+    dep = one(render({"image.repository": "r.example/trainium-operator", "image.digest": digest}), "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"r.example/trainium-operator@{digest}"
+    dep = one(render({"image.tag": "0.3.0"}), "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "trainium-operator:0.3.0"
+    res = helm("template", "t", str(CHART), "--set", "image.digest=latest", check=False)
+    assert res.returncode != 0 and "digest" in res.stderr, res.stderr
