@@ -1,18 +1,22 @@
 """The e2e tier's control plane: its own cluster (so no simulated node of another tier can take
 a pod), three process-backed cpu nodes (a gang of two and a spare for quarantines), the CRD,
-and the operator as a real process for the whole module, staged as on EKS: in its own mount
-namespace, where the pods' checkpoint stores, data and logs (this session's temporary
-directory) are hidden, and without the loopback S3 server's credentials."""
+and the operator for the whole module as on EKS: a container of its image
+(localcluster.container_operator: tools/images builds it), run as the chart's Deployment
+describes it, with its own mount and network namespaces and the chart's ServiceAccount, so the
+pods' checkpoint stores, data and logs (this session's temporary directory), the loopback S3
+server's credentials and this machine's Python environment are out of its reach."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
 
 from localcluster import drill
 from localcluster.cluster import Cluster, free_base_port
+from localcluster.container_operator import ContainerOperator
 
 NODES, NODE_PREFIX = 3, "e2e-"
 
@@ -52,7 +56,7 @@ class S3Server:
 
 
 class E2E:
-    def __init__(self, cluster: Cluster, operator: drill.Operator, nodes: list[str], s3: S3Server):
+    def __init__(self, cluster: Cluster, operator: ContainerOperator, nodes: list[str], s3: S3Server):
         from kubernetes import client
         self.cluster, self.operator, self.nodes, self.s3 = cluster, operator, nodes, s3
         self.core = client.CoreV1Api(cluster.api_client())
@@ -85,9 +89,12 @@ def e2e(tmp_path_factory):
         cluster.kubectl("apply", "-f", str(drill.ROOT / "crds" / "trainingruns.trainium.dev.yaml"))
         cluster.wait_established("trainingruns.trainium.dev")
         nodes = drill.process_nodes(cluster, NODES, NODE_PREFIX)
-        # as on EKS: the operator is a pod of its own, seeing none of the pods' files (checkpoints,
-        # data, logs: all under this session's temporary directory) nor their S3 credentials
-        operator = drill.Operator(cluster, state / "operator.log", hidden=(tmp_path_factory.getbasetemp(),))
+        # as on EKS: the operator is a pod of its own, from its image, seeing none of the pods'
+        # files (checkpoints, data, logs) nor their S3 credentials
+        images = subprocess.run(["bash", str(drill.ROOT / "tools" / "images"), "operator"], capture_output=True,
+                                text=True)
+        assert images.returncode == 0, images.stdout[-2000:] + images.stderr[-3000:]
+        operator = ContainerOperator(cluster, state / "operator.log")
         operator.start()
         yield E2E(cluster, operator, nodes, s3)
     finally:

@@ -119,7 +119,7 @@ def test_nxd_example_frozen_mid_save_is_a_hang_and_resumes_from_the_newest_done_
     d.losses_path = tmp_path / "record.jsonl"
     d.create()
     st = progress_in_status(d)
-    assert not e2e.operator.sees(ckpt) and e2e.operator.sees(__file__)  # staged as on EKS
+    assert not e2e.operator.sees(ckpt) and e2e.operator.sees("/etc/os-release")  # staged as on EKS
     print(f"\nnxd: status at step {st['step']}: loss {st['loss']}, {st['tokensPerSecond']} tokens/s")
     torn = d.wait(lambda: torn_in_flight(ckpt, "nxd"), 120, "a save in flight")
     faults.hang_pod(e2e.cluster.pods_dir, ns, d.running_pod(0).metadata.name)
@@ -157,7 +157,7 @@ def test_nxdt_killed_mid_save_resumes_from_the_pinned_complete_checkpoint(e2e, t
     d.create()
     st = progress_in_status(d)
     print(f"\nnxdt: status at step {st['step']}: loss {st['loss']}, {st['tokensPerSecond']} tokens/s")
-    assert not e2e.operator.sees(ckpt) and e2e.operator.sees(__file__)  # staged as on EKS
+    assert not e2e.operator.sees(ckpt) and e2e.operator.sees("/etc/os-release")  # staged as on EKS
     torn = d.wait(lambda: torn_in_flight(ckpt, "nxdt"), 120, "a save in flight")
     faults.kill_rank(e2e.cluster.pods_dir, ns, d.running_pod(0).metadata.name)
     d.wait(lambda: d.status().get("attempt") == 2, 90, "the crash to be detected and a new gang started")
