@@ -517,6 +517,22 @@ class LoggingConfig:
     step's path: a closed event file every 5 minutes and at each checkpoint). A resumed process
     replaces the steps it trains again (TensorBoard's purge step)."""
 
+    def validate(self) -> None:
+        uri = self.tensorboard
+        if not uri:
+            return
+        if "://" in uri:
+            import fsspec
+            scheme, rest = uri.split("://", 1)
+            if scheme not in fsspec.available_protocols():
+                raise ConfigError("logging.tensorboard", f"{scheme}:// is no storage protocol fsspec knows "
+                                  "(s3://, gs://, ...; or an absolute local path)")
+            if not rest.strip("/"):
+                raise ConfigError("logging.tensorboard", f"{uri!r} names no bucket or folder")
+        elif not uri.startswith("/"):
+            raise ConfigError("logging.tensorboard", f"{uri!r}: a local directory must be an absolute path "
+                              "(on a volume the pods mount), or a URL such as s3://bucket/tensorboard/run")
+
 
 @dataclass(kw_only=True)
 class RunConfig:
@@ -537,7 +553,7 @@ class RunConfig:
     own device in one process: the Neuron backend's loop without Trainium, for tests)."""
 
     def validate(self) -> None:
-        for group in (self.model, self.training, self.health):  # the others' rules are all field constraints
+        for group in (self.model, self.training, self.health, self.logging):  # the others': field constraints
             group.validate()
         if self.model.tie_embeddings and self.parallelism.pipeline > 1:
             raise ConfigError("model.tieEmbeddings", f"a tied embedding lives on the first pipeline stage and the "

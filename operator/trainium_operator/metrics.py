@@ -126,8 +126,9 @@ class Metrics:
         self._runs.add(labels)
         # restartCount counts every gang restart; in place and replaced are its parts, the rest recreated
         recreated = max(0, status.restart_count - status.restarts_in_place - status.restarts_replaced)
-        for kind, count in zip(RESTART_KINDS, (status.restarts_in_place, status.restarts_replaced, recreated)):
-            self.restarts_by_kind.labels(*labels, kind).set(count)
+        by_kind = {"inPlace": status.restarts_in_place, "replace": status.restarts_replaced, "recreate": recreated}
+        for kind in RESTART_KINDS:
+            self.restarts_by_kind.labels(*labels, kind).set(by_kind[kind])
         source = status.current.restore_source
         for s in RESTORE_SOURCES:
             if source is None:
@@ -234,7 +235,8 @@ def placed_pods(current: list[str], pods, nodes) -> dict[str, tuple[str, str]]:
     restart keeps an earlier attempt's pods) on nodes: pod -> (node, instance id)."""
     names = set(current)
     return {p.name: (p.node, instance_id(nodes[p.node].provider_id) if p.node in nodes else "")
-            for p in pods if p.name in names and p.node and not p.deleting}
+            for p in pods if p.name in names and p.node and not p.deleting
+            and p.phase not in ("Succeeded", "Failed")}  # a finished run's pods are not on their nodes
 
 
 def expected_checkpoint_interval(spec: TrainingRunSpec, step_seconds: float | None) -> float | None:

@@ -130,17 +130,33 @@ class PodTargets:
         self.server.shutdown()
 
 
+OPERATOR_NAMESPACE = "trainium-system"  # where the chart runs the operator (not a run's namespace)
+
+
+def operator_scrape(port: int) -> dict:
+    """The operator's target as the Prometheus operator makes it from the chart's ServiceMonitor:
+    the labels it gives every target (the operator pod's namespace, pod, service, endpoint,
+    container) and the endpoint's honorLabels, read from the rendered chart, so a ServiceMonitor
+    that let those labels replace the series' own (a run's namespace) fails the tests."""
+    from tests.chart.helpers import ALL_ON, one, render
+    endpoint = one(render(ALL_ON, namespace=OPERATOR_NAMESPACE), "ServiceMonitor")["spec"]["endpoints"][0]
+    return {"job_name": "trainium-operator", "honor_labels": bool(endpoint.get("honorLabels", False)),
+            "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                "labels": {"namespace": OPERATOR_NAMESPACE, "pod": "trainium-operator-7d9f-abcde",
+                                           "service": "trainium-operator", "endpoint": endpoint["port"],
+                                           "container": "operator"}}]}
+
+
 class Prometheus:
-    """Debian's prometheus on loopback, scraping every second: the operator at ``target_port``,
-    and ``scrapes`` (more scrape_configs entries)."""
+    """Debian's prometheus on loopback, scraping every second: the operator at ``target_port`` (as
+    the chart's ServiceMonitor has it scraped), and ``scrapes`` (more scrape_configs entries)."""
 
     def __init__(self, workdir: Path, target_port: int, rules: Path | None = None, scrapes: list[dict] = ()):
         from localcluster.cluster import free_base_port
         self.port = free_base_port(start=19090, span=1)
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "rule_files": [str(rules)] if rules else [],
-                  "scrape_configs": [{"job_name": "trainium-operator",
-                                      "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}, *scrapes]}
+                  "scrape_configs": [operator_scrape(target_port), *scrapes]}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         check = subprocess.run([tool("promtool"), "check", "config", str(workdir / "prometheus.yml")],
                                capture_output=True, text=True)

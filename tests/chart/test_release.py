@@ -84,7 +84,7 @@ def test_release_pushes_the_image_and_a_chart_that_pulls_it_by_digest(registry, 
                          text=True, check=True).stdout
     deployment = one([d for d in yaml.safe_load_all(out) if d], "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == \
-        f"{registry}/trainium-operator@{served}"
+        f"{registry}/trainium-operator:{VERSION}@{served}"
     # and that reference resolves: podman pulls the image by it
     got = subprocess.run(["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", "pull", "--tls-verify=false",
                           "--quiet", f"{registry}/trainium-operator@{served}"], capture_output=True, text=True)

@@ -232,6 +232,7 @@ def test_monitoring_objects_select_the_operator_and_the_trainer_pods():
     sm = one(docs, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == "metrics" == svc["spec"]["ports"][0]["name"]
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the series' namespace is the run's
     pm = one(docs, "PodMonitor")
     trainer_pod = plan.pod({"metadata": {"name": "r", "namespace": "ml", "uid": "u"}}, tiny_run_spec(), 1, 0, [])
     labels = trainer_pod["metadata"]["labels"]
@@ -322,6 +323,9 @@ def test_image_by_digest_when_given_and_a_malformed_digest_is_refused():
     digest = "sha256:" + "ab" * 32
     dep = one(render({"image.repository": "r.example/trainium-operator", "image.digest": digest}), "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"r.example/trainium-operator@{digest}"
+    dep = one(render({"image.repository": "r.example/trainium-operator", "image.digest": digest,
+                      "image.tag": "0.3.0"}), "Deployment")  # (as a release sets both: the digest decides)
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"r.example/trainium-operator:0.3.0@{digest}"
     dep = one(render({"image.tag": "0.3.0"}), "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "trainium-operator:0.3.0"
     res = helm("template", "t", str(CHART), "--set", "image.digest=latest", check=False)

@@ -183,6 +183,18 @@ def test_nan_guard(tiny_data, tmp_path, policy):
         assert res.returncode == 0 and "update skipped" in res.stderr, res.stderr[-2000:]
 
 
+def test_tensorboard_that_cannot_be_written_never_stops_training(tiny_data, tmp_path):
+    """A TensorBoard folder the trainer cannot create (here under /proc; on a cluster a read-only
+    or missing volume) is reported once and left off: the run trains to its end. A relative path
+    is refused at load, naming the field."""
+    res = run_trainer(1, overrides(tiny_data, tmp_path, "tb", "training.steps=3", "checkpoint.uri=",
+                                   "logging.tensorboard=/proc/no-such-folder/tb"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "TensorBoard logging to /proc/no-such-folder/tb is off" in res.stderr
+    res = run_trainer(1, overrides(tiny_data, tmp_path, "tb", "training.steps=3", "logging.tensorboard=runs/tb"))
+    assert res.returncode == exitcodes.FATAL and "logging.tensorboard" in res.stderr, res.stderr[-2000:]
+
+
 def test_changed_data_sources_are_refused_at_resume_unless_allowed(tiny_data, tmp_path):
     """A checkpoint's data positions belong to the sources it was written with: resuming with
     another source list (a weight, a URI or a prefix changed) or another tokenizer is refused,

@@ -85,8 +85,10 @@ build_podnet() {
   fi
   if ! command -v cc >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing Debian's gcc (podnet.c is compiled)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
+    # (one apt-get at a time: tools/test installs other packages beside this build, on a fresh machine)
+    ( flock 8; apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
+    ) 8>/var/lock/trainium-operator-apt.lock
   fi
   command -v cc >/dev/null || { echo "tools/localcluster/build.sh: a C compiler (cc) is needed for podnet.c; install gcc" >&2; exit 1; }
   log "libpodnet.so: compiling"

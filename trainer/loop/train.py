@@ -172,7 +172,7 @@ class Trainer:
         if cfg.logging.losses_file and ps.rank == 0 and not self.precompile_steps:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.logging.losses_file)), exist_ok=True)
             self.losses_fh = open(cfg.logging.losses_file, "a")
-        # logging.tensorboard's writer: opened at the first step, when the resumed step is known
+        # logging.tensorboard's writer (rank 0): opened once resumed, when the resumed step is known
         self.scalars: ScalarLog | None = None
 
     def _pipeline(self):
@@ -271,7 +271,7 @@ class Trainer:
                                 user, meta)
         self.metrics.ckpt_stall.set(result.stall_seconds)
         if self.scalars is not None:
-            self.scalars.persist()  # a fault loses no logged step up to the checkpoint it resumes from
+            self.scalars.persist()  # logged steps up to the checkpoint on their way to the store
         self._note_finished_saves()
 
     def _note_finished_saves(self) -> None:
@@ -450,9 +450,22 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    def _open_scalars(self) -> None:
+        """logging.tensorboard's writer on rank 0, now that the resumed step is known (its purge
+        step). One that cannot be opened (no tensorboard package in the image, a read-only or
+        missing volume, a store library absent) is reported and left off: training goes on."""
+        if not self.cfg.logging.tensorboard or self.ps.rank != 0 or self.precompile_steps:
+            return
+        try:
+            self.scalars = ScalarLog(self.cfg.logging.tensorboard, first_step=self.start_step + 1)
+        except Exception as exc:
+            log.error("TensorBoard logging to %s is off: %s: %s; training goes on", self.cfg.logging.tensorboard,
+                      type(exc).__name__, exc)
+
     def run(self) -> int:
         cfg, ps = self.cfg, self.ps
         self._resume_or_say_why()
+        self._open_scalars()
         tokens_per_step = ps.layout.tokens_per_step
         if ps.rank == 0:
             log.info("model %s: %.1fM parameters; layout tp=%d pp=%d dp=%d accum=%d; %d tokens/step; backend %s",
@@ -540,9 +553,7 @@ class Trainer:
             self.losses_fh.write(json.dumps({"step": step, "loss": loss, "gradNorm": grad_norm, "lr": lr,
                                              "time": round(self._last[3], 3), "startStep": self.start_step}) + "\n")
             self.losses_fh.flush()
-        if cfg.logging.tensorboard and ps.rank == 0 and not self.precompile_steps:
-            if self.scalars is None:
-                self.scalars = ScalarLog(cfg.logging.tensorboard, first_step=self.start_step + 1)
+        if self.scalars is not None:
             self.scalars.scalars(step, {tensorboard.LOSS: loss, tensorboard.LEARNING_RATE: lr,
                                         tensorboard.GRAD_NORM: grad_norm, tensorboard.TOKENS_PER_SECOND: tps,
                                         tensorboard.MFU: util, tensorboard.STEP_SECONDS: dt},

@@ -33,9 +33,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{- /* By digest when one is given (a release sets the digest of the image it pushed: tools/release), else by tag */ -}}
+{{- /* By digest when one is given (a release sets the digest of the image it pushed: tools/release),
+with the tag for people to read (the digest decides what is pulled), else by tag */ -}}
 {{- define "trainium-operator.image" -}}
-{{- if .Values.image.digest -}}
+{{- if and .Values.image.digest .Values.image.tag -}}
+{{- printf "%s:%s@%s" .Values.image.repository .Values.image.tag .Values.image.digest -}}
+{{- else if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
