@@ -174,7 +174,7 @@ class Metrics:
         for gone in old - series:  # pods of an earlier attempt, or moved
             with suppress(KeyError):
                 self.pod_node.remove(*labels, *gone)
-        for new in series:
+        for new in series - old:  # (the others are exported already: a pass over 4,096 pods sets none)
             self.pod_node.labels(*labels, *new).set(1)
         self._pod_nodes[labels] = series
 

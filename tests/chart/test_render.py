@@ -14,8 +14,9 @@ import yaml
 
 from tests.chart import helpers
 from tests.chart.helpers import CHART, CLUSTER_RULES, OPERATOR_RULES, ROOT, by_kind, helm, one, render, set_args
+from tests.chart.monitoring import series_in, series_sources
 from tests.conftest import tiny_run_spec
-from trainium_operator import metrics, plan
+from trainium_operator import plan
 
 pytestmark = pytest.mark.chart
 
@@ -242,24 +243,7 @@ def test_monitoring_objects_select_the_operator_and_the_trainer_pods():
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
 
 
-def exported_series() -> set[str]:
-    names = set()
-    for family in metrics.Metrics().registry.collect():
-        kind = family.type
-        names.add(family.name)
-        if kind == "counter":
-            names.add(family.name + "_total")
-        if kind == "histogram":
-            names.update(family.name + s for s in ("_bucket", "_sum", "_count"))
-    return names
-
-
-def series_in(expr: str) -> set[str]:
-    return set(re.findall(r"\b(trainium_[a-z_]+)\b", expr))
-
-
 def test_dashboard_configmap_ships_the_dashboard_with_every_required_panel():
-    from tests.chart.monitoring import series_in, series_sources
     cm = one(render(ALL_ON), "ConfigMap")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dash = json.loads(cm["data"]["trainium-operator.json"])
@@ -292,9 +276,9 @@ def test_alert_rules_use_only_exported_series():
     assert {a["alert"] for a in alerts} >= {"TrainingRunFailed", "TrainingRunRestartingTooOften",
                                             "TrainingRunCheckpointTooOld", "TrainingRunGoodputBelowTarget",
                                             "TrainingRunHangSuspected", "TrainingRunNodeQuarantined"}
-    exported = exported_series()
+    exported = series_sources()["operator"]
     for a in alerts:
-        assert series_in(a["expr"]) <= exported, a["alert"]
+        assert series_in(a["expr"], exported) <= exported, a["alert"]
         assert a["labels"]["severity"] in ("critical", "warning", "info")
         assert a["annotations"]["summary"] and a["annotations"]["description"]
 

@@ -34,7 +34,7 @@ from .cluster import DEFAULT_CACHE, Cluster, free_base_port, pinned_version
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "trainium-operator"
 IMAGE = "localhost/trainium-operator:local"
-PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+PODMAN = ["bash", str(ROOT / "tools" / "images"), "podman"]  # podman with this machine's global flags
 # raising a limit in a container is refused on these machines (tools/images)
 LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
