@@ -495,6 +495,19 @@ class HealthConfig:
             raise ConfigError("health.spikeFactor", "must be greater than 1")
 
 
+S3_URI = re.compile(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?")
+
+
+def check_store_uri(field_name: str, uri: str) -> None:
+    """Raises ConfigError unless ``uri`` is s3://BUCKET[/PREFIX] or an absolute path: the operator
+    never lists it, but the pods write it, with fsspec: a run must not point them at another
+    protocol (http://169.254.169.254/..., the node's instance metadata) through a field that
+    means a store."""
+    if not (uri.startswith("/") or S3_URI.fullmatch(uri)):
+        raise ConfigError(field_name, f"must be s3://BUCKET[/PREFIX] or an absolute path (a file system "
+                                      f"the pods mount), got {uri!r}")
+
+
 @dataclass
 class LoggingConfig:
     interval: AtLeastOne = 10
@@ -513,25 +526,13 @@ class LoggingConfig:
     tensorboard: str = ""
     """If set, rank 0 writes TensorBoard scalars here, every step: loss, learning rate, gradient
     norm, tokens/s, MFU, step time, and held-out loss and perplexity. A local directory (on a
-    volume the pod mounts) or any fsspec URL such as s3://bucket/runs/name/ (uploaded off the
+    volume the pod mounts) or s3://BUCKET[/PREFIX] such as s3://bucket/runs/name/ (uploaded off the
     step's path: a closed event file every 5 minutes and at each checkpoint). A resumed process
     replaces the steps it trains again (TensorBoard's purge step)."""
 
     def validate(self) -> None:
-        uri = self.tensorboard
-        if not uri:
-            return
-        if "://" in uri:
-            import fsspec
-            scheme, rest = uri.split("://", 1)
-            if scheme not in fsspec.available_protocols():
-                raise ConfigError("logging.tensorboard", f"{scheme}:// is no storage protocol fsspec knows "
-                                  "(s3://, gs://, ...; or an absolute local path)")
-            if not rest.strip("/"):
-                raise ConfigError("logging.tensorboard", f"{uri!r} names no bucket or folder")
-        elif not uri.startswith("/"):
-            raise ConfigError("logging.tensorboard", f"{uri!r}: a local directory must be an absolute path "
-                              "(on a volume the pods mount), or a URL such as s3://bucket/tensorboard/run")
+        if self.tensorboard:
+            check_store_uri("logging.tensorboard", self.tensorboard)
 
 
 @dataclass(kw_only=True)

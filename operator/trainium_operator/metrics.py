@@ -9,6 +9,7 @@ Prometheus test in tests/chart/test_install.py keep them in step.
 
 from __future__ import annotations
 
+import re
 from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -223,11 +224,14 @@ class Metrics:
             self.forget(namespace, run)
 
 
+EC2_PROVIDER_ID = re.compile(r"aws:///[^/]{1,64}/(i-[0-9a-f]{8,17})")
+
+
 def instance_id(provider_id: str) -> str:
     """The EC2 instance id in a node's spec.providerID (aws:///<zone>/<instance-id>); "" for
-    another provider or none."""
-    last = provider_id.rstrip("/").rsplit("/", 1)[-1]
-    return last if provider_id.startswith("aws://") and last.startswith("i-") else ""
+    another provider, none, or anything else written there (never a label value of any size)."""
+    m = EC2_PROVIDER_ID.fullmatch(provider_id)
+    return m.group(1) if m else ""
 
 
 def placed_pods(current: list[str], pods, nodes) -> dict[str, tuple[str, str]]:

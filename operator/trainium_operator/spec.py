@@ -28,6 +28,7 @@ from trainium_api.spec import (
     GROUPS,
     INSTANCE_TYPES,
     TRAINER_IDENTITY,
+    check_store_uri,
     TrainingRunSpec,
 )
 
@@ -120,16 +121,8 @@ def pod_volume_names(s: TrainingRunSpec) -> set[str]:
     return ours | {v["name"] for v in s.volumes}
 
 
-S3_URI = re.compile(r"s3://[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?")
-
-
 def check_checkpoint_uri(uri: str) -> None:
-    """Raises ConfigError unless ``uri`` is s3://BUCKET[/PREFIX] or an absolute path: the operator
-    never lists it, but the pods do, with fsspec: a run must not point them at another protocol
-    (http://169.254.169.254/..., the node's instance metadata) through a field that means a store."""
-    if not (uri.startswith("/") or S3_URI.fullmatch(uri)):
-        raise ConfigError("spec.checkpoint.uri", f"must be s3://BUCKET[/PREFIX] or an absolute path (a file system "
-                                                 f"the pods mount), got {uri!r}")
+    check_store_uri("spec.checkpoint.uri", uri)
 
 
 def _command_run(s: TrainingRunSpec, raw: Mapping[str, Any]) -> None:

@@ -240,6 +240,9 @@ def test_monitoring_objects_select_the_operator_and_the_trainer_pods():
     assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert all(e["key"] in labels for e in pm["spec"]["selector"]["matchExpressions"])
     ports = [p["name"] for c in trainer_pod["spec"]["containers"] for p in c.get("ports", [])]
+    # a pod with the run labels (anyone's) cannot speak for the operator: its trainium_* series are dropped
+    assert {"sourceLabels": ["__name__"], "regex": "trainium_.*", "action": "drop"} in \
+        pm["spec"]["podMetricsEndpoints"][0]["metricRelabelings"]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
 
 

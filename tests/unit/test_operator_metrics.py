@@ -120,12 +120,14 @@ def test_instance_id_and_placed_pods():
     from trainium_operator.observe import NodeView, PodView
     assert metrics.instance_id("aws:///us-west-2d/i-0123456789abcdef0") == "i-0123456789abcdef0"
     assert metrics.instance_id("") == metrics.instance_id("kind://docker/kind/n1") == ""
-    nodes = {"n1": NodeView("n1", "True", provider_id="aws:///us-west-2d/i-01")}
+    assert metrics.instance_id("aws:///us-west-2d/i-" + "0" * 100_000) == ""  # garbage: no label value
+    assert metrics.instance_id("aws:///us-west-2d/i-0abc\nx") == ""
+    nodes = {"n1": NodeView("n1", "True", provider_id="aws:///us-west-2d/i-0123456789abcdef0")}
     pods = [PodView("r-a2-0", 2, 0, "Running", "n1", False), PodView("r-a2-1", 2, 1, "Pending", None, False),
             PodView("r-a1-0", 1, 0, "Running", "n1", True), PodView("r-a1-2", 1, 2, "Running", "n9", False),
             PodView("r-spare-1", 0, -1, "Running", "n1", False, spare=True)]
     # a finished run's pods stay (Succeeded): they are on no node any more
     assert metrics.placed_pods(["r-a2-0"], [PodView("r-a2-0", 2, 0, "Succeeded", "n1", False)], nodes) == {}
     # an in-place restart keeps attempt 1's pod r-a1-2 in attempt 2's gang
-    assert metrics.placed_pods(["r-a2-0", "r-a2-1", "r-a1-2"], pods, nodes) == {"r-a2-0": ("n1", "i-01"),
+    assert metrics.placed_pods(["r-a2-0", "r-a2-1", "r-a1-2"], pods, nodes) == {"r-a2-0": ("n1", "i-0123456789abcdef0"),
                                                                               "r-a1-2": ("n9", "")}

@@ -104,8 +104,10 @@ class ContainerOperator:
                "-p", f"127.0.0.1:{self.metrics_port + 1}:{ports['liveness']}",
                "--user", f"{security['runAsUser']}:{security['runAsGroup']}",
                "-v", f"{self._mount_secrets()}:{SA_DIR}:ro"]
-        if security.get("readOnlyRootFilesystem"):
-            cmd += ["--read-only"]
+        if security.get("readOnlyRootFilesystem"):  # and only the chart's emptyDirs writable
+            cmd += ["--read-only", "--read-only-tmpfs=false"]
+            cmd += [f"--tmpfs={m['mountPath']}" for m in container.get("volumeMounts", [])
+                    if any(v["name"] == m["name"] and "emptyDir" in v for v in pod.get("volumes", []))]
         if security.get("allowPrivilegeEscalation") is False:
             cmd += ["--security-opt", "no-new-privileges"]
         cmd += [f"--cap-drop={c}" for c in security.get("capabilities", {}).get("drop", [])]
