@@ -132,6 +132,8 @@ class Observed:
     children_error: str = ""
     children_error_since: float | None = None
     """Since when the API server has refused the same way (the applier's ChildCache)."""
+    departed: tuple[PodView, ...] = ()
+    """The last view of the gang's pods gone before this pass saw them deleting (departures.py)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def _judge(seen: Observed, clocks: Clocks, guards: Guards) -> Verdict:
     failure, hold = find_failure(seen.spec, seen.gang, seen.nodes, now=seen.now, expected_pods=seen.spec.nodes,
                                  gang_running_since=clocks.gang_running_time, step_seconds=clocks.step_seconds,
                                  last_step_change=last_change, device_settle=guards.guard.device_settle_seconds,
-                                 culprit_wait=guards.guard.culprit_wait_seconds)
+                                 culprit_wait=guards.guard.culprit_wait_seconds, departed=seen.departed)
     if failure is None and hold is None and clocks.stragglers and seen.spec.fault_tolerance.stragglers == "Replace":
         s = max(clocks.stragglers, key=lambda x: x.ratio or 0.0)  # the slowest: a TP partner waits on it
         failure = Failure("straggler", f"pod {s.pod} on node {s.node} is a straggler: its compute time per step was "
@@ -229,7 +231,8 @@ def hang_timeout(spec: TrainingRunSpec, step_seconds: float | None) -> float:
 def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeView], *, now: float,
                  expected_pods: int, gang_running_since: float | None, step_seconds: float | None,
                  last_step_change: float | None, device_settle: float = 0.0,
-                 culprit_wait: float = 0.0) -> tuple[Failure | None, Hold | None]:
+                 culprit_wait: float = 0.0,
+                 departed: tuple[PodView, ...] = ()) -> tuple[Failure | None, Hold | None]:
     """The most specific failure in the current attempt, or None, and a signal held back from
     being one. Order: a fatal exit first (no retry), then hardware and node signals (so the bad
     node is quarantined rather than blaming the rank that died with it), then crashed ranks,
@@ -313,6 +316,9 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
                        voluntary=voluntary), hold
     deleting = [p for p in gang.pods if p.deleting]
     if deleting or len(gang.pods) < expected_pods:
+        # a pod already gone: its last view, when the watcher saw it on its way out (departed)
+        present = {p.name for p in gang.pods}
+        deleting = deleting or [p for p in departed if p.name not in present]
         who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
         node = deleting[0].node or "" if deleting else ""
         # an eviction through the API or the scheduler's preemption marks the pod (DisruptionTarget)

@@ -71,6 +71,9 @@ class Snapshot:
     """``disruption`` is a mass event's (mass_events): it holds fleet symptoms and hangs only."""
     gang_order: GangOrder | None = None
     """The run's gang order as seen (trainium_api.gangorder); None while there is none of this run's."""
+    departed: tuple[PodView, ...] = ()
+    """The last view of the run's pods seen deleting or deleted lately that are no longer among
+    ``pods`` (departures.py: an evicted pod can be gone before a pass sees it)."""
 
     @property
     def deleting(self) -> bool:
@@ -89,7 +92,8 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
              status: TrainingRunStatus | None = None, workload: WorkloadView | None = None,
              flavors: dict[str, FlavorView] | None = None, children_error_since: float | None = None,
              device_classes: frozenset[str] = frozenset(), plugin_types: frozenset[str] = frozenset(),
-             mass_event: bool = False, gang_order: GangOrderView | None = None) -> Snapshot:
+             mass_event: bool = False, gang_order: GangOrderView | None = None,
+             departed: list[PodView] | tuple[PodView, ...] = ()) -> Snapshot:
     """``status``: the run's status read already (read_status of run["status"]); parsing a
     status that keeps 50 failures takes milliseconds, every pass."""
     status = read_status(run.get("status")) if status is None else status
@@ -108,7 +112,8 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     ours = gang_order is not None and gang_order.owner == run["metadata"].get("uid")  # (not an earlier run's)
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
                     children_error, children_error_since, host, workload, dict(flavors or {}), device_classes,
-                    plugin_types, mass_event, gang_order.order if ours else None)
+                    plugin_types, mass_event, gang_order.order if ours else None,
+                    tuple(d for d in departed if d.name not in {x.name for x in pods}))
 
 
 _RESOLVED: dict[tuple[int, str, bool], tuple[TrainingRunSpec, TrainingRunSpec]] = {}

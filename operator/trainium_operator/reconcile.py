@@ -116,7 +116,8 @@ def reconcile(snap: Snapshot) -> Result:
     p = Pass(snap.run, spec, old, new, [x for x in snap.pods if not x.spare], snap.nodes, snap.now, snap.checkpoint,
              snap.disruption, snap.guard, snap.api_outage, snap.spec_error, snap.children_error, host=snap.host,
              spares=spares, workload=snap.workload, flavors=snap.flavors,
-             children_error_since=snap.children_error_since, mass_event=snap.mass_event, gang_order=snap.gang_order)
+             children_error_since=snap.children_error_since, mass_event=snap.mass_event, gang_order=snap.gang_order,
+             departed=snap.departed)
     if p.newer or inplace.ahead(p.gang + p.replacement, old.attempt, snap.gang_order):
         # this pass read a status older than the one that started them (or, in place, that
         # ordered their start): decide nothing
@@ -295,8 +296,10 @@ def _supervise(p: Pass) -> None:
 def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
     """Ask the judge for the whole verdict; record a disruption's start and end; apply the
     failure's action (restarts.act_on). Returns whether the attempt failed."""
+    names = set(p.gang_names)
     seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error,
-                    children_error_since=p.children_error_since)
+                    children_error_since=p.children_error_since,
+                    departed=tuple(x for x in p.departed if x.name in names))
     counted = standing(p)
     verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, tuple(flagged(p.new.current.stragglers))),
                     Guards(p.guard, p.disruption, p.api_outage, p.mass_event), counted)

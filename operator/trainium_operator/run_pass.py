@@ -60,6 +60,8 @@ class Pass:
     """``disruption`` is a mass event's (mass_events), not nodes lost together."""
     gang_order: GangOrder | None = None
     """The run's gang order as last seen (trainium_api.gangorder; None: none yet)."""
+    departed: tuple[PodView, ...] = ()
+    """The last view of the run's pods gone lately (Snapshot.departed)."""
 
     @property
     def name(self) -> str:

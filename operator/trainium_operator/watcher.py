@@ -35,6 +35,7 @@ from .kube import Kube
 from .inplace import gang_names
 from .metrics import Metrics, placed_pods
 from .observe import NodeView, PodView, draining, node_view, pod_view
+from .departures import Departures
 from . import queueing, workload
 from .workload import FlavorView, WorkloadView
 from .observer import DeviceShortfalls, Snapshot, read_status, snapshot
@@ -176,6 +177,7 @@ class Watcher:
         self.wake: dict[tuple[str, str], asyncio.Event] = {}  # per run: a pod changed, pass now
         self.pod_shapes: dict[tuple[str, str], tuple | None] = {}  # what a pod looked like at its last wake
         self.node_shapes: dict[str, tuple | None] = {}  # the same for nodes
+        self.departures = Departures()  # the last view of pods on their way out (an eviction's reason)
         self.mass = MassEvents()  # when each node turned NotReady or lost its Neuron devices
         self.settled: dict[tuple[str, str], Settled] = {}  # runs whose loop waits to be woken (Result.settled)
         self._zones: tuple[float, dict, dict, frozenset] = (0.0, {}, {}, frozenset())
@@ -301,7 +303,8 @@ class Watcher:
                         workload=workloads[0] if workloads else None, flavors=flavors,
                         device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass),
                         gang_order=next((o for o in (run_orders or {}).get((namespace, name), []) if o.owner == uid),
-                                        None))
+                                        None),
+                        departed=[p for p in self.departures.of(namespace, name) if p.owner in (None, uid)])
 
     def unindexed_workload(self, namespace: str, name: str, uid: str, admitted: bool = False) -> WorkloadView | None:
         """A queued run's Workload that kopf's index does not hold, read from the API server (at
@@ -417,6 +420,8 @@ class Watcher:
         in-place restart's barrier and recovery wait for it), not on progress reports, which
         arrive every few seconds from every pod and are read at the next pass."""
         view = pod_view(dict(body))
+        if deleted or view.deleting:
+            self.departures.note(namespace, run, view)
         said = (view.agent.attempt, view.agent.state) if view.agent else None
         shape = None if deleted else (view.phase, view.deleting, view.node, view.exit_code, view.unschedulable, said)
         if self.pod_shapes.get((namespace, name)) != shape:
@@ -457,6 +462,7 @@ class Watcher:
         """A deleted run: drop its series and what its passes remembered."""
         self.metrics.forget(namespace, name)
         self.children.forget(namespace, name)
+        self.departures.forget(namespace, name)
         self._unindexed.drop((namespace, name))
 
     def _wake(self, key: tuple[str, str]) -> None:

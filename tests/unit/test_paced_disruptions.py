@@ -107,3 +107,42 @@ def test_the_disruption_budget_holds_the_whole_gang_and_not_the_spares():
     off = reconcile_objects({**RUN, "spec": {**SPEC, "faultTolerance": {"doNotDisrupt": False}}, "status": RUNNING},
                             gang(), {f"n{i}": node(f"n{i}") for i in range(4)}, now=NOW)
     assert not off.ensured("PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("reason,voluntary", [("EvictionByEvictionAPI", True), ("PreemptionByScheduler", True),
+                                              ("", False)])
+def test_a_pod_gone_before_a_pass_saw_it_keeps_its_evictions_reason(reason, voluntary):
+    """An evicted pod on a fast kubelet is deleted within milliseconds: the pass that first sees
+    the gang short of it reads its last view the watcher kept (departures.py), and a drain's
+    eviction stays voluntary. Without a view, or one without such a reason, it is counted."""
+    nodes = {f"n{i}": node(f"n{i}") for i in range(4)}
+    pods = gang()
+    gone = PodView("r-a1-0", 1, 0, "Running", "n0", True, reason=reason)
+    r = reconcile_objects({**RUN, "status": RUNNING}, pods[1:], nodes, now=NOW, departed=[gone])
+    (record,) = r.after.failures
+    assert record.cause == "eviction" and record.pod == "r-a1-0" and record.node == "n0"
+    assert (record.exempt == "voluntary") == voluntary, record
+
+
+def test_a_departed_pod_of_another_attempt_is_no_evidence():
+    """Only the gang's own pods count: a pod of an earlier attempt evicted lately does not make a
+    pod missing now voluntary."""
+    nodes = {f"n{i}": node(f"n{i}") for i in range(4)}
+    old = PodView("r-a0-0", 0, 0, "Running", "n0", True, reason="EvictionByEvictionAPI")
+    r = reconcile_objects({**RUN, "status": RUNNING}, gang()[1:], nodes, now=NOW, departed=[old])
+    (record,) = r.after.failures
+    assert record.exempt is None and "1 pod(s) deleted" in record.message
+
+
+def test_departures_keep_a_pods_last_view_for_a_while():
+    from trainium_operator.departures import Departures
+    d = Departures(keep=10.0)
+    d.note("ns", "r", PodView("r-a1-0", 1, 0, "Running", "n0", True, reason="EvictionByEvictionAPI"), now=0.0)
+    d.note("ns", "r", PodView("r-a1-0", 1, 0, "Failed", "n0", True, reason="EvictionByEvictionAPI"), now=1.0)
+    assert [v.phase for v in d.of("ns", "r", now=5.0)] == ["Failed"]  # the newest view
+    assert d.of("ns", "other", now=5.0) == []
+    assert d.of("ns", "r", now=12.0) == []  # kept for ``keep`` seconds
+    d.note("ns", "r", PodView("r-a1-1", 1, 1, "Running", "n1", True), now=20.0)
+    assert [v.name for v in d.of("ns", "r", now=20.0)] == ["r-a1-1"]  # the old one pruned
+    d.forget("ns", "r")
+    assert d.of("ns", "r", now=20.0) == []
