@@ -458,3 +458,72 @@ def test_a_slow_node_is_found_by_the_preflight_check_and_the_run_starts_on_the_o
     assert sorted(truth.losses) == sorted(reference.losses)
     for step, rec in reference.losses.items():
         assert (truth.losses[step]["loss"], truth.losses[step]["gradNorm"]) == (rec["loss"], rec["gradNorm"]), step
+
+
+TRAINER_IMAGE = "localhost/trainium-trainer-cpu:local"  # tools/images trainer-cpu
+CONTAINER_POOL = {"example.com/pool": "containers"}  # the test's own container-backed nodes
+
+
+def claim(core, ns: str, name: str, path: Path) -> dict:
+    """A PersistentVolumeClaim bound to a hostPath PersistentVolume at ``path``: the local stand-in
+    for an FSx for Lustre claim (a shared file system, mounted by every pod, invisible to the
+    operator's own pod)."""
+    pv = f"{ns}-{name}"
+    core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+        "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(path)}}})
+    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": name}, "spec": {
+        "accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+        "resources": {"requests": {"storage": "1Gi"}}}})
+    deadline = time.monotonic() + 60  # bound first: the scheduler backs off a pod with an unbound claim
+    while core.read_namespaced_persistent_volume_claim(name, ns).status.phase != "Bound":
+        assert time.monotonic() < deadline, f"claim {name} not bound"
+        time.sleep(0.1)
+    return {"name": name, "persistentVolumeClaim": {"claimName": name}}
+
+
+def test_killed_rank_on_container_nodes_is_survived_in_place(e2e, reference, tiny_data, tmp_path):
+    """The demo's fault with the trainer pods run from the trainer-cpu image (tools/images) on
+    container-backed nodes (localcluster/podcontainer.py: podman, the image's own files, Python
+    and user 65532): a rank SIGKILLed, the run restarted in place from the pods' memory, trained
+    bitwise as the uninterrupted run (on this machine's environment), and everything else
+    ``survive`` checks. The data, checkpoints and step log are on claims of a shared file system,
+    as on EKS with FSx; the operator (its own container) sees none of them."""
+    import os
+    import subprocess
+
+    from localcluster.nodes import create_nodes
+    built = subprocess.run(["bash", str(drill.ROOT / "tools" / "images"), "trainer-cpu"], capture_output=True,
+                           text=True)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    core = e2e.core
+    nodes = create_nodes(core, 2, "cpu", "faults-", containers=True)
+    pvs = []
+    try:
+        for node in nodes:
+            core.patch_node(node, {"metadata": {"labels": CONTAINER_POOL}})
+        drill.wait_ready(core, nodes)
+        ns = e2e.namespace("containers")
+        os.chmod(tmp_path, 0o777)  # the image's user writes there (an FSx volume's root is the user's)
+        data_root = Path(os.path.commonpath(list(tiny_data.values())))
+        body = drill.fitted(spec_for("tiny", tiny_data, tmp_path), "kill-rank")
+        body["spec"].update(image=TRAINER_IMAGE, podTemplate={"spec": {"nodeSelector": CONTAINER_POOL}},
+                            volumes=[claim(core, ns, "data", data_root), claim(core, ns, "work", tmp_path)],
+                            volumeMounts=[{"name": "data", "mountPath": str(data_root), "readOnly": True},
+                                          {"name": "work", "mountPath": str(tmp_path)}])
+        pvs = [f"{ns}-data", f"{ns}-work"]
+        survive(e2e, reference, ns, body, "kill-rank")
+        # the pods ran from the image: podman's containers, their Python the image's
+        pods_dir = e2e.cluster.pods_dir
+        records = [r for r in podprocs.all_records(pods_dir) if r["namespace"] == ns]
+        assert records and all(r["container"] and r["node"] in nodes for r in records), records
+        # its user wrote the checkpoints and the step log (the image's 65532, not this machine's root)
+        owners = {p.stat().st_uid for p in [*Path(body["spec"]["checkpoint"]["uri"]).rglob("*"),
+                                            Path(body["spec"]["logging"]["lossesFile"])]}
+        assert owners == {65532}, owners
+    finally:
+        for node in nodes:
+            core.delete_node(node)
+        for pv in pvs:
+            with contextlib.suppress(Exception):
+                core.delete_persistent_volume(pv)

@@ -30,6 +30,9 @@ class FakeSources:
     def token(self, ns, sa, audience, seconds, pod_name, pod_uid):
         return f"token-for-{sa}-{pod_name}"
 
+    def claim_path(self, ns, claim):
+        return {"fsx": "/fsx/ml"}.get(claim)
+
 
 def pod(**spec) -> dict:
     return {"metadata": {"name": "tiny-a1-0", "namespace": "ml", "uid": "u-1", "labels": {"run": "tiny"},
@@ -103,6 +106,13 @@ def test_volumes_materialise_at_the_spec_paths(tmp_path):
     assert by_target["/etc/run.yaml"].source == str(vol / "config" / "run.yaml") and by_target["/etc/run.yaml"].is_file
     sa = vol / "kube-api-access"
     assert (sa / "token").read_text() == "token-for-trainer-tiny-a1-0"
+    assert (sa / "token").stat().st_mode & 0o777 == 0o644  # the volume's defaultMode: any user of the image reads it
+    # a pod that names its user and group: 0600 owned by that user, readable by the group (the kubelet's rule)
+    mine = {**c, "securityContext": {"runAsUser": 65532}}
+    owned = podspec.prepare(pod(securityContext={"fsGroup": 65533}, containers=[mine], **spec), mine,
+                            tmp_path / "owned", FakeSources(), {})
+    token = tmp_path / "owned" / "volumes" / "kube-api-access" / "token"
+    assert owned and token.stat().st_mode & 0o777 == 0o640 and (token.stat().st_uid, token.stat().st_gid) == (65532, 65533)
     assert (sa / "namespace").read_text() == "ml" and (sa / "ca.crt").read_text() == "fast"
     script = podspec.start_script(p, "tiny-0", tmp_path / "hosts")
     assert "hostname tiny-0" in script and "mount -t tmpfs" in script and script.rstrip().endswith('exec "$@"')
@@ -133,3 +143,51 @@ def test_headless_service_names_and_hosts_file():
 
 def test_secret_values_are_decoded():
     assert podspec.decode_secret({"k": base64.b64encode(b"v").decode()}) == {"k": "v"}
+
+
+def test_a_claim_mounts_its_bound_volumes_directory(tmp_path):
+    c = {"name": "t", "command": ["run"], "volumeMounts": [{"name": "shared", "mountPath": "/data", "readOnly": True}]}
+    p = podspec.prepare(pod(volumes=[{"name": "shared", "persistentVolumeClaim": {"claimName": "fsx"}}]), c, tmp_path,
+                        FakeSources(), {})
+    assert [(m.source, m.target, m.read_only) for m in p.mounts][0] == ("/fsx/ml", "/data", True)
+    with pytest.raises(PodSpecError, match="'other' is not bound"):
+        podspec.prepare(pod(volumes=[{"name": "shared", "persistentVolumeClaim": {"claimName": "other"}}]), c,
+                        tmp_path, FakeSources(), {})
+
+
+def test_a_pod_from_its_image_runs_as_kubernetes_applies_command_and_args(tmp_path):
+    """podman run of the pod's container (podcontainer.py): command replaces the image's
+    ENTRYPOINT, args its CMD, neither keeps both; volumes bound, emptyDirs writable by the
+    image's user, a memory emptyDir at /dev/shm is podman's shm size, runAsUser wins."""
+    import os
+
+    from localcluster import podcontainer
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+               {"name": "scratch", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "cfg"}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "scratch", "mountPath": "/scratch"},
+              {"name": "cfg", "mountPath": "/etc/cfg"}]
+
+    def argv(container, **spec):
+        c = {"name": "t", "image": "localhost/img:local", "volumeMounts": mounts, **container}
+        p = podspec.prepare(pod(volumes=volumes, **spec), c, tmp_path / str(len(list(tmp_path.iterdir()))),
+                            FakeSources(), {"OMP_NUM_THREADS": "1"}, image=True)
+        return podcontainer.run_argv(pod(**spec), c, p, tmp_path / "hosts", Path("/lib/podnet.so"), tmp_path / "pid")
+
+    a = argv({"command": ["python", "-m", "x"], "args": ["--n", "$(OMP_NUM_THREADS)"]})
+    image = a.index("localhost/img:local")
+    assert a[a.index("--entrypoint") + 1] == '["python", "-m", "x"]' and a[image + 1:] == ["--n", "1"]
+    assert a[a.index("--shm-size") + 1] == "1g" and "--user" not in a
+    binds = [a[i + 1] for i, x in enumerate(a) if x == "--volume"]
+    scratch = next(b.split(":")[0] for b in binds if b.endswith(":/scratch"))
+    assert os.stat(scratch).st_mode & 0o777 == 0o777
+    assert any(b.endswith(":/etc/cfg:ro") for b in binds) and any(b.endswith(":/etc/hosts:ro") for b in binds)
+    assert f"/lib/podnet.so:{podcontainer.SHIM_PATH}:ro" in binds
+    assert "--pull" in a and a[a.index("--pull") + 1] == "never"
+    a = argv({"args": ["--steps", "5"]}, securityContext={"runAsUser": 1000, "runAsGroup": 2000})
+    assert "--entrypoint" not in a and a[a.index("localhost/img:local") + 1:] == ["--steps", "5"]
+    assert a[a.index("--user") + 1] == "1000:2000"
+    a = argv({})  # the image's entrypoint and CMD
+    assert a[-1] == "localhost/img:local" and "--entrypoint" not in a
+    volumes[0]["emptyDir"].pop("sizeLimit")  # half this machine's memory, in bytes: podman takes no share
+    a = argv({})
+    assert 0 < int(a[a.index("--shm-size") + 1]) < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

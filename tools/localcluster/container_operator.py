@@ -30,13 +30,11 @@ from pathlib import Path
 import yaml
 
 from .cluster import DEFAULT_CACHE, Cluster, free_base_port, pinned_version
+from .podcontainer import LIMITS, PODMAN
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "trainium-operator"
 IMAGE = "localhost/trainium-operator:local"
-PODMAN = ["bash", str(ROOT / "tools" / "images"), "podman"]  # podman with this machine's global flags
-# raising a limit in a container is refused on these machines (tools/images)
-LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 HOST_LOOPBACK = "10.0.2.2"  # slirp4netns's address of the host's 127.0.0.1 (allow_host_loopback)
 API_NAME = "kubernetes.default.svc"  # in the API server's certificate (its own self-signed one)

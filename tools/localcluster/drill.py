@@ -414,16 +414,20 @@ class Drill:
 def process_nodes(cluster: Cluster, count: int, prefix: str) -> list[str]:
     from kubernetes import client
     core = client.CoreV1Api(cluster.api_client())
-    names = create_nodes(core, count, "cpu", prefix, processes=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # kwok marks them Ready
+    return wait_ready(core, create_nodes(core, count, "cpu", prefix, processes=True))
+
+
+def wait_ready(core, names: list[str], timeout: float = 60) -> list[str]:
+    """Wait until kwok marks the process-backed nodes ``names`` Ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         ready = [n for n in core.list_node(label_selector="localcluster.trainium.dev/processes=true").items
                  if n.metadata.name in names and any(c.type == "Ready" and c.status == "True"
                                                      for c in n.status.conditions or [])]
         if len(ready) == len(names):
             return names
         time.sleep(0.2)
-    raise RuntimeError(f"process nodes {names} not Ready after 60s")
+    raise RuntimeError(f"process nodes {names} not Ready after {timeout:.0f}s")
 
 
 def new_namespace(core, name: str, timeout: float = 60) -> str:

@@ -16,6 +16,10 @@ PARTITIONED = "localcluster.trainium.dev/partitioned"
 # those pods' containers as local processes. kwok's pod stages exclude them by this prefix.
 PROCESS_NODE_PREFIX = "proc-"
 PROCESS_NODE_LABEL = "localcluster.trainium.dev/processes"
+# Process-backed nodes named so run each pod's container from its image with podman
+# (podcontainer.py) instead of this machine's Python environment.
+CONTAINER_NODE_PREFIX = PROCESS_NODE_PREFIX + "ctr-"
+CONTAINER_NODE_LABEL = "localcluster.trainium.dev/containers"
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,10 @@ INSTANCE_TYPES = {
 
 def is_process_node(name: str | None) -> bool:
     return bool(name) and name.startswith(PROCESS_NODE_PREFIX)
+
+
+def is_container_node(name: str | None) -> bool:
+    return bool(name) and name.startswith(CONTAINER_NODE_PREFIX)
 
 
 NETWORK_GROUPS = (64, 16, 4)
@@ -112,6 +120,8 @@ def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", inde
                     "conditions": agent_conditions(neuron)}
     if is_process_node(name):
         labels[PROCESS_NODE_LABEL] = "true"
+        if is_container_node(name):
+            labels[CONTAINER_NODE_LABEL] = "true"
         # Its pods really run here: the node's address is this machine's loopback.
         status["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]
     return {
@@ -123,19 +133,23 @@ def node_manifest(name: str, itype: InstanceType, zone: str = "us-west-2d", inde
 
 
 def create_nodes(core_api, count: int, type_name: str, prefix: str | None = None,
-                 processes: bool = False, dra: bool = False) -> list[str]:
+                 processes: bool = False, dra: bool = False, containers: bool = False) -> list[str]:
     """Create ``count`` nodes (skipping names that exist); returns their names. ``processes``:
-    process-backed nodes (named ``proc-...``), whose pods run as local processes. ``dra``: their
-    Neuron devices published as the Neuron DRA driver would (a DRA-only type always is)."""
+    process-backed nodes (named ``proc-...``), whose pods run as local processes; ``containers``:
+    process-backed nodes whose pods run from their images (``proc-ctr-...``, podcontainer.py).
+    ``dra``: their Neuron devices published as the Neuron DRA driver would (a DRA-only type
+    always is)."""
     from kubernetes.client.exceptions import ApiException
 
     if type_name not in INSTANCE_TYPES:
         raise ValueError(f"unknown instance type {type_name!r} (known: {', '.join(INSTANCE_TYPES)})")
     itype = INSTANCE_TYPES[type_name]
     prefix = prefix or type_name.split(".")[0] + "-"
-    if processes and not is_process_node(prefix):
+    if containers and not is_container_node(prefix):
+        prefix = CONTAINER_NODE_PREFIX + prefix
+    elif processes and not is_process_node(prefix):
         prefix = PROCESS_NODE_PREFIX + prefix
-    elif not processes and is_process_node(prefix):
+    elif not (processes or containers) and is_process_node(prefix):
         raise ValueError(f"node names starting with {PROCESS_NODE_PREFIX!r} are for process-backed nodes")
     names = []
     for i in range(count):

@@ -60,8 +60,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import podprocs, podspec
-from .nodes import KWOK_ANNOTATION, PARTITIONED, is_process_node
+from . import podcontainer, podprocs, podspec
+from .nodes import KWOK_ANNOTATION, PARTITIONED, is_container_node, is_process_node
 
 log = logging.getLogger("podrunner")
 THREADS_PER_PROCESS = 1
@@ -99,6 +99,7 @@ class PodRecord:
     deleting: bool = False
     killAt: float | None = None  # SIGKILL the namespace at this monotonic time (grace period end)
     killed: bool = False  # we SIGKILLed it (grace period over, node lost, object removed)
+    container: str = ""  # podman's name of its container, on a container-backed node (podcontainer.py)
 
     def save(self) -> None:
         (Path(self.dir) / podprocs.RECORD).write_text(json.dumps(asdict(self), indent=1))
@@ -126,6 +127,17 @@ class Sources:
     def secret(self, namespace, name):
         obj = self._read(self.core.read_namespaced_secret, namespace, name)
         return None if obj is None else podspec.decode_secret(obj.data or {})
+
+    def claim_path(self, namespace, claim):
+        pvc = self._read(self.core.read_namespaced_persistent_volume_claim, namespace, claim)
+        if pvc is None or pvc.status.phase != "Bound" or not pvc.spec.volume_name:
+            return None
+        try:
+            pv = self.core.read_persistent_volume(pvc.spec.volume_name)
+        except Exception:
+            return None
+        source = pv.spec.host_path or pv.spec.local
+        return source.path if source else None
 
     def token(self, namespace, service_account, audience, seconds, pod_name, pod_uid):
         body = {"spec": {"expirationSeconds": seconds,
@@ -438,7 +450,7 @@ class Runner:
             self.waiting.pop(uid, None)
         except podspec.PodSpecError as exc:
             self.waiting[uid] = time.monotonic() + CONFIG_RETRY_SECONDS
-            self._report_waiting(pod, "CreateContainerConfigError", str(exc))
+            self._report_waiting(pod, exc.reason, str(exc))
 
     def _allocate_ip(self) -> str:
         try:
@@ -469,32 +481,50 @@ class Runner:
                         dir=str(pod_dir), created=time.time(), labels=dict(meta.get("labels") or {}))
         pod = json.loads(json.dumps(pod))
         pod.setdefault("status", {}).update(podIP=rec.ip, hostIP="127.0.0.1")
-        base = podspec.base_environment(self.threads, python_bin=os.path.dirname(sys.executable))
+        image = is_container_node(spec["nodeName"])
+        if image and not podcontainer.image_present(containers[0].get("image") or ""):
+            raise podspec.PodSpecError(f"image {containers[0].get('image')!r} is not present with pull policy Never "
+                                       "(tools/images builds ours)", reason="ErrImageNeverPull")
+        # the image brings its PATH, HOME and Python; this machine's environment, only to a process
+        base = {k: v for k, v in podspec.base_environment(self.threads, python_bin="").items()
+                if k.endswith("_NUM_THREADS")} if image else \
+            podspec.base_environment(self.threads, python_bin=os.path.dirname(sys.executable))
         host, port = self.apiserver
         base.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port),
                      "KUBERNETES_SERVICE_PORT_HTTPS": str(port), "HOSTNAME": podspec.pod_hostname(pod)})
         try:
-            prepared = podspec.prepare(pod, containers[0], pod_dir, self.sources, base)
+            prepared = podspec.prepare(pod, containers[0], pod_dir, self.sources, base, image=image)
         except Exception:
             shutil.rmtree(pod_dir, ignore_errors=True)
             raise
-        prepared.env.update({"LD_PRELOAD": str(self.shim), "LOCALPOD_IP": rec.ip,
+        prepared.env.update({"LD_PRELOAD": podcontainer.SHIM_PATH if image else str(self.shim), "LOCALPOD_IP": rec.ip,
                              "LOCALPOD": f"{ns}/{name}/{uid}"})  # LOCALPOD: how tests map processes to pods
         (pod_dir / podspec.TERMINATION_MESSAGE_FILE).touch()
         self.pods[uid] = rec
         self._write_hosts()
-        script = pod_dir / "start.sh"
-        script.write_text(podspec.start_script(prepared, podspec.pod_hostname(pod), pod_dir / "hosts"))
-        logf, errf = open(pod_dir / podprocs.LOG, "ab"), open(pod_dir / "unshare.log", "ab")
-        # unshare's own messages go to unshare.log; start.sh sends the container's stderr to its log
-        proc = subprocess.Popen(["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
-                                 "--propagation", "private", "--", "/bin/sh", str(script), *prepared.argv],
-                                env=prepared.env, stdout=logf, stderr=errf, stdin=subprocess.DEVNULL,
-                                cwd="/", preexec_fn=_set_pdeathsig)
-        logf.close()
-        errf.close()
-        self.procs[uid] = proc
-        rec.initPid = self._find_init(proc)
+        if image:
+            rec.container = podcontainer.name_of(uid)
+            pidfile = pod_dir / "container.pid"
+            argv = podcontainer.run_argv(pod, containers[0], prepared, pod_dir / "hosts", self.shim, pidfile)
+            (pod_dir / "podman-run.sh").write_text(podcontainer.describe(argv) + "\n")  # (to read, or run by hand)
+            with open(pod_dir / podprocs.LOG, "ab") as logf:  # podman's own errors go to the pod's log too
+                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd="/", preexec_fn=_set_pdeathsig)
+            self.procs[uid] = proc
+            rec.initPid = podcontainer.container_pid(proc, pidfile)
+        else:
+            script = pod_dir / "start.sh"
+            script.write_text(podspec.start_script(prepared, podspec.pod_hostname(pod), pod_dir / "hosts"))
+            logf, errf = open(pod_dir / podprocs.LOG, "ab"), open(pod_dir / "unshare.log", "ab")
+            # unshare's own messages go to unshare.log; start.sh sends the container's stderr to its log
+            proc = subprocess.Popen(["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
+                                     "--propagation", "private", "--", "/bin/sh", str(script), *prepared.argv],
+                                    env=prepared.env, stdout=logf, stderr=errf, stdin=subprocess.DEVNULL,
+                                    cwd="/", preexec_fn=_set_pdeathsig)
+            logf.close()
+            errf.close()
+            self.procs[uid] = proc
+            rec.initPid = self._find_init(proc)
         rec.started = time.time()
         rec.save()
         log.info("pod %s/%s started on %s: ip %s, pid %s", ns, name, rec.node, rec.ip, rec.initPid)

@@ -36,7 +36,11 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 class PodSpecError(ValueError):
     """The pod cannot start as specified (a missing ConfigMap key, an unsupported volume...):
-    reported like the kubelet's CreateContainerConfigError, and retried."""
+    reported like the kubelet's CreateContainerConfigError (or ``reason``), and retried."""
+
+    def __init__(self, message: str, reason: str = "CreateContainerConfigError") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Sources(Protocol):
@@ -44,6 +48,7 @@ class Sources(Protocol):
     def secret(self, namespace: str, name: str) -> dict[str, str] | None: ...  # decoded values
     def token(self, namespace: str, service_account: str, audience: str | None, seconds: int,
               pod_name: str, pod_uid: str) -> str: ...
+    def claim_path(self, namespace: str, claim: str) -> str | None: ...  # its bound volume's directory
 
 
 TERMINATION_MESSAGE_FILE = "termination-log"
@@ -159,6 +164,18 @@ def resolve_env(pod: dict, container: dict, sources: Sources, base: dict[str, st
 
 # -- volumes -----------------------------------------------------------------------------------
 
+def _token_owner(pod: dict) -> tuple[int | None, int | None]:
+    """(user, group) the kubelet gives a projected token file: the runAsUser every container
+    shares (the pod's, or each container's alike), and the pod's fsGroup."""
+    spec = pod.get("spec") or {}
+    pod_sc = spec.get("securityContext") or {}
+    users = {(c.get("securityContext") or {}).get("runAsUser", pod_sc.get("runAsUser"))
+             for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])}
+    user = users.pop() if len(users) == 1 else None
+    return (None if user is None else int(user),
+            None if pod_sc.get("fsGroup") is None else int(pod_sc["fsGroup"]))
+
+
 def _write(path: Path, content: str | bytes, mode: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content.encode() if isinstance(content, str) else content)
@@ -216,6 +233,15 @@ def materialise(pod: dict, vol: dict, out: Path, sources: Sources) -> Mount | No
         elif kind and not path.exists():
             raise PodSpecError(f"volume {name}: hostPath {path} does not exist (type {kind})")
         return Mount(str(path), "", is_file=path.is_file())
+    if "persistentVolumeClaim" in vol:
+        # a claim bound to a hostPath or local PersistentVolume (the local stand-in for a shared
+        # file system's, FSx for Lustre's): its directory, read-only if the volume says so
+        ref = vol["persistentVolumeClaim"]
+        path = sources.claim_path(ns, ref.get("claimName", ""))
+        if path is None:
+            raise PodSpecError(f"volume {name}: persistentVolumeClaim {ref.get('claimName')!r} is not bound to a "
+                               "hostPath or local PersistentVolume")
+        return Mount(path, "", read_only=bool(ref.get("readOnly")))
     if "downwardAPI" in vol:
         _downward(pod, out, vol["downwardAPI"].get("items"), vol["downwardAPI"].get("defaultMode", 0o644))
         return Mount(str(out), "", read_only=True)
@@ -228,7 +254,16 @@ def materialise(pod: dict, vol: dict, out: Path, sources: Sources) -> Mount | No
                 token = sources.token(ns, pod["spec"].get("serviceAccountName") or "default", t.get("audience"),
                                       int(t.get("expirationSeconds") or 3607), pod["metadata"]["name"],
                                       pod["metadata"]["uid"])
-                _write(out / t["path"], token, 0o600)
+                # as the kubelet (pkg/volume/projected): the volume's defaultMode (0644 in the
+                # kube-api-access volume the API server adds), or 0600 owned by the pod's
+                # runAsUser / group fsGroup when the pod names one
+                # (fsGroup: the kubelet's volume ownership pass then lets the group read it)
+                owner = _token_owner(pod)
+                _write(out / t["path"], token, mode if owner == (None, None) else
+                       0o600 | (0o040 if owner[1] is not None else 0))
+                if owner != (None, None):
+                    os.chown(out / t["path"], -1 if owner[0] is None else owner[0],
+                             -1 if owner[1] is None else owner[1])
             elif src.get("configMap") or src.get("secret"):
                 secret = bool(src.get("secret"))
                 ref = src["secret" if secret else "configMap"]
@@ -247,13 +282,16 @@ def materialise(pod: dict, vol: dict, out: Path, sources: Sources) -> Mount | No
     raise PodSpecError(f"volume {name}: type {kinds} is not supported by the process runner")
 
 
-def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_env: dict[str, str]) -> Prepared:
-    """Resolve everything the container needs; files go under ``pod_dir/volumes``."""
+def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_env: dict[str, str],
+            image: bool = False) -> Prepared:
+    """Resolve everything the container needs; files go under ``pod_dir/volumes``. ``image``:
+    it runs from its image (podcontainer.py), whose entrypoint stands in for a missing command
+    and whose user must be able to write the emptyDirs (world-writable, as the kubelet makes them)."""
     env = resolve_env(pod, container, sources, base_env)
     command = [expand(a, env) for a in container.get("command") or []]
     args = [expand(a, env) for a in container.get("args") or []]
     argv = command + args
-    if not command:
+    if not command and not image:
         raise PodSpecError("the container has no command: there is no image here to supply an entrypoint")
     volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
     sources_by_name: dict[str, Mount | None] = {}
@@ -267,6 +305,8 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
         src = sources_by_name[vname]
         if src is None:
             continue
+        if image and "emptyDir" in volumes[vname] and not src.tmpfs_size:
+            os.chmod(src.source, 0o777)
         mount = Mount(src.source, vm["mountPath"], read_only=src.read_only or bool(vm.get("readOnly")),
                       tmpfs_size=src.tmpfs_size, is_file=src.is_file)
         if vm.get("subPath"):
@@ -281,6 +321,9 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
     # (the runner creates it; the mount point is made once on this host's /dev, and only each
     # pod's namespace, where this file is mounted over it, writes there)
     message = pod_dir / TERMINATION_MESSAGE_FILE
+    if image:  # (the runner creates it; the image's user writes it)
+        message.touch()
+        os.chmod(message, 0o666)
     mounts.append(Mount(str(message), container.get("terminationMessagePath") or "/dev/termination-log", is_file=True))
     return Prepared(env=env, argv=argv, workdir=container.get("workingDir") or "/", mounts=mounts)
 
