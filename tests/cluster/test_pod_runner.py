@@ -165,3 +165,48 @@ def test_a_lost_node_takes_its_processes_with_it(core_api, local_cluster, namesp
             core_api.delete_node(node)
         except Exception:
             pass
+
+
+@pytest.fixture(scope="module")
+def container_node(core_api):
+    name = create_nodes(core_api, 1, "cpu", "runner-", containers=True)[0]
+    core_api.patch_node(name, {"spec": {"taints": [TAINT]}})
+    wait_until(lambda: any(c.type == "Ready" and c.status == "True"
+                           for c in core_api.read_node(name).status.conditions or []), 60, what="node Ready")
+    yield name
+    core_api.delete_node(name)
+
+
+def test_a_container_backed_pod_runs_its_image_as_its_user(local_cluster, core_api, namespace, container_node):
+    """On a container-backed node (localcluster/podcontainer.py) a pod runs its image: the
+    operator's (tools/images builds it; seconds when cached), its user 65532, its files, not
+    this machine's; the service-account token readable by that user; its exit code and
+    termination message reported. An image that is not here leaves the pod Pending, saying so."""
+    import subprocess
+    from pathlib import Path
+    images = Path(__file__).resolve().parents[2] / "tools" / "images"
+    built = subprocess.run(["bash", str(images), "operator"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    script = "; ".join(["echo uid=$(id -u) mode=$MODE", "python -c 'import trainium_operator; print(\"operator-ok\")'",
+                        "cat /var/run/secrets/kubernetes.io/serviceaccount/token >/dev/null && echo token-ok",
+                        "echo scratch > /scratch/f && echo scratch-ok",
+                        "printf 'why it ended' > /dev/termination-log", "exit 3"])
+    core_api.create_namespaced_pod(namespace, pod("img", container_node, script, volumes=[
+        {"name": "scratch", "emptyDir": {}}], container={
+        "image": "localhost/trainium-operator:local", "command": ["sh", "-c"], "args": [script],
+        "env": [{"name": "MODE", "value": "image"}], "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}))
+    wait_until(lambda: phase(core_api, namespace, "img") == "Failed", 90, what="the image's pod finished")
+    term = core_api.read_namespaced_pod("img", namespace).status.container_statuses[0].state.terminated
+    log = local_cluster.kubectl("logs", "-n", namespace, "img").stdout
+    assert term.exit_code == 3 and term.message == "why it ended", (term, log)
+    for said in ("uid=65532 mode=image", "operator-ok", "token-ok", "scratch-ok"):
+        assert said in log, log
+    core_api.create_namespaced_pod(namespace, pod("absent", container_node, "true",
+                                                  container={"image": "localhost/not-built:local"}))
+
+    def waiting():
+        st = core_api.read_namespaced_pod("absent", namespace).status
+        return st.container_statuses and st.container_statuses[0].state.waiting
+    why, _ = wait_until(waiting, 30, what="the pod without its image waiting")
+    assert why.reason == "ErrImageNeverPull" and "localhost/not-built:local" in why.message, why
+    assert phase(core_api, namespace, "absent") == "Pending"

@@ -1,14 +1,16 @@
 """tools/cluster COMMAND: build, start, stop and break a local Kubernetes control plane.
 
   build                        build/reuse etcd, kube-*, kwok, kwokctl, helm (Go modules, cached)
-  up [--nodes N --type T] [--processes]
+  up [--nodes N --type T] [--processes | --containers]
                                start on loopback, write a kubeconfig, wait for /readyz
   down                         stop exactly what `up` started and delete the state dir
   status                       which components run; the kubeconfig path
   env                          print `export KUBECONFIG=...` (eval "$(tools/cluster env)")
-  nodes --count N --type T [--processes]
+  nodes --count N --type T [--processes | --containers]
                                create simulated nodes (trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge, trn2u.48xlarge, cpu);
-                               --processes: process-backed (proc-...), their pods run for real
+                               --processes: process-backed (proc-...), their pods run for real;
+                               --containers: their pods run for real from their images (proc-ctr-...,
+                               podman; tools/images builds ours)
   logs POD [-n NS] [-f]        a process-backed pod's stdout and stderr
   fault KIND TARGET [...]      inject a fault; `recover KIND TARGET` undoes it
       node-not-ready NODE   node-unreachable NODE   node-partition NODE (looks lost, keeps running)
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=0)
     up.add_argument("--type", default="trn1.32xlarge", choices=list(INSTANCE_TYPES))
     up.add_argument("--processes", action="store_true", help="process-backed nodes: their pods run for real")
+    up.add_argument("--containers", action="store_true",
+                    help="container-backed nodes: their pods run for real, from their images (podman)")
     sub.add_parser("down")
     logs = sub.add_parser("logs")
     logs.add_argument("pod")
@@ -88,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     nodes.add_argument("--type", default="trn1.32xlarge", choices=list(INSTANCE_TYPES))
     nodes.add_argument("--prefix")
     nodes.add_argument("--processes", action="store_true", help="process-backed nodes: their pods run for real")
+    nodes.add_argument("--containers", action="store_true",
+                       help="container-backed nodes: their pods run for real, from their images (podman)")
     for verb in ("fault", "recover"):
         f = sub.add_parser(verb)
         f.add_argument("kind", choices=[*NODE_FAULTS, *POD_FAULTS, *PROCESS_FAULTS, *CONTROL_PLANE_FAULTS, *FLEET_FAULTS]
@@ -108,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             cluster.up()
             if args.nodes:
-                names = create_nodes(_core(cluster), args.nodes, args.type, processes=args.processes)
+                names = create_nodes(_core(cluster), args.nodes, args.type, processes=args.processes,
+                                     containers=args.containers)
                 print(f"created {len(names)} {args.type} nodes: {names[0]} .. {names[-1]}")
         elif args.cmd == "down":
             cluster.down()
@@ -121,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "env":
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif args.cmd == "nodes":
-            names = create_nodes(_core(cluster), args.count, args.type, args.prefix, processes=args.processes)
+            names = create_nodes(_core(cluster), args.count, args.type, args.prefix, processes=args.processes,
+                                 containers=args.containers)
             print(f"{len(names)} {args.type} nodes: {', '.join(names)}")
         elif args.cmd == "logs":
             return _logs(cluster, args.namespace, args.pod, args.follow)
