@@ -37,6 +37,12 @@ class Departures:
             for name in [n for n, (at, _) in pods.items() if now - at > self.keep]:
                 del pods[name]
 
+    def drop(self, namespace: str, run: str, name: str) -> None:
+        with self._lock:
+            pods = self._runs.get((namespace, run))
+            if pods and pods.pop(name, None) is not None and not pods:
+                del self._runs[(namespace, run)]
+
     def of(self, namespace: str, run: str, now: float | None = None) -> list[PodView]:
         """The run's pods that departed within ``keep`` seconds, their last view each."""
         now = time.monotonic() if now is None else now

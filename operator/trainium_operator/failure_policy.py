@@ -200,6 +200,9 @@ class Standing:
     """The run's identity (its uid), the seed of its capacity backoff's jitter."""
     repaired: frozenset[str] = frozenset()
     """Nodes kept after a repairable fault within the budget window (restarts.repaired_nodes)."""
+    departed: tuple[PodView, ...] = ()
+    """The last view of the gang's pods gone before a pass saw them deleting (departures.py): the
+    pod a failure names may be one of them."""
 
     @property
     def excluded(self) -> list[str]:
@@ -291,7 +294,7 @@ def why_not(spec: TrainingRunSpec, failure: Failure, quarantine: bool, streak: i
 
 
 def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: list[PodView],
-                    attempt: int, lost_nodes: set[str] = frozenset()) -> str:
+                    attempt: int, lost_nodes: set[str] = frozenset(), departed: tuple[PodView, ...] = ()) -> str:
     """Why this failure's restart cannot replace its pod alone ("" when it can): the failure
     must name one pod of a gang of several, and every other pod's agent must answer, on a node
     that is not lost (``lost_nodes``)."""
@@ -301,7 +304,7 @@ def why_not_replace(spec: TrainingRunSpec, failure: Failure, streak: int, pods: 
         return "a one-pod gang has no other pod to keep"
     if failure.cause not in REPLACE_CAUSES:
         return f"a {failure.cause} failure names no single pod"
-    culprit = next((p for p in pods if p.name == failure.pod), None)
+    culprit = next((p for p in [*pods, *departed] if p.name == failure.pod), None)
     if culprit is None:
         return "the failure names no pod of the gang"
     if streak > spec.fault_tolerance.in_place_restarts:
@@ -321,11 +324,11 @@ def restart_kind(action: Action, failure: Failure, spec: TrainingRunSpec, standi
     pods = list(standing.pods)
     in_place = why_not(spec, failure, bool(action.left_out), standing.in_place_streak, pods, standing.attempt)
     replace_not = why_not_replace(spec, failure, standing.in_place_streak, pods, standing.attempt,
-                                          set(standing.lost_nodes) - {failure.node}) if in_place else ""
+                                  set(standing.lost_nodes) - {failure.node}, standing.departed) if in_place else ""
     if not in_place:
         return replace(action, restart="inPlace")
     if not replace_not:
-        failed = next(x for x in pods if x.name == failure.pod)
+        failed = next(x for x in [*pods, *standing.departed] if x.name == failure.pod)
         return replace(action, restart="replace", replace_pod=failed.name, replace_index=failed.index)
     return replace(action, restart="recreate", recreated_because=replace_not if failure.cause in REPLACE_CAUSES
                  else in_place)

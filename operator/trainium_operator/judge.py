@@ -318,15 +318,18 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     if deleting or len(gang.pods) < expected_pods:
         # a pod already gone: its last view, when the watcher saw it on its way out (departed)
         present = {p.name for p in gang.pods}
-        deleting = deleting or [p for p in departed if p.name not in present]
-        who = deleting[0].name if deleting else f"{expected_pods - len(gang.pods)} pod(s)"
+        gone = [p for p in departed if p.name not in present]
+        missing = expected_pods - len(gang.pods)
+        deleting += gone
+        who = ", ".join(p.name for p in deleting) if deleting else f"{missing} pod(s)"
         node = deleting[0].node or "" if deleting else ""
         # an eviction through the API or the scheduler's preemption marks the pod (DisruptionTarget)
         # before its graceful delete: voluntary, as when it is seen Failed
         # (so is one deleted on a node with a termination notice: a NoExecute notice taint's
-        # eviction by the taint manager)
-        voluntary = bool(deleting) and (deleting[0].reason in VOLUNTARY_REASONS or bool(
-            deleting[0].node and deleting[0].node in nodes and terminating(nodes[deleting[0].node])))
+        # eviction by the taint manager); every pod deleting or missing must have been moved so
+        voluntary = bool(deleting) and len(gone) >= missing and all(
+            p.reason in VOLUNTARY_REASONS or bool(p.node and p.node in nodes and terminating(nodes[p.node]))
+            for p in deleting)
         return Failure("eviction", f"{who} deleted or evicted from outside the operator"
                        + (f" ({deleting[0].reason or 'its node is to be terminated'}: a voluntary disruption, no "
                           "budget is spent)" if voluntary else ""),

@@ -110,10 +110,11 @@ def snapshot(run: dict, pods: list[PodView], nodes: dict[str, NodeView], now: fl
     if spec is not None and workload is not None and workload.admitted:
         spec = queueing.admitted_spec(spec, workload, flavors or {})
     ours = gang_order is not None and gang_order.owner == run["metadata"].get("uid")  # (not an earlier run's)
+    present = {x.name for x in pods}
     return Snapshot(run, status, spec, error, pods, nodes, now, checkpoint, disruption, guard, api_outage,
                     children_error, children_error_since, host, workload, dict(flavors or {}), device_classes,
                     plugin_types, mass_event, gang_order.order if ours else None,
-                    tuple(d for d in departed if d.name not in {x.name for x in pods}))
+                    tuple(d for d in departed if d.name not in present))
 
 
 _RESOLVED: dict[tuple[int, str, bool], tuple[TrainingRunSpec, TrainingRunSpec]] = {}

@@ -296,10 +296,8 @@ def _supervise(p: Pass) -> None:
 def _act(p: Pass, gang: GangState, complete: bool = True) -> bool:
     """Ask the judge for the whole verdict; record a disruption's start and end; apply the
     failure's action (restarts.act_on). Returns whether the attempt failed."""
-    names = set(p.gang_names)
     seen = Observed(p.spec, gang, p.nodes, p.now, gang_complete=complete, children_error=p.children_error,
-                    children_error_since=p.children_error_since,
-                    departed=tuple(x for x in p.departed if x.name in names))
+                    children_error_since=p.children_error_since, departed=tuple(p.gone))
     counted = standing(p)
     verdict = judge(seen, Clocks.of(p.old, p.new.current.last_step_time, tuple(flagged(p.new.current.stragglers))),
                     Guards(p.guard, p.disruption, p.api_outage, p.mass_event), counted)

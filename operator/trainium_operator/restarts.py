@@ -49,7 +49,7 @@ def standing(p: Pass) -> Standing:
                         node_lost(p, x) or (x.node in p.nodes and draining(p.nodes[x.node])))),
                     capacity_waits=capacity_waits(p.new.failures, p.old.attempt),
                     repaired=repaired_nodes(p.new.failures, Budget(p.spec), p.now),
-                    run_key=p.run["metadata"].get("uid") or p.name)
+                    run_key=p.run["metadata"].get("uid") or p.name, departed=tuple(p.gone))
 
 
 def repaired_nodes(history, budget: Budget, now: float) -> frozenset[str]:
@@ -149,7 +149,7 @@ def _replace(p: Pass, action: Action, order: Order, what: str, after: str) -> No
     its index at once, else a new pod will; the other agents are told to stop their workers."""
     old, new, target = p.old, p.new, p.old.attempt + 1
     new.restarts_replaced = old.restarts_replaced + 1
-    failed = next(x for x in p.gang if x.name == action.replace_pod)
+    failed = next(x for x in [*p.gang, *p.gone] if x.name == action.replace_pod)  # (gone already: departed)
     spare = ready_spare(p)
     new.current.replacing = action.replace_index
     new.current.replacement = spare.name if spare else plan.pod_name(p.name, target, action.replace_index)

@@ -71,6 +71,12 @@ class Pass:
     def gang_names(self) -> list[str]:
         return inplace.gang_names(self.old, self.name, self.spec.nodes)
 
+    @cached_property
+    def gone(self) -> list[PodView]:
+        """The last view of the gang's pods already gone, seen on their way out (departed)."""
+        names, present = set(self.gang_names), {p.name for p in self.pods}
+        return [p for p in self.departed if p.name in names and p.name not in present]
+
     @cached_property  # its inputs (pods, old) do not change during a pass; asked often
     def gang(self) -> list[PodView]:
         """The pods the attempt in force runs in, as they are (an in-place restart keeps the

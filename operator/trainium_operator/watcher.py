@@ -274,9 +274,11 @@ class Watcher:
         # collector is still deleting them) carry the same labels, and are not this run's
         uid = run["metadata"].get("uid")
         pods: list[PodView] = [p for p in run_pods.get((namespace, name), []) if p.owner in (None, uid)]
+        departed = [p for p in self.departures.of(namespace, name) if p.owner in (None, uid)]
         status = read_status(run["status"])
         left_out = status.kept_off_names
-        wanted = {p.node for p in pods if p.node} | left_out
+        # (a departed pod's node too: a termination notice there makes its eviction voluntary)
+        wanted = {p.node for p in pods + departed if p.node} | left_out
         now = time.time()
         nodes: dict[str, NodeView] = self.shortfalls.mark(
             {n: next(iter(cluster_nodes[n])) for n in wanted if n in cluster_nodes}, now)
@@ -304,7 +306,7 @@ class Watcher:
                         device_classes=self.device_classes(), plugin_types=plugin_types, mass_event=bool(mass),
                         gang_order=next((o for o in (run_orders or {}).get((namespace, name), []) if o.owner == uid),
                                         None),
-                        departed=[p for p in self.departures.of(namespace, name) if p.owner in (None, uid)])
+                        departed=departed)
 
     def unindexed_workload(self, namespace: str, name: str, uid: str, admitted: bool = False) -> WorkloadView | None:
         """A queued run's Workload that kopf's index does not hold, read from the API server (at
@@ -414,14 +416,18 @@ class Watcher:
         finally:
             self.wake.pop(key, None)
             self.settled.pop(key, None)
+            self.departures.forget(*key)  # (a replica leading again must not read views from before)
 
     def pod_changed(self, deleted: bool, namespace: str, name: str, run: str, body) -> None:
         """Wakes the run's loop when a pod's shape changes, its agent's state included (an
         in-place restart's barrier and recovery wait for it), not on progress reports, which
         arrive every few seconds from every pod and are read at the next pass."""
         view = pod_view(dict(body))
-        if deleted or view.deleting:
-            self.departures.note(namespace, run, view)
+        if (namespace, run) in self.wake:  # (a run without a loop: deleted, or not the operator's)
+            if deleted or view.deleting:
+                self.departures.note(namespace, run, view)
+            else:  # a live pod of that name: an earlier one's view is stale (names are reused)
+                self.departures.drop(namespace, run, name)
         said = (view.agent.attempt, view.agent.state) if view.agent else None
         shape = None if deleted else (view.phase, view.deleting, view.node, view.exit_code, view.unschedulable, said)
         if self.pod_shapes.get((namespace, name)) != shape:

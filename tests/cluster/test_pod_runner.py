@@ -201,6 +201,12 @@ def test_a_container_backed_pod_runs_its_image_as_its_user(local_cluster, core_a
     assert term.exit_code == 3 and term.message == "why it ended", (term, log)
     for said in ("uid=65532 mode=image", "operator-ok", "token-ok", "scratch-ok"):
         assert said in log, log
+    # an entrypoint the image does not have: the kubelet's StartError, exit 128, podman's words
+    core_api.create_namespaced_pod(namespace, pod("noexec", container_node, "true", container={
+        "image": "localhost/trainium-operator:local", "command": ["/no/such/program"]}))
+    wait_until(lambda: phase(core_api, namespace, "noexec") == "Failed", 60, what="the pod that cannot start")
+    term = core_api.read_namespaced_pod("noexec", namespace).status.container_statuses[0].state.terminated
+    assert (term.exit_code, term.reason) == (128, "StartError") and "/no/such/program" in term.message, term
     core_api.create_namespaced_pod(namespace, pod("absent", container_node, "true",
                                                   container={"image": "localhost/not-built:local"}))
 

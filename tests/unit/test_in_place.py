@@ -360,6 +360,13 @@ def test_which_failures_replace_a_pod():
                           NODES, now=60.0)
     assert r.status["restarts"] == {"eviction": 1} and r.status["failures"][-1]["restart"] == "replace"
     assert not r.status.get("quarantinedNodes")
+    # the same eviction when the pod was gone before a pass saw it (its last view: departed):
+    # the same restart, and the same exemption
+    gone = pod(1, report=running(1), deleting=True)
+    gone.reason = "EvictionByEvictionAPI"
+    r = reconcile_objects(run_with(status), [pod(0, report=running(1))], NODES, now=60.0, departed=[gone])
+    last = r.status["failures"][-1]
+    assert last["restart"] == "replace" and last["pod"] == "r-a1-1" and last.get("exempt") == "voluntary", last
     # a crashed rank is restarted in place, not replaced
     crashed = {"attempt": 1, "state": "exited", "exitCode": 1, "message": "", "time": 55.0}
     r = reconcile_objects(run_with(status), [pod(0, report=crashed), pod(1, report=running(1))], NODES, now=60.0)

@@ -124,6 +124,41 @@ def test_a_pod_gone_before_a_pass_saw_it_keeps_its_evictions_reason(reason, volu
     assert (record.exempt == "voluntary") == voluntary, record
 
 
+def test_one_evicted_pod_does_not_exempt_another_missing_without_a_reason():
+    nodes = {f"n{i}": node(f"n{i}") for i in range(4)}
+    gone = PodView("r-a1-0", 1, 0, "Running", "n0", True, reason="EvictionByEvictionAPI")
+    r = reconcile_objects({**RUN, "status": RUNNING}, gang()[2:], nodes, now=NOW, departed=[gone])
+    (record,) = r.after.failures
+    assert record.exempt is None and record.cause == "eviction", record
+
+
+def test_the_watcher_keeps_departures_only_of_its_runs_and_drops_a_reused_names():
+    """pod_changed notes a pod on its way out only for a run whose loop runs (else nothing would
+    ever prune it), and a live pod of the same name makes the earlier one's view stale."""
+    import asyncio
+
+    from trainium_operator.watcher import Watcher
+
+    def body(name: str, deleting: bool, uid: str = "p-1") -> dict:
+        meta = {"name": name, "namespace": "ns", "uid": uid,
+                "labels": {"trainium.dev/run": "r", "trainium.dev/attempt": "1", "trainium.dev/index": "0"}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:10:00Z"
+        return {"metadata": meta, "spec": {"nodeName": "n0"}, "status": {"phase": "Running", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}] if deleting else []}}
+
+    w = Watcher.__new__(Watcher)  # (the services it starts are not needed to watch pods)
+    from trainium_operator.departures import Departures
+    w.departures, w.wake, w.pod_shapes = Departures(), {}, {}
+    w.pod_changed(True, "ns", "r-a1-0", "r", body("r-a1-0", True))
+    assert w.departures.of("ns", "r") == []  # no loop for run r: not kept
+    w.wake[("ns", "r")] = asyncio.Event()
+    w.pod_changed(False, "ns", "r-a1-0", "r", body("r-a1-0", True))
+    assert [v.reason for v in w.departures.of("ns", "r")] == ["EvictionByEvictionAPI"]
+    w.pod_changed(False, "ns", "r-a1-0", "r", body("r-a1-0", False, uid="p-2"))  # its name reused
+    assert w.departures.of("ns", "r") == []
+
+
 def test_a_departed_pod_of_another_attempt_is_no_evidence():
     """Only the gang's own pods count: a pod of an earlier attempt evicted lately does not make a
     pod missing now voluntary."""

@@ -24,9 +24,11 @@ environment, volumes, termination message file):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ PODMAN = ["bash", str(ROOT / "tools" / "images"), "podman"]  # podman with this 
 LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 SHIM_PATH = "/opt/localcluster/libpodnet.so"  # where the container finds the loopback-address shim
 NAME_PREFIX = "localpod-"  # the container's name: this and the pod's uid
+RUNNER_LABEL = "localcluster.trainium.dev/runner"  # on each container: which runner started it
 START_SECONDS = 30.0  # the longest ``podman run`` may take to start the container
 
 
@@ -59,14 +62,25 @@ def _user(pod: dict, container: dict) -> str | None:
     return f"{int(uid)}:{int(gid)}" if gid is not None else str(int(uid))
 
 
+def _limits() -> list[str]:
+    """nofile as tools/images sets it (raising a limit is refused here); nproc far above it:
+    without a user namespace it counts every process and thread of the user id across this
+    machine, and every pod of an image runs as the same 65532 (16,384 is accepted here, 65,536
+    refused by runc like any raise)."""
+    return ["--ulimit", LIMITS[1], "--ulimit", "nproc=16384:16384"]
+
+
 def run_argv(pod: dict, container: dict, prepared: podspec.Prepared, hosts_file: Path, shim: Path,
-             pidfile: Path) -> list[str]:
+             pidfile: Path, runner: str = "") -> list[str]:
     """``podman run`` of the pod's container, attached (its output is the pod's log, its exit
-    code the container's)."""
+    code the container's). ``runner``: the label value that names the runner's containers (its
+    state), which it removes when it starts and stops (runner_label)."""
     meta = pod["metadata"]
     argv = [*PODMAN, "run", "--rm", "--pull", "never", "--name", name_of(meta["uid"]), "--pidfile", str(pidfile),
-            *LIMITS, "--network", "host", "--no-hosts", "--hostname", podspec.pod_hostname(pod)[:63],
+            *_limits(), "--network", "host", "--no-hosts", "--hostname", podspec.pod_hostname(pod)[:63],
+            "--http-proxy=false",  # (podman passes this machine's proxy variables on; a kubelet does not)
             "--label", f"localcluster.trainium.dev/pod={meta['namespace']}/{meta['name']}",
+            "--label", f"{RUNNER_LABEL}={runner}",
             "--volume", f"{hosts_file}:/etc/hosts:ro", "--volume", f"{shim}:{SHIM_PATH}:ro"]
     user = _user(pod, container)
     if user:
@@ -103,7 +117,9 @@ def _bytes(size: str) -> str:
 
 def container_pid(proc: subprocess.Popen, pidfile: Path, timeout: float = START_SECONDS) -> int | None:
     """The host PID of the container's PID 1 (podman writes it to ``pidfile`` once it runs);
-    None when ``podman run`` ended first (the image would not start: its log says why)."""
+    None when ``podman run`` ended first (the image would not start: its log says why) or did
+    not start it in ``timeout`` (the caller removes it: a container without a PID here could
+    not be killed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -119,8 +135,26 @@ def container_pid(proc: subprocess.Popen, pidfile: Path, timeout: float = START_
 
 
 def remove(uid: str) -> None:
-    """Remove the pod's container if podman still has it (its ``podman run`` was killed)."""
+    """Remove the pod's container if podman still has it: ``podman run`` is only a client, and
+    the container (under conmon) outlives it."""
     subprocess.run([*PODMAN, "rm", "--force", "--ignore", "--time", "0", name_of(uid)], capture_output=True)
+
+
+def runner_label(state_dir: Path) -> str:
+    """The label value of one runner's containers: a digest of its state directory, so that two
+    local clusters on this machine never remove each other's."""
+    return hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def remove_all(runner: str) -> None:
+    """Remove every container this runner (its state) started: at its start, after a crash of
+    an earlier one, and at its end."""
+    if shutil.which("podman") is None:
+        return
+    ids = subprocess.run([*PODMAN, "ps", "--all", "--quiet", "--filter", f"label={RUNNER_LABEL}={runner}"],
+                         capture_output=True, text=True).stdout.split()
+    if ids:
+        subprocess.run([*PODMAN, "rm", "--force", "--time", "0", *ids], capture_output=True)
 
 
 def describe(argv: list[str]) -> str:

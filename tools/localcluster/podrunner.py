@@ -39,7 +39,9 @@ other made CPU steps 30-75x slower.
 
 Run by ``tools/cluster up`` as a component (``python -m localcluster.podrunner``); dies with its
 children: each pod's ``unshare`` gets SIGKILL when the runner dies (PR_SET_PDEATHSIG), and the
-namespace's PID 1 when ``unshare`` dies (``--kill-child``).
+namespace's PID 1 when ``unshare`` dies (``--kill-child``). A container-backed pod
+(podcontainer.py) outlives its ``podman run``: the runner removes its containers when it starts
+and stops.
 """
 
 from __future__ import annotations
@@ -225,6 +227,7 @@ class Runner:
         self.core = client.CoreV1Api(api_client)
         self.sources = Sources(self.core)
         self.root = Path(state_dir) / "pods"
+        self.runner = podcontainer.runner_label(state_dir)  # its containers' label (container-backed nodes)
         self.root.mkdir(parents=True, exist_ok=True)
         self.apiserver = apiserver
         self.shim = Path(shim)
@@ -263,6 +266,7 @@ class Runner:
     # -- main loop -------------------------------------------------------------------------
 
     def run(self) -> None:
+        podcontainer.remove_all(self.runner)  # an earlier runner's, if it died: their pods are reported gone
         for kind, fn in (("node", self.core.list_node), ("pod", self.core.list_pod_for_all_namespaces)):
             threading.Thread(target=self._watch, args=(kind, fn), daemon=True, name=f"watch-{kind}").start()
         log.info("pod runner up: pods on nodes named %s* run as processes (state %s)", "proc-", self.root)
@@ -288,6 +292,8 @@ class Runner:
         for uid, rec in [*self.pods.items(), *self.cut_off.items()]:
             if rec.initPid and uid in self.procs:
                 self._kill(rec, timeout=5)
+        if any(rec.container for rec in [*self.pods.values(), *self.cut_off.values()]):
+            podcontainer.remove_all(self.runner)  # (a container outlives its podman client)
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -505,13 +511,16 @@ class Runner:
         if image:
             rec.container = podcontainer.name_of(uid)
             pidfile = pod_dir / "container.pid"
-            argv = podcontainer.run_argv(pod, containers[0], prepared, pod_dir / "hosts", self.shim, pidfile)
+            argv = podcontainer.run_argv(pod, containers[0], prepared, pod_dir / "hosts", self.shim, pidfile,
+                                         self.runner)
             (pod_dir / "podman-run.sh").write_text(podcontainer.describe(argv) + "\n")  # (to read, or run by hand)
             with open(pod_dir / podprocs.LOG, "ab") as logf:  # podman's own errors go to the pod's log too
                 proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         cwd="/", preexec_fn=_set_pdeathsig)
             self.procs[uid] = proc
             rec.initPid = podcontainer.container_pid(proc, pidfile)
+            if rec.initPid is None:  # not started in time, or not at all: never left running unkillable
+                podcontainer.remove(uid)
         else:
             script = pod_dir / "start.sh"
             script.write_text(podspec.start_script(prepared, podspec.pod_hostname(pod), pod_dir / "hosts"))
@@ -602,17 +611,23 @@ class Runner:
         if rec.killed and code in (1, -signal.SIGKILL):
             code = -signal.SIGKILL
         exit_code = code if code >= 0 else 128 - code
+        # a container podman could not start (no image, a mount source missing, an entrypoint
+        # not found: podman's 125-127): the kubelet's StartError, exit 128, podman's words
+        start_error = bool(rec.container) and rec.initPid is None
+        if start_error:
+            exit_code = 128
         # PID 1 is gone, so the kernel has killed the rest of its namespace; its PID may already
         # belong to someone else: never signal it again.
         rec.finished, rec.exitCode, rec.killAt = time.time(), exit_code, None
-        rec.reason = "Completed" if exit_code == 0 else "Error"
+        rec.reason = "StartError" if start_error else "Completed" if exit_code == 0 else "Error"
         rec.save()
         log.info("pod %s/%s exited %d%s", rec.namespace, rec.name, exit_code, " (node lost)" if rec.lost else "")
         self._write_hosts()
         pod = self.objects.get(uid)
         if pod is None or rec.lost:
             return
-        self._report_terminated(rec, exit_code, rec.reason, self._termination_message(rec))
+        self._report_terminated(rec, exit_code, rec.reason,
+                                self._log_tail(rec, lines=5) if start_error else self._termination_message(rec))
         if rec.deleting:
             self._finalize(pod)
 
