@@ -127,6 +127,6 @@ async def forget_deleted(event, namespace, name, memo: kopf.Memo, **_):
     """Every event of a run: a deleted run is forgotten; a changed one's loop is woken (a
     settled finished run passes only then)."""
     if event.get("type") == "DELETED":
-        memo.watcher.forget(namespace, name)
+        memo.watcher.forget(namespace, name, ((event.get("object") or {}).get("metadata") or {}).get("uid") or "")
     else:
         memo.watcher.run_changed(namespace, name)

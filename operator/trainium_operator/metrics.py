@@ -10,6 +10,8 @@ Prometheus test in tests/chart/test_install.py keep them in step.
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable
 from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -25,6 +27,8 @@ from .judge import hang_timeout
 RUN = ["namespace", "run"]
 PHASE_NAMES = ("Pending", *PHASES_OF_RUN)  # Pending: created, not yet reconciled
 
+
+FORGOTTEN_KEPT = 10_000  # deleted runs remembered against late passes (a pass ends in seconds)
 
 class Metrics:
     """One operator's series, in a registry of their own: made at start-up (never at import),
@@ -109,6 +113,11 @@ class Metrics:
                         self.created_time, self.quarantined, self.stragglers, self.restarts_in_place,
                         self.restarts_replaced, self.spares_ready)
         self._runs: set[tuple[str, str]] = set()  # the runs this operator exports series of
+        # A pass runs on a thread of its own and may end after its run was deleted (forget) or
+        # this replica stopped leading (forget_all): under this lock, a pass's export checks
+        # both, so a ghost's series never come back
+        self._lock = threading.RLock()
+        self._forgotten: dict[str, None] = {}  # uids of deleted runs, oldest first (bounded)
         self._pod_nodes: dict[tuple[str, str], set[tuple[str, str, str]]] = {}  # run -> its pod_node series
 
     def serve(self, port: int):
@@ -120,9 +129,18 @@ class Metrics:
         self.api_unreachable.set(1 if away else 0)
 
     def observe_run(self, namespace: str, run: str, spec: TrainingRunSpec | None, status: TrainingRunStatus,
-                    placed: dict[str, tuple[str, str]] | None = None) -> None:
+                    placed: dict[str, tuple[str, str]] | None = None, uid: str = "",
+                    leading: Callable[[], bool] | None = None) -> None:
         """Export one run's state (its status after this pass); ``placed``: the current attempt's
-        pods on nodes, pod -> (node, instance id), from the pass's snapshot (None: unchanged)."""
+        pods on nodes, pod -> (node, instance id), from the pass's snapshot (None: unchanged).
+        Nothing when the run (``uid``) was deleted meanwhile, or this replica no longer leads."""
+        with self._lock:
+            if (uid and uid in self._forgotten) or (leading is not None and not leading()):
+                return
+            self._observe_run(namespace, run, spec, status, placed)
+
+    def _observe_run(self, namespace: str, run: str, spec: TrainingRunSpec | None, status: TrainingRunStatus,
+                     placed: dict[str, tuple[str, str]] | None) -> None:
         labels = (namespace, run)
         self._runs.add(labels)
         # restartCount counts every gang restart; in place and replaced are its parts, the rest recreated
@@ -195,8 +213,17 @@ class Metrics:
     def count_pass(self, namespace: str, run: str) -> None:
         self.reconcile_passes.labels(namespace, run).inc()
 
-    def forget(self, namespace: str, run: str) -> None:
-        """Drop a deleted run's series, so dashboards and alerts do not keep a ghost."""
+    def forget(self, namespace: str, run: str, uid: str = "") -> None:
+        """Drop a deleted run's series, so dashboards and alerts do not keep a ghost; with its
+        ``uid``, a pass of it still under way exports nothing after this."""
+        with self._lock:
+            if uid:
+                self._forgotten[uid] = None
+                while len(self._forgotten) > FORGOTTEN_KEPT:
+                    del self._forgotten[next(iter(self._forgotten))]
+            self._forget(namespace, run)
+
+    def _forget(self, namespace: str, run: str) -> None:
         labels = (namespace, run)
         self._runs.discard(labels)
         for gauge, extra in ((self.phase, PHASE_NAMES), (self.restarts, CAUSES), (self.lost, PHASES)):
@@ -220,8 +247,9 @@ class Metrics:
         """Drop every run's series: this replica stopped leading, so it no longer follows any
         run, and what it last exported (a phase, a checkpoint time) would keep alerts firing for
         runs that have since ended or gone while another replica led."""
-        for namespace, run in list(self._runs):
-            self.forget(namespace, run)
+        with self._lock:
+            for namespace, run in list(self._runs):
+                self._forget(namespace, run)
 
 
 EC2_PROVIDER_ID = re.compile(r"aws:///[^/]{1,64}/(i-[0-9a-f]{8,17})")

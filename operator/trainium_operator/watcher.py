@@ -354,7 +354,8 @@ class Watcher:
         written = apply(self.kube, run, result, self.children, self.may_write, self.pools, self.metrics)
         self.metrics.observe_run(run["metadata"]["namespace"], run["metadata"]["name"], result.spec, result.after,
                                  placed_pods(gang_names(result.after, run["metadata"]["name"], result.spec.nodes)
-                                             if result.spec else [], snap.pods, snap.nodes))
+                                             if result.spec else [], snap.pods, snap.nodes),
+                                 uid=run["metadata"].get("uid") or "", leading=self.may_write)
         return written != run["status"]
 
     @contextlib.contextmanager
@@ -464,9 +465,10 @@ class Watcher:
             if name in settled.nodes:
                 self._wake(key)
 
-    def forget(self, namespace: str, name: str) -> None:
-        """A deleted run: drop its series and what its passes remembered."""
-        self.metrics.forget(namespace, name)
+    def forget(self, namespace: str, name: str, uid: str = "") -> None:
+        """A deleted run: drop its series and what its passes remembered (a pass of it still
+        under way exports nothing after this: its ``uid``)."""
+        self.metrics.forget(namespace, name, uid)
         self.children.forget(namespace, name)
         self.departures.forget(namespace, name)
         self._unindexed.drop((namespace, name))

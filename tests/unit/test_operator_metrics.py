@@ -73,6 +73,20 @@ def test_forget_drops_every_series_of_a_deleted_run():
     M.forget("ml", "never-seen")  # harmless
 
 
+def test_a_pass_ending_after_its_run_was_deleted_or_the_term_ended_exports_nothing():
+    """Found by review: a pass runs on its own thread; one that ended after the run's deletion
+    (forget) or the replica's step-down (forget_all) put the ghost's series back."""
+    M.observe_run("ml", "late", spec(), read_status(STATUS), uid="u-late")
+    M.forget("ml", "late", "u-late")
+    M.observe_run("ml", "late", spec(), read_status(STATUS), uid="u-late")  # the pass that was under way
+    assert series("late") == {}
+    M.observe_run("ml", "late", spec(), read_status(STATUS), uid="u-new")  # created again: a new uid exports
+    assert series("late")
+    M.forget("ml", "late", "u-new")
+    M.observe_run("ml", "led", spec(), read_status(STATUS), uid="u-led", leading=lambda: False)
+    assert series("led") == {}
+
+
 def test_a_term_ends_with_no_run_series_left():
     """Found by review: a replica that stopped leading kept exporting what it last saw (a run
     Running, its checkpoint time), and the alerts (max by run over both replicas) fired for runs
