@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -58,8 +59,16 @@ def release(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_release_pushes_the_image_and_a_chart_that_pulls_it_by_digest(registry, tmp_path):
-    res = release(VERSION, "--registry", registry, "--plain-http", "--targets", "operator", "--out", str(tmp_path))
+    # (--allow-dirty: the other lanes of the suite may leave files in this tree meanwhile)
+    args = (VERSION, "--registry", registry, "--plain-http", "--targets", "operator", "--allow-dirty")
+    res = release(*args, "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # pushed by the content key tools/images printed, not :local (which a later build moves)
+    assert "pushing localhost/trainium-operator:local" not in res.stdout
+    assert re.search(r"pushing localhost/trainium-operator:[0-9a-f]{16} to", res.stdout), res.stdout[-2000:]
+    # a version is released once: the same again is refused before anything is pushed
+    again = release(*args, "--out", str(tmp_path / "again"))
+    assert again.returncode == 2 and "is released already" in again.stderr, again.stderr
     print(res.stdout[-1200:])
     pushed = {line.split()[0]: line.split()[2] for line in res.stdout.splitlines()
               if line.split()[:1] in (["operator"], ["chart"])}
@@ -106,3 +115,13 @@ def test_release_pushes_the_image_and_a_chart_that_pulls_it_by_digest(registry, 
 def test_bad_arguments_are_refused_before_anything_is_pushed(args, says):
     res = release(*args)
     assert res.returncode == 2 and says in res.stderr, res.stderr
+
+
+def test_a_tree_with_changes_git_does_not_have_is_not_released(tmp_path):
+    """A release is a commit's: a clone with an uncommitted file is refused before any build."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    (clone / "stray.txt").write_text("not committed\n")
+    res = subprocess.run([str(clone / "tools" / "release"), "1.0.0", "--registry", "r.example"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "HELM": str(HELM)})
+    assert res.returncode == 2 and "changes git does not have" in res.stderr, res.stderr
