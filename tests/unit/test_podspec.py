@@ -186,9 +186,14 @@ def test_a_pod_from_its_image_runs_as_kubernetes_applies_command_and_args(tmp_pa
     assert any(b.endswith(":/etc/cfg:ro") for b in binds) and any(b.endswith(":/etc/hosts:ro") for b in binds)
     assert f"/lib/podnet.so:{podcontainer.SHIM_PATH}:ro" in binds
     assert "--pull" in a and a[a.index("--pull") + 1] == "never"
-    a = argv({"args": ["--steps", "5"]}, securityContext={"runAsUser": 1000, "runAsGroup": 2000})
+    env_file = Path(a[a.index("--env-file") + 1])  # the environment off the command line, root's only
+    assert "OMP_NUM_THREADS=1\n" in env_file.read_text() and env_file.stat().st_mode & 0o777 == 0o600
+    assert not any(x.startswith("OMP_NUM_THREADS=") for x in a)
+    a = argv({"args": ["--steps", "5"]}, securityContext={"runAsUser": 1000, "runAsGroup": 2000, "fsGroup": 3000,
+                                                          "supplementalGroups": [4000]})
     assert "--entrypoint" not in a and a[a.index("localhost/img:local") + 1:] == ["--steps", "5"]
     assert a[a.index("--user") + 1] == "1000:2000"
+    assert [a[i + 1] for i, x in enumerate(a) if x == "--group-add"] == ["3000", "4000"]
     a = argv({})  # the image's entrypoint and CMD
     assert a[-1] == "localhost/img:local" and "--entrypoint" not in a
     volumes[0]["emptyDir"].pop("sizeLimit")  # half this machine's memory, in bytes: podman takes no share

@@ -72,6 +72,7 @@ def _limits() -> list[str]:
 
 def run_argv(pod: dict, container: dict, prepared: podspec.Prepared, hosts_file: Path, shim: Path,
              pidfile: Path, runner: str = "") -> list[str]:
+    env_file = pidfile.with_name("container.env")
     """``podman run`` of the pod's container, attached (its output is the pod's log, its exit
     code the container's). ``runner``: the label value that names the runner's containers (its
     state), which it removes when it starts and stops (runner_label)."""
@@ -85,6 +86,10 @@ def run_argv(pod: dict, container: dict, prepared: podspec.Prepared, hosts_file:
     user = _user(pod, container)
     if user:
         argv += ["--user", user]
+    security = (pod.get("spec") or {}).get("securityContext") or {}
+    for group in ([security["fsGroup"]] if security.get("fsGroup") is not None else []) + \
+            list(security.get("supplementalGroups") or []):
+        argv += ["--group-add", str(int(group))]  # (the kubelet gives the process these groups)
     for m in prepared.mounts:
         if m.tmpfs_size and m.target == "/dev/shm":  # podman owns /dev/shm: its size is the volume's
             argv += ["--shm-size", _bytes(m.tmpfs_size)]
@@ -92,8 +97,15 @@ def run_argv(pod: dict, container: dict, prepared: podspec.Prepared, hosts_file:
             argv += ["--tmpfs", f"{m.target}:size={_bytes(m.tmpfs_size)},mode=1777"]
         else:
             argv += ["--volume", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+    # the environment from a file only root reads (not on the command line, which every user of
+    # this machine can read); a value with a line break, which that file cannot hold, as --env
+    lines = [f"{k}={v}" for k, v in prepared.env.items() if "\n" not in v]
+    env_file.write_text("".join(line + "\n" for line in lines))
+    env_file.chmod(0o600)
+    argv += ["--env-file", str(env_file)]
     for key, value in prepared.env.items():
-        argv += ["--env", f"{key}={value}"]
+        if "\n" in value:
+            argv += ["--env", f"{key}={value}"]
     if container.get("workingDir"):
         argv += ["--workdir", prepared.workdir]
     command, args = container.get("command"), container.get("args")

@@ -479,18 +479,18 @@ class Runner:
             raise podspec.PodSpecError("process-backed pods need root here (Linux mount and PID namespaces)")
         if spec.get("restartPolicy", "Always") != "Never":
             raise podspec.PodSpecError(f"restartPolicy {spec.get('restartPolicy', 'Always')!r}: only Never is supported")
-        pod_dir = self.root / ns / f"{name}_{uid[:8]}"
-        if pod_dir.exists():
-            shutil.rmtree(pod_dir)
-        pod_dir.mkdir(parents=True)
-        rec = PodRecord(namespace=ns, name=name, uid=uid, node=spec["nodeName"], ip=self._allocate_ip(),
-                        dir=str(pod_dir), created=time.time(), labels=dict(meta.get("labels") or {}))
-        pod = json.loads(json.dumps(pod))
-        pod.setdefault("status", {}).update(podIP=rec.ip, hostIP="127.0.0.1")
         image = is_container_node(spec["nodeName"])
         if image and not podcontainer.image_present(containers[0].get("image") or ""):
             raise podspec.PodSpecError(f"image {containers[0].get('image')!r} is not present with pull policy Never "
                                        "(tools/images builds ours)", reason="ErrImageNeverPull")
+        pod_dir = self.root / ns / f"{name}_{uid[:8]}"
+        if pod_dir.exists():
+            shutil.rmtree(pod_dir)
+        pod_dir.mkdir(parents=True, mode=0o700)  # its secrets and token: root's only (a mount needs no path to it)
+        rec = PodRecord(namespace=ns, name=name, uid=uid, node=spec["nodeName"], ip=self._allocate_ip(),
+                        dir=str(pod_dir), created=time.time(), labels=dict(meta.get("labels") or {}))
+        pod = json.loads(json.dumps(pod))
+        pod.setdefault("status", {}).update(podIP=rec.ip, hostIP="127.0.0.1")
         # the image brings its PATH, HOME and Python; this machine's environment, only to a process
         base = {k: v for k, v in podspec.base_environment(self.threads, python_bin="").items()
                 if k.endswith("_NUM_THREADS")} if image else \

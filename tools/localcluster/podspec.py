@@ -315,6 +315,8 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
             sub = Path(src.source) / vm["subPath"]
             if not sub.exists():
                 sub.mkdir(parents=True)
+                if image and "emptyDir" in volumes[vname]:  # (the volume root's mode, as the kubelet's)
+                    os.chmod(sub, 0o777)
             mount.source, mount.is_file = str(sub), sub.is_file()
         mounts.append(mount)
     # the kubelet's per-container file at terminationMessagePath, read back when the container ends
