@@ -133,7 +133,8 @@ class Observed:
     children_error_since: float | None = None
     """Since when the API server has refused the same way (the applier's ChildCache)."""
     departed: tuple[PodView, ...] = ()
-    """The last view of the gang's pods gone before this pass saw them deleting (departures.py)."""
+    """The last view of the gang's pods gone before this pass saw them deleting (departures.py):
+    none of them among ``gang.pods``."""
 
 
 @dataclass(frozen=True)
@@ -317,17 +318,15 @@ def find_failure(spec: TrainingRunSpec, gang: GangState, nodes: dict[str, NodeVi
     deleting = [p for p in gang.pods if p.deleting]
     if deleting or len(gang.pods) < expected_pods:
         # a pod already gone: its last view, when the watcher saw it on its way out (departed)
-        present = {p.name for p in gang.pods}
-        gone = [p for p in departed if p.name not in present]
         missing = expected_pods - len(gang.pods)
-        deleting += gone
+        deleting += departed
         who = ", ".join(p.name for p in deleting) if deleting else f"{missing} pod(s)"
         node = deleting[0].node or "" if deleting else ""
         # an eviction through the API or the scheduler's preemption marks the pod (DisruptionTarget)
         # before its graceful delete: voluntary, as when it is seen Failed
         # (so is one deleted on a node with a termination notice: a NoExecute notice taint's
         # eviction by the taint manager); every pod deleting or missing must have been moved so
-        voluntary = bool(deleting) and len(gone) >= missing and all(
+        voluntary = bool(deleting) and len(departed) >= missing and all(
             p.reason in VOLUNTARY_REASONS or bool(p.node and p.node in nodes and terminating(nodes[p.node]))
             for p in deleting)
         return Failure("eviction", f"{who} deleted or evicted from outside the operator"

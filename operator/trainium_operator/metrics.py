@@ -30,6 +30,7 @@ PHASE_NAMES = ("Pending", *PHASES_OF_RUN)  # Pending: created, not yet reconcile
 
 FORGOTTEN_KEPT = 10_000  # deleted runs remembered against late passes (a pass ends in seconds)
 
+
 class Metrics:
     """One operator's series, in a registry of their own: made at start-up (never at import),
     so two operators in one process (the in-process tests) export nothing of each other's."""

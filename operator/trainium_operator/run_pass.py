@@ -73,9 +73,10 @@ class Pass:
 
     @cached_property
     def gone(self) -> list[PodView]:
-        """The last view of the gang's pods already gone, seen on their way out (departed)."""
-        names, present = set(self.gang_names), {p.name for p in self.pods}
-        return [p for p in self.departed if p.name in names and p.name not in present]
+        """The last view of the gang's pods already gone, seen on their way out (departed: the
+        snapshot keeps only pods no longer present)."""
+        names = set(self.gang_names)
+        return [p for p in self.departed if p.name in names]
 
     @cached_property  # its inputs (pods, old) do not change during a pass; asked often
     def gang(self) -> list[PodView]:

@@ -20,14 +20,19 @@ pytestmark = pytest.mark.cluster
 TAINT = {"key": "localcluster-test", "value": "pod-runner", "effect": "NoSchedule"}
 
 
-@pytest.fixture(scope="module")
-def proc_node(core_api):
-    name = create_nodes(core_api, 1, "cpu", "runner-", processes=True)[0]
+def tainted_node(core_api, **kind):
+    """One node of ``kind`` (processes=True or containers=True), tainted, Ready; deleted after."""
+    name = create_nodes(core_api, 1, "cpu", "runner-", **kind)[0]
     core_api.patch_node(name, {"spec": {"taints": [TAINT]}})
     wait_until(lambda: any(c.type == "Ready" and c.status == "True"
                            for c in core_api.read_node(name).status.conditions or []), 60, what="node Ready")
     yield name
     core_api.delete_node(name)
+
+
+@pytest.fixture(scope="module")
+def proc_node(core_api):
+    yield from tainted_node(core_api, processes=True)
 
 
 def pod(name: str, node: str, script: str, **spec) -> dict:
@@ -169,12 +174,7 @@ def test_a_lost_node_takes_its_processes_with_it(core_api, local_cluster, namesp
 
 @pytest.fixture(scope="module")
 def container_node(core_api):
-    name = create_nodes(core_api, 1, "cpu", "runner-", containers=True)[0]
-    core_api.patch_node(name, {"spec": {"taints": [TAINT]}})
-    wait_until(lambda: any(c.type == "Ready" and c.status == "True"
-                           for c in core_api.read_node(name).status.conditions or []), 60, what="node Ready")
-    yield name
-    core_api.delete_node(name)
+    yield from tainted_node(core_api, containers=True)
 
 
 def test_a_container_backed_pod_runs_its_image_as_its_user(local_cluster, core_api, namespace, container_node):

@@ -24,10 +24,10 @@ environment, volumes, termination message file):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import time
@@ -38,7 +38,12 @@ from . import podspec
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ["bash", str(ROOT / "tools" / "images"), "podman"]  # podman with this machine's global flags
 # raising a limit in a container is refused on these machines (tools/images)
-LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+NOFILE = "nofile=1024:1024"
+LIMITS = ["--ulimit", NOFILE, "--ulimit", "nproc=1024:1024"]
+# A pod's: nproc far above that. Without a user namespace it counts every process and thread of
+# the user id across this machine, and every pod of an image runs as the same 65532 (16,384 is
+# accepted here, 65,536 refused by runc like any raise).
+POD_LIMITS = ["--ulimit", NOFILE, "--ulimit", "nproc=16384:16384"]
 SHIM_PATH = "/opt/localcluster/libpodnet.so"  # where the container finds the loopback-address shim
 NAME_PREFIX = "localpod-"  # the container's name: this and the pod's uid
 RUNNER_LABEL = "localcluster.trainium.dev/runner"  # on each container: which runner started it
@@ -62,23 +67,15 @@ def _user(pod: dict, container: dict) -> str | None:
     return f"{int(uid)}:{int(gid)}" if gid is not None else str(int(uid))
 
 
-def _limits() -> list[str]:
-    """nofile as tools/images sets it (raising a limit is refused here); nproc far above it:
-    without a user namespace it counts every process and thread of the user id across this
-    machine, and every pod of an image runs as the same 65532 (16,384 is accepted here, 65,536
-    refused by runc like any raise)."""
-    return ["--ulimit", LIMITS[1], "--ulimit", "nproc=16384:16384"]
-
-
 def run_argv(pod: dict, container: dict, prepared: podspec.Prepared, hosts_file: Path, shim: Path,
              pidfile: Path, runner: str = "") -> list[str]:
-    env_file = pidfile.with_name("container.env")
     """``podman run`` of the pod's container, attached (its output is the pod's log, its exit
-    code the container's). ``runner``: the label value that names the runner's containers (its
-    state), which it removes when it starts and stops (runner_label)."""
+    code the container's); writes the environment file it names beside ``pidfile``.
+    ``runner``: the label value that names the runner's containers (its state), which it
+    removes when it starts and stops (runner_label)."""
     meta = pod["metadata"]
     argv = [*PODMAN, "run", "--rm", "--pull", "never", "--name", name_of(meta["uid"]), "--pidfile", str(pidfile),
-            *_limits(), "--network", "host", "--no-hosts", "--hostname", podspec.pod_hostname(pod)[:63],
+            *POD_LIMITS, "--network", "host", "--no-hosts", "--hostname", podspec.pod_hostname(pod)[:63],
             "--http-proxy=false",  # (podman passes this machine's proxy variables on; a kubelet does not)
             "--label", f"localcluster.trainium.dev/pod={meta['namespace']}/{meta['name']}",
             "--label", f"{RUNNER_LABEL}={runner}",
@@ -99,13 +96,11 @@ def run_argv(pod: dict, container: dict, prepared: podspec.Prepared, hosts_file:
             argv += ["--volume", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
     # the environment from a file only root reads (not on the command line, which every user of
     # this machine can read); a value with a line break, which that file cannot hold, as --env
-    lines = [f"{k}={v}" for k, v in prepared.env.items() if "\n" not in v]
-    env_file.write_text("".join(line + "\n" for line in lines))
-    env_file.chmod(0o600)
+    env_file = pidfile.with_name("container.env")
+    env_file.touch(mode=0o600)
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in prepared.env.items() if "\n" not in v))
     argv += ["--env-file", str(env_file)]
-    for key, value in prepared.env.items():
-        if "\n" in value:
-            argv += ["--env", f"{key}={value}"]
+    argv += [a for k, v in prepared.env.items() if "\n" in v for a in ("--env", f"{k}={v}")]
     if container.get("workingDir"):
         argv += ["--workdir", prepared.workdir]
     command, args = container.get("command"), container.get("args")
@@ -134,12 +129,8 @@ def container_pid(proc: subprocess.Popen, pidfile: Path, timeout: float = START_
     not be killed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            text = pidfile.read_text().strip()
-            if text:
-                return int(text)
-        except (OSError, ValueError):
-            pass
+        with contextlib.suppress(OSError, ValueError):  # (not written yet, or half written)
+            return int(pidfile.read_text())
         if proc.poll() is not None:
             return None
         time.sleep(0.01)
@@ -167,7 +158,3 @@ def remove_all(runner: str) -> None:
                          capture_output=True, text=True).stdout.split()
     if ids:
         subprocess.run([*PODMAN, "rm", "--force", "--time", "0", *ids], capture_output=True)
-
-
-def describe(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

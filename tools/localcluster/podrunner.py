@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import queue
+import shlex
 import shutil
 import signal
 import subprocess
@@ -492,12 +493,15 @@ class Runner:
         pod = json.loads(json.dumps(pod))
         pod.setdefault("status", {}).update(podIP=rec.ip, hostIP="127.0.0.1")
         # the image brings its PATH, HOME and Python; this machine's environment, only to a process
-        base = {k: v for k, v in podspec.base_environment(self.threads, python_bin="").items()
-                if k.endswith("_NUM_THREADS")} if image else \
+        base = podspec.thread_environment(self.threads) if image else \
             podspec.base_environment(self.threads, python_bin=os.path.dirname(sys.executable))
         host, port = self.apiserver
         base.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port),
                      "KUBERNETES_SERVICE_PORT_HTTPS": str(port), "HOSTNAME": podspec.pod_hostname(pod)})
+        message = pod_dir / podspec.TERMINATION_MESSAGE_FILE  # (prepare mounts it)
+        message.touch()
+        if image:
+            message.chmod(0o666)  # the image's user writes it
         try:
             prepared = podspec.prepare(pod, containers[0], pod_dir, self.sources, base, image=image)
         except Exception:
@@ -505,39 +509,44 @@ class Runner:
             raise
         prepared.env.update({"LD_PRELOAD": podcontainer.SHIM_PATH if image else str(self.shim), "LOCALPOD_IP": rec.ip,
                              "LOCALPOD": f"{ns}/{name}/{uid}"})  # LOCALPOD: how tests map processes to pods
-        (pod_dir / podspec.TERMINATION_MESSAGE_FILE).touch()
         self.pods[uid] = rec
         self._write_hosts()
         if image:
             rec.container = podcontainer.name_of(uid)
-            pidfile = pod_dir / "container.pid"
-            argv = podcontainer.run_argv(pod, containers[0], prepared, pod_dir / "hosts", self.shim, pidfile,
-                                         self.runner)
-            (pod_dir / "podman-run.sh").write_text(podcontainer.describe(argv) + "\n")  # (to read, or run by hand)
-            with open(pod_dir / podprocs.LOG, "ab") as logf:  # podman's own errors go to the pod's log too
-                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd="/", preexec_fn=_set_pdeathsig)
-            self.procs[uid] = proc
-            rec.initPid = podcontainer.container_pid(proc, pidfile)
-            if rec.initPid is None:  # not started in time, or not at all: never left running unkillable
-                podcontainer.remove(uid)
+            self.procs[uid], rec.initPid = self._run_container(pod, containers[0], prepared, pod_dir)
         else:
-            script = pod_dir / "start.sh"
-            script.write_text(podspec.start_script(prepared, podspec.pod_hostname(pod), pod_dir / "hosts"))
-            logf, errf = open(pod_dir / podprocs.LOG, "ab"), open(pod_dir / "unshare.log", "ab")
-            # unshare's own messages go to unshare.log; start.sh sends the container's stderr to its log
-            proc = subprocess.Popen(["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
-                                     "--propagation", "private", "--", "/bin/sh", str(script), *prepared.argv],
-                                    env=prepared.env, stdout=logf, stderr=errf, stdin=subprocess.DEVNULL,
-                                    cwd="/", preexec_fn=_set_pdeathsig)
-            logf.close()
-            errf.close()
-            self.procs[uid] = proc
-            rec.initPid = self._find_init(proc)
+            self.procs[uid], rec.initPid = self._run_process(pod, prepared, pod_dir)
         rec.started = time.time()
         rec.save()
         log.info("pod %s/%s started on %s: ip %s, pid %s", ns, name, rec.node, rec.ip, rec.initPid)
         self._report_running(pod, rec, containers[0])
+
+    def _run_container(self, pod: dict, container: dict, prepared: podspec.Prepared,
+                       pod_dir: Path) -> tuple[subprocess.Popen, int | None]:
+        """``podman run`` of the pod's image; the host PID of its PID 1, None if it did not start."""
+        pidfile = pod_dir / "container.pid"
+        argv = podcontainer.run_argv(pod, container, prepared, pod_dir / "hosts", self.shim, pidfile, self.runner)
+        (pod_dir / "podman-run.sh").write_text(shlex.join(argv) + "\n")  # (to read, or run by hand)
+        with open(pod_dir / podprocs.LOG, "ab") as logf:  # podman's own errors go to the pod's log too
+            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd="/", preexec_fn=_set_pdeathsig)
+        pid = podcontainer.container_pid(proc, pidfile)
+        if pid is None:  # not started in time, or not at all: never left running unkillable
+            podcontainer.remove(pod["metadata"]["uid"])
+        return proc, pid
+
+    def _run_process(self, pod: dict, prepared: podspec.Prepared,
+                     pod_dir: Path) -> tuple[subprocess.Popen, int | None]:
+        """The pod's command as PID 1 of new namespaces (``unshare``); the host PID of that PID 1."""
+        script = pod_dir / "start.sh"
+        script.write_text(podspec.start_script(prepared, podspec.pod_hostname(pod), pod_dir / "hosts"))
+        # unshare's own messages go to unshare.log; start.sh sends the container's stderr to its log
+        with open(pod_dir / podprocs.LOG, "ab") as logf, open(pod_dir / "unshare.log", "ab") as errf:
+            proc = subprocess.Popen(["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child=SIGKILL",
+                                     "--propagation", "private", "--", "/bin/sh", str(script), *prepared.argv],
+                                    env=prepared.env, stdout=logf, stderr=errf, stdin=subprocess.DEVNULL,
+                                    cwd="/", preexec_fn=_set_pdeathsig)
+        return proc, self._find_init(proc)
 
     @staticmethod
     def _find_init(proc: subprocess.Popen) -> int | None:

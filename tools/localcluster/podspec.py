@@ -305,7 +305,9 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
         src = sources_by_name[vname]
         if src is None:
             continue
-        if image and "emptyDir" in volumes[vname] and not src.tmpfs_size:
+        # an image's user writes an emptyDir (and its subPath folders) as the kubelet makes them
+        writable = image and "emptyDir" in volumes[vname] and not src.tmpfs_size
+        if writable:
             os.chmod(src.source, 0o777)
         mount = Mount(src.source, vm["mountPath"], read_only=src.read_only or bool(vm.get("readOnly")),
                       tmpfs_size=src.tmpfs_size, is_file=src.is_file)
@@ -315,7 +317,7 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
             sub = Path(src.source) / vm["subPath"]
             if not sub.exists():
                 sub.mkdir(parents=True)
-                if image and "emptyDir" in volumes[vname]:  # (the volume root's mode, as the kubelet's)
+                if writable:
                     os.chmod(sub, 0o777)
             mount.source, mount.is_file = str(sub), sub.is_file()
         mounts.append(mount)
@@ -323,9 +325,6 @@ def prepare(pod: dict, container: dict, pod_dir: Path, sources: Sources, base_en
     # (the runner creates it; the mount point is made once on this host's /dev, and only each
     # pod's namespace, where this file is mounted over it, writes there)
     message = pod_dir / TERMINATION_MESSAGE_FILE
-    if image:  # (the runner creates it; the image's user writes it)
-        message.touch()
-        os.chmod(message, 0o666)
     mounts.append(Mount(str(message), container.get("terminationMessagePath") or "/dev/termination-log", is_file=True))
     return Prepared(env=env, argv=argv, workdir=container.get("workingDir") or "/", mounts=mounts)
 
@@ -380,9 +379,14 @@ def pod_hostname(pod: dict) -> str:
     return (pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"][:63]
 
 
+def thread_environment(threads: int) -> dict[str, str]:
+    """A thread count per process chosen once for every pod (podrunner.THREADS_PER_PROCESS):
+    what every pod gets, from its image or not."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
 def base_environment(threads: int, python_bin: str) -> dict[str, str]:
-    """What the 'image' provides here: the project's Python environment first on this machine's
-    PATH, and a thread count per process chosen once for every pod (podrunner.THREADS_PER_PROCESS)."""
+    """What the 'image' provides a process-backed pod: the project's Python environment first on
+    this machine's PATH, and the thread count (an image brings its own PATH and HOME)."""
     path = os.pathsep.join([python_bin, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
-    return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8",
-            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", **thread_environment(threads)}
